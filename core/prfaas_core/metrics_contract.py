@@ -1,0 +1,41 @@
+"""Metric names between the router (writer) and the planner (reader): one owner per name.
+
+The planner reads only what is listed here. Token histograms use geometric buckets with
+ratio <= 1.25 from 64 to 262144 tokens so that the threshold t can be resolved from them.
+"""
+
+from __future__ import annotations
+
+import math
+
+PREFIX = "prfaas_router_"
+
+REQUESTS_TOTAL = PREFIX + "requests_total"  # counter {route, outcome}
+DECISIONS_TOTAL = PREFIX + "decisions_total"  # counter {route, reason}
+PROMPT_TOKENS = PREFIX + "prompt_tokens"  # histogram
+UNCACHED_TOKENS = PREFIX + "uncached_tokens"  # histogram {route}
+OUTPUT_TOKENS = PREFIX + "output_tokens"  # histogram
+KV_EGRESS_BYTES_TOTAL = PREFIX + "kv_egress_bytes_total"  # counter
+INFLIGHT_TOKENS = PREFIX + "inflight_tokens"  # gauge {pool}
+TTFT_SECONDS = PREFIX + "ttft_seconds"  # histogram {route}
+THRESHOLD_TOKENS = PREFIX + "threshold_tokens"  # gauge
+CONFIG_VERSION = PREFIX + "config_version"  # gauge
+
+# engine metrics (SGLang names; the fake engine exports the same)
+ENGINE_QUEUE_REQS = "sglang:num_queue_reqs"
+ENGINE_RUNNING_REQS = "sglang:num_running_reqs"
+
+ROUTE_PRFAAS = "prfaas"
+ROUTE_LOCAL = "local"
+ROUTES = (ROUTE_PRFAAS, ROUTE_LOCAL)
+
+
+def token_buckets(low: int = 64, high: int = 262144, ratio: float = 1.25) -> tuple[float, ...]:
+    """Geometric bucket bounds from low to high inclusive, each at most `ratio` times the last."""
+    count = math.ceil(math.log(high / low) / math.log(ratio))
+    step = (high / low) ** (1 / count)
+    return tuple(round(low * step**k, 1) for k in range(count + 1))
+
+
+TOKEN_BUCKETS = token_buckets()
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64, 128)

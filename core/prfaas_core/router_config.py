@@ -1,0 +1,140 @@
+"""The router config: the one document the operator writes and the router hot-reloads.
+
+It carries everything the per-request policy needs and nothing it would have to ask a
+Kubernetes API for: pool endpoints are plain addresses listed by the operator in both
+clusters, so the router needs no credentials for the remote cluster.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from prfaas_core.profiles import KvSizeModel, PrefillTimeModel, ProfileError
+
+SCHEMA: Literal["prfaas.io/router-config/v1"] = "prfaas.io/router-config/v1"
+CONFIG_FILE_NAME = "router-config.json"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Pool(enum.StrEnum):
+    """The three worker pools a request may touch."""
+
+    PRFAAS_PREFILL = "prfaas_prefill"
+    LOCAL_PREFILL = "local_prefill"
+    DECODE = "decode"
+
+
+class Endpoint(_Strict):
+    """One SGLang engine: its HTTP base URL and, for prefill, the bootstrap port."""
+
+    name: str = Field(description="pod name, for logs and metrics")
+    url: str = Field(pattern=r"^https?://[^/]+$", description="base URL, e.g. http://10.1.2.3:30000")
+    bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
+
+
+class LinkSpec(_Strict):
+    """The cross-cluster link the KV of an offloaded prefill crosses."""
+
+    bandwidth_bytes_per_second: float = Field(gt=0)
+    headroom: float = Field(default=0.8, gt=0, le=1, description="fraction of the bandwidth offloads may use")
+    latency_seconds: float = Field(default=0.0, ge=0)
+
+    @property
+    def budget_bytes_per_second(self) -> float:
+        return self.bandwidth_bytes_per_second * self.headroom
+
+
+class KvSize(_Strict):
+    bytes_per_token: float = Field(gt=0)
+    fixed_bytes: float = Field(default=0, ge=0)
+
+    def model(self) -> KvSizeModel:
+        return KvSizeModel(bytes_per_token=self.bytes_per_token, fixed_bytes=self.fixed_bytes)
+
+
+class PrefillTime(_Strict):
+    """Coefficients of T(l) = c0 + c1 l + c2 l^2, validated as positive and increasing."""
+
+    c0: float
+    c1: float
+    c2: float
+    min_tokens: float = 1.0
+    max_tokens: float = 262144.0
+
+    @model_validator(mode="after")
+    def _usable(self) -> PrefillTime:
+        try:
+            self.model()
+        except ProfileError as err:
+            raise ValueError(str(err)) from err
+        return self
+
+    def model(self) -> PrefillTimeModel:
+        return PrefillTimeModel(self.c0, self.c1, self.c2, self.min_tokens, self.max_tokens)
+
+    @classmethod
+    def of(cls, model: PrefillTimeModel) -> PrefillTime:
+        return cls(
+            c0=model.c0, c1=model.c1, c2=model.c2, min_tokens=model.min_tokens, max_tokens=model.max_tokens
+        )
+
+
+class Slo(_Strict):
+    ttft_seconds: float = Field(gt=0)
+    tpot_seconds: float = Field(gt=0)
+
+
+class Pools(_Strict):
+    prfaas_prefill: list[Endpoint] = Field(default_factory=list)
+    local_prefill: list[Endpoint] = Field(default_factory=list)
+    decode: list[Endpoint] = Field(default_factory=list)
+
+    def of(self, pool: Pool) -> list[Endpoint]:
+        return list(getattr(self, pool.value))
+
+
+class RouterConfig(_Strict):
+    """Versioned router config. `version` only grows; the router ignores an older one."""
+
+    schema_: Literal["prfaas.io/router-config/v1"] = Field(default=SCHEMA, alias="schema")
+    version: int = Field(ge=0, description="monotonic; the operator bumps it on every change")
+    served_model_name: str = Field(min_length=1)
+    threshold_tokens: int = Field(ge=0, description="uncached tokens above which a prefill is offloaded")
+    block_size_tokens: int = Field(default=512, ge=1, description="prefix-hash block size")
+    bandwidth_mode: Literal["Scarce", "Abundant"] = Field(
+        default="Scarce", description="how prefix hits in the other cluster count (paper 3.4.3)"
+    )
+    chars_per_token: float = Field(
+        default=4.0, gt=0, description="calibrated text-to-token estimate when a request carries no token ids"
+    )
+    session_affinity_header: str | None = Field(default=None, description="header that pins a conversation")
+    link: LinkSpec
+    kv_size: KvSize
+    prefill_time: Annotated[dict[Literal["prfaas", "local"], PrefillTime], Field(min_length=2)]
+    slo: Slo
+    pools: Pools = Field(default_factory=Pools)
+    fingerprint: str = Field(
+        default="", description="KV-layout compatibility fingerprint shared by all engines"
+    )
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("session_affinity_header")
+    @classmethod
+    def _header_name(cls, value: str | None) -> str | None:
+        if value is not None and (not value or any(c.isspace() or c == ":" for c in value)):
+            raise ValueError("session_affinity_header must be a bare HTTP header name")
+        return value.lower() if value else value
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True, indent=2)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> RouterConfig:
+        return cls.model_validate_json(text)

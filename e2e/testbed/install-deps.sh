@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs the system packages the testbed needs from Debian, once: Prometheus (with promtool).
+# Idempotent: does nothing when the binaries are already on PATH. kubectl is expected on the
+# machine already; the Kubernetes binaries are built by build-binaries.sh, not installed here.
+set -euo pipefail
+log() { echo "[install-deps] $*" >&2; }
+
+missing=()
+command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v kubectl >/dev/null 2>&1 || log "warning: kubectl not on PATH (kwokctl waits for clusters with it)"
+
+if [ ${#missing[@]} -eq 0 ]; then
+  log "all present"
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null 2>&1 || { log "need root (or sudo) to install: ${missing[*]}"; exit 1; }
+  SUDO="sudo"
+fi
+export DEBIAN_FRONTEND=noninteractive
+# Refresh the package lists only when they cannot offer the package yet.
+if ! apt-cache show "${missing[@]}" >/dev/null 2>&1; then
+  log "apt-get update"
+  $SUDO apt-get update -qq
+fi
+log "installing: ${missing[*]}"
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+command -v prometheus >/dev/null && command -v promtool >/dev/null
+log "installed: $(prometheus --version 2>&1 | head -1)"

@@ -1,0 +1,1 @@
+"""The PrfaasDeployment operator: CRD models, pure builders and planner, kube and Prometheus adapters."""

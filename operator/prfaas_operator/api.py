@@ -1,0 +1,519 @@
+"""PrfaasDeployment (prfaas.io/v1alpha1): the user's whole intent, as pydantic models.
+
+The CRD in crds/ is generated from these models (`prfaas crd`), so descriptions here are
+what `kubectl explain` shows and the validation here is what admission enforces. Rules that
+span fields are CEL (`x-kubernetes-validations`) so a bad CR is refused by the apiserver, not
+discovered later by the operator.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic.alias_generators import to_camel
+
+GROUP = "prfaas.io"
+VERSION = "v1alpha1"
+KIND = "PrfaasDeployment"
+PLURAL = "prfaasdeployments"
+SINGULAR = "prfaasdeployment"
+SHORT_NAMES = ("prfaas", "pfd")
+
+
+def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, JsonValue]:
+    """One CEL validation rule with the message admission returns."""
+    validation: dict[str, JsonValue] = {"rule": rule, "message": message}
+    if field_path:
+        validation["fieldPath"] = field_path
+    return validation
+
+
+class _Model(BaseModel):
+    """camelCase on the wire, unknown fields refused, so typos fail loudly."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+Quantity = Annotated[
+    int | str,
+    Field(json_schema_extra={"x-kubernetes-int-or-string": True}),
+]
+
+
+class ResourceRequirements(_Model):
+    """CPU and memory for a container; GPUs are added from gpusPerInstance, do not list them here."""
+
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict, description="Minimum resources, e.g. cpu, memory."
+    )
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict, description="Maximum resources, e.g. cpu, memory."
+    )
+
+
+class Toleration(_Model):
+    """A pod toleration, as in core/v1."""
+
+    key: str | None = Field(
+        default=None, description="Taint key the toleration applies to; empty matches all."
+    )
+    operator: Literal["Exists", "Equal"] = Field(default="Equal", description="Exists or Equal.")
+    value: str | None = Field(default=None, description="Taint value to match with operator Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to match; empty matches all effects."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, ge=0, description="How long a NoExecute taint is tolerated."
+    )
+
+
+class SecretKeyRef(_Model):
+    """A key of a Secret in the CR's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Secret name, in the CR's namespace.")
+    key: str = Field(
+        default="kubeconfig", min_length=1, description="Key holding a self-contained kubeconfig."
+    )
+
+
+class ProfilePoint(_Model):
+    """One measured prefill time: `seconds` to prefill `tokens` uncached tokens on one instance."""
+
+    tokens: int = Field(ge=1, le=4194304, description="Uncached prompt tokens.")
+    seconds: float = Field(gt=0, le=3600, description="Measured prefill seconds for that many tokens.")
+
+
+PrefillProfile = Annotated[
+    list[ProfilePoint],
+    Field(
+        min_length=3,
+        max_length=64,
+        description="Measured prefill times on one instance (at least 3 points, increasing); "
+        "the planner and router fit a quadratic T(l) and refuse a fit that is not increasing.",
+    ),
+]
+
+
+class KvDtype(enum.StrEnum):
+    AUTO = "auto"
+    BF16 = "bf16"
+    FP8_E4M3 = "fp8_e4m3"
+    FP8_E5M2 = "fp8_e5m2"
+
+
+class KvProfile(_Model):
+    """KV-cache layout and size. Prefill and decode must agree on it; it feeds S_kv(l) = fixed + perToken * l."""
+
+    bytes_per_token: int = Field(
+        ge=1, description="Bytes of full-attention KV per prompt token (all layers, one instance)."
+    )
+    fixed_state_bytes: int = Field(
+        default=0, ge=0, description="Per-request linear-attention / SWA state bytes, independent of length."
+    )
+    page_size: int = Field(
+        default=64, ge=1, le=4096, description="SGLang --page-size; must match on both sides."
+    )
+    dtype: KvDtype = Field(
+        default=KvDtype.AUTO, description="SGLang --kv-cache-dtype; must match on both sides."
+    )
+
+
+class ModelSpec(_Model):
+    """The model every engine serves."""
+
+    image: str = Field(min_length=1, description="SGLang container image, e.g. lmsysorg/sglang:v0.5.23.")
+    model_path: str = Field(min_length=1, description="Model path or id given to --model-path.")
+    revision: str = Field(
+        default="main", min_length=1, description="Model revision; part of the KV compatibility fingerprint."
+    )
+    served_model_name: str = Field(
+        min_length=1, max_length=253, description="Name clients put in the `model` field of requests."
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Extra SGLang launch_server arguments for every engine.",
+    )
+    kv: KvProfile = Field(description="KV-cache layout and size.")
+
+
+class PodPlacement(_Model):
+    """Scheduling knobs shared by the engine workloads of one cluster."""
+
+    gpu_product: str = Field(
+        min_length=1,
+        max_length=63,
+        description="Value of the nvidia.com/gpu.product node label the engines must run on, e.g. NVIDIA-H200.",
+    )
+    gpus_per_instance: int = Field(
+        default=8, ge=1, le=64, description="GPUs of one engine instance (--tp-size)."
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Extra node labels to match, added to the GPU product label."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Tolerations for GPU node taints."
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements, description="CPU and memory per instance (GPUs are added)."
+    )
+    shm_size: Quantity = Field(default="16Gi", description="Size of the in-memory /dev/shm volume.")
+    host_network: bool = Field(
+        default=False,
+        description="Run engines on the host network; use it when pod IPs are not routable between clusters.",
+    )
+
+
+class PrefillClusterSpec(PodPlacement):
+    """The PrfaaS cluster: compute-dense GPUs that only prefill long prompts and ship the KV out."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.minReplicas <= self.maxReplicas",
+                    "minReplicas must be <= maxReplicas",
+                    ".minReplicas",
+                ),
+                cel(
+                    "self.minReplicas <= self.replicas && self.replicas <= self.maxReplicas",
+                    "replicas must lie within [minReplicas, maxReplicas]",
+                    ".replicas",
+                ),
+            ]
+        }
+    )
+
+    kubeconfig_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret with a kubeconfig for the PrfaaS cluster. Absent: the operator's own cluster.",
+    )
+    namespace: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="Namespace in the PrfaaS cluster for the prefill StatefulSet (created if missing).",
+    )
+    replicas: int = Field(
+        ge=0, le=256, description="PrfaaS prefill instances (the planner may move it within bounds)."
+    )
+    min_replicas: int = Field(default=0, ge=0, le=256, description="Lower bound for replicas.")
+    max_replicas: int = Field(default=256, ge=0, le=256, description="Upper bound for replicas.")
+    port: int = Field(default=30000, ge=1, le=65535, description="Engine HTTP port.")
+    bootstrap_port: int = Field(
+        default=8998, ge=1, le=65535, description="PD bootstrap port decode instances dial."
+    )
+    prefill_profile: PrefillProfile
+
+
+class PdClusterSpec(PodPlacement):
+    """The local PD cluster (the operator's own): decodes every request, prefills short ones."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.prefillInstances + self.decodeInstances == self.instances",
+                    "prefillInstances + decodeInstances must equal instances",
+                    ".instances",
+                ),
+            ]
+        }
+    )
+
+    instances: int = Field(
+        ge=1, le=512, description="Fixed engine instance count, split between prefill and decode."
+    )
+    prefill_instances: int = Field(
+        ge=0, le=512, description="Local prefill instances (the planner may move the split)."
+    )
+    decode_instances: int = Field(
+        ge=1, le=512, description="Decode instances (the planner may move the split)."
+    )
+    port: int = Field(default=30000, ge=1, le=65535, description="Engine HTTP port.")
+    bootstrap_port: int = Field(
+        default=8998, ge=1, le=65535, description="PD bootstrap port of local prefill."
+    )
+    max_decode_batch: int = Field(
+        ge=1, le=4096, description="Largest decode batch that still meets the time-per-output-token SLO."
+    )
+    decode_step_seconds: float = Field(gt=0, le=10, description="Decode step time at that batch (seconds).")
+    prefill_profile: PrefillProfile
+
+
+class LinkSpec(_Model):
+    """The Ethernet link the KV of an offloaded prefill crosses."""
+
+    bandwidth_gbps: float = Field(gt=0, le=100000, description="Link bandwidth in Gbit/s.")
+    headroom: float = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        description="Fraction of the bandwidth offloaded KV may use (the link budget).",
+    )
+    latency_ms: float = Field(default=0, ge=0, le=10000, description="One-way latency in milliseconds.")
+
+
+class RoutingMode(enum.StrEnum):
+    FIXED = "Fixed"
+    AUTO = "Auto"
+
+
+class BandwidthMode(enum.StrEnum):
+    SCARCE = "Scarce"
+    ABUNDANT = "Abundant"
+
+
+class RoutingSpec(_Model):
+    """Short-timescale routing done by the router for every request."""
+
+    mode: RoutingMode = Field(
+        default=RoutingMode.FIXED, description="Fixed keeps thresholdTokens; Auto lets the planner move it."
+    )
+    threshold_tokens: int = Field(
+        ge=0,
+        le=4194304,
+        description="Uncached prompt tokens above which a prefill goes to the PrfaaS cluster.",
+    )
+    block_size: int = Field(default=512, ge=16, le=65536, description="Prefix-hash block size in tokens.")
+    bandwidth_mode: BandwidthMode = Field(
+        default=BandwidthMode.SCARCE,
+        description="Scarce: judge each cluster's prefix cache alone. Abundant: use the best prefix of either.",
+    )
+    session_affinity_header: str | None = Field(
+        default=None,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9-]+$",
+        description="Request header that keeps a conversation where its prefix is cached.",
+    )
+
+
+class PlannerMode(enum.StrEnum):
+    OFF = "Off"
+    ADVISORY = "Advisory"
+    AUTO = "Auto"
+
+
+class SloSpec(_Model):
+    """Service-level objectives the router admits against and the planner plans for."""
+
+    ttft_seconds: float = Field(default=30, gt=0, le=3600, description="Time-to-first-token objective.")
+    tpot_seconds: float = Field(default=0.05, gt=0, le=60, description="Time-per-output-token objective.")
+
+
+class PlannerSpec(_Model):
+    """The long-timescale loop: observe Prometheus, solve, and (in Auto) apply threshold and split."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.mode == 'Off' || (has(self.prometheusUrl) && size(self.prometheusUrl) > 0)",
+                    "prometheusUrl is required unless mode is Off",
+                    ".prometheusUrl",
+                ),
+            ]
+        }
+    )
+
+    mode: PlannerMode = Field(
+        default=PlannerMode.OFF,
+        description='"Off" (quote it: bare Off is a YAML boolean); Advisory (status and an Event only); Auto (apply).',
+    )
+    interval_seconds: int = Field(default=300, ge=10, le=86400, description="How often the loop runs.")
+    prometheus_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        max_length=2048,
+        description="Prometheus base URL to read metrics from.",
+    )
+    window_seconds: int = Field(
+        default=600, ge=60, le=86400, description="Look-back window of the observations."
+    )
+    hysteresis: float = Field(
+        default=0.05, ge=0, le=1, description="Apply only when the predicted gain beats this fraction."
+    )
+    cooldown_seconds: int = Field(
+        default=600, ge=0, le=86400, description="Minimum time between two changes."
+    )
+    scale_prefill_cluster: bool = Field(
+        default=False, description="Let the planner move PrfaaS replicas within [minReplicas, maxReplicas]."
+    )
+
+
+class ServiceSpec(_Model):
+    """How the router is exposed."""
+
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
+        default="ClusterIP", description="Service type."
+    )
+    port: int = Field(default=8000, ge=1, le=65535, description="Service port for the OpenAI-compatible API.")
+
+
+class RouterSpec(_Model):
+    """The PrfaaS router Deployment in the PD cluster."""
+
+    image: str = Field(min_length=1, description="Router container image.")
+    replicas: int = Field(default=1, ge=1, le=64, description="Router replicas.")
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements, description="Router resources."
+    )
+    service: ServiceSpec = Field(default_factory=ServiceSpec, description="Router Service.")
+    port: int = Field(default=8000, ge=1, le=65535, description="Router container port.")
+
+
+class PrfaasDeploymentSpec(_Model):
+    """One model served across a PrfaaS prefill cluster and a local PD cluster."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.routing.mode != 'Auto' || self.planner.mode != 'Off'",
+                    "routing.mode Auto needs planner.mode Advisory or Auto",
+                    ".routing.mode",
+                ),
+                cel(
+                    "self.pdCluster.prefillInstances > 0 || self.prefillCluster.minReplicas > 0",
+                    "some prefill must always exist: pdCluster.prefillInstances or prefillCluster.minReplicas > 0",
+                    ".pdCluster.prefillInstances",
+                ),
+            ]
+        }
+    )
+
+    model: ModelSpec = Field(description="The model every engine serves.")
+    prefill_cluster: PrefillClusterSpec = Field(description="The PrfaaS (remote, prefill-only) cluster.")
+    pd_cluster: PdClusterSpec = Field(description="The local PD cluster: the operator's own.")
+    link: LinkSpec = Field(description="The cross-cluster link.")
+    routing: RoutingSpec = Field(description="Per-request routing.")
+    planner: PlannerSpec = Field(default_factory=PlannerSpec, description="The long-timescale planner.")
+    slo: SloSpec = Field(default_factory=SloSpec, description="Service-level objectives.")
+    router: RouterSpec = Field(description="The router.")
+
+
+# ---- status -------------------------------------------------------------------------------------
+
+
+class ConditionType(enum.StrEnum):
+    READY = "Ready"
+    PREFILL_CLUSTER_READY = "PrefillClusterReady"
+    PD_CLUSTER_READY = "PDClusterReady"
+    ROUTER_READY = "RouterReady"
+    DEGRADED = "Degraded"
+
+
+class Condition(_Model):
+    """A standard Kubernetes condition."""
+
+    type: str = Field(description="Ready, PrefillClusterReady, PDClusterReady, RouterReady or Degraded.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase reason.")
+    message: str = Field(default="", description="Human-readable detail.")
+    last_transition_time: str | None = Field(default=None, description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(
+        default=None, description="Generation the condition was computed for."
+    )
+
+
+class RoleCounts(_Model):
+    """Desired and ready instances of one role."""
+
+    desired: int = Field(default=0, description="Instances the operator asked for.")
+    ready: int = Field(default=0, description="Instances ready to serve.")
+
+
+class Allocation(_Model):
+    """The operating point in force: what the router and the workloads were given."""
+
+    threshold_tokens: int = Field(description="Threshold written to the router config.")
+    prefill_cluster_replicas: int = Field(description="PrfaaS prefill instances.")
+    pd_prefill_instances: int = Field(description="Local prefill instances.")
+    pd_decode_instances: int = Field(description="Decode instances.")
+    source: Literal["Spec", "Planner"] = Field(
+        description="Spec, or Planner when applied by the planner in Auto."
+    )
+    router_config_version: int = Field(default=0, description="Version of the router config carrying it.")
+
+
+class PlannerDecision(_Model):
+    """The planner's last decision, with its reason and the inputs it used."""
+
+    time: str = Field(description="When it was taken (RFC 3339).")
+    action: Literal["Apply", "Advise", "Hold"] = Field(description="Apply, Advise (Advisory mode) or Hold.")
+    reason: str = Field(description="Why, in words.")
+    threshold_tokens: int | None = Field(default=None, description="Proposed threshold.")
+    prefill_cluster_replicas: int | None = Field(default=None, description="Proposed PrfaaS replicas.")
+    pd_prefill_instances: int | None = Field(default=None, description="Proposed local prefill instances.")
+    pd_decode_instances: int | None = Field(default=None, description="Proposed decode instances.")
+    predicted_throughput: float | None = Field(
+        default=None, description="Predicted max requests/s at the proposal."
+    )
+    current_throughput: float | None = Field(default=None, description="Predicted max requests/s now.")
+    binding_stage: str | None = Field(
+        default=None, description="Stage that limits throughput at the proposal."
+    )
+    inputs: dict[str, str] = Field(default_factory=dict, description="Summary of the observations used.")
+
+
+class PrfaasDeploymentStatus(_Model):
+    """What the operator observed and did."""
+
+    observed_generation: int | None = Field(default=None, description="Generation last reconciled.")
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Ready, per-part readiness, Degraded."
+    )
+    prefill_cluster: RoleCounts = Field(default_factory=RoleCounts, description="PrfaaS prefill instances.")
+    pd_prefill: RoleCounts = Field(default_factory=RoleCounts, description="Local prefill instances.")
+    pd_decode: RoleCounts = Field(default_factory=RoleCounts, description="Decode instances.")
+    router: RoleCounts = Field(default_factory=RoleCounts, description="Router replicas.")
+    allocation: Allocation | None = Field(default=None, description="The operating point in force.")
+    fingerprint: str | None = Field(
+        default=None, description="KV-layout compatibility fingerprint on every pod."
+    )
+    planner: PlannerDecision | None = Field(default=None, description="The planner's last decision.")
+
+
+class PrfaasDeployment(_Model):
+    """A PrfaasDeployment object as read from the API."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    api_version: Literal["prfaas.io/v1alpha1"] = Field(default="prfaas.io/v1alpha1", alias="apiVersion")
+    kind: Literal["PrfaasDeployment"] = "PrfaasDeployment"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: PrfaasDeploymentSpec
+    status: PrfaasDeploymentStatus = Field(default_factory=PrfaasDeploymentStatus)
+
+
+PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
+    {"name": "Ready", "type": "string", "jsonPath": ".status.conditions[?(@.type=='Ready')].status"},
+    {"name": "Threshold", "type": "integer", "jsonPath": ".status.allocation.thresholdTokens"},
+    {
+        "name": "PrfaaS",
+        "type": "integer",
+        "jsonPath": ".status.prefillCluster.ready",
+        "description": "Ready PrfaaS prefill instances",
+    },
+    {
+        "name": "Local-Prefill",
+        "type": "integer",
+        "jsonPath": ".status.pdPrefill.ready",
+        "description": "Ready local prefill instances",
+    },
+    {
+        "name": "Decode",
+        "type": "integer",
+        "jsonPath": ".status.pdDecode.ready",
+        "description": "Ready decode instances",
+    },
+    {
+        "name": "Reason",
+        "type": "string",
+        "priority": 1,
+        "jsonPath": ".status.conditions[?(@.type=='Ready')].reason",
+    },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+)

@@ -1,0 +1,1 @@
+"""The PrfaaS router: per-request route choice and SGLang's PD protocol."""

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs everything the project needs on a fresh machine, idempotently:
+# the Python venv (.venv) with the project, Debian's Prometheus, and the testbed binaries
+# (Kubernetes, etcd, kwok, helm) built from the Go module proxy into a cache.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+stamp=.venv/.prfaas-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/pip install -q -U pip
+  .venv/bin/pip install -q -e '.[dev]'
+  touch "$stamp"
+fi
+bash e2e/testbed/install-deps.sh
+bash e2e/testbed/build-binaries.sh >/dev/null

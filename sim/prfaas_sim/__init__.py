@@ -1,0 +1,1 @@
+"""Discrete-event simulator driving the product's own routing policy and planner."""
