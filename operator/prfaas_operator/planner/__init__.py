@@ -1,0 +1,56 @@
+"""The long-timescale planner: the PrfaaS throughput model (paper eq. 3-8) and its solver.
+
+Pure: no Kubernetes, HTTP, Prometheus or clock. The `plan` CLI, the operator's loop and the
+simulator all call the same two questions: `evaluate` (what does this allocation sustain,
+and what binds?) and `solve_prfaas_pd` (which allocation sustains the most?).
+"""
+
+from prfaas_operator.planner.model import (
+    Allocation,
+    DecodeProfile,
+    Evaluation,
+    PlanError,
+    Stage,
+    SystemProfile,
+    evaluate,
+)
+from prfaas_operator.planner.profile_file import ProfileDocument, ProfileFileError, parse_profile
+from prfaas_operator.planner.report import Comparison, compare, render_table
+from prfaas_operator.planner.solver import (
+    DEFAULT_THRESHOLD_STEP_TOKENS,
+    Plan,
+    SolveDiagnostics,
+    Strategy,
+    solve_homogeneous_pd,
+    solve_naive_heterogeneous,
+    solve_prfaas_pd,
+    threshold_grid,
+)
+from prfaas_operator.planner.workload import Workload, WorkloadError, parse_workload_spec
+
+__all__ = [
+    "DEFAULT_THRESHOLD_STEP_TOKENS",
+    "Allocation",
+    "Comparison",
+    "DecodeProfile",
+    "Evaluation",
+    "Plan",
+    "PlanError",
+    "ProfileDocument",
+    "ProfileFileError",
+    "SolveDiagnostics",
+    "Stage",
+    "Strategy",
+    "SystemProfile",
+    "Workload",
+    "WorkloadError",
+    "compare",
+    "evaluate",
+    "parse_profile",
+    "parse_workload_spec",
+    "render_table",
+    "solve_homogeneous_pd",
+    "solve_naive_heterogeneous",
+    "solve_prfaas_pd",
+    "threshold_grid",
+]

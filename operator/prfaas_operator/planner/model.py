@@ -1,0 +1,332 @@
+"""The PrfaaS throughput model (paper eq. 3-6): what one allocation can sustain, and what binds.
+
+    Θ_prfaas = min(N_prfaas / T_prfaas(l_long), B / S_kv(l_long))      (3)
+    Θ_pd-p   = N_p / T_pd(l_short)                                      (4)
+    Θ_pd-d   = N_d · BS_max / (T_decode · L_out)                        (5)
+    Λ_max    = min(Θ_prfaas / p, Θ_pd-p / (1 - p), Θ_pd-d)              (6)
+
+As in the paper, prefill times are taken at the conditional MEAN length of each side, and
+the link and intra-cluster RDMA are otherwise free. A side that receives no requests (p = 0
+or p = 1) is not a bound. The same vectorised function serves one allocation (`evaluate`)
+and the solver's whole grid, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from prfaas_core.profiles import KvSizeModel, PrefillTimeModel, ProfileError
+
+from prfaas_operator.planner.workload import FloatArray, IntArray, LengthSplit, Workload
+
+BINDING_TOLERANCE = 1e-9
+"""Stages whose bound is within this relative distance of Λ_max are reported as binding."""
+
+
+class PlanError(ValueError):
+    """The planner cannot answer: an impossible link budget, bad counts, or a profile that does not cover the workload."""
+
+
+class Stage(enum.StrEnum):
+    """The four capacities of eq. 3-6 (eq. 3's min split into its compute and egress parts)."""
+
+    PRFAAS_COMPUTE = "prfaas_compute"
+    PRFAAS_EGRESS = "prfaas_egress"
+    PD_PREFILL = "pd_prefill"
+    PD_DECODE = "pd_decode"
+
+    @property
+    def label(self) -> str:
+        return _STAGE_LABELS[self]
+
+
+_STAGE_LABELS = {
+    Stage.PRFAAS_COMPUTE: "PrfaaS compute",
+    Stage.PRFAAS_EGRESS: "PrfaaS egress",
+    Stage.PD_PREFILL: "PD prefill",
+    Stage.PD_DECODE: "PD decode",
+}
+
+
+@dataclass(frozen=True)
+class DecodeProfile:
+    """Decode capacity of one PD instance: the largest batch meeting the TPOT SLO, and its step time."""
+
+    max_batch: int
+    step_seconds: float
+
+    def __post_init__(self) -> None:
+        if not (self.max_batch >= 1 and math.isfinite(self.step_seconds) and self.step_seconds > 0):
+            raise ProfileError(
+                f"decode profile needs max_batch >= 1 and step_seconds > 0, got {self.max_batch}, {self.step_seconds}"
+            )
+
+    def requests_per_second(self, mean_output_tokens: float) -> float:
+        """Eq. 5 for one instance."""
+        return self.max_batch / (self.step_seconds * mean_output_tokens)
+
+
+@dataclass(frozen=True)
+class SystemProfile:
+    """The hardware curves the model needs: KV size, prefill time on each GPU type, decode capacity."""
+
+    kv_size: KvSizeModel
+    prfaas_prefill: PrefillTimeModel
+    pd_prefill: PrefillTimeModel
+    decode: DecodeProfile
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One operating point. A request is offloaded when its uncached length exceeds the threshold;
+    `threshold_tokens=None` offloads nothing, 0 offloads everything."""
+
+    threshold_tokens: int | None
+    prfaas_instances: int
+    pd_prefill_instances: int
+    decode_instances: int
+
+    def __post_init__(self) -> None:
+        counts = (self.prfaas_instances, self.pd_prefill_instances, self.decode_instances)
+        if min(counts) < 0 or self.decode_instances < 1:
+            raise PlanError(
+                f"allocation needs non-negative instance counts and at least one decode instance: {self}"
+            )
+        if self.threshold_tokens is not None and self.threshold_tokens < 0:
+            raise PlanError(f"threshold must be non-negative, got {self.threshold_tokens}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "threshold_tokens": self.threshold_tokens,
+            "prfaas_instances": self.prfaas_instances,
+            "pd_prefill_instances": self.pd_prefill_instances,
+            "decode_instances": self.decode_instances,
+        }
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The model's answer for one allocation. Rates in requests/s, bytes in bytes/s.
+
+    A quantity that does not exist for this allocation (l_long when nothing is offloaded,
+    the PD prefill rate when everything is) is None, never zero.
+    """
+
+    allocation: Allocation
+    max_throughput_rps: float  # Λ_max
+    offloaded_fraction: float  # p
+    mean_long_tokens: float | None  # l_long
+    mean_short_tokens: float | None  # l_short
+    prfaas_compute_rps: float | None  # N_prfaas / T_prfaas(l_long)
+    prfaas_egress_rps: float | None  # B / S_kv(l_long)
+    pd_prefill_rps: float | None  # Θ_pd-p
+    decode_rps: float  # Θ_pd-d
+    stage_bounds: Mapping[Stage, float]  # the Λ each stage alone allows, for stages that are bounds
+    egress_bytes_per_second: float  # Λ_max · p · S_kv(l_long)
+    link_budget_bytes_per_second: float | None
+
+    @property
+    def prfaas_rps(self) -> float | None:
+        """Θ_prfaas (eq. 3)."""
+        if self.prfaas_compute_rps is None or self.prfaas_egress_rps is None:
+            return None
+        return min(self.prfaas_compute_rps, self.prfaas_egress_rps)
+
+    @property
+    def binding(self) -> tuple[Stage, ...]:
+        """The stages at Λ_max, tightest first."""
+        limit = self.max_throughput_rps * (1 + BINDING_TOLERANCE)
+        return tuple(
+            stage for stage, bound in sorted(self.stage_bounds.items(), key=_by_bound) if bound <= limit
+        )
+
+    @property
+    def link_budget_utilisation(self) -> float | None:
+        if self.link_budget_bytes_per_second is None:
+            return None
+        return self.egress_bytes_per_second / self.link_budget_bytes_per_second
+
+    @property
+    def prefill_balance(self) -> float | None:
+        """Eq. 7 at the optimum: PrfaaS bound / PD-prefill bound (1 = both prefill stages saturate together)."""
+        prfaas = min(
+            self.stage_bounds.get(Stage.PRFAAS_COMPUTE, math.inf),
+            self.stage_bounds.get(Stage.PRFAAS_EGRESS, math.inf),
+        )
+        local = self.stage_bounds.get(Stage.PD_PREFILL)
+        if math.isinf(prfaas) or local is None or local == 0:
+            return None
+        return prfaas / local
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-safe (no NaN or infinity)."""
+        return {
+            "allocation": self.allocation.as_dict(),
+            "max_throughput_rps": self.max_throughput_rps,
+            "offloaded_fraction": self.offloaded_fraction,
+            "mean_long_tokens": self.mean_long_tokens,
+            "mean_short_tokens": self.mean_short_tokens,
+            "prfaas_rps": self.prfaas_rps,
+            "prfaas_compute_rps": self.prfaas_compute_rps,
+            "prfaas_egress_rps": self.prfaas_egress_rps,
+            "pd_prefill_rps": self.pd_prefill_rps,
+            "decode_rps": self.decode_rps,
+            "stage_bounds_rps": {stage.value: bound for stage, bound in self.stage_bounds.items()},
+            "binding": [stage.value for stage in self.binding],
+            "egress_bytes_per_second": self.egress_bytes_per_second,
+            "link_budget_bytes_per_second": self.link_budget_bytes_per_second,
+            "link_budget_utilisation": self.link_budget_utilisation,
+            "prefill_balance": self.prefill_balance,
+        }
+
+
+def _by_bound(item: tuple[Stage, float]) -> float:
+    return item[1]
+
+
+def evaluate(
+    profile: SystemProfile,
+    workload: Workload,
+    allocation: Allocation,
+    *,
+    link_budget_bytes_per_second: float | None,
+) -> Evaluation:
+    """Λ_max and its breakdown for one allocation (eq. 3-6). The budget may be None only if nothing is offloaded."""
+    offloads = allocation.threshold_tokens is not None
+    budget = (
+        None
+        if link_budget_bytes_per_second is None and not offloads
+        else check_link_budget(link_budget_bytes_per_second)
+    )
+    split = workload.split(np.array([_threshold_or_never(allocation.threshold_tokens, workload)]))
+    has_long, has_short = bool(split.has_long[0]), bool(split.has_short[0])
+    check_profile_covers(profile, workload, prfaas=has_long, pd=has_short)
+    rates = stage_rates(
+        profile,
+        workload,
+        split,
+        prfaas_instances=np.array([allocation.prfaas_instances]),
+        pd_prefill_instances=np.array([allocation.pd_prefill_instances]),
+        decode_instances=np.array([allocation.decode_instances]),
+        link_budget_bytes_per_second=budget if budget is not None else math.inf,
+    )
+    bounds = {stage: float(bound[0]) for stage, bound in rates.bounds.items()}
+    applicable = {
+        stage: bound
+        for stage, bound in bounds.items()
+        if (stage is Stage.PD_DECODE)
+        or (stage is Stage.PD_PREFILL and has_short)
+        or (stage in (Stage.PRFAAS_COMPUTE, Stage.PRFAAS_EGRESS) and has_long)
+    }
+    throughput = min(applicable.values())
+    long_tokens = float(split.mean_long[0]) if has_long else None
+    p = float(split.offloaded_fraction[0])
+    egress = throughput * p * profile.kv_size.bytes_for(long_tokens) if long_tokens is not None else 0.0
+    return Evaluation(
+        allocation=allocation,
+        max_throughput_rps=throughput,
+        offloaded_fraction=p,
+        mean_long_tokens=long_tokens,
+        mean_short_tokens=float(split.mean_short[0]) if has_short else None,
+        prfaas_compute_rps=float(rates.prfaas_compute_rps[0]) if has_long else None,
+        prfaas_egress_rps=float(rates.prfaas_egress_rps[0]) if has_long else None,
+        pd_prefill_rps=float(rates.pd_prefill_rps[0]) if has_short else None,
+        decode_rps=float(rates.decode_rps[0]),
+        stage_bounds=applicable,
+        egress_bytes_per_second=egress,
+        link_budget_bytes_per_second=budget,
+    )
+
+
+@dataclass(frozen=True)
+class StageRates:
+    """Eq. 3-5 and each stage's bound on Λ, broadcast over whatever grid the caller built.
+
+    A bound is +inf where its stage receives no requests, so min() over bounds is eq. 6.
+    """
+
+    prfaas_compute_rps: FloatArray
+    prfaas_egress_rps: FloatArray
+    pd_prefill_rps: FloatArray
+    decode_rps: FloatArray
+    bounds: dict[Stage, FloatArray]
+
+    def max_throughput(self) -> FloatArray:
+        bounds = list(self.bounds.values())
+        result = bounds[0]
+        for bound in bounds[1:]:
+            result = np.minimum(result, bound)
+        return result
+
+
+def stage_rates(
+    profile: SystemProfile,
+    workload: Workload,
+    split: LengthSplit,
+    *,
+    prfaas_instances: IntArray,
+    pd_prefill_instances: IntArray,
+    decode_instances: IntArray,
+    link_budget_bytes_per_second: float,
+) -> StageRates:
+    """The vectorised core. `split` arrays index thresholds; the count arrays broadcast against them."""
+    prfaas_compute = prfaas_instances / profile.prfaas_prefill.seconds_for(split.mean_long)
+    prfaas_egress = link_budget_bytes_per_second / profile.kv_size.bytes_for(split.mean_long)
+    pd_prefill = pd_prefill_instances / profile.pd_prefill.seconds_for(split.mean_short)
+    decode = decode_instances * profile.decode.requests_per_second(workload.mean_output_tokens)
+    return StageRates(
+        prfaas_compute_rps=prfaas_compute,
+        prfaas_egress_rps=np.broadcast_to(prfaas_egress, split.mean_long.shape),
+        pd_prefill_rps=pd_prefill,
+        decode_rps=np.asarray(decode, dtype=np.float64),
+        bounds={
+            Stage.PRFAAS_COMPUTE: _per_request(prfaas_compute, split.offloaded_fraction, split.has_long),
+            Stage.PRFAAS_EGRESS: _per_request(prfaas_egress, split.offloaded_fraction, split.has_long),
+            Stage.PD_PREFILL: _per_request(pd_prefill, split.kept_fraction, split.has_short),
+            Stage.PD_DECODE: np.asarray(decode, dtype=np.float64),
+        },
+    )
+
+
+def _per_request(stage_rps: FloatArray, fraction: FloatArray, used: npt.NDArray[np.bool_]) -> FloatArray:
+    """Θ / fraction where the stage serves requests, +inf where it serves none."""
+    shape = np.broadcast_shapes(np.shape(stage_rps), fraction.shape)
+    return np.divide(
+        np.broadcast_to(stage_rps, shape),
+        np.broadcast_to(fraction, shape),
+        out=np.full(shape, math.inf),
+        where=np.broadcast_to(used, shape),
+    )
+
+
+def check_link_budget(link_budget_bytes_per_second: float | None) -> float:
+    """An offload needs a positive, finite link budget (bandwidth x headroom)."""
+    budget = link_budget_bytes_per_second
+    if budget is None or not math.isfinite(budget) or budget <= 0:
+        raise PlanError(
+            f"link budget must be a positive, finite number of bytes/s to offload anything, got {budget}"
+        )
+    return budget
+
+
+def check_profile_covers(profile: SystemProfile, workload: Workload, *, prfaas: bool, pd: bool) -> None:
+    """Refuse to extrapolate a prefill curve beyond the range it was validated on."""
+    curves = ([("PrfaaS prefill", profile.prfaas_prefill)] if prfaas else []) + (
+        [("PD prefill", profile.pd_prefill)] if pd else []
+    )
+    for name, curve in curves:
+        if workload.min_length < curve.min_tokens or workload.max_length > curve.max_tokens:
+            raise PlanError(
+                f"{name} time profile is valid on [{curve.min_tokens:g}, {curve.max_tokens:g}] tokens but the "
+                f"workload spans [{workload.min_length:g}, {workload.max_length:g}]"
+            )
+
+
+def _threshold_or_never(threshold_tokens: int | None, workload: Workload) -> float:
+    return workload.max_length if threshold_tokens is None else float(threshold_tokens)
