@@ -1,0 +1,309 @@
+"""The router's HTTP service: OpenAI and SGLang endpoints in, PD pairs out, probes and metrics.
+
+Thin on purpose: validation lives in `payloads`, the choice in `policy`, the two legs in `proxy`.
+One pooled aiohttp ClientSession carries all upstream traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prfaas_core.router_config import Pool, RouterConfig
+
+from prfaas_router.config_watch import ConfigWatcher
+from prfaas_router.health import HealthChecker
+from prfaas_router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
+from prfaas_router.payloads import ApiError, Kind, parse, prompt_keys
+from prfaas_router.policy import PolicyModel, SessionTable
+from prfaas_router.prefix_index import PrefixIndex
+from prfaas_router.proxy import REQUEST_ID_HEADER, Dispatcher, Exchange, Snapshot, error_response
+from prfaas_router.workers import Fleet
+
+log = logging.getLogger("prfaas_router")
+
+_MAX_REQUEST_ID = 128
+
+
+@dataclass(frozen=True)
+class RouterOptions:
+    """Process settings (CLI flags); routing settings come from the hot-reloaded config file."""
+
+    config_path: Path
+    host: str = "127.0.0.1"
+    port: int = 8000
+    config_poll_seconds: float = 1.0
+    health_path: str = "/health"
+    health_interval_seconds: float = 0.5
+    health_timeout_seconds: float = 0.5
+    health_failure_threshold: int = 1
+    breaker_failure_threshold: int = 3
+    breaker_cooldown_seconds: float = 5.0
+    connect_timeout_seconds: float = 1.0
+    read_timeout_seconds: float = 600.0
+    max_body_bytes: int = 32 * 1024 * 1024
+    max_attempts: int = 3
+    prefix_index_blocks: int = 262144
+    prefix_index_prompts: int = 65536
+    session_capacity: int = 65536
+
+
+class RouterService:
+    """Owns the session, the fleet, the config watcher and the background loops."""
+
+    def __init__(self, options: RouterOptions) -> None:
+        self.options = options
+        self.metrics = RouterMetrics()
+        self.fleet = Fleet(options.breaker_failure_threshold, options.breaker_cooldown_seconds)
+        self.snapshot: Snapshot | None = None
+        self.watcher = ConfigWatcher(
+            options.config_path, self._apply, self.metrics, options.config_poll_seconds
+        )
+        self._session: aiohttp.ClientSession | None = None
+        self._dispatcher: Dispatcher | None = None
+        self._health: HealthChecker | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        options = self.options
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30.0, ttl_dns_cache=60)
+        timeout = aiohttp.ClientTimeout(
+            total=None, connect=options.connect_timeout_seconds, sock_read=options.read_timeout_seconds
+        )
+        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+        self._dispatcher = Dispatcher(
+            self._session,
+            self.fleet,
+            self.metrics,
+            SessionTable(options.session_capacity),
+            options.max_attempts,
+        )
+        self._health = HealthChecker(
+            self._session,
+            self.fleet,
+            self.metrics,
+            path=options.health_path,
+            interval_seconds=options.health_interval_seconds,
+            timeout_seconds=options.health_timeout_seconds,
+            failure_threshold=options.health_failure_threshold,
+        )
+        self.watcher.check()
+        if self.watcher.current is None:
+            log.error("starting without a valid config; not ready until %s is valid", options.config_path)
+        self._tasks = [asyncio.create_task(self.watcher.run()), asyncio.create_task(self._health.run())]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._dispatcher is not None:
+            await self._dispatcher.close()
+        if self._session is not None:
+            await self._session.close()
+
+    def build_app(self) -> web.Application:
+        app = web.Application(client_max_size=self.options.max_body_bytes, middlewares=[_json_errors])
+        app.router.add_post(Kind.CHAT.value, self._chat)
+        app.router.add_post(Kind.COMPLETION.value, self._completion)
+        app.router.add_post(Kind.GENERATE.value, self._generate)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/liveness", self._liveness)
+        app.router.add_get("/health", self._liveness)
+        app.router.add_get("/readiness", self._readiness)
+        app.router.add_get("/metrics", self._metrics_page)
+        app.router.add_get("/config", self._config_page)
+        return app
+
+    def _apply(self, config: RouterConfig, model: PolicyModel) -> None:
+        old = self.snapshot
+        same_blocks = old is not None and (old.config.block_size_tokens, old.config.chars_per_token) == (
+            config.block_size_tokens,
+            config.chars_per_token,
+        )
+        if old is not None and same_blocks:
+            index_local, index_prfaas = old.index_local, old.index_prfaas
+        else:  # hashes of another block size mean nothing: start afresh
+            options = self.options
+            index_local = PrefixIndex(options.prefix_index_blocks, options.prefix_index_prompts)
+            index_prfaas = PrefixIndex(options.prefix_index_blocks, options.prefix_index_prompts)
+        before = set(self.fleet.workers())
+        fresh = self.fleet.reconcile(config.pools)
+        for gone in before - set(self.fleet.workers()):
+            self.metrics.worker_available.remove(gone.pool.value, gone.name)
+        self.snapshot = Snapshot(config, model, index_local, index_prfaas)
+        self.metrics.threshold.set(config.threshold_tokens)
+        self.metrics.config_version.set(config.version)
+        sizes = ", ".join(f"{pool.value}={len(self.fleet.pools[pool])}" for pool in Pool)
+        log.info(
+            "config version %d applied: threshold %d tokens, bandwidth %s, pools %s",
+            config.version,
+            config.threshold_tokens,
+            config.bandwidth_mode,
+            sizes,
+        )
+        if fresh and self._health is not None:
+            self._health.poke()
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generation(request, Kind.CHAT)
+
+    async def _completion(self, request: web.Request) -> web.StreamResponse:
+        return await self._generation(request, Kind.COMPLETION)
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        return await self._generation(request, Kind.GENERATE)
+
+    async def _generation(self, request: web.Request, kind: Kind) -> web.StreamResponse:
+        started = time.monotonic()
+        request_id = _request_id(request.headers.get(REQUEST_ID_HEADER))
+        snapshot, dispatcher = self.snapshot, self._dispatcher
+        if snapshot is None or dispatcher is None:
+            error = ApiError(
+                503,
+                f"the router has no valid config yet: {self.watcher.last_error or 'not loaded'}",
+                type_="service_unavailable",
+                code="no_config",
+            )
+            return error_response(error, request_id)
+        config = snapshot.config
+        try:
+            raw = await self._read_body(request)
+            body, parsed = parse(kind, raw)
+            if (
+                kind is not Kind.GENERATE
+                and parsed.model is not None
+                and parsed.model != config.served_model_name
+            ):
+                raise ApiError(
+                    404,
+                    f"the model '{parsed.model}' does not exist; this router serves '{config.served_model_name}'",
+                    param="model",
+                    code="model_not_found",
+                )
+            keys = prompt_keys(parsed, config.block_size_tokens, config.chars_per_token)
+        except ApiError as error:
+            self.metrics.requests.labels("none", "bad_request").inc()
+            return error_response(error, request_id)
+        header = config.session_affinity_header
+        exchange = Exchange(
+            http=request,
+            request_id=request_id,
+            raw=raw,
+            body=body,
+            parsed=parsed,
+            keys=keys,
+            session_key=request.headers.get(header) if header else None,
+            started=started,
+        )
+        return await dispatcher.serve(exchange, snapshot)
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        limit = self.options.max_body_bytes
+        too_large = ApiError(
+            413,
+            f"request body exceeds the {limit}-byte limit",
+            type_="invalid_request_error",
+            code="body_too_large",
+        )
+        if request.content_length is not None and request.content_length > limit:
+            raise too_large
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge as err:
+            raise too_large from err
+
+    async def _models(self, request: web.Request) -> web.Response:
+        snapshot = self.snapshot
+        models = []
+        if snapshot is not None:
+            models.append({"id": snapshot.config.served_model_name, "object": "model", "owned_by": "prfaas"})
+        return web.json_response({"object": "list", "data": models})
+
+    async def _liveness(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "alive"})
+
+    async def _readiness(self, request: web.Request) -> web.Response:
+        now = time.monotonic()
+        available = {pool.value: len(self.fleet.available(pool, now)) for pool in Pool}
+        total = {pool.value: len(self.fleet.pools[pool]) for pool in Pool}
+        has_prefill = available[Pool.LOCAL_PREFILL.value] + available[Pool.PRFAAS_PREFILL.value] > 0
+        ready = self.snapshot is not None and available[Pool.DECODE.value] > 0 and has_prefill
+        body = {
+            "status": "ready" if ready else "not_ready",
+            "healthy_workers": available,
+            "total_workers": total,
+        }
+        return web.json_response(body, status=200 if ready else 503)
+
+    async def _metrics_page(self, request: web.Request) -> web.Response:
+        response = web.Response(body=self.metrics.exposition())
+        response.headers["Content-Type"] = METRICS_CONTENT_TYPE
+        return response
+
+    async def _config_page(self, request: web.Request) -> web.Response:
+        """What the router runs with: the config's version and knobs, worker states, the last refusal."""
+        snapshot = self.snapshot
+        now = time.monotonic()
+        body: dict[str, Any] = {
+            "config_path": str(self.options.config_path),
+            "loaded_at": self.watcher.loaded_at,
+            "last_error": self.watcher.last_error,
+            "version": None,
+        }
+        if snapshot is not None:
+            config = snapshot.config
+            body.update(
+                version=config.version,
+                served_model_name=config.served_model_name,
+                threshold_tokens=config.threshold_tokens,
+                bandwidth_mode=config.bandwidth_mode,
+                block_size_tokens=config.block_size_tokens,
+                chars_per_token=config.chars_per_token,
+                link_budget_bytes=snapshot.model.link_horizon_bytes,
+                link_inflight_bytes=self._dispatcher.link_inflight_bytes if self._dispatcher else 0.0,
+                prefix_blocks={"local": len(snapshot.index_local), "prfaas": len(snapshot.index_prfaas)},
+            )
+        body["workers"] = [
+            {
+                "pool": worker.pool.value,
+                "name": worker.name,
+                "url": worker.url,
+                "available": worker.available(now),
+                "healthy": worker.healthy,
+                "breaker": worker.breaker.state.value,
+                "inflight": worker.inflight,
+                "outstanding_tokens": worker.outstanding_tokens,
+            }
+            for worker in self.fleet.workers()
+        ]
+        return web.json_response(body)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own 404/405 answers, in the OpenAI error shape every other error has."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = exc.reason.lower().replace(" ", "_")
+        error = ApiError(exc.status, f"{exc.reason}: {request.method} {request.path}", code=code)
+        return error_response(error, _request_id(request.headers.get(REQUEST_ID_HEADER)))
+
+
+def _request_id(sent: str | None) -> str:
+    if sent and len(sent) <= _MAX_REQUEST_ID and sent.isprintable():
+        return sent
+    return uuid.uuid4().hex

@@ -1,0 +1,374 @@
+"""Per-request route choice: PrfaaS prefill or local prefill, then the instances (pure).
+
+The paper's short-timescale rules (section 3.4.3, DESIGN.md "Two loops"):
+- Scarce bandwidth: judge the local cluster's cache alone; `l_total - l_pd <= t` stays local.
+- Abundant bandwidth: the best prefix of either cluster counts; a local prefill may reuse a
+  prefix held in the PrfaaS cluster, and then moving that prefix costs link bytes and time.
+- An offload must fit the link: KV bytes in flight plus this request's `S_kv(l)` may not exceed
+  what the link budget carries in one TTFT SLO (`budget_bytes_per_second * slo.ttft_seconds`,
+  the horizon): a request that cannot leave within the SLO stays local instead of queueing
+  behind a congested link.
+- Within a pool: the least outstanding tokens, unless the instance holding the request's prefix
+  is behind by less than the tokens its cache saves (cache affinity); decode by outstanding tokens.
+- Mooncake-style TTFT estimate = queue (estimated prefill seconds already on the instance) +
+  prefill + transfer (link latency + backlog incl. this request / bandwidth). The sum ignores the
+  overlap of layer-wise pipelining, so it is an upper bound. A request whose estimate breaks the
+  SLO on its route moves to the other route if that one meets it; when none does it gets 429.
+  The bar is `max(slo, the request's own unloaded TTFT)`: a prompt too long for the SLO even on
+  idle engines is still served when it would not wait, rather than refused forever.
+
+Every outcome carries a reason label; the metrics count decisions by (route, reason).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from prfaas_core.metrics_contract import ROUTE_LOCAL, ROUTE_PRFAAS
+from prfaas_core.profiles import PrefillTimeModel
+from prfaas_core.router_config import Pool, RouterConfig
+
+from prfaas_router.prefix_index import NO_HIT, PrefixHit
+from prfaas_router.workers import Worker
+
+
+class Reason(enum.StrEnum):
+    SHORT_UNCACHED = "short_uncached"  # the whole prompt is at most t tokens: local
+    CACHED_PREFIX = "cached_prefix"  # a long prompt whose uncached part is at most t: local
+    LONG_UNCACHED = "long_uncached"  # more than t uncached tokens: PrfaaS
+    LINK_BUDGET = "link_budget"  # wanted PrfaaS, the link budget has no room: local
+    PRFAAS_UNAVAILABLE = "prfaas_unavailable"  # wanted PrfaaS, no healthy PrfaaS prefill: local
+    LOCAL_UNAVAILABLE = "local_unavailable"  # wanted local, no healthy local prefill: PrfaaS
+    SESSION_AFFINITY = "session_affinity"  # the conversation stays where its prefix is
+    TTFT_REROUTE = "ttft_reroute"  # the preferred route breaks the TTFT SLO, the other meets it
+    SLO_REJECT = "slo_reject"  # every route breaks the TTFT SLO: 429
+    NO_DECODE = "no_decode"  # no healthy decode instance: 503
+    NO_PREFILL = "no_prefill"  # no prefill instance can take it: 503
+
+
+class ConfigRefused(ValueError):
+    """A schema-valid config the router still cannot route with."""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyModel:
+    """The constants of one config version, derived once on load so a decision is a few float ops."""
+
+    threshold_tokens: int
+    abundant: bool
+    kv_bytes_per_token: float
+    kv_fixed_bytes: float
+    prefill_time: dict[str, PrefillTimeModel]
+    link_bandwidth: float
+    link_horizon_bytes: float
+    link_latency: float
+    slo_ttft: float
+
+    @classmethod
+    def from_config(cls, config: RouterConfig) -> PolicyModel:
+        for pool in Pool:
+            names = [endpoint.name for endpoint in config.pools.of(pool)]
+            if len(set(names)) != len(names):
+                raise ConfigRefused(f"pool {pool.value}: endpoint names must be unique, got {names}")
+            if pool is not Pool.DECODE:
+                missing = [e.name for e in config.pools.of(pool) if e.bootstrap_port is None]
+                if missing:
+                    raise ConfigRefused(
+                        f"pool {pool.value}: prefill endpoints need a bootstrap_port: {missing}"
+                    )
+        return cls(
+            threshold_tokens=config.threshold_tokens,
+            abundant=config.bandwidth_mode == "Abundant",
+            kv_bytes_per_token=config.kv_size.bytes_per_token,
+            kv_fixed_bytes=config.kv_size.fixed_bytes,
+            prefill_time={route: spec.model() for route, spec in config.prefill_time.items()},
+            link_bandwidth=config.link.bandwidth_bytes_per_second,
+            link_horizon_bytes=config.link.budget_bytes_per_second * config.slo.ttft_seconds,
+            link_latency=config.link.latency_seconds,
+            slo_ttft=config.slo.ttft_seconds,
+        )
+
+    def kv_bytes(self, tokens: float, sequences: int) -> float:
+        """S_kv of `sequences` prompts holding `tokens` in all (SGLang ships the whole prompt's KV)."""
+        return sequences * self.kv_fixed_bytes + self.kv_bytes_per_token * tokens
+
+
+def prefill_seconds(model: PrefillTimeModel, total: float, cached: float, exact: bool) -> float:
+    """Estimated prefill time of a `total`-token prompt whose first `cached` tokens are cached.
+
+    A prefix hit saves the attention over the prefix (the quadratic term). Only an exact hit
+    also keeps the linear-attention state; otherwise the per-token work over the prefix is redone
+    (the linear term), see `prefix_index`.
+    """
+    if cached <= 0:
+        return model.seconds_for(total)
+    linear_tokens = total - cached if exact else total
+    return model.c0 + model.c1 * linear_tokens + model.c2 * (total * total - cached * cached)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestView:
+    """What the policy needs to know of a request: its size and what each cluster holds of it."""
+
+    total_tokens: int
+    sequences: int
+    hit_local: PrefixHit = NO_HIT
+    hit_prfaas: PrefixHit = NO_HIT
+    pin: SessionPin | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPin:
+    """Where a conversation's previous turn ran."""
+
+    route: str
+    prefill: str
+    decode: str
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    route: str
+    reason: Reason
+    prefill: Worker
+    decode: Worker
+    total_tokens: int
+    uncached_tokens: int
+    prefill_seconds: float
+    link_bytes: float  # bytes this request puts on the PrfaaS -> PD link (held until its prefill ends)
+    egress_bytes: float  # the offloaded prefill's KV, for the egress counter
+    ttft_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    status: int
+    reason: Reason
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Option:
+    """One way to serve the request: a route and its prefill instance, with its costs."""
+
+    route: str
+    prefill: Worker
+    uncached: int
+    prefill_seconds: float
+    link_bytes: float
+    egress_bytes: float
+    ttft: float
+    unloaded_ttft: float
+    fits_link: bool
+
+
+class Pools:
+    """The available workers of each pool at the moment of a decision."""
+
+    __slots__ = ("decode", "local", "prfaas")
+
+    def __init__(self, local: Sequence[Worker], prfaas: Sequence[Worker], decode: Sequence[Worker]) -> None:
+        self.local = local
+        self.prfaas = prfaas
+        self.decode = decode
+
+
+def decide(
+    model: PolicyModel, request: RequestView, pools: Pools, link_inflight_bytes: float
+) -> Decision | Rejection:
+    """Choose route, prefill and decode for one request, or refuse it early with a reason."""
+    if not pools.decode:
+        return Rejection(503, Reason.NO_DECODE, "no healthy decode instance")
+    if not pools.local and not pools.prfaas:
+        return Rejection(503, Reason.NO_PREFILL, "no healthy prefill instance in either cluster")
+    pin = request.pin
+    local = _local_option(model, request, pools.local, link_inflight_bytes) if pools.local else None
+    prfaas = _prfaas_option(model, request, pools.prfaas, link_inflight_bytes) if pools.prfaas else None
+
+    route, reason = _paper_rule(model, request, local)
+    if pin is not None and (
+        (pin.route == ROUTE_LOCAL and local is not None)
+        or (pin.route == ROUTE_PRFAAS and prfaas is not None and prfaas.fits_link)
+    ):
+        route, reason = pin.route, Reason.SESSION_AFFINITY
+
+    chosen: _Option | None
+    if route == ROUTE_PRFAAS:
+        if prfaas is None:
+            chosen, reason = local, Reason.PRFAAS_UNAVAILABLE
+        elif not prfaas.fits_link:
+            chosen, reason = local, Reason.LINK_BUDGET
+        else:
+            chosen = prfaas
+    elif local is not None:
+        chosen = local
+    else:
+        chosen, reason = prfaas, Reason.LOCAL_UNAVAILABLE
+    if chosen is None or not chosen.fits_link:
+        return Rejection(
+            429, Reason.LINK_BUDGET, "no local prefill and the cross-cluster link budget is full"
+        )
+
+    if not _meets_slo(model, chosen):
+        other = local if chosen is prfaas else prfaas
+        if other is not None and other.fits_link and _meets_slo(model, other):
+            chosen, reason = other, Reason.TTFT_REROUTE
+        else:
+            return Rejection(
+                429,
+                Reason.SLO_REJECT,
+                f"estimated time to first token {chosen.ttft:.2f}s breaks the {model.slo_ttft:g}s SLO "
+                "on every route; retry later",
+            )
+
+    return Decision(
+        route=chosen.route,
+        reason=reason,
+        prefill=chosen.prefill,
+        decode=_pick_decode(pools.decode, pin),
+        total_tokens=request.total_tokens,
+        uncached_tokens=chosen.uncached,
+        prefill_seconds=chosen.prefill_seconds,
+        link_bytes=chosen.link_bytes,
+        egress_bytes=chosen.egress_bytes,
+        ttft_seconds=chosen.ttft,
+    )
+
+
+def _paper_rule(model: PolicyModel, request: RequestView, local: _Option | None) -> tuple[str, Reason]:
+    total = request.total_tokens
+    if total <= model.threshold_tokens:
+        return ROUTE_LOCAL, Reason.SHORT_UNCACHED
+    if local is not None:
+        uncached = local.uncached
+    else:  # no local prefill to ask: judge the caches alone, the fallback comes after
+        best = request.hit_local.tokens
+        if model.abundant:
+            best = max(best, request.hit_prfaas.tokens)
+        uncached = total - best
+    if uncached <= model.threshold_tokens:
+        return ROUTE_LOCAL, Reason.CACHED_PREFIX
+    return ROUTE_PRFAAS, Reason.LONG_UNCACHED
+
+
+def _meets_slo(model: PolicyModel, option: _Option) -> bool:
+    return option.ttft <= max(model.slo_ttft, option.unloaded_ttft)
+
+
+def _local_option(
+    model: PolicyModel, request: RequestView, workers: Sequence[Worker], inflight: float
+) -> _Option:
+    hit = request.hit_local
+    link_bytes = 0.0
+    remote = request.hit_prfaas
+    if model.abundant and remote.tokens > hit.tokens:
+        # reuse the longer prefix held in the PrfaaS cluster: its KV crosses the link first
+        move = model.kv_bytes_per_token * remote.tokens
+        if remote.exact:
+            move += model.kv_fixed_bytes * request.sequences
+        if inflight + move <= model.link_horizon_bytes:
+            hit, link_bytes = remote, move
+    worker = _pick_prefill(workers, hit, request.pin, ROUTE_LOCAL)
+    seconds = _prefill_seconds(model.prefill_time[ROUTE_LOCAL], request, hit)
+    transfer = model.link_latency + (inflight + link_bytes) / model.link_bandwidth if link_bytes else 0.0
+    unloaded_transfer = model.link_latency + link_bytes / model.link_bandwidth if link_bytes else 0.0
+    return _Option(
+        route=ROUTE_LOCAL,
+        prefill=worker,
+        uncached=request.total_tokens - hit.tokens,
+        prefill_seconds=seconds,
+        link_bytes=link_bytes,
+        egress_bytes=0.0,
+        ttft=worker.queued_seconds + seconds + transfer,
+        unloaded_ttft=seconds + unloaded_transfer,
+        fits_link=True,
+    )
+
+
+def _prfaas_option(
+    model: PolicyModel, request: RequestView, workers: Sequence[Worker], inflight: float
+) -> _Option:
+    hit = request.hit_prfaas
+    move_in = 0.0
+    if model.abundant and request.hit_local.tokens > hit.tokens:
+        # the longer prefix sits in the PD cluster: it travels the other way (assumed idle) first
+        hit = request.hit_local
+        move_in = model.link_latency + model.kv_bytes_per_token * hit.tokens / model.link_bandwidth
+    worker = _pick_prefill(workers, request.hit_prfaas, request.pin, ROUTE_PRFAAS)
+    seconds = _prefill_seconds(model.prefill_time[ROUTE_PRFAAS], request, hit)
+    egress = model.kv_bytes(request.total_tokens, request.sequences)
+    transfer = model.link_latency + (inflight + egress) / model.link_bandwidth
+    return _Option(
+        route=ROUTE_PRFAAS,
+        prefill=worker,
+        uncached=request.total_tokens - hit.tokens,
+        prefill_seconds=seconds,
+        link_bytes=egress,
+        egress_bytes=egress,
+        ttft=worker.queued_seconds + seconds + transfer + move_in,
+        unloaded_ttft=seconds + model.link_latency + egress / model.link_bandwidth + move_in,
+        fits_link=inflight + egress <= model.link_horizon_bytes,
+    )
+
+
+def _prefill_seconds(time_model: PrefillTimeModel, request: RequestView, hit: PrefixHit) -> float:
+    """A batch is that many prompts of the mean length prefilled one after another."""
+    n = request.sequences
+    return n * prefill_seconds(time_model, request.total_tokens / n, hit.tokens / n, hit.exact)
+
+
+def _pick_prefill(workers: Sequence[Worker], hit: PrefixHit, pin: SessionPin | None, route: str) -> Worker:
+    """Least outstanding tokens, unless the instance with the cache (or the session) is close enough.
+
+    The instance holding the prefix wins while it is behind the least loaded one by fewer tokens
+    than its cache saves; a session pin wins whenever its instance is available.
+    """
+    least = min(workers, key=_load)
+    if pin is not None and pin.route == route:
+        for worker in workers:
+            if worker.name == pin.prefill:
+                return worker
+    if hit.holder is not None and hit.holder != least.name:
+        for worker in workers:
+            if worker.name == hit.holder:
+                if worker.outstanding_tokens - least.outstanding_tokens < hit.tokens:
+                    return worker
+                break
+    return least
+
+
+def _pick_decode(workers: Sequence[Worker], pin: SessionPin | None) -> Worker:
+    if pin is not None:
+        for worker in workers:
+            if worker.name == pin.decode:
+                return worker
+    return min(workers, key=_load)
+
+
+def _load(worker: Worker) -> tuple[int, int]:
+    return (worker.outstanding_tokens, worker.inflight)
+
+
+class SessionTable:
+    """Bounded LRU of session key -> where its last turn ran (session-affinity header)."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"session table capacity must be positive, got {capacity}")
+        self._capacity = capacity
+        self._pins: OrderedDict[str, SessionPin] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._pins)
+
+    def get(self, key: str) -> SessionPin | None:
+        return self._pins.get(key)
+
+    def put(self, key: str, pin: SessionPin) -> None:
+        self._pins[key] = pin
+        self._pins.move_to_end(key)
+        if len(self._pins) > self._capacity:
+            self._pins.popitem(last=False)

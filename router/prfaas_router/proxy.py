@@ -1,0 +1,493 @@
+"""SGLang's PD protocol over one pooled HTTP client: both legs at once, the decode's answer back.
+
+As SGLang's own router does it: the same JSON body, with `bootstrap_host` (the prefill's host),
+`bootstrap_port` (its bootstrap port) and a random `bootstrap_room`, is POSTed to the prefill
+and the decode instance on the same path at the same time; the decode pulls the KV from the
+prefill and answers; the prefill's answer is drained. An attempt that fails before anything
+reached the client is repeated on other workers (a new decision that excludes the failed one);
+once bytes have been streamed, an upstream failure ends the stream with an SSE error event.
+When the client goes away, both legs are cancelled, which closes their connections and makes
+the engines abort the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prfaas_core.metrics_contract import ROUTE_PRFAAS
+from prfaas_core.router_config import Pool, RouterConfig
+
+from prfaas_router.metrics import RouterMetrics
+from prfaas_router.payloads import (
+    ApiError,
+    ParsedRequest,
+    completion_tokens,
+    last_completion_tokens,
+    with_bootstrap,
+)
+from prfaas_router.policy import (
+    Decision,
+    PolicyModel,
+    Pools,
+    Rejection,
+    RequestView,
+    SessionPin,
+    SessionTable,
+    decide,
+)
+from prfaas_router.prefix_index import PrefixIndex, PromptKey
+from prfaas_router.workers import Fleet, Worker
+
+log = logging.getLogger("prfaas_router.proxy")
+
+ROUTE_HEADER = "X-Prfaas-Route"
+REASON_HEADER = "X-Prfaas-Reason"
+REQUEST_ID_HEADER = "X-Request-Id"
+NO_ROUTE = "none"
+_BLAME_GRACE_SECONDS = 0.05  # how long a failed decode waits to learn whether its prefill died first
+_PASSED_HEADERS = ("Content-Type", "Cache-Control")
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One config version and what was derived from it; a request keeps the one it started with."""
+
+    config: RouterConfig
+    model: PolicyModel
+    index_local: PrefixIndex  # the PD cluster: what its prefills computed and its decodes received
+    index_prfaas: PrefixIndex
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One client request on its way through the router."""
+
+    http: web.Request
+    request_id: str
+    raw: bytes
+    body: dict[str, object]
+    parsed: ParsedRequest
+    keys: Sequence[PromptKey]
+    session_key: str | None
+    started: float
+
+
+class LegFailure(Exception):
+    """A leg failed before the client got anything, so the request may go to other workers."""
+
+    def __init__(self, worker: Worker, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(f"{worker.pool.value} {worker.name}: {message}")
+        self.worker = worker
+        self.unreachable = unreachable
+
+
+class _PassThrough(Exception):
+    """An engine refused the request itself (4xx): the client gets that answer, nobody is retried."""
+
+    def __init__(self, status: int, body: bytes, content_type: str) -> None:
+        super().__init__(status)
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+
+
+class Dispatcher:
+    """Routes and forwards requests; owns the link ledger, the session pins and the accounting."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        fleet: Fleet,
+        metrics: RouterMetrics,
+        sessions: SessionTable,
+        max_attempts: int,
+    ) -> None:
+        self._session = session
+        self._fleet = fleet
+        self._metrics = metrics
+        self._sessions = sessions
+        self._max_attempts = max_attempts
+        self._background: set[asyncio.Task[Any]] = set()
+        self.link_inflight_bytes = 0.0
+
+    async def serve(self, exchange: Exchange, snapshot: Snapshot) -> web.StreamResponse:
+        keys = exchange.keys
+        pin = self._sessions.get(exchange.session_key) if exchange.session_key else None
+        view = RequestView(
+            total_tokens=sum(key.tokens for key in keys),
+            sequences=len(keys),
+            hit_local=snapshot.index_local.lookup_all(keys),
+            hit_prfaas=snapshot.index_prfaas.lookup_all(keys),
+            pin=pin,
+        )
+        excluded: set[Worker] = set()
+        failures: list[str] = []
+        metrics = self._metrics
+        for _ in range(self._max_attempts):
+            now = time.monotonic()
+            pools = Pools(
+                local=self._candidates(Pool.LOCAL_PREFILL, now, excluded),
+                prfaas=self._candidates(Pool.PRFAAS_PREFILL, now, excluded),
+                decode=self._candidates(Pool.DECODE, now, excluded),
+            )
+            decision = decide(snapshot.model, view, pools, self.link_inflight_bytes)
+            if isinstance(decision, Rejection):
+                metrics.decisions.labels(NO_ROUTE, decision.reason.value).inc()
+                metrics.requests.labels(
+                    NO_ROUTE, "rejected" if decision.status == 429 else "unavailable"
+                ).inc()
+                detail = f" (after: {'; '.join(failures)})" if failures else ""
+                error = ApiError(
+                    decision.status,
+                    decision.message + detail,
+                    type_="rate_limit_error" if decision.status == 429 else "service_unavailable",
+                    code=decision.reason.value,
+                )
+                return error_response(error, exchange.request_id)
+            metrics.decisions.labels(decision.route, decision.reason.value).inc()
+            try:
+                return await self._attempt(exchange, snapshot, decision)
+            except LegFailure as failure:
+                log.warning("request %s: %s; trying other workers", exchange.request_id, failure)
+                excluded.add(failure.worker)
+                failures.append(str(failure))
+                metrics.retries.labels(failure.worker.pool.value).inc()
+        metrics.requests.labels(NO_ROUTE, "upstream_error").inc()
+        error = ApiError(
+            502,
+            f"upstream engines failed {len(failures)} times: {'; '.join(failures)}",
+            type_="upstream_error",
+            code="upstream_failed",
+        )
+        return error_response(error, exchange.request_id)
+
+    async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+
+    def _candidates(self, pool: Pool, now: float, excluded: set[Worker]) -> list[Worker]:
+        return [w for w in self._fleet.pools[pool] if w.available(now) and w not in excluded]
+
+    async def _attempt(
+        self, exchange: Exchange, snapshot: Snapshot, decision: Decision
+    ) -> web.StreamResponse:
+        parsed = exchange.parsed
+        prefill, decode = decision.prefill, decision.decode
+        rooms = [random.getrandbits(63) for _ in range(parsed.batch or 1)]
+        assert prefill.bootstrap_port is not None  # checked when the config was loaded
+        payload = with_bootstrap(
+            exchange.raw, exchange.body, prefill.host, prefill.bootstrap_port, rooms, parsed.batch
+        )
+        headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: exchange.request_id}
+        path = parsed.kind.value
+        lease = _Lease(self, decision, time.monotonic())
+        prefill_task = asyncio.create_task(self._prefill_leg(prefill.url + path, payload, headers))
+        prefill_task.add_done_callback(lambda task: self._prefill_done(task, exchange, snapshot, lease))
+        decode_task = asyncio.create_task(
+            self._open_decode(decode.url + path, payload, headers, parsed.stream)
+        )
+        response: aiohttp.ClientResponse | None = None
+        delivered = False
+        try:
+            await asyncio.wait((prefill_task, decode_task), return_when=asyncio.FIRST_COMPLETED)
+            if not decode_task.done():
+                _raise_for_prefill(prefill_task, prefill)  # the prefill failed: the decode cannot finish
+                await asyncio.wait((decode_task,))
+            try:
+                response, first = _decode_result(decode_task, decode)
+            except LegFailure as failure:
+                await self._blame(failure, prefill_task, prefill)
+                raise
+            decode.breaker.record_success()
+            if parsed.stream:
+                out, delivered = await self._stream(exchange, decision, response, first)
+                return out
+            delivered = True
+            return self._complete(exchange, decision, response, first)
+        except _PassThrough as refused:
+            self._metrics.requests.labels(decision.route, "bad_request").inc()
+            passed = web.Response(status=refused.status, body=refused.body, content_type=refused.content_type)
+            passed.headers[REQUEST_ID_HEADER] = exchange.request_id
+            return passed
+        except asyncio.CancelledError:  # the client went away (aiohttp cancels the handler)
+            self._metrics.requests.labels(decision.route, "client_disconnected").inc()
+            raise
+        finally:
+            if not decode_task.done():
+                decode_task.cancel()
+            if response is not None:
+                if delivered:
+                    response.release()
+                else:  # closing the connection makes the engine abort the request
+                    response.close()
+            lease.release_decode()
+            if not prefill_task.done():
+                if delivered:  # answered: let the prefill's reply drain on its own
+                    self._background.add(prefill_task)
+                    prefill_task.add_done_callback(self._background.discard)
+                else:
+                    prefill_task.cancel()
+
+    async def _blame(
+        self, failure: LegFailure, prefill_task: asyncio.Task[tuple[int, bytes, str]], prefill: Worker
+    ) -> None:
+        """Which worker a failed decode leg should make the retry avoid; raises for the prefill.
+
+        A prefill that dies mid-transfer fails its decode too. So: a prefill that failed is the
+        cause; a decode that answered an error while its prefill was still out points at the
+        prefill's side of the transfer; only otherwise is the decode at fault.
+        """
+        if not prefill_task.done():
+            await asyncio.wait((prefill_task,), timeout=_BLAME_GRACE_SECONDS)
+        if prefill_task.done():
+            _raise_for_prefill(prefill_task, prefill)
+        elif not failure.unreachable:
+            prefill.breaker.record_failure(time.monotonic())
+            raise LegFailure(prefill, f"its decode failed while the prefill was still out ({failure})")
+        failure.worker.breaker.record_failure(time.monotonic(), fatal=failure.unreachable)
+
+    async def _prefill_leg(self, url: str, payload: bytes, headers: dict[str, str]) -> tuple[int, bytes, str]:
+        async with self._session.post(url, data=payload, headers=headers) as reply:
+            body = await reply.read()  # drained whether streamed or not
+            return reply.status, body, reply.content_type
+
+    async def _open_decode(
+        self, url: str, payload: bytes, headers: dict[str, str], stream: bool
+    ) -> tuple[aiohttp.ClientResponse, bytes]:
+        """The decode's reply and its first bytes (the whole body when not streaming)."""
+        reply = await self._session.post(url, data=payload, headers=headers)
+        try:
+            if reply.status >= 400 or not stream:
+                return reply, await reply.read()
+            first = await reply.content.readany()
+            return reply, first
+        except BaseException:
+            reply.close()  # cancelled or broken: drop the connection, the engine aborts
+            raise
+
+    def _prefill_done(
+        self,
+        task: asyncio.Task[tuple[int, bytes, str]],
+        exchange: Exchange,
+        snapshot: Snapshot,
+        lease: _Lease,
+    ) -> None:
+        lease.release_prefill()
+        decision = lease.decision
+        worker = decision.prefill
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            worker.breaker.record_failure(
+                time.monotonic(), fatal=isinstance(error, aiohttp.ClientConnectionError)
+            )
+            return
+        status = task.result()[0]
+        if status >= 500:
+            worker.breaker.record_failure(time.monotonic())
+            return
+        worker.breaker.record_success()
+        if status >= 400:
+            return
+        # the prefill cluster now holds the prompt; the local decode received it too
+        if decision.route == ROUTE_PRFAAS:
+            self._metrics.kv_egress_bytes.inc(decision.egress_bytes)
+            for key in exchange.keys:
+                snapshot.index_prfaas.learn(key, worker.name)
+                snapshot.index_local.learn(key, None)
+        else:
+            for key in exchange.keys:
+                snapshot.index_local.learn(key, worker.name)
+
+    async def _stream(
+        self, exchange: Exchange, decision: Decision, reply: aiohttp.ClientResponse, first: bytes
+    ) -> tuple[web.StreamResponse, bool]:
+        """Streams the decode's reply; False when the client went away before the end."""
+        metrics = self._metrics
+        out = web.StreamResponse(status=reply.status, headers=_reply_headers(reply, exchange, decision))
+        counter = _EventCounter()
+        outcome = "ok"
+        try:
+            await out.prepare(exchange.http)
+            await out.write(first)
+            metrics.ttft.labels(decision.route).observe(time.monotonic() - exchange.started)
+            counter.feed(first)
+            upstream = reply.content
+            while True:
+                try:
+                    chunk = await upstream.readany()
+                except (aiohttp.ClientError, TimeoutError) as err:  # reading only: client errors are apart
+                    outcome = "stream_error"
+                    await out.write(self._stream_failed(exchange, decision, err))
+                    break
+                if not chunk:
+                    break
+                await out.write(chunk)
+                counter.feed(chunk)
+            await out.write_eof()
+        except ConnectionResetError:
+            metrics.requests.labels(decision.route, "client_disconnected").inc()
+            return out, False
+        self._finish(exchange, decision, outcome, counter.output_tokens())
+        return out, True
+
+    def _stream_failed(self, exchange: Exchange, decision: Decision, err: BaseException) -> bytes:
+        """The terminal SSE event of a stream whose decode failed after tokens were sent."""
+        log.warning(
+            "request %s: decode %s broke mid-stream: %r", exchange.request_id, decision.decode.name, err
+        )
+        decision.decode.breaker.record_failure(
+            time.monotonic(), fatal=isinstance(err, aiohttp.ClientConnectionError)
+        )
+        message = f"the decode engine failed after the stream had started: {err!r}"
+        event = {"error": {"message": message, "type": "upstream_error", "param": None, "code": 502}}
+        return b"data: " + json.dumps(event).encode() + b"\n\n"
+
+    def _complete(
+        self, exchange: Exchange, decision: Decision, reply: aiohttp.ClientResponse, body: bytes
+    ) -> web.Response:
+        out = web.Response(status=reply.status, body=body, headers=_reply_headers(reply, exchange, decision))
+        self._finish(exchange, decision, "ok", completion_tokens(body))
+        return out
+
+    def _finish(
+        self, exchange: Exchange, decision: Decision, outcome: str, output_tokens: int | None
+    ) -> None:
+        metrics = self._metrics
+        metrics.requests.labels(decision.route, outcome).inc()
+        metrics.prompt_tokens.observe(decision.total_tokens)
+        metrics.uncached_tokens.labels(decision.route).observe(decision.uncached_tokens)
+        if output_tokens is not None:
+            metrics.output_tokens.observe(output_tokens)
+        if exchange.session_key and outcome == "ok":
+            self._sessions.put(
+                exchange.session_key, SessionPin(decision.route, decision.prefill.name, decision.decode.name)
+            )
+
+
+class _Lease:
+    """What one attempt holds on its workers and the link; each part is given back exactly once.
+
+    The prefill part (its queue, and the KV bytes on the link) is held until the prefill leg ends:
+    SGLang's prefill answers once its KV has been delivered. The decode part ends with the attempt.
+    """
+
+    __slots__ = ("_decode_held", "_dispatcher", "_prefill_held", "decision")
+
+    def __init__(self, dispatcher: Dispatcher, decision: Decision, now: float) -> None:
+        self._dispatcher = dispatcher
+        self.decision = decision
+        decision.prefill.begin(now, decision.uncached_tokens, decision.prefill_seconds)
+        decision.decode.begin(now, decision.total_tokens, 0.0)
+        dispatcher.link_inflight_bytes += decision.link_bytes
+        metrics = dispatcher._metrics
+        metrics.inflight_tokens.labels(decision.prefill.pool.value).inc(decision.uncached_tokens)
+        metrics.inflight_tokens.labels(Pool.DECODE.value).inc(decision.total_tokens)
+        metrics.link_inflight_bytes.set(dispatcher.link_inflight_bytes)
+        self._prefill_held = True
+        self._decode_held = True
+
+    def release_prefill(self) -> None:
+        if not self._prefill_held:
+            return
+        self._prefill_held = False
+        decision, dispatcher = self.decision, self._dispatcher
+        decision.prefill.end(decision.uncached_tokens, decision.prefill_seconds)
+        dispatcher.link_inflight_bytes = max(0.0, dispatcher.link_inflight_bytes - decision.link_bytes)
+        dispatcher._metrics.inflight_tokens.labels(decision.prefill.pool.value).dec(decision.uncached_tokens)
+        dispatcher._metrics.link_inflight_bytes.set(dispatcher.link_inflight_bytes)
+
+    def release_decode(self) -> None:
+        if not self._decode_held:
+            return
+        self._decode_held = False
+        decision = self.decision
+        decision.decode.end(decision.total_tokens, 0.0)
+        self._dispatcher._metrics.inflight_tokens.labels(Pool.DECODE.value).dec(decision.total_tokens)
+
+
+class _EventCounter:
+    """Output tokens of a stream: the last reported completion_tokens, else events carrying text.
+
+    Events with an empty text (a chat stream's role chunk, the finish chunk) and [DONE] carry no
+    token. The window keeps a tail shorter than the shortest match, so a match split across two
+    chunks is counted once and none is counted twice.
+    """
+
+    __slots__ = ("_events", "_reported", "_tail")
+
+    def __init__(self) -> None:
+        self._events = 0
+        self._tail = b""
+        self._reported: int | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        window = self._tail + chunk
+        self._events += len(_TOKEN_EVENT.findall(window))
+        self._tail = window[-_TOKEN_EVENT_MIN_LENGTH + 1 :]
+        reported = last_completion_tokens(window)
+        if reported is not None:
+            self._reported = reported
+
+    def output_tokens(self) -> int:
+        return self._reported if self._reported is not None else self._events
+
+
+_TOKEN_EVENT = re.compile(rb'"(?:content|text)"\s*:\s*"(?!")')
+_TOKEN_EVENT_MIN_LENGTH = len(b'"text":"x')
+
+
+def _raise_for_prefill(task: asyncio.Task[tuple[int, bytes, str]], worker: Worker) -> None:
+    if task.cancelled():
+        raise LegFailure(worker, "prefill leg cancelled")
+    error = task.exception()
+    if error is not None:
+        raise LegFailure(worker, f"prefill leg failed: {error!r}") from error
+    status, body, content_type = task.result()
+    if status >= 500:
+        raise LegFailure(worker, f"prefill answered HTTP {status}")
+    if status >= 400:
+        raise _PassThrough(status, body, content_type)
+
+
+def _decode_result(
+    task: asyncio.Task[tuple[aiohttp.ClientResponse, bytes]], worker: Worker
+) -> tuple[aiohttp.ClientResponse, bytes]:
+    error = task.exception()
+    if error is not None:
+        unreachable = isinstance(error, aiohttp.ClientConnectionError)
+        raise LegFailure(worker, f"decode leg failed: {error!r}", unreachable=unreachable) from error
+    reply, first = task.result()
+    if reply.status >= 500:
+        reply.release()
+        raise LegFailure(worker, f"decode answered HTTP {reply.status}: {first[:200]!r}")
+    if reply.status >= 400:
+        reply.release()
+        raise _PassThrough(reply.status, first, reply.content_type)
+    return reply, first
+
+
+def _reply_headers(reply: aiohttp.ClientResponse, exchange: Exchange, decision: Decision) -> dict[str, str]:
+    headers = {name: reply.headers[name] for name in _PASSED_HEADERS if name in reply.headers}
+    headers[REQUEST_ID_HEADER] = exchange.request_id
+    headers[ROUTE_HEADER] = decision.route
+    headers[REASON_HEADER] = decision.reason.value
+    return headers
+
+
+def error_response(error: ApiError, request_id: str) -> web.Response:
+    response = web.json_response(error.body(), status=error.status)
+    response.headers[REQUEST_ID_HEADER] = request_id
+    return response

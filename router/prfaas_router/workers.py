@@ -1,0 +1,165 @@
+"""The engines the router sends to: health, circuit breaking and in-flight accounting (pure).
+
+Two independent signals decide whether a worker may take a request, as in SGLang's gateway:
+`healthy` comes from active health checks, the circuit breaker from the outcome of real
+requests. A connection failure opens the breaker at once (an engine that refuses connections
+is gone); server errors open it after a few in a row. After a cooldown one trial request is let
+through (half-open); its outcome closes or reopens the breaker. Time is passed in.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from urllib.parse import urlsplit
+
+from prfaas_core.router_config import Endpoint, Pool, Pools
+
+
+class BreakerState(enum.StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class CircuitBreaker:
+    """Opens after `failure_threshold` consecutive failures (or one fatal one); one trial after cooldown."""
+
+    __slots__ = ("_cooldown", "_failures", "_opened_at", "_threshold", "state")
+
+    def __init__(self, failure_threshold: int, cooldown_seconds: float) -> None:
+        if failure_threshold < 1 or cooldown_seconds < 0:
+            raise ValueError(
+                f"circuit breaker needs failure_threshold >= 1 and cooldown >= 0, got "
+                f"{failure_threshold}, {cooldown_seconds}"
+            )
+        self._threshold = failure_threshold
+        self._cooldown = cooldown_seconds
+        self._failures = 0
+        self._opened_at = 0.0
+        self.state = BreakerState.CLOSED
+
+    def allows(self, now: float) -> bool:
+        if self.state is BreakerState.CLOSED:
+            return True
+        if self.state is BreakerState.OPEN:
+            return now - self._opened_at >= self._cooldown
+        return False  # half-open: the single trial is already out
+
+    def on_dispatch(self, now: float) -> None:
+        """A request is being sent; after the cooldown it is the half-open trial."""
+        if self.state is BreakerState.OPEN and now - self._opened_at >= self._cooldown:
+            self.state = BreakerState.HALF_OPEN
+
+    def record_success(self) -> None:
+        self._failures = 0
+        self.state = BreakerState.CLOSED
+
+    def record_failure(self, now: float, *, fatal: bool = False) -> None:
+        self._failures += 1
+        if fatal or self.state is BreakerState.HALF_OPEN or self._failures >= self._threshold:
+            self.state = BreakerState.OPEN
+            self._opened_at = now
+
+
+class Worker:
+    """One engine and what the router has put on it that has not come back yet."""
+
+    __slots__ = (
+        "bootstrap_port",
+        "breaker",
+        "health_failures",
+        "healthy",
+        "host",
+        "inflight",
+        "name",
+        "outstanding_tokens",
+        "pool",
+        "queued_seconds",
+        "url",
+    )
+
+    def __init__(self, pool: Pool, endpoint: Endpoint, breaker: CircuitBreaker) -> None:
+        host = urlsplit(endpoint.url).hostname
+        if not host:
+            raise ValueError(f"endpoint {endpoint.name}: no host in url {endpoint.url!r}")
+        if pool is not Pool.DECODE and endpoint.bootstrap_port is None:
+            raise ValueError(f"prefill endpoint {endpoint.name} has no bootstrap_port")
+        self.pool = pool
+        self.name = endpoint.name
+        self.url = endpoint.url
+        self.host = host
+        self.bootstrap_port = endpoint.bootstrap_port
+        self.breaker = breaker
+        self.healthy = False  # unknown until the first health check answers
+        self.health_failures = 0
+        self.outstanding_tokens = 0
+        self.queued_seconds = 0.0
+        self.inflight = 0
+
+    @property
+    def identity(self) -> tuple[Pool, str, str, int | None]:
+        return (self.pool, self.name, self.url, self.bootstrap_port)
+
+    def available(self, now: float) -> bool:
+        return self.healthy and self.breaker.allows(now)
+
+    def record_health(self, ok: bool, failure_threshold: int) -> bool:
+        """Apply one active check; returns True when the worker's health flipped."""
+        before = self.healthy
+        if ok:
+            self.health_failures = 0
+            self.healthy = True
+        else:
+            self.health_failures += 1
+            if self.health_failures >= failure_threshold:
+                self.healthy = False
+        return before != self.healthy
+
+    def begin(self, now: float, tokens: int, prefill_seconds: float) -> None:
+        self.breaker.on_dispatch(now)
+        self.inflight += 1
+        self.outstanding_tokens += tokens
+        self.queued_seconds += prefill_seconds
+
+    def end(self, tokens: int, prefill_seconds: float) -> None:
+        self.inflight -= 1
+        self.outstanding_tokens -= tokens
+        self.queued_seconds = max(0.0, self.queued_seconds - prefill_seconds)
+
+
+class Fleet:
+    """The workers of the three pools, rebuilt on each config while keeping the state of known ones."""
+
+    def __init__(self, failure_threshold: int, cooldown_seconds: float) -> None:
+        self._failure_threshold = failure_threshold
+        self._cooldown = cooldown_seconds
+        self.pools: dict[Pool, tuple[Worker, ...]] = {pool: () for pool in Pool}
+
+    def reconcile(self, pools: Pools) -> list[Worker]:
+        """Adopt the endpoints of a new config; returns the workers that are new (still unchecked).
+
+        A worker whose pool, name, URL and bootstrap port are unchanged is kept with its health
+        and in-flight counts; requests on a removed worker still finish against its object.
+        """
+        known = {worker.identity: worker for worker in self.workers()}
+        fresh: list[Worker] = []
+        rebuilt: dict[Pool, tuple[Worker, ...]] = {}
+        for pool in Pool:
+            members = []
+            for endpoint in pools.of(pool):
+                worker = known.get((pool, endpoint.name, endpoint.url, endpoint.bootstrap_port))
+                if worker is None:
+                    worker = Worker(pool, endpoint, CircuitBreaker(self._failure_threshold, self._cooldown))
+                    fresh.append(worker)
+                members.append(worker)
+            rebuilt[pool] = tuple(members)
+        self.pools = rebuilt
+        return fresh
+
+    def workers(self) -> Iterable[Worker]:
+        for members in self.pools.values():
+            yield from members
+
+    def available(self, pool: Pool, now: float) -> list[Worker]:
+        return [worker for worker in self.pools[pool] if worker.available(now)]

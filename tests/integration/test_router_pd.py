@@ -1,0 +1,613 @@
+"""The router process in front of fake SGLang engine processes in two "clusters" on loopback.
+
+PrfaaS cluster on 127.0.1.x (H200 profile), local PD cluster on 127.0.2.x (H20 profile); every
+engine and router is a real process started with its own CLI, time-scaled to milliseconds.
+The decode really pulls the KV bytes from the prefill's bootstrap port, so an answer proves
+that both legs carried matching bootstrap fields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from prfaas_testbed.engine_protocol import output_text
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.timeout(120)
+
+MODEL = "kimi-fake"
+THRESHOLD = 1000  # tokens; text counts 4 characters per token
+SHORT = "hello " * 50  # 75 tokens
+LONG = "".join(f"w{i:05d} " for i in range(800))  # 5600 characters = 1400 tokens
+TIME_SCALE = "0.01"
+
+
+def fresh_long(tag: str) -> str:
+    """A long prompt no cluster has seen: it differs from LONG in its first block."""
+    return f"[{tag}] {LONG}"
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def http_get(url: str, path: str, timeout: float = 1.0) -> tuple[int, bytes]:
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def wait_until(ready: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        with contextlib.suppress(OSError):
+            if ready():
+                return
+        assert time.monotonic() < deadline, f"{what} not ready after {seconds} s"
+        time.sleep(0.05)
+
+
+@dataclass
+class Process:
+    args: list[str]
+    log_path: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Process:
+        with self.log_path.open("ab") as log:
+            self.popen = subprocess.Popen([sys.executable, *self.args], stdout=log, stderr=subprocess.STDOUT)
+        return self
+
+    def kill(self) -> None:
+        assert self.popen is not None
+        self.popen.send_signal(signal.SIGKILL)
+        self.popen.wait(5)
+
+    def stop(self) -> None:
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        self.popen.send_signal(signal.SIGTERM)
+        try:
+            self.popen.wait(5)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(5)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+
+@dataclass
+class Engine:
+    name: str
+    url: str
+    bootstrap_port: int | None
+    process: Process
+
+    def endpoint(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"name": self.name, "url": self.url}
+        if self.bootstrap_port is not None:
+            body["bootstrap_port"] = self.bootstrap_port
+        return body
+
+
+def start_engine(
+    name: str, mode: str, host: str, profile: str, logs: Path, *, time_scale: str = TIME_SCALE
+) -> Engine:
+    port = free_port(host)
+    bootstrap = free_port(host) if mode == "prefill" else None
+    args = ["-m", "prfaas_testbed.fake_engine", "--mode", mode, "--host", host, "--port", str(port)]
+    args += ["--profile", profile, "--time-scale", time_scale, "--served-model-name", MODEL]
+    if bootstrap is not None:
+        args += ["--bootstrap-port", str(bootstrap)]
+    process = Process(args, logs / f"{name}.log").start()
+    return Engine(name, f"http://{host}:{port}", bootstrap, process)
+
+
+def wait_healthy(engine: Engine) -> None:
+    wait_until(
+        lambda: http_get(engine.url, "/health")[0] == 200, f"engine {engine.name}\n{engine.process.log()}"
+    )
+
+
+@dataclass
+class Cluster:
+    prfaas: list[Engine]
+    local: list[Engine]
+    decode: list[Engine]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    logs = tmp_path_factory.mktemp("engines")
+    engines = Cluster(
+        prfaas=[start_engine("p0", "prefill", "127.0.1.1", "h200", logs)],
+        local=[start_engine("l0", "prefill", "127.0.2.1", "h20", logs)],
+        decode=[start_engine("d0", "decode", "127.0.2.11", "h20", logs)],
+    )
+    everyone = [*engines.prfaas, *engines.local, *engines.decode]
+    try:
+        for engine in everyone:
+            wait_healthy(engine)
+        yield engines
+    finally:
+        for engine in everyone:
+            engine.process.stop()
+
+
+def config_doc(
+    prfaas: Sequence[Engine],
+    local: Sequence[Engine],
+    decode: Sequence[Engine | dict[str, Any]],
+    **overrides: Any,
+) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "schema": "prfaas.io/router-config/v1",
+        "version": 1,
+        "served_model_name": MODEL,
+        "threshold_tokens": THRESHOLD,
+        "block_size_tokens": 64,
+        "chars_per_token": 4.0,
+        "link": {"bandwidth_bytes_per_second": 1.25e9, "headroom": 0.8, "latency_seconds": 0.001},
+        "kv_size": {"bytes_per_token": 17143.0, "fixed_bytes": 1.8e8},  # the case study's S_kv(l)
+        "prefill_time": {
+            "prfaas": {"c0": 0.389, "c1": 4.107e-5, "c2": 9.476e-11},
+            "local": {"c0": 0.570, "c1": 1.170e-4, "c2": 6.347e-10},
+        },
+        "slo": {"ttft_seconds": 1000.0, "tpot_seconds": 0.05},
+        "pools": {
+            "prfaas_prefill": [e.endpoint() for e in prfaas],
+            "local_prefill": [e.endpoint() for e in local],
+            "decode": [e if isinstance(e, dict) else e.endpoint() for e in decode],
+        },
+    }
+    doc.update(overrides)
+    return doc
+
+
+@dataclass
+class Router:
+    url: str
+    config_path: Path
+    process: Process
+    versions_written: list[int] = field(default_factory=list)
+
+    def write_config(self, doc: dict[str, Any] | str) -> None:
+        """Atomic replace, as a ConfigMap update does it."""
+        staged = self.config_path.with_suffix(".tmp")
+        staged.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+        os.replace(staged, self.config_path)
+
+    def config_page(self) -> dict[str, Any]:
+        status, body = http_get(self.url, "/config")
+        assert status == 200
+        return json.loads(body)
+
+
+RouterFactory = Callable[..., Router]
+
+
+@pytest.fixture
+def start_router(tmp_path: Path) -> Iterator[RouterFactory]:
+    started: list[Router] = []
+
+    def start(doc: dict[str, Any], *flags: str, wait_ready: bool = True) -> Router:
+        index = len(started)
+        config_path = tmp_path / f"router-{index}.json"
+        config_path.write_text(json.dumps(doc))
+        port = free_port("127.0.0.1")
+        args = [
+            "-m",
+            "prfaas_router",
+            "--config",
+            str(config_path),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
+        args += ["--config-poll-seconds", "0.2", *flags]
+        router = Router(
+            f"http://127.0.0.1:{port}", config_path, Process(args, tmp_path / f"router-{index}.log")
+        )
+        router.process.start()
+        started.append(router)
+        wait_until(lambda: http_get(router.url, "/liveness")[0] == 200, f"router\n{router.process.log()}")
+        if wait_ready:
+            wait_until(
+                lambda: http_get(router.url, "/readiness")[0] == 200,
+                f"router readiness\n{router.process.log()}",
+            )
+        return router
+
+    yield start
+    for router in started:
+        router.process.stop()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        yield session
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: Any
+
+
+async def post(client: aiohttp.ClientSession, url: str, body: Any, **headers: str) -> Answer:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    async with client.post(url, data=data, headers={"Content-Type": "application/json", **headers}) as reply:
+        text = await reply.text()
+        parsed: Any = sse_events(text) if reply.content_type == "text/event-stream" else json.loads(text)
+        return Answer(reply.status, {k.lower(): v for k, v in reply.headers.items()}, parsed)
+
+
+def sse_events(text: str) -> list[Any]:
+    events = []
+    for block in text.split("\n\n"):
+        if block:
+            data = block.removeprefix("data: ")
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def chat(content: str, **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4, **extra}
+
+
+async def metric_samples(client: aiohttp.ClientSession, url: str) -> dict[tuple[str, frozenset[Any]], float]:
+    async with client.get(url + "/metrics") as reply:
+        assert reply.status == 200
+        text = await reply.text()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def sample(samples: dict[tuple[str, frozenset[Any]], float], name: str, **labels: str) -> float:
+    """One sample; engine samples are matched on the given labels only."""
+    for (found, found_labels), value in samples.items():
+        if found == name and set(labels.items()) <= found_labels:
+            return value
+    return 0.0
+
+
+# ------------------------------------------------------------------------------------------- tests
+
+
+async def test_answers_stream_and_not_with_both_legs_and_the_request_id(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    router = start_router(config_doc(cluster.prfaas, cluster.local, cluster.decode))
+    status, models = http_get(router.url, "/v1/models")
+    assert status == 200 and [m["id"] for m in json.loads(models)["data"]] == [MODEL]
+    page = router.config_page()
+    assert (page["version"], page["threshold_tokens"], page["last_error"]) == (1, THRESHOLD, None)
+    assert {(w["name"], w["available"]) for w in page["workers"]} == {
+        ("p0", True),
+        ("l0", True),
+        ("d0", True),
+    }
+    plain = await post(client, router.url + "/v1/chat/completions", chat(SHORT), **{"X-Request-Id": "req-42"})
+    assert plain.status == 200, plain.body
+    assert plain.body["choices"][0]["message"]["content"] == output_text(4)
+    assert plain.headers["x-request-id"] == "req-42" and plain.body["id"] == "req-42"  # reached the engine
+    assert plain.body["usage"]["completion_tokens"] == 4
+
+    streamed = await post(client, router.url + "/v1/chat/completions", chat(LONG, stream=True))
+    assert streamed.status == 200 and streamed.headers["x-prfaas-route"] == "prfaas"
+    assert streamed.body[-1] == "[DONE]"
+    text = "".join(event["choices"][0]["delta"].get("content", "") for event in streamed.body[:-1])
+    assert text == output_text(4)
+    assert len(streamed.headers["x-request-id"]) == 32  # generated when the client sent none
+
+    completion = await post(client, router.url + "/v1/completions", {"prompt": SHORT, "max_tokens": 3})
+    assert completion.status == 200 and completion.body["choices"][0]["text"] == output_text(3)
+
+    other_long = LONG.replace("w", "v")  # LONG itself is cached in both clusters by now
+    batch = {"text": [SHORT, other_long, "x" * 40], "sampling_params": {"max_new_tokens": 2}}
+    generated = await post(client, router.url + "/generate", batch)
+    assert generated.status == 200 and [item["text"] for item in generated.body] == [output_text(2)] * 3
+
+    ids = {"input_ids": list(range(3000)), "sampling_params": {"max_new_tokens": 2}, "stream": True}
+    streamed_ids = await post(client, router.url + "/generate", ids)
+    assert streamed_ids.status == 200 and streamed_ids.headers["x-prfaas-route"] == "prfaas"
+    assert streamed_ids.body[-2]["text"] == output_text(2)
+
+    samples = await metric_samples(client, router.url)
+    assert sample(samples, "prfaas_router_requests_total", route="prfaas", outcome="ok") == 3
+    assert sample(samples, "prfaas_router_requests_total", route="local", outcome="ok") == 2
+    assert sample(samples, "prfaas_router_output_tokens_count") == 5
+    assert sample(samples, "prfaas_router_output_tokens_sum") == 4 + 4 + 3 + 6 + 2
+    assert sample(samples, "prfaas_router_ttft_seconds_count", route="prfaas") == 2
+    for pool in ("prfaas_prefill", "local_prefill", "decode"):
+        assert sample(samples, "prfaas_router_inflight_tokens", pool=pool) == 0
+
+
+async def test_long_uncached_prompts_go_to_prfaas_short_and_cached_ones_stay_local(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    router = start_router(config_doc(cluster.prfaas, cluster.local, cluster.decode))
+    prfaas_before = sample(await metric_samples(client, cluster.prfaas[0].url), "sglang:num_requests_total")
+
+    short = await post(client, router.url + "/v1/chat/completions", chat(SHORT))
+    long = await post(client, router.url + "/v1/chat/completions", chat(LONG))
+    follow_up = await post(client, router.url + "/v1/chat/completions", chat(LONG + " and one more question"))
+    assert (short.status, long.status, follow_up.status) == (200, 200, 200)
+    routes = [(a.headers["x-prfaas-route"], a.headers["x-prfaas-reason"]) for a in (short, long, follow_up)]
+    assert routes == [("local", "short_uncached"), ("prfaas", "long_uncached"), ("local", "cached_prefix")]
+
+    # the PrfaaS engine really prefilled exactly one of them, and its KV really crossed
+    prfaas_after = sample(await metric_samples(client, cluster.prfaas[0].url), "sglang:num_requests_total")
+    assert prfaas_after - prfaas_before == 1
+    samples = await metric_samples(client, router.url)
+    assert sample(samples, "prfaas_router_decisions_total", route="prfaas", reason="long_uncached") == 1
+    assert sample(samples, "prfaas_router_decisions_total", route="local", reason="cached_prefix") == 1
+    assert sample(samples, "prfaas_router_kv_egress_bytes_total") == pytest.approx(1.8e8 + 17143.0 * 1400)
+    assert sample(samples, "prfaas_router_uncached_tokens_count", route="local") == 2
+    assert sample(samples, "prfaas_router_threshold_tokens") == THRESHOLD
+    assert sample(samples, "prfaas_router_config_version") == 1
+
+
+async def test_the_session_header_keeps_a_conversation_where_it_started(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    doc = config_doc(cluster.prfaas, cluster.local, cluster.decode, session_affinity_header="X-Session-Id")
+    router = start_router(doc)
+    url = router.url + "/v1/chat/completions"
+    first = await post(client, url, chat(fresh_long("session")), **{"X-Session-Id": "conv-1"})
+    assert (first.headers["x-prfaas-route"], first.headers["x-prfaas-reason"]) == ("prfaas", "long_uncached")
+    turn = await post(client, url, chat(SHORT), **{"X-Session-Id": "conv-1"})
+    assert (turn.headers["x-prfaas-route"], turn.headers["x-prfaas-reason"]) == ("prfaas", "session_affinity")
+    other = await post(client, url, chat(SHORT), **{"X-Session-Id": "conv-2"})
+    assert (other.headers["x-prfaas-route"], other.headers["x-prfaas-reason"]) == ("local", "short_uncached")
+
+
+async def test_an_exhausted_link_budget_keeps_long_prompts_local(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    # 100 kB/s x 0.8 over a 1000 s SLO horizon is 80 MB; one 1400-token prompt's KV is 204 MB
+    link = {"bandwidth_bytes_per_second": 1e5, "headroom": 0.8, "latency_seconds": 0.001}
+    router = start_router(config_doc(cluster.prfaas, cluster.local, cluster.decode, link=link))
+    answer = await post(client, router.url + "/v1/chat/completions", chat(LONG))
+    assert answer.status == 200
+    assert (answer.headers["x-prfaas-route"], answer.headers["x-prfaas-reason"]) == ("local", "link_budget")
+    samples = await metric_samples(client, router.url)
+    assert sample(samples, "prfaas_router_kv_egress_bytes_total") == 0
+
+
+async def test_killing_the_prfaas_engines_moves_traffic_local_without_failing_requests(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    # real time: a 1400-token prefill takes ~0.45 s on the H200 profile, its KV streamed meanwhile
+    doomed = start_engine("p-doomed", "prefill", "127.0.1.9", "h200", tmp_path, time_scale="1.0")
+    decode = cluster.decode[0]
+    try:
+        wait_healthy(doomed)
+        doc = config_doc([doomed], cluster.local, cluster.decode)
+        # passive: health checks too rare to notice, so the request in flight meets the dead engine
+        passive = start_router(doc, "--health-interval-seconds", "60")
+        active = start_router(doc)  # active checks every 0.5 s
+        for router in (passive, active):
+            warm = await post(client, router.url + "/v1/chat/completions", chat(fresh_long("warm")))
+            assert warm.status == 200 and warm.headers["x-prfaas-route"] == "prfaas"
+
+        received = "prfaas_fake_engine_kv_bytes_received_total"
+        before = sample(await metric_samples(client, decode.url), received)
+        in_flight = asyncio.create_task(
+            post(client, passive.url + "/v1/chat/completions", chat(fresh_long("mid")))
+        )
+        deadline = time.monotonic() + 5
+        while sample(await metric_samples(client, decode.url), received) == before:
+            assert time.monotonic() < deadline and not in_flight.done(), "no KV byte reached the decode"
+            await asyncio.sleep(0.01)
+        doomed.process.kill()  # mid-transfer: nothing has reached the client yet
+        killed = time.monotonic()
+        answer = await in_flight
+        assert answer.status == 200, answer.body
+        assert (answer.headers["x-prfaas-route"], answer.headers["x-prfaas-reason"]) == (
+            "local",
+            "prfaas_unavailable",
+        )
+        assert answer.body["choices"][0]["message"]["content"] == output_text(4)
+        samples = await metric_samples(client, passive.url)
+        assert sample(samples, "prfaas_router_upstream_retries_total", pool="prfaas_prefill") == 1
+        assert sample(samples, "prfaas_router_upstream_retries_total", pool="decode") == 0
+
+        def prfaas_available() -> bool:
+            (worker,) = [w for w in active.config_page()["workers"] if w["pool"] == "prfaas_prefill"]
+            return bool(worker["available"])
+
+        while prfaas_available():
+            await asyncio.sleep(0.02)
+        noticed = time.monotonic() - killed
+        assert noticed < 1.5, f"the active router took {noticed:.2f} s to eject the dead PrfaaS engine"
+
+        prompts = [chat(fresh_long(f"variant {i}"), stream=i % 2 == 0) for i in range(6)]
+        answers = await asyncio.gather(
+            *(post(client, r.url + "/v1/chat/completions", p) for r in (passive, active) for p in prompts)
+        )
+        assert [a.status for a in answers] == [200] * 12
+        assert {a.headers["x-prfaas-route"] for a in answers} == {"local"}
+        assert http_get(active.url, "/readiness")[0] == 200  # local prefill and decode still serve
+    finally:
+        doomed.process.stop()
+
+
+async def test_a_decode_that_dies_mid_stream_ends_the_stream_with_an_error_event(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    doomed = start_engine("d-doomed", "decode", "127.0.2.19", "h20", tmp_path)
+    try:
+        wait_healthy(doomed)
+        router = start_router(config_doc(cluster.prfaas, cluster.local, [doomed]))
+        body = chat(SHORT, stream=True, max_tokens=20_000)
+        async with client.post(router.url + "/v1/chat/completions", json=body) as reply:
+            assert reply.status == 200
+            seen = b""
+            while b'"content":" ' not in seen:
+                seen += await asyncio.wait_for(reply.content.readany(), 5)
+            doomed.process.kill()
+            seen += await asyncio.wait_for(reply.content.read(), 5)
+        last = sse_events(seen.decode())[-1]
+        assert (
+            last["error"]["type"] == "upstream_error"
+            and "after the stream had started" in last["error"]["message"]
+        )
+        samples = await metric_samples(client, router.url)
+        assert sample(samples, "prfaas_router_requests_total", route="local", outcome="stream_error") == 1
+        answer = await post(client, router.url + "/v1/chat/completions", chat(SHORT))
+        assert answer.status == 503 and answer.body["error"]["code"] == "no_decode"
+    finally:
+        doomed.process.stop()
+
+
+async def test_no_healthy_decode_is_a_503_with_a_clear_body(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    nowhere = {"name": "d-missing", "url": f"http://127.0.2.99:{free_port('127.0.2.99')}"}  # nothing listens
+    router = start_router(config_doc(cluster.prfaas, cluster.local, [nowhere]), wait_ready=False)
+    time.sleep(0.3)  # a health round
+    status, body = http_get(router.url, "/readiness")
+    assert status == 503 and json.loads(body)["healthy_workers"]["decode"] == 0
+    answer = await post(client, router.url + "/v1/chat/completions", chat(SHORT))
+    assert answer.status == 503
+    assert answer.body["error"]["code"] == "no_decode" and "decode" in answer.body["error"]["message"]
+
+
+async def test_bad_input_gets_openai_errors_and_breaks_nothing(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    router = start_router(
+        config_doc(cluster.prfaas, cluster.local, cluster.decode), "--max-body-bytes", "65536"
+    )
+    chat_url = router.url + "/v1/chat/completions"
+    cases: list[tuple[str, bytes, int, str | None]] = [
+        (chat_url, b'{"messages": [', 400, None),
+        (chat_url, json.dumps({"model": MODEL, "messages": []}).encode(), 400, "messages"),
+        (chat_url, json.dumps({"model": MODEL, "messages": "hi"}).encode(), 400, "messages"),
+        (chat_url, json.dumps(chat(SHORT, stream="yes")).encode(), 400, "stream"),
+        (chat_url, json.dumps(chat(SHORT, max_tokens=-3)).encode(), 400, "max_tokens"),
+        (chat_url, json.dumps(chat(SHORT) | {"model": "gpt-9"}).encode(), 404, "model"),
+        (router.url + "/v1/completions", json.dumps({"prompt": 42}).encode(), 400, "prompt"),
+        (router.url + "/generate", json.dumps({"input_ids": [1, [2], 3]}).encode(), 400, "input_ids"),
+        (chat_url, json.dumps(chat("x" * 70_000)).encode(), 413, None),
+    ]
+    for url, raw, status, param in cases:
+        answer = await post(client, url, raw)
+        assert answer.status == status, (raw[:60], answer.body)
+        error = answer.body["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["message"], error
+        assert error["param"] == param, error
+    # refused by the engine itself (context length): its 4xx comes back, nothing is retried
+    too_long = await post(
+        client, router.url + "/generate", {"text": "y", "sampling_params": {"max_new_tokens": 10**7}}
+    )
+    assert too_long.status == 400 and "context length" in json.dumps(too_long.body)
+    unknown = await post(client, router.url + "/v2/anything", b"{}")
+    assert unknown.status == 404 and unknown.body["error"]["code"] == "not_found"
+
+    healthy = await post(client, chat_url, chat(SHORT))
+    assert healthy.status == 200 and healthy.body["choices"][0]["message"]["content"] == output_text(4)
+    samples = await metric_samples(client, router.url)
+    assert sample(samples, "prfaas_router_requests_total", route="none", outcome="bad_request") == 9
+    assert sample(samples, "prfaas_router_upstream_retries_total", pool="local_prefill") == 0
+
+
+async def test_a_client_that_goes_away_aborts_its_request_upstream(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    router = start_router(config_doc(cluster.prfaas, cluster.local, cluster.decode))
+    decode = cluster.decode[0]
+    aborted_before = sample(await metric_samples(client, decode.url), "sglang:num_aborted_requests_total")
+    body = chat(SHORT, stream=True, max_tokens=20_000)  # 20000 x 0.25 ms: far longer than we wait
+    async with client.post(router.url + "/v1/chat/completions", json=body) as reply:
+        assert reply.status == 200
+        seen = b""
+        while b'"content":" ' not in seen:  # a real token: the KV has arrived, the decode is generating
+            seen += await asyncio.wait_for(reply.content.readany(), 5)
+    deadline = time.monotonic() + 5
+    while (
+        sample(await metric_samples(client, decode.url), "sglang:num_aborted_requests_total")
+        == aborted_before
+    ):
+        assert time.monotonic() < deadline, "the decode engine never saw the request aborted"
+        await asyncio.sleep(0.05)
+    while (
+        sample(await metric_samples(client, router.url), "prfaas_router_inflight_tokens", pool="decode") != 0
+    ):
+        assert time.monotonic() < deadline, "the router kept the aborted request's tokens"
+        await asyncio.sleep(0.05)
+    samples = await metric_samples(client, router.url)
+    assert sample(samples, "prfaas_router_requests_total", route="local", outcome="client_disconnected") == 1
+
+
+async def test_hot_reload_applies_a_changed_config_and_refuses_an_invalid_one(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    doc = config_doc(cluster.prfaas, cluster.local, cluster.decode)
+    router = start_router(doc)
+    url = router.url + "/v1/chat/completions"
+    assert (await post(client, url, chat(LONG))).headers["x-prfaas-route"] == "prfaas"
+
+    async def wait_for(check: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+        deadline = time.monotonic() + 5
+        while not check(page := router.config_page()):
+            assert time.monotonic() < deadline, page
+            await asyncio.sleep(0.05)
+        return page
+
+    # a long-running stream started before the reload must finish afterwards
+    slow = asyncio.create_task(post(client, url, chat(SHORT + " slow", stream=True, max_tokens=2000)))
+    await asyncio.sleep(0.05)
+    router.write_config(doc | {"version": 2, "threshold_tokens": 100_000})
+    page = await wait_for(lambda p: p["version"] == 2)
+    assert page["threshold_tokens"] == 100_000 and page["last_error"] is None
+    again = await post(client, url, chat(LONG + " reloaded"))
+    assert (again.headers["x-prfaas-route"], again.headers["x-prfaas-reason"]) == ("local", "short_uncached")
+    finished = await slow
+    assert finished.status == 200 and finished.body[-1] == "[DONE]"
+
+    router.write_config(doc | {"version": 3, "threshold_tokens": -5})
+    page = await wait_for(lambda p: p["last_error"] is not None)
+    assert page["version"] == 2 and "threshold_tokens" in page["last_error"]
+    assert "keeping version 2" in page["last_error"]
+    router.write_config("{ not json")
+    await wait_for(lambda p: "Invalid JSON" in (p["last_error"] or ""))
+    router.write_config(doc | {"version": 1, "threshold_tokens": 0})
+    page = await wait_for(lambda p: "older than the current 2" in (p["last_error"] or ""))
+    assert page["threshold_tokens"] == 100_000
+    assert (await post(client, url, chat(LONG + " still"))).headers["x-prfaas-route"] == "local"
+
+    samples = await metric_samples(client, router.url)
+    assert sample(samples, "prfaas_router_config_reload_errors_total") == 3
+    assert sample(samples, "prfaas_router_config_version") == 2
+    assert "refused" in router.process.log()

@@ -1,0 +1,70 @@
+"""Hot reload: a newer valid file is applied; an invalid or older one is refused, the last good stays."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from prfaas_core.router_config import RouterConfig
+from prfaas_router.config_watch import ConfigWatcher
+from prfaas_router.metrics import RouterMetrics
+from prfaas_router.policy import PolicyModel
+from router_cases import config_doc
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.applied: list[RouterConfig] = []
+
+    def __call__(self, config: RouterConfig, model: PolicyModel) -> None:
+        assert model.threshold_tokens == config.threshold_tokens
+        self.applied.append(config)
+
+
+def write(path: Path, doc: dict[str, object] | str, bump: int) -> None:
+    path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    stamp = 1_700_000_000 + bump  # distinct mtimes even within one clock tick
+    os.utime(path, (stamp, stamp))
+
+
+def errors(metrics: RouterMetrics) -> float:
+    value = metrics.registry.get_sample_value("prfaas_router_config_reload_errors_total")
+    assert value is not None
+    return value
+
+
+def test_reload_applies_refuses_and_keeps_the_last_good(tmp_path: Path) -> None:
+    path = tmp_path / "router-config.json"
+    metrics, applied = RouterMetrics(), Recorder()
+    watcher = ConfigWatcher(path, applied, metrics, poll_seconds=1.0)
+
+    assert not watcher.check() and watcher.current is None
+    assert "cannot read" in (watcher.last_error or "") and errors(metrics) == 1
+    assert not watcher.check() and errors(metrics) == 1  # said once, not every poll
+
+    write(path, config_doc(version=3), 1)
+    assert watcher.check() and watcher.current is not None and watcher.current.version == 3
+    assert watcher.last_error is None
+    assert not watcher.check()  # unchanged file: nothing to do
+
+    write(path, config_doc(version=4, threshold_tokens=-1), 2)
+    assert not watcher.check()
+    assert watcher.current.version == 3 and "threshold_tokens" in (watcher.last_error or "")
+    assert "keeping version 3" in (watcher.last_error or "") and errors(metrics) == 2
+
+    write(path, '{"version": 5, "truncated', 3)
+    assert not watcher.check() and "Invalid JSON" in (watcher.last_error or "")
+
+    write(path, config_doc(version=2, threshold_tokens=1), 4)
+    assert not watcher.check() and "older than the current 3" in (watcher.last_error or "")
+
+    doc = config_doc(version=6)
+    del doc["pools"]["local_prefill"][0]["bootstrap_port"]
+    write(path, doc, 5)
+    assert not watcher.check() and "bootstrap_port" in (watcher.last_error or "")
+
+    write(path, config_doc(version=7, threshold_tokens=100), 6)
+    assert watcher.check() and watcher.current.threshold_tokens == 100 and watcher.last_error is None
+    assert [c.version for c in applied.applied] == [3, 7]
+    assert errors(metrics) == 5

@@ -1,0 +1,295 @@
+"""The per-request route choice: the paper's rules, the link budget, pools, SLO admission."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prfaas_core.profiles import PrefillTimeModel
+from prfaas_router.policy import (
+    ConfigRefused,
+    Decision,
+    PolicyModel,
+    Reason,
+    Rejection,
+    RequestView,
+    SessionPin,
+    SessionTable,
+    decide,
+    prefill_seconds,
+)
+from prfaas_router.prefix_index import PrefixHit
+from router_cases import make_config, make_model, pools
+
+T = 8192  # the threshold of the default test config
+
+
+def hit(tokens: int, holder: str | None = None, exact: bool = False) -> PrefixHit:
+    return PrefixHit(tokens=tokens, exact=exact, holder=holder)
+
+
+def routed(outcome: Decision | Rejection) -> Decision:
+    assert isinstance(outcome, Decision), outcome
+    return outcome
+
+
+def test_short_prompt_stays_local() -> None:
+    available, _ = pools()
+    d = routed(decide(make_model(), RequestView(total_tokens=T, sequences=1), available, 0.0))
+    assert (d.route, d.reason) == ("local", Reason.SHORT_UNCACHED)
+    assert d.link_bytes == 0 and d.egress_bytes == 0
+
+
+def test_long_uncached_prompt_goes_to_prfaas_and_books_its_kv_on_the_link() -> None:
+    model = make_model()
+    available, _ = pools()
+    d = routed(decide(model, RequestView(total_tokens=T + 1, sequences=1), available, 0.0))
+    assert (d.route, d.reason) == ("prfaas", Reason.LONG_UNCACHED)
+    assert d.prefill.pool.value == "prfaas_prefill" and d.decode.pool.value == "decode"
+    assert d.egress_bytes == d.link_bytes == pytest.approx(model.kv_bytes(T + 1, 1))
+    assert d.uncached_tokens == T + 1
+
+
+def test_long_prompt_cached_locally_stays_local_under_scarce_bandwidth() -> None:
+    available, _ = pools()
+    view = RequestView(total_tokens=40_000, sequences=1, hit_local=hit(36_000))
+    d = routed(decide(make_model(), view, available, 0.0))
+    assert (d.route, d.reason, d.uncached_tokens) == ("local", Reason.CACHED_PREFIX, 4_000)
+
+
+def test_scarce_bandwidth_ignores_a_prefix_held_only_in_the_prfaas_cluster() -> None:
+    available, _ = pools()
+    view = RequestView(total_tokens=40_000, sequences=1, hit_prfaas=hit(36_000, "p1"))
+    d = routed(decide(make_model(), view, available, 0.0))
+    assert (d.route, d.reason) == ("prfaas", Reason.LONG_UNCACHED)
+    assert d.uncached_tokens == 4_000
+    assert d.prefill.name == "p1"  # the instance holding the prefix
+
+
+def test_abundant_bandwidth_moves_the_longer_remote_prefix_and_counts_its_bytes() -> None:
+    model = make_model(bandwidth_mode="Abundant")
+    available, _ = pools()
+    view = RequestView(total_tokens=40_000, sequences=1, hit_prfaas=hit(36_000, "p1"))
+    d = routed(decide(model, view, available, 0.0))
+    assert (d.route, d.reason, d.uncached_tokens) == ("local", Reason.CACHED_PREFIX, 4_000)
+    assert d.link_bytes == pytest.approx(model.kv_bytes_per_token * 36_000)
+    assert d.egress_bytes == 0  # not an offloaded prefill
+
+
+def test_abundant_move_that_does_not_fit_the_link_is_not_counted_as_cached() -> None:
+    model = make_model(bandwidth_mode="Abundant")
+    available, _ = pools()
+    view = RequestView(total_tokens=40_000, sequences=1, hit_prfaas=hit(36_000))
+    full = model.link_horizon_bytes  # no room left at all
+    d = routed(decide(model, view, available, full))
+    assert (d.route, d.reason) == ("local", Reason.LINK_BUDGET)
+    assert d.uncached_tokens == 40_000 and d.link_bytes == 0
+
+
+def test_an_offload_that_does_not_fit_the_link_budget_stays_local() -> None:
+    model = make_model()
+    available, _ = pools()
+    view = RequestView(total_tokens=100_000, sequences=1)
+    inflight = model.link_horizon_bytes - model.kv_bytes(100_000, 1) + 1
+    d = routed(decide(model, view, available, inflight))
+    assert (d.route, d.reason, d.link_bytes) == ("local", Reason.LINK_BUDGET, 0)
+    room = model.link_horizon_bytes - model.kv_bytes(100_000, 1)
+    assert routed(decide(model, view, available, room)).route == "prfaas"
+
+
+def test_link_horizon_is_the_budget_over_one_ttft_slo() -> None:
+    config = make_config()
+    assert make_model().link_horizon_bytes == pytest.approx(
+        config.link.budget_bytes_per_second * config.slo.ttft_seconds
+    )
+
+
+def test_without_prfaas_prefill_everything_goes_local() -> None:
+    available, _ = pools(prfaas=0)
+    d = routed(decide(make_model(), RequestView(total_tokens=50_000, sequences=1), available, 0.0))
+    assert (d.route, d.reason) == ("local", Reason.PRFAAS_UNAVAILABLE)
+
+
+def test_without_local_prefill_short_prompts_go_to_prfaas() -> None:
+    available, _ = pools(local=0)
+    d = routed(decide(make_model(), RequestView(total_tokens=100, sequences=1), available, 0.0))
+    assert (d.route, d.reason) == ("prfaas", Reason.LOCAL_UNAVAILABLE)
+
+
+def test_without_local_prefill_and_a_full_link_the_request_is_refused() -> None:
+    model = make_model()
+    available, _ = pools(local=0)
+    out = decide(model, RequestView(total_tokens=100, sequences=1), available, model.link_horizon_bytes)
+    assert isinstance(out, Rejection) and out.status == 429 and out.reason is Reason.LINK_BUDGET
+
+
+def test_no_decode_is_a_503() -> None:
+    available, _ = pools(decode=0)
+    out = decide(make_model(), RequestView(total_tokens=100, sequences=1), available, 0.0)
+    assert isinstance(out, Rejection) and (out.status, out.reason) == (503, Reason.NO_DECODE)
+
+
+def test_no_prefill_anywhere_is_a_503() -> None:
+    available, _ = pools(local=0, prfaas=0)
+    out = decide(make_model(), RequestView(total_tokens=100, sequences=1), available, 0.0)
+    assert isinstance(out, Rejection) and (out.status, out.reason) == (503, Reason.NO_PREFILL)
+
+
+def test_least_outstanding_tokens_within_a_pool() -> None:
+    available, by_name = pools()
+    by_name["l0"].outstanding_tokens = 5000
+    by_name["d0"].outstanding_tokens = 100
+    d = routed(decide(make_model(), RequestView(total_tokens=100, sequences=1), available, 0.0))
+    assert (d.prefill.name, d.decode.name) == ("l1", "d1")
+
+
+def test_cache_affinity_wins_only_while_the_cache_saves_more_than_the_extra_queue() -> None:
+    available, by_name = pools()
+    view = RequestView(total_tokens=6000, sequences=1, hit_local=hit(4096, "l0"))
+    by_name["l0"].outstanding_tokens = 4000
+    assert routed(decide(make_model(), view, available, 0.0)).prefill.name == "l0"
+    by_name["l0"].outstanding_tokens = 5000
+    assert routed(decide(make_model(), view, available, 0.0)).prefill.name == "l1"
+
+
+def test_session_pin_keeps_route_and_instances() -> None:
+    available, _ = pools()
+    pin = SessionPin(route="prfaas", prefill="p1", decode="d1")
+    d = routed(decide(make_model(), RequestView(total_tokens=100, sequences=1, pin=pin), available, 0.0))
+    assert (d.route, d.reason, d.prefill.name, d.decode.name) == (
+        "prfaas",
+        Reason.SESSION_AFFINITY,
+        "p1",
+        "d1",
+    )
+
+
+def test_session_pin_to_an_unavailable_route_falls_back_to_the_rules() -> None:
+    available, _ = pools(prfaas=0)
+    pin = SessionPin(route="prfaas", prefill="p1", decode="d1")
+    d = routed(decide(make_model(), RequestView(total_tokens=100, sequences=1, pin=pin), available, 0.0))
+    assert (d.route, d.reason, d.decode.name) == ("local", Reason.SHORT_UNCACHED, "d1")
+
+
+def test_a_route_that_breaks_the_slo_yields_to_one_that_meets_it() -> None:
+    model = make_model(slo={"ttft_seconds": 2.0, "tpot_seconds": 0.05})
+    available, by_name = pools()
+    for name in ("l0", "l1"):
+        by_name[name].queued_seconds = 5.0
+    d = routed(decide(model, RequestView(total_tokens=1000, sequences=1), available, 0.0))
+    assert (d.route, d.reason) == ("prfaas", Reason.TTFT_REROUTE)
+    assert d.ttft_seconds <= 2.0
+
+
+def test_when_every_route_breaks_the_slo_the_answer_is_an_early_429() -> None:
+    model = make_model(slo={"ttft_seconds": 2.0, "tpot_seconds": 0.05})
+    available, by_name = pools()
+    for name in ("l0", "l1", "p0", "p1"):
+        by_name[name].queued_seconds = 5.0
+    out = decide(model, RequestView(total_tokens=1000, sequences=1), available, 0.0)
+    assert isinstance(out, Rejection) and (out.status, out.reason) == (429, Reason.SLO_REJECT)
+    assert "SLO" in out.message
+
+
+def test_a_prompt_too_long_for_the_slo_is_still_served_on_idle_engines() -> None:
+    model = make_model(slo={"ttft_seconds": 1.0, "tpot_seconds": 0.05})
+    available, _ = pools()
+    d = routed(decide(model, RequestView(total_tokens=120_000, sequences=1), available, 0.0))
+    assert d.route == "prfaas" and d.ttft_seconds > 1.0
+
+
+def test_config_with_duplicate_names_or_missing_bootstrap_ports_is_refused() -> None:
+    from router_cases import config_doc
+
+    doc = config_doc()
+    doc["pools"]["decode"].append(dict(doc["pools"]["decode"][0]))
+    with pytest.raises(ConfigRefused, match="unique"):
+        PolicyModel.from_config(make_config(pools=doc["pools"]))
+    doc = config_doc()
+    del doc["pools"]["local_prefill"][0]["bootstrap_port"]
+    with pytest.raises(ConfigRefused, match="bootstrap_port"):
+        PolicyModel.from_config(make_config(pools=doc["pools"]))
+
+
+def test_session_table_is_a_bounded_lru() -> None:
+    table = SessionTable(2)
+    pin = SessionPin("local", "l0", "d0")
+    table.put("a", pin)
+    table.put("b", pin)
+    table.get("a")
+    table.put("c", pin)
+    assert len(table) == 2 and table.get("a") is None and table.get("c") == pin
+
+
+# ---------------------------------------------------------------------------- invariants
+
+TIME = PrefillTimeModel(c0=0.389, c1=4.107e-5, c2=9.476e-11)
+
+
+@given(
+    total=st.integers(1, 262_144),
+    cached_fraction=st.floats(0, 1),
+    exact=st.booleans(),
+)
+def test_prefill_estimate_is_finite_positive_and_a_cache_never_costs_time(
+    total: int, cached_fraction: float, exact: bool
+) -> None:
+    cached = math.floor(total * cached_fraction)
+    seconds = prefill_seconds(TIME, total, cached, exact)
+    assert math.isfinite(seconds) and seconds > 0
+    assert seconds <= TIME.seconds_for(total) + 1e-9
+    assert prefill_seconds(TIME, total, cached, True) <= prefill_seconds(TIME, total, cached, False) + 1e-12
+    assert prefill_seconds(TIME, total, 0, exact) == pytest.approx(TIME.seconds_for(total))
+
+
+@settings(max_examples=200)
+@given(
+    total=st.integers(1, 200_000),
+    local_cached=st.integers(0, 200_000),
+    prfaas_cached=st.integers(0, 200_000),
+    abundant=st.booleans(),
+    inflight_fraction=st.floats(0, 1.2),
+)
+def test_decisions_follow_the_threshold_rule_and_never_overbook_the_link(
+    total: int, local_cached: int, prfaas_cached: int, abundant: bool, inflight_fraction: float
+) -> None:
+    model = make_model(
+        bandwidth_mode="Abundant" if abundant else "Scarce", slo={"ttft_seconds": 1e6, "tpot_seconds": 0.05}
+    )
+    available, _ = pools()
+    view = RequestView(
+        total_tokens=total,
+        sequences=1,
+        hit_local=hit(min(local_cached, total)),
+        hit_prfaas=hit(min(prfaas_cached, total)),
+    )
+    inflight = inflight_fraction * model.link_horizon_bytes
+    d = routed(decide(model, view, available, inflight))
+    assert math.isfinite(d.ttft_seconds) and d.ttft_seconds > 0
+    assert 0 <= d.uncached_tokens <= total
+    if d.link_bytes:
+        assert inflight + d.link_bytes <= model.link_horizon_bytes
+    uncached_local = total - view.hit_local.tokens
+    if d.route == "prfaas":
+        assert d.reason is Reason.LONG_UNCACHED and uncached_local > model.threshold_tokens
+    elif uncached_local > model.threshold_tokens and d.reason is not Reason.LINK_BUDGET:
+        assert abundant and d.link_bytes > 0  # only a moved remote prefix makes it short
+
+
+@given(total=st.integers(1, 150_000), extra=st.integers(1, 50_000))
+def test_a_longer_uncached_prompt_never_moves_from_prfaas_back_to_local(total: int, extra: int) -> None:
+    model = make_model(slo={"ttft_seconds": 1e6, "tpot_seconds": 0.05})
+    available, _ = pools()
+    first = routed(decide(model, RequestView(total_tokens=total, sequences=1), available, 0.0))
+    second = routed(decide(model, RequestView(total_tokens=total + extra, sequences=1), available, 0.0))
+    if first.route == "prfaas" and second.reason is not Reason.LINK_BUDGET:
+        assert second.route == "prfaas"
+
+
+def test_decide_does_not_touch_worker_state() -> None:
+    available, by_name = pools()
+    before = [(w.outstanding_tokens, w.inflight, w.queued_seconds) for w in by_name.values()]
+    decide(make_model(), RequestView(total_tokens=50_000, sequences=1), available, 0.0)
+    assert [(w.outstanding_tokens, w.inflight, w.queued_seconds) for w in by_name.values()] == before
