@@ -1,1 +1,7 @@
-"""Discrete-event simulator driving the product's own routing policy and planner."""
+"""Discrete-event simulator driving the product's own routing policy and planner.
+
+`engine.run_system(SystemSpec, requests, EngineSettings, link_changes)` runs one deployment on one
+request stream; `systems.deployments` builds the paper's three deployments from a profile at the
+planner's allocations; `scenarios` and `study` hold the experiments behind docs/sim; the command
+line is `python -m prfaas_sim` (`cli.main`).
+"""

@@ -1,0 +1,206 @@
+"""`python -m prfaas_sim` (and `prfaas simulate`): run a scenario and print its table, or the whole study.
+
+Bad input is one line on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from prfaas_core.profiles import ProfileError
+from prfaas_operator.planner import PlanError, WorkloadError
+
+from prfaas_sim import report
+from prfaas_sim.engine import EngineSettings
+from prfaas_sim.planning import PlannerSettings
+from prfaas_sim.scenarios import LinkDropSetup, burst, link_drop, rate_sweep, trace_prefix
+from prfaas_sim.sources import RateSchedule, SourceError
+from prfaas_sim.study import FULL, QUICK, run_study
+from prfaas_sim.systems import default_slo, deployments, load_profile
+
+BAD_INPUT = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        code: int = args.run(args)
+    except (ProfileError, WorkloadError, PlanError, SourceError, ValueError, OSError) as err:
+        print(f"prfaas_sim {args.command}: error: {err}", file=sys.stderr)
+        return BAD_INPUT
+    return code
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="prfaas_sim", description="Discrete-event simulation of PrfaaS-PD against its baselines."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    study = _command(commands, "report", "run every scenario; write results.md and PNG plots", _run_report)
+    study.add_argument("--trace", type=Path, help="Mooncake-style JSONL trace for the prefix-reuse scenario")
+    study.add_argument(
+        "--out", type=Path, default=Path("docs/sim"), help="output directory (default docs/sim)"
+    )
+    study.add_argument("--quick", action="store_true", help="the same scenarios, shorter (a smoke run)")
+
+    sweep = _command(commands, "sweep", "the case-study distribution at rising arrival rates", _run_sweep)
+    sweep.add_argument("--rates", default="1:4:0.5", help="START:STOP:STEP in req/s (default 1:4:0.5)")
+    sweep.add_argument("--duration", type=float, default=2400.0, help="simulated seconds per rate")
+    sweep.add_argument("--warmup", type=float, default=300.0, help="seconds left out of the statistics")
+    sweep.add_argument(
+        "--prefill-batch-tokens",
+        type=int,
+        default=0,
+        help="pack queued prompts into one prefill forward up to this many tokens (default 0: one per forward)",
+    )
+
+    drop = _command(commands, "link-drop", "PrfaaS-PD while the link bandwidth drops mid-run", _run_link_drop)
+    drop.add_argument("--rate", type=float, required=True, help="offered req/s")
+    drop.add_argument("--to-gbps", type=float, default=10.0, help="bandwidth after the drop")
+    drop.add_argument("--drop-at", type=float, default=1200.0, help="simulated second of the drop")
+    drop.add_argument("--duration", type=float, default=3600.0)
+    drop.add_argument(
+        "--informed-after",
+        type=float,
+        default=30.0,
+        help="seconds until the router config carries the new bandwidth",
+    )
+
+    spike = _command(commands, "burst", "every system under a burst of arrivals", _run_burst)
+    spike.add_argument("--base", type=float, required=True, help="req/s outside the burst")
+    spike.add_argument("--peak", type=float, required=True, help="req/s during the burst")
+    spike.add_argument("--start", type=float, default=900.0)
+    spike.add_argument("--length", type=float, default=180.0)
+    spike.add_argument("--duration", type=float, default=2400.0)
+
+    trace = _command(commands, "trace", "a JSONL trace with prefix reuse off and on", _run_trace)
+    trace.add_argument("--trace", type=Path, required=True)
+    trace.add_argument(
+        "--rates",
+        type=float,
+        nargs="+",
+        required=True,
+        help="req/s the timestamps are scaled to (one run each)",
+    )
+    trace.add_argument("--repeats", type=int, default=1, help="play the trace this many times back to back")
+    return parser
+
+
+def _command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], name: str, summary: str, run: object
+) -> argparse.ArgumentParser:
+    command = commands.add_parser(name, help=summary, description=summary)
+    command.add_argument(
+        "--profile", type=Path, required=True, help="profile YAML (like data/profiles/case-study.yaml)"
+    )
+    command.add_argument("--seed", type=int, default=1, help="seed of the arrivals and lengths")
+    command.add_argument("--ttft-slo", type=float, help="TTFT objective in seconds (default: the CRD's)")
+    command.set_defaults(run=run)
+    return command
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    document = load_profile(args.profile)
+    study = run_study(
+        document,
+        profile_label=args.profile.name,
+        trace=args.trace,
+        seed=args.seed,
+        plan=QUICK if args.quick else FULL,
+        ttft_slo_seconds=args.ttft_slo,
+    )
+    for path in report.write(study, args.out):
+        print(path)
+    return 0
+
+
+def _run_sweep(args: argparse.Namespace) -> int:
+    document = load_profile(args.profile)
+    workload = document.default_workload()
+    systems = deployments(document, workload, slo=default_slo(document, args.ttft_slo))
+    sweep = rate_sweep(
+        systems,
+        workload,
+        _rates(args.rates),
+        duration=args.duration,
+        warmup=args.warmup,
+        seed=args.seed,
+        settings=EngineSettings(prefill_batch_tokens=args.prefill_batch_tokens),
+    )
+    print("\n".join(report.sweep_table(sweep)))
+    print()
+    target = report.ATTAINMENT_TARGETS[0]
+    for strategy in sweep.runs:
+        goodput, rate = sweep.max_goodput(strategy, target), sweep.max_rate(strategy, target)
+        limit = (
+            "below the lowest rate" if goodput is None else f"{goodput:.2f} req/s (up to {rate:.2f} offered)"
+        )
+        print(
+            f"{strategy.label}: model Λ_max {sweep.analytical_rps[strategy]:.3f} req/s; "
+            f"max goodput with {target:.0%} SLO met {limit}"
+        )
+    return 0
+
+
+def _run_link_drop(args: argparse.Namespace) -> int:
+    document = load_profile(args.profile)
+    workload = document.default_workload()
+    systems = deployments(
+        document, workload, slo=default_slo(document, args.ttft_slo), planner=PlannerSettings()
+    )
+    setup = LinkDropSetup(
+        rate=args.rate,
+        duration=args.duration,
+        drop_at=args.drop_at,
+        to_gbps=args.to_gbps,
+        informed_after=args.informed_after,
+    )
+    results = link_drop(systems, workload, setup, seed=args.seed, window=30.0)
+    print(report.RESULT_HEADER)
+    for variant, result in results.items():
+        print(report.result_row(variant.label, result))
+    return 0
+
+
+def _run_burst(args: argparse.Namespace) -> int:
+    document = load_profile(args.profile)
+    workload = document.default_workload()
+    systems = deployments(
+        document, workload, slo=default_slo(document, args.ttft_slo), planner=PlannerSettings()
+    )
+    schedule = RateSchedule.burst(args.base, args.peak, args.start, args.length, args.duration)
+    results = burst(systems, workload, schedule, seed=args.seed, window=30.0)
+    print(report.RESULT_HEADER)
+    for strategy, result in results.items():
+        print(report.result_row(strategy.label, result))
+    return 0
+
+
+def _run_trace(args: argparse.Namespace) -> int:
+    document = load_profile(args.profile)
+    runs = trace_prefix(
+        document,
+        args.trace,
+        rates=args.rates,
+        repeats=args.repeats,
+        slo=default_slo(document, args.ttft_slo),
+        planner=PlannerSettings(),
+        settings=EngineSettings(),
+    )
+    print("\n".join(report.trace_section(runs, [])))
+    return 0
+
+
+def _rates(spec: str) -> list[float]:
+    try:
+        start, stop, step = (float(part) for part in spec.split(":"))
+    except ValueError:
+        raise ValueError(f"--rates {spec!r}: expected START:STOP:STEP, three numbers") from None
+    if not (0 < start <= stop and step > 0):
+        raise ValueError(f"--rates {spec!r}: need 0 < START <= STOP and STEP > 0")
+    count = round((stop - start) / step)
+    return [round(start + i * step, 6) for i in range(count + 1)]

@@ -1,0 +1,144 @@
+"""The simulated engines: prefill instances with a FIFO queue and a prefix cache, decode instances.
+
+Prefill (one SGLang prefill engine): requests are served first come, first served, one forward
+at a time. The profile's T(l) is the measured prefill time of one request (SGLang's chunking of
+a long prompt included), so by default each request runs alone and takes T(l) less what its
+prefix hit saves (`prfaas_router.policy.prefill_seconds`, the router's own cost model: a hit saves
+the attention over the prefix, and only an exact whole-prompt hit saves the linear-attention work).
+Optionally (`batch_tokens` > 0) queued requests are packed into one forward while their
+prompt tokens fit, as SGLang's scheduler does up to its chunked-prefill size: the batch then
+pays the profile's constant term c0 once. Whether c0 really is per-forward overhead is not
+known from the profile, so packing is an assumption, off by default.
+
+Decode (one SGLang decode engine): continuous batching of at most `max_batch` requests with a
+constant step time (the profile gives T_decode at BS_max only). A request joins at the next step
+boundary, emits its first token at the end of that step and one token per step after, so it
+holds a slot for `output_tokens` steps, exactly the occupancy eq. 5 assumes. A full instance
+queues arrivals FIFO; waiting for a slot counts in TTFT (SGLang's decode preallocation queue).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from prfaas_core.profiles import PrefillTimeModel
+from prfaas_router.policy import Decision, prefill_seconds
+from prfaas_router.prefix_index import PrefixIndex, PromptKey
+
+from prfaas_sim.link import Flow
+
+
+class SimRequest:
+    """One request in flight; dropped as soon as it finishes (only aggregates are kept)."""
+
+    __slots__ = (
+        "arrival",
+        "counted",
+        "decision",
+        "decode",
+        "first_token",
+        "flow",
+        "key",
+        "output_tokens",
+        "total_tokens",
+    )
+
+    def __init__(
+        self, arrival: float, total_tokens: int, output_tokens: int, key: PromptKey | None, counted: bool
+    ):
+        self.arrival = arrival
+        self.total_tokens = total_tokens
+        self.output_tokens = output_tokens
+        self.key = key
+        self.counted = counted  # arrived after the warm-up: goes into the statistics
+        self.decision: Decision | None = None
+        self.decode: DecodeInstance | None = None
+        self.flow: Flow | None = None
+        self.first_token = math.nan
+
+
+class PrefillInstance:
+    """One prefill engine: FIFO queue, one forward at a time, a block-LRU prefix cache."""
+
+    __slots__ = ("batch", "batch_tokens", "busy", "cache", "name", "offloads", "queue", "time_model")
+
+    def __init__(
+        self,
+        name: str,
+        time_model: PrefillTimeModel,
+        *,
+        offloads: bool,
+        cache: PrefixIndex | None,
+        batch_tokens: int,
+    ) -> None:
+        self.name = name
+        self.time_model = time_model
+        self.offloads = offloads  # a PrfaaS instance: its KV crosses the link
+        self.cache = cache
+        self.batch_tokens = batch_tokens
+        self.queue: deque[SimRequest] = deque()
+        self.batch: list[SimRequest] = []
+        self.busy = False
+
+    @property
+    def idle(self) -> bool:
+        return not self.busy and not self.queue
+
+    def start_batch(self) -> float:
+        """Take the next forward's requests off the queue; returns its duration in seconds."""
+        queue = self.queue
+        first = queue.popleft()
+        batch = [first]
+        if self.batch_tokens > 0:
+            used = first.total_tokens
+            while queue and used + queue[0].total_tokens <= self.batch_tokens:
+                used += queue[0].total_tokens
+                batch.append(queue.popleft())
+        model = self.time_model
+        duration = model.c0 + sum(self._seconds(request) - model.c0 for request in batch)
+        self.batch = batch
+        self.busy = True
+        return duration
+
+    def finish_batch(self) -> list[SimRequest]:
+        """The forward ended: its prompts enter the prefix cache; returns them."""
+        batch, self.batch = self.batch, []
+        self.busy = False
+        if self.cache is not None:
+            for request in batch:
+                if request.key is not None:
+                    self.cache.learn(request.key, self.name)
+        return batch
+
+    def _seconds(self, request: SimRequest) -> float:
+        cache, key = self.cache, request.key
+        if cache is None or key is None:
+            return self.time_model.seconds_for(request.total_tokens)
+        hit = cache.lookup(key)
+        return prefill_seconds(self.time_model, request.total_tokens, hit.tokens, hit.exact)
+
+
+class DecodeInstance:
+    """One decode engine: at most `max_batch` running, constant step time, FIFO wait for a slot."""
+
+    __slots__ = ("max_batch", "name", "running", "step_seconds", "waiting")
+
+    def __init__(self, name: str, *, max_batch: int, step_seconds: float) -> None:
+        self.name = name
+        self.max_batch = max_batch
+        self.step_seconds = step_seconds
+        self.running = 0
+        self.waiting: deque[SimRequest] = deque()
+
+    @property
+    def idle(self) -> bool:
+        return self.running == 0 and not self.waiting
+
+    def join(self, request: SimRequest, now: float) -> float:
+        """Start decoding at the next step boundary; returns when the last token is out."""
+        step = self.step_seconds
+        boundary = math.ceil(now / step - 1e-9) * step
+        self.running += 1
+        request.first_token = boundary + step
+        return boundary + request.output_tokens * step

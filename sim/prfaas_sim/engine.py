@@ -1,0 +1,491 @@
+"""The discrete-event engine: one system (instances, link, router, operator loop) on one request stream.
+
+Events sit on a heap as (time, sequence, kind, payload); the sequence keeps ties in push order,
+so a run is a pure function of its inputs and seed. Requests are pulled from the source one at a
+time (one pending arrival on the heap), and a finished request leaves only counters behind, so
+memory follows the number of requests in flight, not the length of the trace.
+
+A request's life: arrival -> the product's policy picks route, prefill and decode (or rejects)
+-> FIFO at the prefill instance -> prefill; an offloaded request's KV crosses the link while and
+after it is computed (see `link`), a local one reaches its decode instance at once (intra-cluster
+RDMA is free, as in the paper) -> decode slot (FIFO when the batch is full) -> last token.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import itertools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from prfaas_core.router_config import (
+    Endpoint,
+    KvSize,
+    LinkSpec,
+    PrefillTime,
+    RouterConfig,
+    Slo,
+)
+from prfaas_core.router_config import Pools as ConfigPools
+from prfaas_operator.planner import Allocation, Plan, SystemProfile
+from prfaas_operator.planner.workload import TRACE_BLOCK_TOKENS
+from prfaas_router.policy import Decision
+from prfaas_router.prefix_index import PrefixIndex, PromptKey
+
+from prfaas_sim.cluster import DecodeInstance, PrefillInstance, SimRequest
+from prfaas_sim.link import Link
+from prfaas_sim.planning import ObservationWindow, PlannerSettings, replan
+from prfaas_sim.results import RunResult, RunStats
+from prfaas_sim.routing import LinkCheck, SimRouter
+from prfaas_sim.sources import RequestSpec, SourceError
+from prfaas_sim.stats import TimeSeries
+
+NEVER_OFFLOAD = 2**62
+"""Router threshold for a system without a PrfaaS cluster (the config has no 'never')."""
+ENGINE_PORT = 30000
+BOOTSTRAP_PORT = 8998
+OBSERVATION_SLICE_SECONDS = 30.0
+PLANNER_LOG_LIMIT = 50
+"""Planner decisions kept for the report (bounded: one per interval would grow with the run)."""
+
+_ARRIVAL, _PREFILL_DONE, _LINK, _KV_ARRIVED, _DECODE_DONE, _CONTROL = range(6)
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    """One deployment to simulate: hardware curves, the initial allocation, the link and the router's settings."""
+
+    label: str
+    profile: SystemProfile
+    allocation: Allocation
+    link: LinkSpec
+    slo: Slo
+    link_check: LinkCheck = LinkCheck.BUDGET
+    planner: PlannerSettings | None = None
+    """None: the allocation stays as it is (no long-timescale loop)."""
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    prefill_batch_tokens: int = 0
+    """0: one request per prefill forward (the profile's measured case); >0: pack up to this many tokens."""
+    cache_tokens_per_instance: int | None = 1_000_000
+    """Prefix-cache capacity of each prefill instance; None turns prefix reuse off."""
+    cache_prompts_per_instance: int = 64
+    """Whole-prompt (linear-attention state) entries each prefill instance keeps."""
+    warmup_seconds: float = 0.0
+    series_window_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.prefill_batch_tokens < 0 or self.warmup_seconds < 0 or self.cache_prompts_per_instance < 1:
+            raise ValueError("engine settings: batch tokens and warm-up must be >= 0, cached prompts >= 1")
+        if self.cache_tokens_per_instance is not None and self.cache_tokens_per_instance < TRACE_BLOCK_TOKENS:
+            raise ValueError(f"prefix cache must hold at least one {TRACE_BLOCK_TOKENS}-token block")
+
+
+@dataclass(frozen=True)
+class LinkChange:
+    """At `at` the link's bandwidth becomes `bandwidth_bytes_per_second`.
+
+    The router and planner learn of it (the operator rewrites the link in the router config)
+    `informed_after` seconds later, or never when None.
+    """
+
+    at: float
+    bandwidth_bytes_per_second: float
+    informed_after: float | None = None
+
+
+class _PdNode:
+    """One instance of the PD cluster; its role can change when the planner moves the split."""
+
+    __slots__ = ("draining", "instance", "name", "switch_pending")
+
+    def __init__(self, name: str, instance: PrefillInstance | DecodeInstance) -> None:
+        self.name = name
+        self.instance = instance
+        self.draining = False
+        self.switch_pending = False
+
+
+class Simulation:
+    """Run one system on one request stream; `run` returns the aggregates."""
+
+    def __init__(
+        self, system: SystemSpec, settings: EngineSettings, link_changes: Iterable[LinkChange] = ()
+    ) -> None:
+        self.system = system
+        self.settings = settings
+        self._link_changes = tuple(link_changes)
+        self._heap: list[tuple[float, int, int, object]] = []
+        self._sequence = itertools.count()
+        self.now = 0.0
+        allocation = system.allocation
+        profile = system.profile
+        series = TimeSeries(settings.series_window_seconds) if settings.series_window_seconds else None
+        self.stats = RunStats(system.slo, settings.warmup_seconds, series)
+        self.link = Link(
+            system.link.bandwidth_bytes_per_second,
+            system.link.latency_seconds,
+            series.add_link_bytes if series is not None else None,
+        )
+        self._configured_link = system.link
+        self._threshold = allocation.threshold_tokens
+        self._allocation = allocation
+        self._prfaas = [
+            self._new_prefill(f"prfaas-{i}", offloads=True) for i in range(allocation.prfaas_instances)
+        ]
+        pd_count = allocation.pd_prefill_instances + allocation.decode_instances
+        self._pd = [
+            _PdNode(
+                f"pd-{i}",
+                self._new_prefill(f"pd-{i}", offloads=False)
+                if i < allocation.pd_prefill_instances
+                else DecodeInstance(
+                    f"pd-{i}", max_batch=profile.decode.max_batch, step_seconds=profile.decode.step_seconds
+                ),
+            )
+            for i in range(pd_count)
+        ]
+        self._prefill_by_name = {instance.name: instance for instance in self._prfaas}
+        self._decode_by_name: dict[str, DecodeInstance] = {}
+        self._node_by_name = {node.name: node for node in self._pd}
+        for node in self._pd:
+            self._register(node)
+        self._config_version = 0
+        cache_tokens = settings.cache_tokens_per_instance
+        cluster_blocks = (
+            max(len(self._prfaas), pd_count) * (cache_tokens or TRACE_BLOCK_TOKENS) // TRACE_BLOCK_TOKENS
+        )
+        self.router = SimRouter(
+            self._config(),
+            link_check=system.link_check,
+            index_blocks=cluster_blocks,
+            index_prompts=max(len(self._prfaas), pd_count) * settings.cache_prompts_per_instance,
+        )
+        planner = system.planner
+        self._window = (
+            ObservationWindow(planner.window_seconds, OBSERVATION_SLICE_SECONDS)
+            if planner is not None
+            else None
+        )
+        self._last_change: float | None = None
+        self._planner_log: list[str] = []
+        self._arrivals_open = True
+
+    # ---- the loop -------------------------------------------------------------------------------
+
+    def run(self, requests: Iterable[RequestSpec]) -> RunResult:
+        source = iter(requests)
+        self._pull(source)
+        for change in self._link_changes:
+            self._at(change.at, functools.partial(self._change_link, change))
+        if self.system.planner is not None:
+            self._at(self.system.planner.interval_seconds, self._plan_tick)
+        heap = self._heap
+        pop = heapq.heappop
+        link = self.link
+        while heap:
+            time, _, kind, payload = pop(heap)
+            self.now = time
+            if kind == _ARRIVAL:
+                self._arrive(payload)  # type: ignore[arg-type]
+                self._pull(source)
+            elif kind == _PREFILL_DONE:
+                self._prefill_done(payload)  # type: ignore[arg-type]
+            elif kind == _LINK:
+                if payload == link.version:
+                    self._link_done()
+            elif kind == _KV_ARRIVED:
+                self._kv_arrived(payload)  # type: ignore[arg-type]
+            elif kind == _DECODE_DONE:
+                self._decode_done(payload)  # type: ignore[arg-type]
+            else:
+                payload()  # type: ignore[operator]
+        link.advance(self.now)
+        return self.stats.result(
+            self.system.label,
+            simulated_seconds=self.now,
+            link_bytes=link.bytes_sent,
+            link_capacity_bytes=link.capacity_bytes,
+            planner_log=tuple(self._planner_log),
+        )
+
+    def _push(self, time: float, kind: int, payload: object) -> None:
+        heapq.heappush(self._heap, (time, next(self._sequence), kind, payload))
+
+    def _at(self, time: float, action: Callable[[], None]) -> None:
+        self._push(time, _CONTROL, action)
+
+    def _pull(self, source: Iterable[RequestSpec]) -> None:
+        spec = next(source, None)  # type: ignore[call-overload]
+        if spec is None:
+            self._arrivals_open = False
+            return
+        if spec.arrival < self.now:
+            raise SourceError(f"request arrivals must not go back in time: {spec.arrival} after {self.now}")
+        self._push(spec.arrival, _ARRIVAL, spec)
+
+    # ---- request path ---------------------------------------------------------------------------
+
+    def _arrive(self, spec: RequestSpec) -> None:
+        now = self.now
+        request = SimRequest(
+            now, spec.input_tokens, spec.output_tokens, self._key(spec), now >= self.settings.warmup_seconds
+        )
+        outcome = self.router.route(request, now)
+        self.stats.routed(request, outcome)
+        if not isinstance(outcome, Decision):
+            return
+        request.decision = outcome
+        if self._window is not None:
+            self._window.observe(now, outcome.uncached_tokens, spec.output_tokens)
+        prefill = self._prefill_by_name[outcome.prefill.name]
+        request.decode = self._decode_by_name[outcome.decode.name]
+        prefill.queue.append(request)
+        if not prefill.busy:
+            self._start_prefill(prefill)
+
+    def _key(self, spec: RequestSpec) -> PromptKey | None:
+        hashes = spec.block_hashes
+        if hashes is None or self.settings.cache_tokens_per_instance is None:
+            return None
+        full_blocks = spec.input_tokens // TRACE_BLOCK_TOKENS
+        return PromptKey(
+            hashes[:full_blocks], hash((hashes, spec.input_tokens)), spec.input_tokens, TRACE_BLOCK_TOKENS
+        )
+
+    def _start_prefill(self, instance: PrefillInstance) -> None:
+        now = self.now
+        end = now + instance.start_batch()
+        if instance.offloads:
+            link = self.link
+            for request in instance.batch:
+                assert request.decision is not None
+                request.flow = link.start(now, request, request.decision.egress_bytes, end)
+            self._schedule_link()
+        self._push(end, _PREFILL_DONE, instance)
+
+    def _prefill_done(self, instance: PrefillInstance) -> None:
+        released = False
+        for request in instance.finish_batch():
+            if request.flow is not None:
+                self.link.release(self.now, request.flow)
+                released = True
+            else:
+                self._kv_arrived(request)
+        if released:
+            self._schedule_link()
+        if instance.queue:
+            self._start_prefill(instance)
+        else:
+            self._maybe_switch(instance.name)
+
+    def _schedule_link(self) -> None:
+        soonest = self.link.next_completion()
+        if soonest is not None:
+            self._push(max(soonest, self.now), _LINK, self.link.version)
+
+    def _link_done(self) -> None:
+        arrive = self.now + self.link.latency
+        for flow in self.link.pop_finished(self.now):
+            self._push(arrive, _KV_ARRIVED, flow.payload)
+        self._schedule_link()
+
+    def _kv_arrived(self, request: SimRequest) -> None:
+        assert request.decision is not None and request.decode is not None
+        self.router.prefill_returned(request.decision)
+        decode = request.decode
+        if decode.running < decode.max_batch:
+            self._push(decode.join(request, self.now), _DECODE_DONE, request)
+        else:
+            decode.waiting.append(request)
+
+    def _decode_done(self, request: SimRequest) -> None:
+        assert request.decision is not None and request.decode is not None
+        decode = request.decode
+        decode.running -= 1
+        self.router.finished(request.decision)
+        self.stats.finished(request, self.now)
+        if decode.waiting:
+            waiting = decode.waiting.popleft()
+            self._push(decode.join(waiting, self.now), _DECODE_DONE, waiting)
+        elif decode.running == 0:
+            self._maybe_switch(decode.name)
+
+    # ---- the operator ---------------------------------------------------------------------------
+
+    def _config(self) -> RouterConfig:
+        """The router config the operator would write for the current roles and settings."""
+        profile = self.system.profile
+        self._config_version += 1
+        active = [node for node in self._pd if not node.draining]
+        return RouterConfig(
+            version=self._config_version,
+            served_model_name="simulated",
+            threshold_tokens=NEVER_OFFLOAD if self._threshold is None else self._threshold,
+            link=self._configured_link,
+            kv_size=KvSize(
+                bytes_per_token=profile.kv_size.bytes_per_token, fixed_bytes=profile.kv_size.fixed_bytes
+            ),
+            prefill_time={
+                "prfaas": PrefillTime.of(profile.prfaas_prefill),
+                "local": PrefillTime.of(profile.pd_prefill),
+            },
+            slo=self.system.slo,
+            pools=ConfigPools(
+                prfaas_prefill=[_endpoint(instance.name, prefill=True) for instance in self._prfaas],
+                local_prefill=[
+                    _endpoint(node.name, prefill=True)
+                    for node in active
+                    if isinstance(node.instance, PrefillInstance)
+                ],
+                decode=[
+                    _endpoint(node.name, prefill=False)
+                    for node in active
+                    if isinstance(node.instance, DecodeInstance)
+                ],
+            ),
+        )
+
+    def _new_prefill(self, name: str, *, offloads: bool) -> PrefillInstance:
+        settings = self.settings
+        profile = self.system.profile
+        cache_tokens = settings.cache_tokens_per_instance
+        cache = (
+            PrefixIndex(cache_tokens // TRACE_BLOCK_TOKENS, settings.cache_prompts_per_instance)
+            if cache_tokens is not None
+            else None
+        )
+        return PrefillInstance(
+            name,
+            profile.prfaas_prefill if offloads else profile.pd_prefill,
+            offloads=offloads,
+            cache=cache,
+            batch_tokens=settings.prefill_batch_tokens,
+        )
+
+    def _register(self, node: _PdNode) -> None:
+        if isinstance(node.instance, PrefillInstance):
+            self._prefill_by_name[node.name] = node.instance
+            self._decode_by_name.pop(node.name, None)
+        else:
+            self._decode_by_name[node.name] = node.instance
+            self._prefill_by_name.pop(node.name, None)
+
+    def _change_link(self, change: LinkChange) -> None:
+        self.link.set_bandwidth(self.now, change.bandwidth_bytes_per_second)
+        self._schedule_link()
+        if change.informed_after is not None:
+            self._at(
+                self.now + change.informed_after, lambda: self._inform_link(change.bandwidth_bytes_per_second)
+            )
+
+    def _inform_link(self, bandwidth: float) -> None:
+        self._configured_link = self._configured_link.model_copy(
+            update={"bandwidth_bytes_per_second": bandwidth}
+        )
+        self.router.apply(self._config())
+        self._log(f"link now configured at {bandwidth * 8 / 1e9:g} Gbit/s")
+
+    def _plan_tick(self) -> None:
+        planner = self.system.planner
+        assert planner is not None and self._window is not None
+        if any(node.draining for node in self._pd):
+            self._log("hold: a split change is still in progress")
+        else:
+            outcome = replan(
+                self.system.profile,
+                self._window,
+                self._allocation,
+                planner,
+                now=self.now,
+                last_change=self._last_change,
+                link_budget_bytes_per_second=self._configured_link.budget_bytes_per_second,
+            )
+            self._log(outcome.reason)
+            if outcome.plan is not None:
+                self._apply(outcome.plan)
+        if self._arrivals_open:
+            self._at(self.now + planner.interval_seconds, self._plan_tick)
+
+    def _apply(self, plan: Plan) -> None:
+        """Threshold at once; a split change drains the instances that change role, then restarts them."""
+        target = plan.allocation
+        self._last_change = self.now
+        self._allocation = target
+        self._threshold = target.threshold_tokens
+        prefill_nodes = [node for node in self._pd if isinstance(node.instance, PrefillInstance)]
+        decode_nodes = [node for node in self._pd if isinstance(node.instance, DecodeInstance)]
+        change = target.pd_prefill_instances - len(prefill_nodes)
+        if change > 0:
+            movers = sorted(decode_nodes, key=_decode_load)[:change]
+        else:
+            movers = sorted(prefill_nodes, key=_prefill_load)[:-change]
+        for node in movers:
+            node.draining = True
+        self.router.apply(self._config())
+        for node in movers:
+            self._maybe_switch(node.name)
+
+    def _maybe_switch(self, name: str) -> None:
+        node = self._node_by_name.get(name)
+        planner = self.system.planner
+        if (
+            node is None
+            or planner is None
+            or not node.draining
+            or node.switch_pending
+            or not node.instance.idle
+        ):
+            return
+        node.switch_pending = True
+        self._at(self.now + planner.role_switch_seconds, functools.partial(self._switch, node))
+
+    def _switch(self, node: _PdNode) -> None:
+        profile = self.system.profile
+        if isinstance(node.instance, PrefillInstance):
+            node.instance = DecodeInstance(
+                node.name, max_batch=profile.decode.max_batch, step_seconds=profile.decode.step_seconds
+            )
+        else:
+            node.instance = self._new_prefill(node.name, offloads=False)
+        node.draining = node.switch_pending = False
+        self._register(node)
+        self.router.apply(self._config())
+        self._log(
+            f"{node.name} restarted as {'decode' if isinstance(node.instance, DecodeInstance) else 'prefill'}"
+        )
+
+    def _log(self, line: str) -> None:
+        if len(self._planner_log) < PLANNER_LOG_LIMIT:
+            self._planner_log.append(f"t={self.now:.0f}s {line}")
+
+
+def _endpoint(name: str, *, prefill: bool) -> Endpoint:
+    return Endpoint(
+        name=name, url=f"http://{name}:{ENGINE_PORT}", bootstrap_port=BOOTSTRAP_PORT if prefill else None
+    )
+
+
+def _decode_load(node: _PdNode) -> tuple[int, str]:
+    instance = node.instance
+    assert isinstance(instance, DecodeInstance)
+    return (instance.running + len(instance.waiting), node.name)
+
+
+def _prefill_load(node: _PdNode) -> tuple[int, str]:
+    instance = node.instance
+    assert isinstance(instance, PrefillInstance)
+    return (len(instance.queue) + instance.busy, node.name)
+
+
+def run_system(
+    system: SystemSpec,
+    requests: Iterable[RequestSpec],
+    settings: EngineSettings | None = None,
+    link_changes: Iterable[LinkChange] = (),
+) -> RunResult:
+    """One simulation run."""
+    return Simulation(system, settings or EngineSettings(), link_changes).run(requests)

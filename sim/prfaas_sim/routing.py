@@ -1,0 +1,105 @@
+"""The router as the simulator drives it: the product's policy, fleet and prefix index, fed simulated time.
+
+Only the glue the router process itself does around `prfaas_router.policy.decide` lives here:
+per-cluster prefix indexes learnt on dispatch, workers' outstanding work begun on dispatch and
+ended when the router would see the response (prefill: when its KV has reached the decode side;
+decode: when the stream ends), and the KV bytes in flight on the link. The decision is the
+product's, unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+
+from prfaas_core.metrics_contract import ROUTE_LOCAL, ROUTE_PRFAAS
+from prfaas_core.router_config import Pool, RouterConfig
+from prfaas_router.policy import Decision, PolicyModel, Pools, Rejection, RequestView, decide
+from prfaas_router.prefix_index import NO_HIT, PrefixIndex
+from prfaas_router.workers import Fleet
+
+from prfaas_sim.cluster import SimRequest
+
+BREAKER_FAILURES = 3
+BREAKER_COOLDOWN_SECONDS = 10.0
+"""Circuit-breaker settings: simulated engines never fail, so these never act."""
+
+
+class LinkCheck(enum.StrEnum):
+    """How the router sees the cross-cluster link."""
+
+    BUDGET = "budget"
+    """The product as it is: an offload must fit the link budget; the TTFT estimate counts the backlog."""
+    UNLIMITED = "unlimited"
+    """No link check: the policy's budget is made infinite (the TTFT estimate still counts the backlog)."""
+    BLIND = "blind"
+    """The router ignores the link entirely: it is told nothing is in flight."""
+
+
+class SimRouter:
+    """One router replica's state: its fleet, its two prefix indexes and the link bytes in flight."""
+
+    __slots__ = ("_fleet", "_indexes", "_link_check", "inflight_bytes", "model")
+
+    def __init__(
+        self, config: RouterConfig, *, link_check: LinkCheck, index_blocks: int, index_prompts: int
+    ) -> None:
+        if config.bandwidth_mode != "Scarce":
+            raise ValueError(
+                "the simulator models bandwidth_mode Scarce only: Abundant moves prefixes between clusters, "
+                "which it does not simulate"
+            )
+        self._link_check = link_check
+        self._fleet = Fleet(BREAKER_FAILURES, BREAKER_COOLDOWN_SECONDS)
+        self._indexes = {
+            ROUTE_LOCAL: PrefixIndex(index_blocks, index_prompts),
+            ROUTE_PRFAAS: PrefixIndex(index_blocks, index_prompts),
+        }
+        self.inflight_bytes = 0.0
+        self.model: PolicyModel
+        self.apply(config)
+
+    def apply(self, config: RouterConfig) -> None:
+        """Hot-reload a config, as the router does: workers of unchanged endpoints keep their state."""
+        self.model = self._model(config)
+        for worker in self._fleet.reconcile(config.pools):
+            worker.healthy = True  # simulated engines answer their first health check
+
+    def route(self, request: SimRequest, now: float) -> Decision | Rejection:
+        key = request.key
+        indexes = self._indexes
+        view = RequestView(
+            total_tokens=request.total_tokens,
+            sequences=1,
+            hit_local=indexes[ROUTE_LOCAL].lookup(key) if key is not None else NO_HIT,
+            hit_prfaas=indexes[ROUTE_PRFAAS].lookup(key) if key is not None else NO_HIT,
+        )
+        fleet = self._fleet
+        pools = Pools(
+            local=fleet.available(Pool.LOCAL_PREFILL, now),
+            prfaas=fleet.available(Pool.PRFAAS_PREFILL, now),
+            decode=fleet.available(Pool.DECODE, now),
+        )
+        inflight = 0.0 if self._link_check is LinkCheck.BLIND else self.inflight_bytes
+        outcome = decide(self.model, view, pools, inflight)
+        if isinstance(outcome, Decision):
+            outcome.prefill.begin(now, outcome.total_tokens, outcome.prefill_seconds)
+            outcome.decode.begin(now, outcome.total_tokens, 0.0)
+            self.inflight_bytes += outcome.link_bytes
+            if key is not None:
+                indexes[outcome.route].learn(key, outcome.prefill.name)
+        return outcome
+
+    def prefill_returned(self, decision: Decision) -> None:
+        decision.prefill.end(decision.total_tokens, decision.prefill_seconds)
+        self.inflight_bytes = max(0.0, self.inflight_bytes - decision.link_bytes)
+
+    def finished(self, decision: Decision) -> None:
+        decision.decode.end(decision.total_tokens, 0.0)
+
+    def _model(self, config: RouterConfig) -> PolicyModel:
+        model = PolicyModel.from_config(config)
+        if self._link_check is LinkCheck.UNLIMITED:
+            model = dataclasses.replace(model, link_horizon_bytes=math.inf)
+        return model

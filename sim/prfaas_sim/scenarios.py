@@ -1,0 +1,243 @@
+"""The scenarios the README reports: rate sweep, link drop, burst, and a real trace with and without prefix reuse.
+
+Each returns plain results; `report` renders them. Every run of a scenario uses the same seed,
+so the systems see the very same requests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from prfaas_core.router_config import Slo
+from prfaas_operator.planner import ProfileDocument, Strategy, Workload
+
+from prfaas_sim.engine import EngineSettings, LinkChange, run_system
+from prfaas_sim.planning import PlannerSettings
+from prfaas_sim.results import RunResult
+from prfaas_sim.routing import LinkCheck
+from prfaas_sim.sources import RateSchedule, poisson_requests, scan_trace, trace_requests
+from prfaas_sim.systems import Deployments, deployments, with_bandwidth
+
+GBIT = 1e9 / 8
+"""Bytes per second in one Gbit/s."""
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """Each system at each offered rate (ascending), and the model's Λ_max for it."""
+
+    rates: tuple[float, ...]
+    runs: dict[Strategy, tuple[RunResult, ...]]
+    analytical_rps: dict[Strategy, float]
+    slo: Slo
+
+    def max_rate(self, strategy: Strategy, attainment: float) -> float | None:
+        """The offered rate at which SLO attainment first falls below `attainment`, interpolated on the grid.
+
+        None when even the lowest rate misses it; the highest rate when none does (a lower bound).
+        """
+        crossing = self._crossing(strategy, attainment)
+        return None if crossing is None else crossing[0]
+
+    def max_goodput(self, strategy: Strategy, attainment: float) -> float | None:
+        """The most goodput among the rates that meet `attainment` (grid points and the crossing)."""
+        crossing = self._crossing(strategy, attainment)
+        if crossing is None:
+            return None
+        meeting = [run.goodput_rps for run in self.runs[strategy] if run.meets(attainment)]
+        return max([*meeting, crossing[1]])
+
+    def _crossing(self, strategy: Strategy, attainment: float) -> tuple[float, float] | None:
+        runs, rates = self.runs[strategy], self.rates
+        if not runs[0].meets(attainment):
+            return None
+        for index in range(1, len(runs)):
+            low, high = runs[index - 1], runs[index]
+            if not high.meets(attainment):
+                weight = (low.slo_attainment - attainment) / (low.slo_attainment - high.slo_attainment)
+                return (
+                    rates[index - 1] + weight * (rates[index] - rates[index - 1]),
+                    low.goodput_rps + weight * (high.goodput_rps - low.goodput_rps),
+                )
+        return rates[-1], runs[-1].goodput_rps
+
+
+def rate_sweep(
+    systems: Deployments,
+    workload: Workload,
+    rates: Sequence[float],
+    *,
+    duration: float,
+    warmup: float,
+    seed: int,
+    settings: EngineSettings | None = None,
+) -> Sweep:
+    """Poisson arrivals at each rate for `duration` seconds, statistics after `warmup`."""
+    if not rates or any(b <= a for a, b in itertools.pairwise(rates)):
+        raise ValueError(f"sweep rates must be a non-empty ascending list, got {list(rates)}")
+    engine = dataclasses.replace(settings or EngineSettings(), warmup_seconds=warmup)
+    runs = {
+        strategy: tuple(
+            run_system(spec, poisson_requests(workload, RateSchedule.constant(rate, duration), seed), engine)
+            for rate in rates
+        )
+        for strategy, spec in systems.specs.items()
+    }
+    analytical = {strategy: systems.analytical_rps(strategy) for strategy in systems.specs}
+    first = next(iter(systems.specs.values()))
+    return Sweep(tuple(rates), runs, analytical, first.slo)
+
+
+@dataclass(frozen=True)
+class LinkDropSetup:
+    rate: float
+    duration: float
+    drop_at: float
+    to_gbps: float
+    informed_after: float
+    """Seconds until the operator rewrites the router config with the new bandwidth."""
+
+
+@dataclass(frozen=True)
+class LinkDropVariant:
+    label: str
+    link_check: LinkCheck
+    planner: bool
+    informed: bool
+
+
+LINK_DROP_VARIANTS = (
+    LinkDropVariant("link budget check (product)", LinkCheck.BUDGET, planner=False, informed=True),
+    LinkDropVariant("no link check (unlimited budget)", LinkCheck.UNLIMITED, planner=False, informed=True),
+    LinkDropVariant("link-blind router (no in-flight bytes)", LinkCheck.BLIND, planner=False, informed=True),
+    LinkDropVariant("link budget check, router never told", LinkCheck.BUDGET, planner=False, informed=False),
+    LinkDropVariant("link budget check + planner loop", LinkCheck.BUDGET, planner=True, informed=True),
+)
+
+
+def link_drop(
+    systems: Deployments, workload: Workload, setup: LinkDropSetup, *, seed: int, window: float
+) -> dict[LinkDropVariant, RunResult]:
+    """PrfaaS-PD while the link falls to `to_gbps` mid-run: the router's ways of seeing the link, and the planner.
+
+    `systems` must carry planner settings for PrfaaS-PD (used by the variant that runs the loop).
+    """
+    base = systems.specs[Strategy.PRFAAS_PD]
+    if base.planner is None:
+        raise ValueError("the link-drop scenario needs PrfaaS-PD built with planner settings")
+    engine = EngineSettings(series_window_seconds=window)
+    results = {}
+    for variant in LINK_DROP_VARIANTS:
+        spec = dataclasses.replace(
+            base,
+            link_check=variant.link_check,
+            label=variant.label,
+            planner=base.planner if variant.planner else None,
+        )
+        change = LinkChange(
+            setup.drop_at, setup.to_gbps * GBIT, setup.informed_after if variant.informed else None
+        )
+        schedule = RateSchedule.constant(setup.rate, setup.duration)
+        results[variant] = run_system(spec, poisson_requests(workload, schedule, seed), engine, [change])
+    return results
+
+
+def burst(
+    systems: Deployments, workload: Workload, schedule: RateSchedule, *, seed: int, window: float
+) -> dict[Strategy, RunResult]:
+    """Every system under the same bursty arrivals."""
+    engine = EngineSettings(series_window_seconds=window)
+    return {
+        strategy: run_system(spec, poisson_requests(workload, schedule, seed), engine)
+        for strategy, spec in systems.specs.items()
+    }
+
+
+@dataclass(frozen=True)
+class TraceRuns:
+    """A trace replayed at several rates, with and without prefix reuse, from the same initial allocations."""
+
+    rates: tuple[float, ...]
+    requests_per_copy: int
+    repeats: int
+    systems: Deployments
+    """The planner's design point: the trace's lengths as if nothing were cached."""
+    runs: dict[tuple[float, bool], dict[Strategy, RunResult]]
+
+
+def trace_prefix(
+    document: ProfileDocument,
+    path: Path,
+    *,
+    rates: Sequence[float],
+    repeats: int,
+    slo: Slo,
+    planner: PlannerSettings | None,
+    settings: EngineSettings,
+) -> TraceRuns:
+    """The trace at each rate (req/s), once ignoring its hash ids and once with per-instance prefix caches.
+
+    Both start from the allocations the planner solves on the trace's full prompt lengths, so the
+    caches are the only difference at the start; PrfaaS-PD's loop then re-plans from the uncached
+    lengths the router observes.
+    """
+    info = scan_trace(path)
+    with path.open(encoding="utf-8") as lines:
+        design = Workload.from_trace(lines, source=path.name)
+    systems = deployments(document, design, slo=slo, planner=planner)
+    runs: dict[tuple[float, bool], dict[Strategy, RunResult]] = {}
+    for rate in rates:
+        for reuse in (False, True):
+            engine = settings if reuse else dataclasses.replace(settings, cache_tokens_per_instance=None)
+            runs[(rate, reuse)] = {
+                strategy: run_system(
+                    spec,
+                    trace_requests(path, rate=rate, repeats=repeats, prefix_reuse=reuse, info=info),
+                    engine,
+                )
+                for strategy, spec in systems.specs.items()
+            }
+    return TraceRuns(tuple(rates), info.requests, repeats, systems, runs)
+
+
+UNLIMITED_LINK_GBPS = 1e6
+"""What the planner is told for an 'unlimited' link (it needs a finite budget); the simulated link is infinite."""
+NO_ADMISSION_TTFT_SECONDS = 1e9
+"""A TTFT SLO no estimate reaches: the router rejects nothing, so every stage really saturates."""
+
+
+def saturation(
+    document: ProfileDocument,
+    workload: Workload,
+    *,
+    overload: float,
+    duration: float,
+    warmup: float,
+    seed: int,
+) -> dict[Strategy, tuple[float, RunResult]]:
+    """Each system driven at `overload` x its Λ_max on an unlimited link, without admission control.
+
+    Returns (analytical Λ_max, run); the run's `throughput_rps` is the simulated saturation
+    throughput, the quantity eq. 6 predicts.
+    """
+    if not overload > 1:
+        raise ValueError(f"saturation needs an overload factor above 1, got {overload}")
+    slo = Slo(ttft_seconds=NO_ADMISSION_TTFT_SECONDS, tpot_seconds=NO_ADMISSION_TTFT_SECONDS)
+    systems = deployments(with_bandwidth(document, UNLIMITED_LINK_GBPS), workload, slo=slo)
+    engine = EngineSettings(warmup_seconds=warmup)
+    results = {}
+    for strategy, spec in systems.specs.items():
+        unlimited = dataclasses.replace(
+            spec, link=spec.link.model_copy(update={"bandwidth_bytes_per_second": float("inf")})
+        )
+        analytical = systems.analytical_rps(strategy)
+        schedule = RateSchedule.constant(overload * analytical, duration)
+        results[strategy] = (
+            analytical,
+            run_system(unlimited, poisson_requests(workload, schedule, seed), engine),
+        )
+    return results

@@ -1,0 +1,199 @@
+"""Request sources: generators, so a run never holds its whole trace in memory.
+
+Two kinds: Poisson arrivals drawing lengths from the planner's own `Workload` (the case-study
+truncated log-normal, exactly the distribution the analytical model integrates), and a
+Mooncake-style JSONL trace (timestamp ms, input_length, output_length, hash_ids) replayed with
+its timestamps scaled to a target rate.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+from prfaas_operator.planner import Workload
+
+LENGTH_CHUNK = 4096
+"""Lengths are drawn from numpy this many at a time (one call per request would dominate the run)."""
+
+
+class SourceError(ValueError):
+    """A request source cannot be built or read: bad parameters or a malformed trace."""
+
+
+class RequestSpec(NamedTuple):
+    """One request as it arrives. `block_hashes` are prefix-chained 512-token block ids, or None."""
+
+    arrival: float
+    input_tokens: int
+    output_tokens: int
+    block_hashes: tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class RateSchedule:
+    """Piecewise-constant arrival rate: `rates[i]` req/s from `starts[i]` to the next start (or `end`)."""
+
+    starts: tuple[float, ...]
+    rates: tuple[float, ...]
+    end: float
+
+    def __post_init__(self) -> None:
+        if not self.starts or len(self.starts) != len(self.rates) or self.starts[0] != 0:
+            raise SourceError("rate schedule needs one rate per start, the first starting at 0")
+        if (
+            any(b <= a for a, b in zip(self.starts, self.starts[1:], strict=False))
+            or self.end <= self.starts[-1]
+        ):
+            raise SourceError(f"rate schedule starts must ascend and end after the last one: {self}")
+        if any(not rate >= 0 for rate in self.rates) or not any(rate > 0 for rate in self.rates):
+            raise SourceError(f"arrival rates must be non-negative and not all zero: {self.rates}")
+
+    @classmethod
+    def constant(cls, rate: float, duration: float) -> RateSchedule:
+        return cls((0.0,), (rate,), duration)
+
+    @classmethod
+    def burst(cls, base: float, peak: float, start: float, length: float, duration: float) -> RateSchedule:
+        """`base` req/s with `peak` req/s during [start, start + length)."""
+        if not 0 < start < start + length < duration:
+            raise SourceError(f"burst [{start}, {start + length}) must lie inside (0, {duration})")
+        return cls((0.0, start, start + length), (base, peak, base), duration)
+
+    @property
+    def mean_rate(self) -> float:
+        bounds = (*self.starts[1:], self.end)
+        return sum(r * (b - a) for r, a, b in zip(self.rates, self.starts, bounds, strict=True)) / self.end
+
+
+def poisson_requests(workload: Workload, schedule: RateSchedule, seed: int) -> Iterator[RequestSpec]:
+    """Poisson arrivals at the schedule's rates; input lengths drawn from `workload`, output its mean."""
+    arrivals = random.Random(seed)
+    lengths = _length_draws(workload, np.random.default_rng(seed))
+    output = max(1, round(workload.mean_output_tokens))
+    bounds = (*schedule.starts[1:], schedule.end)
+    now = 0.0
+    for rate, segment_end in zip(schedule.rates, bounds, strict=True):
+        if rate <= 0:
+            now = segment_end
+            continue
+        while True:
+            now += arrivals.expovariate(rate)
+            if now >= segment_end:
+                now = segment_end  # memoryless: restart the clock at the next segment's rate
+                break
+            yield RequestSpec(now, next(lengths), output, None)
+
+
+def _length_draws(workload: Workload, rng: np.random.Generator) -> Iterator[int]:
+    support = workload.lengths
+    weights = workload.weights
+    while True:
+        yield from (max(1, round(float(v))) for v in rng.choice(support, size=LENGTH_CHUNK, p=weights))
+
+
+@dataclass(frozen=True)
+class TraceInfo:
+    """What a first pass over a trace learns: how many requests over how long."""
+
+    requests: int
+    span_seconds: float
+    max_hash: int
+
+    @property
+    def rate(self) -> float:
+        return self.requests / self.span_seconds
+
+
+def scan_trace(path: Path) -> TraceInfo:
+    """Count records and the time span (one streaming pass; nothing kept)."""
+    count = 0
+    first = last = None
+    max_hash = -1
+    for number, record in _records(path):
+        stamp = record.timestamp_ms
+        if last is not None and stamp < last:
+            raise SourceError(f"{path}: line {number}: timestamps must not decrease ({stamp} < {last})")
+        first = stamp if first is None else first
+        last = stamp
+        if record.hashes:
+            max_hash = max(max_hash, max(record.hashes))
+        count += 1
+    if count < 2 or first is None or last is None or last <= first:
+        raise SourceError(f"{path}: need at least two requests spanning a positive time")
+    return TraceInfo(count, (last - first) / 1000.0, max_hash)
+
+
+def trace_requests(
+    path: Path, *, rate: float, repeats: int = 1, prefix_reuse: bool = True, info: TraceInfo | None = None
+) -> Iterator[RequestSpec]:
+    """Replay the trace with timestamps compressed (or stretched) to `rate` req/s on average.
+
+    `repeats` plays it back to back that many times; each copy's hash ids are shifted past the
+    previous copy's, so copies share no prefixes and the trace's own reuse pattern is kept.
+    """
+    if not rate > 0 or repeats < 1:
+        raise SourceError(f"trace replay needs rate > 0 and repeats >= 1, got {rate}, {repeats}")
+    info = info or scan_trace(path)
+    scale = info.rate / rate  # simulated seconds per trace second
+    period = info.span_seconds * scale + 1.0 / rate  # one mean gap between copies
+    for copy in range(repeats):
+        offset_hash = copy * (info.max_hash + 1)
+        offset_time = copy * period
+        origin: float | None = None
+        for _number, record in _records(path):
+            origin = record.timestamp_ms if origin is None else origin
+            hashes = tuple(h + offset_hash for h in record.hashes) if prefix_reuse and record.hashes else None
+            yield RequestSpec(
+                offset_time + (record.timestamp_ms - origin) / 1000.0 * scale,
+                record.input_length,
+                record.output_length,
+                hashes,
+            )
+
+
+class _Record(NamedTuple):
+    timestamp_ms: float
+    input_length: int
+    output_length: int
+    hashes: Sequence[int]
+
+
+def _records(path: Path) -> Iterator[tuple[int, _Record]]:
+    try:
+        handle = path.open(encoding="utf-8")
+    except OSError as err:
+        raise SourceError(f"cannot read trace {path}: {err.strerror}") from None
+    with handle:
+        for number, line in enumerate(handle, start=1):
+            if line.strip():
+                yield number, _parse(line, f"{path}: line {number}")
+
+
+def _parse(line: str, where: str) -> _Record:
+    try:
+        data = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise SourceError(f"{where}: not JSON ({err.msg})") from None
+    if not isinstance(data, dict):
+        raise SourceError(f"{where}: expected a JSON object")
+    stamp = data.get("timestamp")
+    if isinstance(stamp, bool) or not isinstance(stamp, int | float) or not stamp >= 0:
+        raise SourceError(f"{where}: timestamp must be a non-negative number of milliseconds, got {stamp!r}")
+    lengths = []
+    for key in ("input_length", "output_length"):
+        value = data.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SourceError(f"{where}: {key} must be a positive integer, got {value!r}")
+        lengths.append(value)
+    hashes = data.get("hash_ids", [])
+    if not isinstance(hashes, list) or not all(
+        isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hashes
+    ):
+        raise SourceError(f"{where}: hash_ids must be a list of non-negative integers")
+    return _Record(float(stamp), lengths[0], lengths[1], hashes)

@@ -1,0 +1,140 @@
+"""The whole study behind docs/sim: every scenario at the parameters the README reports.
+
+Loads are set relative to the model's answers (a fraction of PrfaaS-PD's Λ_max), so the study
+keeps its meaning on another profile. `QUICK` runs the same scenarios shorter (a smoke test).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from prfaas_operator.planner import ProfileDocument, Strategy, Workload
+
+from prfaas_sim.engine import EngineSettings
+from prfaas_sim.planning import PlannerSettings
+from prfaas_sim.report import Study
+from prfaas_sim.scenarios import LinkDropSetup, burst, link_drop, rate_sweep, saturation, trace_prefix
+from prfaas_sim.sources import RateSchedule
+from prfaas_sim.systems import default_slo, deployments
+
+
+@dataclass(frozen=True)
+class StudyPlan:
+    sweep_step: float = 0.1
+    sweep_low: float = 1.0
+    sweep_high: float = 4.2
+    sweep_seconds: float = 2400.0
+    warmup_seconds: float = 300.0
+    saturation_overload: float = 1.3
+    saturation_seconds: float = 3600.0
+    saturation_warmup: float = 600.0
+    drop_load: float = 0.9  # x PrfaaS-PD's Λ_max
+    drop_seconds: float = 3600.0
+    drop_at: float = 1200.0
+    drop_to_gbps: float = 10.0
+    drop_informed_after: float = 30.0
+    burst_base_load: float = 0.5  # x PrfaaS-PD's Λ_max
+    burst_peak_load: float = 1.5
+    burst_start: float = 900.0
+    burst_length: float = 180.0
+    burst_seconds: float = 2400.0
+    trace_loads: tuple[float, ...] = (0.6, 0.9)  # x PrfaaS-PD's Λ_max on the trace without reuse
+    trace_repeats: int = 2
+    window_seconds: float = 60.0
+
+    @property
+    def rates(self) -> list[float]:
+        count = round((self.sweep_high - self.sweep_low) / self.sweep_step)
+        return [round(self.sweep_low + i * self.sweep_step, 6) for i in range(count + 1)]
+
+
+FULL = StudyPlan()
+QUICK = StudyPlan(
+    sweep_step=1.5,
+    sweep_seconds=500.0,
+    warmup_seconds=100.0,
+    saturation_seconds=600.0,
+    saturation_warmup=200.0,
+    drop_seconds=600.0,
+    drop_at=200.0,
+    burst_start=200.0,
+    burst_length=60.0,
+    burst_seconds=500.0,
+    trace_loads=(0.9,),
+    trace_repeats=1,
+    window_seconds=60.0,
+)
+
+
+def run_study(
+    document: ProfileDocument,
+    *,
+    profile_label: str,
+    trace: Path | None,
+    seed: int,
+    plan: StudyPlan = FULL,
+    ttft_slo_seconds: float | None = None,
+) -> Study:
+    started = time.perf_counter()
+    workload = document.default_workload()
+    slo = default_slo(document, ttft_slo_seconds)
+    static = deployments(document, workload, slo=slo)
+    planned = deployments(document, workload, slo=slo, planner=PlannerSettings())
+    capacity = static.analytical_rps(Strategy.PRFAAS_PD)
+    sweep = rate_sweep(
+        static, workload, plan.rates, duration=plan.sweep_seconds, warmup=plan.warmup_seconds, seed=seed
+    )
+    saturated = saturation(
+        document,
+        workload,
+        overload=plan.saturation_overload,
+        duration=plan.saturation_seconds,
+        warmup=plan.saturation_warmup,
+        seed=seed,
+    )
+    drop = LinkDropSetup(
+        rate=round(plan.drop_load * capacity, 2),
+        duration=plan.drop_seconds,
+        drop_at=plan.drop_at,
+        to_gbps=plan.drop_to_gbps,
+        informed_after=plan.drop_informed_after,
+    )
+    dropped = link_drop(planned, workload, drop, seed=seed, window=plan.window_seconds)
+    schedule = RateSchedule.burst(
+        round(plan.burst_base_load * capacity, 2),
+        round(plan.burst_peak_load * capacity, 2),
+        plan.burst_start,
+        plan.burst_length,
+        plan.burst_seconds,
+    )
+    bursty = burst(planned, workload, schedule, seed=seed, window=plan.window_seconds)
+    traced = None
+    if trace is not None:
+        with trace.open(encoding="utf-8") as lines:
+            design = Workload.from_trace(lines, source=trace.name)
+        trace_capacity = deployments(document, design, slo=slo).analytical_rps(Strategy.PRFAAS_PD)
+        traced = trace_prefix(
+            document,
+            trace,
+            rates=[round(load * trace_capacity, 2) for load in plan.trace_loads],
+            repeats=plan.trace_repeats,
+            slo=slo,
+            planner=PlannerSettings(),
+            settings=EngineSettings(),
+        )
+    return Study(
+        profile=profile_label,
+        link_gbps=document.link.bandwidth_gbps,
+        slo=slo,
+        seed=seed,
+        saturation=saturated,
+        sweep=sweep,
+        link_drop_setup=drop,
+        link_drop=dropped,
+        burst_schedule=schedule,
+        burst=bursty,
+        trace=traced,
+        wall_seconds=time.perf_counter() - started,
+    )
