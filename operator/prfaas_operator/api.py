@@ -1,6 +1,6 @@
 """PrfaasDeployment (prfaas.io/v1alpha1): the user's whole intent, as pydantic models.
 
-The CRD in crds/ is generated from these models (`prfaas crd`), so descriptions here are
+The CRD in crds/ is generated from these models (`python -m prfaas_operator.crd --write`), so descriptions here are
 what `kubectl explain` shows and the validation here is what admission enforces. Rules that
 span fields are CEL (`x-kubernetes-validations`) so a bad CR is refused by the apiserver, not
 discovered later by the operator.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints
 from pydantic.alias_generators import to_camel
 
 GROUP = "prfaas.io"
@@ -36,14 +36,17 @@ class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
 
+# The apiserver's own grammar of resource.Quantity (e.g. 16Gi, 500m, 1e3), so a typo such as
+# "16GB" is refused at admission instead of failing later in the pod spec.
+QUANTITY_PATTERN = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 Quantity = Annotated[
-    int | str,
+    int | Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN)],
     Field(json_schema_extra={"x-kubernetes-int-or-string": True}),
 ]
 
 
 class ResourceRequirements(_Model):
-    """CPU and memory for a container; GPUs are added from gpusPerInstance, do not list them here."""
+    """CPU and memory of a container, as in core/v1 (quantities such as 500m, 16Gi)."""
 
     requests: dict[str, Quantity] = Field(
         default_factory=dict, description="Minimum resources, e.g. cpu, memory."
@@ -92,6 +95,18 @@ PrefillProfile = Annotated[
         max_length=64,
         description="Measured prefill times on one instance (at least 3 points, increasing); "
         "the planner and router fit a quadratic T(l) and refuse a fit that is not increasing.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.all(a, self.exists_one(b, b.tokens == a.tokens))",
+                    "token counts of the profile points must be distinct",
+                ),
+                cel(
+                    "self.all(a, self.all(b, a.tokens >= b.tokens || a.seconds < b.seconds))",
+                    "seconds must increase with tokens across the profile points",
+                ),
+            ]
+        },
     ),
 ]
 
@@ -157,7 +172,8 @@ class PodPlacement(_Model):
         default_factory=list, description="Tolerations for GPU node taints."
     )
     resources: ResourceRequirements = Field(
-        default_factory=ResourceRequirements, description="CPU and memory per instance (GPUs are added)."
+        default_factory=ResourceRequirements,
+        description="CPU and memory per instance; GPUs come from gpusPerInstance, do not list them here.",
     )
     shm_size: Quantity = Field(default="16Gi", description="Size of the in-memory /dev/shm volume.")
     host_network: bool = Field(
@@ -386,7 +402,7 @@ class PrfaasDeploymentSpec(_Model):
 
     model: ModelSpec = Field(description="The model every engine serves.")
     prefill_cluster: PrefillClusterSpec = Field(description="The PrfaaS (remote, prefill-only) cluster.")
-    pd_cluster: PdClusterSpec = Field(description="The local PD cluster: the operator's own.")
+    pd_cluster: PdClusterSpec = Field(description="The local PD cluster (the operator's own).")
     link: LinkSpec = Field(description="The cross-cluster link.")
     routing: RoutingSpec = Field(description="Per-request routing.")
     planner: PlannerSpec = Field(default_factory=PlannerSpec, description="The long-timescale planner.")
@@ -463,7 +479,10 @@ class PrfaasDeploymentStatus(_Model):
 
     observed_generation: int | None = Field(default=None, description="Generation last reconciled.")
     conditions: list[Condition] = Field(
-        default_factory=list, description="Ready, per-part readiness, Degraded."
+        default_factory=list,
+        description="Ready, per-part readiness, Degraded.",
+        # One entry per type; server-side apply merges them by type.
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     prefill_cluster: RoleCounts = Field(default_factory=RoleCounts, description="PrfaaS prefill instances.")
     pd_prefill: RoleCounts = Field(default_factory=RoleCounts, description="Local prefill instances.")

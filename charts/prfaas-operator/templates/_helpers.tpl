@@ -1,0 +1,80 @@
+{{/* Chart name, at most 63 characters (a label value). */}}
+{{- define "prfaas-operator.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Release-qualified name of every object; the release name alone when it already says it. */}}
+{{- define "prfaas-operator.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "prfaas-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "prfaas-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "prfaas-operator.labels" -}}
+{{ include "prfaas-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "prfaas-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "prfaas-operator.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "prfaas-operator.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{/*
+Namespaced permissions of the operator in its own (PD) cluster. Granted cluster-wide or per
+watched namespace; never a wildcard.
+*/}}
+{{- define "prfaas-operator.namespacedRules" -}}
+- apiGroups: [prfaas.io]
+  resources: [prfaasdeployments]
+  verbs: [get, list, watch, patch]
+- apiGroups: [prfaas.io]
+  resources: [prfaasdeployments/status]
+  verbs: [get, patch, update]
+# Owner references with blockOwnerDeletion need update on the owner's finalizers.
+- apiGroups: [prfaas.io]
+  resources: [prfaasdeployments/finalizers]
+  verbs: [update]
+- apiGroups: [apps]
+  resources: [statefulsets, deployments]
+  verbs: [get, list, watch, create, patch, update, delete]
+- apiGroups: [""]
+  resources: [services, configmaps]
+  verbs: [get, list, watch, create, patch, update, delete]
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch]
+# Only to read the PrfaaS cluster's kubeconfig Secret a PrfaasDeployment names.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create, patch]
+{{- end -}}
+
+{{/* Cluster-scoped reads kopf needs to discover namespaces and the CRD. */}}
+{{- define "prfaas-operator.clusterRules" -}}
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [get, list, watch]
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [get, list, watch]
+{{- end -}}

@@ -1,0 +1,387 @@
+"""Admission of PrfaasDeployments by the REAL kube-apiserver of the PD cluster.
+
+The generated CRD is installed as users install it; every invalid CR below must be refused at
+admission (not discovered later by the operator) with a message that names the field. kubectl
+is used as users use it: its default strict field validation is what turns an unknown field
+into an error instead of a silently pruned one.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import yaml
+from prfaas_operator import api, crd
+
+if TYPE_CHECKING:
+    from prfaas_testbed.clusters import Testbed
+
+pytestmark = [pytest.mark.testbed, pytest.mark.timeout(300)]
+
+ROOT = crd.repository_root()
+SAMPLE: dict[str, Any] = yaml.safe_load((ROOT / "examples/prfaasdeployment.yaml").read_text())
+
+
+@dataclass(frozen=True)
+class Kubectl:
+    """kubectl against one cluster, with a bounded run time."""
+
+    binary: str
+    kubeconfig: Path
+
+    def run(
+        self, *args: str, stdin: str | None = None, timeout_s: float = 60
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [self.binary, f"--kubeconfig={self.kubeconfig}", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+
+    def ok(self, *args: str, stdin: str | None = None) -> str:
+        done = self.run(*args, stdin=stdin)
+        assert done.returncode == 0, f"kubectl {' '.join(args)} failed: {done.stderr}"
+        return done.stdout
+
+
+def wait_for(probe: Callable[[], bool], *, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not probe():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def kubectl(testbed: Testbed) -> Kubectl:
+    binary = shutil.which("kubectl")
+    assert binary, "kubectl is not on PATH (the testbed expects the machine's kubectl)"
+    return Kubectl(binary, testbed.pd_kubeconfig)
+
+
+@pytest.fixture(scope="module")
+def namespace(kubectl: Kubectl) -> Iterator[str]:
+    """The generated CRD installed (server-side apply, idempotent) and a fresh namespace.
+
+    The CRD stays installed: other tests of the session (and helm, which skips existing CRDs)
+    share it. The namespace and every CR in it go at the end.
+    """
+    kubectl.ok(
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--field-manager=prfaas-tests",
+        "-f",
+        str(ROOT / crd.CRD_OUTPUTS[0]),
+    )
+    kubectl.ok("wait", "--for=condition=Established", f"crd/{crd.CRD_NAME}", "--timeout=60s")
+    name = f"prfaas-admission-{uuid.uuid4().hex[:8]}"
+    kubectl.ok("create", "namespace", name)
+    yield name
+    kubectl.run("delete", "prfaasdeployments", "--all", "-n", name, "--wait=false")
+    kubectl.run("delete", "namespace", name, "--wait=false")
+
+
+def manifest(
+    namespace: str, name: str, edit: Callable[[dict[str, Any]], object] | None = None
+) -> dict[str, Any]:
+    document = copy.deepcopy(SAMPLE)
+    document["metadata"] = {"name": name, "namespace": namespace}
+    if edit is not None:
+        edit(document["spec"])
+    return document
+
+
+def test_sample_cr_is_accepted_and_defaulted_like_the_models(kubectl: Kubectl, namespace: str) -> None:
+    kubectl.ok("apply", "-f", "-", stdin=yaml.safe_dump(manifest(namespace, "sample")))
+    stored = json.loads(kubectl.ok("get", "prfaasdeployment", "sample", "-n", namespace, "-o", "json"))
+    sent_spec = api.PrfaasDeploymentSpec.model_validate(SAMPLE["spec"])
+    # The apiserver's defaults are the models' defaults: what it stores validates to the same spec...
+    assert api.PrfaasDeploymentSpec.model_validate(stored["spec"]) == sent_spec
+    # ...and it really filled them in (the sample omits all of these).
+    assert stored["spec"]["planner"]["intervalSeconds"] == sent_spec.planner.interval_seconds == 300
+    assert stored["spec"]["pdCluster"]["shmSize"] == "16Gi"
+    assert stored["spec"]["link"]["latencyMs"] == 0
+    assert stored["spec"]["router"]["port"] == 8000
+
+
+def test_planner_section_may_be_omitted_and_is_defaulted_before_cel_runs(
+    kubectl: Kubectl, namespace: str
+) -> None:
+    document = manifest(namespace, "no-planner", lambda spec: (spec.pop("planner"), spec.pop("slo")))
+    kubectl.ok("apply", "-f", "-", stdin=yaml.safe_dump(document))
+    stored = json.loads(kubectl.ok("get", "prfaasdeployment", "no-planner", "-n", namespace, "-o", "json"))
+    assert stored["spec"]["planner"]["mode"] == "Off"
+    assert stored["spec"]["slo"] == {"ttftSeconds": 30, "tpotSeconds": 0.05}
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    """An edit that sets spec.<path> (dotted) to value."""
+
+    def edit(spec: dict[str, Any]) -> None:
+        *parents, leaf = path.split(".")
+        node = spec
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+
+    return edit
+
+
+def _drop(path: str) -> Callable[[dict[str, Any]], None]:
+    def edit(spec: dict[str, Any]) -> None:
+        *parents, leaf = path.split(".")
+        node = spec
+        for part in parents:
+            node = node[part]
+        del node[leaf]
+
+    return edit
+
+
+def _all(*edits: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    def edit(spec: dict[str, Any]) -> None:
+        for one in edits:
+            one(spec)
+
+    return edit
+
+
+# (case id, edit of the sample's spec, substrings the apiserver's answer must contain)
+INVALID: list[tuple[str, Callable[[dict[str, Any]], None], tuple[str, ...]]] = [
+    ("missing-model", _drop("model"), ("spec.model: Required value",)),
+    ("missing-replicas", _drop("prefillCluster.replicas"), ("spec.prefillCluster.replicas: Required value",)),
+    ("missing-image", _drop("router.image"), ("spec.router.image: Required value",)),
+    ("bad-routing-mode", _set("routing.mode", "Sometimes"), ("spec.routing.mode: Unsupported value",)),
+    ("bad-kv-dtype", _set("model.kv.dtype", "fp4"), ("spec.model.kv.dtype: Unsupported value",)),
+    (
+        "bad-service-type",
+        _set("router.service.type", "Ingress"),
+        ("spec.router.service.type: Unsupported value",),
+    ),
+    (
+        "zero-gpus",
+        _set("pdCluster.gpusPerInstance", 0),
+        ("spec.pdCluster.gpusPerInstance", "greater than or equal to 1"),
+    ),
+    ("headroom-above-1", _set("link.headroom", 1.5), ("spec.link.headroom", "less than or equal to 1")),
+    ("negative-bandwidth", _set("link.bandwidthGbps", -10), ("spec.link.bandwidthGbps", "greater than 0")),
+    ("port-out-of-range", _set("router.service.port", 70000), ("spec.router.service.port", "65535")),
+    (
+        "wrong-type",
+        _set("routing.thresholdTokens", "lots"),
+        ("spec.routing.thresholdTokens", "must be of type integer"),
+    ),
+    (
+        "min-above-max",
+        _all(_set("prefillCluster.minReplicas", 5), _set("prefillCluster.maxReplicas", 2)),
+        ("spec.prefillCluster.minReplicas", "minReplicas must be <= maxReplicas"),
+    ),
+    (
+        "replicas-above-max",
+        _set("prefillCluster.replicas", 9),
+        ("spec.prefillCluster.replicas", "replicas must lie within [minReplicas, maxReplicas]"),
+    ),
+    (
+        "replicas-below-min",
+        _all(_set("prefillCluster.minReplicas", 3), _set("prefillCluster.replicas", 2)),
+        ("spec.prefillCluster.replicas", "replicas must lie within [minReplicas, maxReplicas]"),
+    ),
+    (
+        "split-does-not-add-up",
+        _set("pdCluster.decodeInstances", 6),
+        ("spec.pdCluster.instances", "prefillInstances + decodeInstances must equal instances"),
+    ),
+    (
+        "no-prefill-anywhere",
+        _all(
+            _set("pdCluster.prefillInstances", 0),
+            _set("pdCluster.decodeInstances", 8),
+            _set("prefillCluster.minReplicas", 0),
+        ),
+        ("spec.pdCluster.prefillInstances", "some prefill must always exist"),
+    ),
+    ("unknown-field", _set("link.bandwith", 3), ('unknown field "spec.link.bandwith"',)),
+    ("unknown-section", _set("autoscaling", {"enabled": True}), ('unknown field "spec.autoscaling"',)),
+    (
+        "bad-namespace-pattern",
+        _set("prefillCluster.namespace", "Prfaas_Demo"),
+        ("spec.prefillCluster.namespace", "should match"),
+    ),
+    (
+        "bad-header-pattern",
+        _set("routing.sessionAffinityHeader", "x session"),
+        ("spec.routing.sessionAffinityHeader", "should match"),
+    ),
+    ("bad-quantity", _set("pdCluster.shmSize", "16GB"), ("spec.pdCluster.shmSize", "should match")),
+    (
+        "bad-resource-quantity",
+        _set("router.resources", {"limits": {"memory": "lots"}}),
+        ("spec.router.resources.limits.memory", "should match"),
+    ),
+    (
+        "auto-routing-planner-off",
+        _set("routing.mode", "Auto"),
+        ("spec.routing.mode", "routing.mode Auto needs planner.mode Advisory or Auto"),
+    ),
+    (
+        "planner-without-prometheus",
+        _set("planner.mode", "Advisory"),
+        ("spec.planner.prometheusUrl", "prometheusUrl is required unless mode is Off"),
+    ),
+    (
+        "prometheus-url-not-http",
+        _set("planner", {"mode": "Auto", "prometheusUrl": "prometheus:9090"}),
+        ("spec.planner.prometheusUrl", "should match"),
+    ),
+    (
+        "too-few-profile-points",
+        _set(
+            "pdCluster.prefillProfile", [{"tokens": 1024, "seconds": 0.7}, {"tokens": 8192, "seconds": 1.6}]
+        ),
+        ("spec.pdCluster.prefillProfile", "should have at least 3 items"),
+    ),
+    (
+        "profile-not-increasing",
+        _set(
+            "prefillCluster.prefillProfile",
+            [
+                {"tokens": 1024, "seconds": 2.0},
+                {"tokens": 8192, "seconds": 1.0},
+                {"tokens": 32768, "seconds": 3.0},
+            ],
+        ),
+        ("spec.prefillCluster.prefillProfile", "seconds must increase with tokens"),
+    ),
+    (
+        "profile-duplicate-tokens",
+        _set(
+            "prefillCluster.prefillProfile",
+            [
+                {"tokens": 1024, "seconds": 0.4},
+                {"tokens": 1024, "seconds": 0.5},
+                {"tokens": 32768, "seconds": 3.0},
+            ],
+        ),
+        ("spec.prefillCluster.prefillProfile", "token counts of the profile points must be distinct"),
+    ),
+    (
+        "zero-decode-batch",
+        _set("pdCluster.maxDecodeBatch", 0),
+        ("spec.pdCluster.maxDecodeBatch", "greater than or equal to 1"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "edit", "expected"), INVALID, ids=[case for case, _, _ in INVALID])
+def test_invalid_cr_is_rejected_at_admission_naming_the_field(
+    kubectl: Kubectl,
+    namespace: str,
+    case: str,
+    edit: Callable[[dict[str, Any]], None],
+    expected: tuple[str, ...],
+) -> None:
+    document = manifest(namespace, f"bad-{case}", edit)
+    done = kubectl.run("create", "-f", "-", stdin=yaml.safe_dump(document))
+    assert done.returncode != 0, f"{case} was accepted: {done.stdout}"
+    for fragment in expected:
+        assert fragment in done.stderr, f"{case}: {fragment!r} not in the apiserver's answer:\n{done.stderr}"
+    assert kubectl.run("get", "prfaasdeployment", f"bad-{case}", "-n", namespace).returncode != 0
+
+
+def test_bare_yaml_off_is_rejected_as_a_boolean(kubectl: Kubectl, namespace: str) -> None:
+    text = yaml.safe_dump(manifest(namespace, "bad-bare-off"))
+    assert "mode: 'Off'" in text
+    done = kubectl.run("create", "-f", "-", stdin=text.replace("mode: 'Off'", "mode: Off"))
+    assert done.returncode != 0
+    assert 'spec.planner.mode: Invalid value: "boolean"' in done.stderr
+    assert "must be of type string" in done.stderr
+
+
+def test_explain_shows_the_descriptions(kubectl: Kubectl, namespace: str) -> None:
+    # The apiserver publishes a new CRD's OpenAPI a moment after it is Established.
+    def explained() -> bool:
+        return kubectl.run("explain", "prfaasdeployment.spec.prefillCluster").returncode == 0
+
+    wait_for(explained, timeout_s=60, what="kubectl explain to know the CRD")
+    text = " ".join(kubectl.ok("explain", "prfaasdeployment.spec.prefillCluster").split())  # unwrapped
+    assert "compute-dense GPUs that only prefill long prompts" in text
+    assert "kubeconfigSecretRef" in text and "Secret with a kubeconfig for the PrfaaS cluster" in text
+    assert "replicas <integer> -required-" in text
+    mode = " ".join(kubectl.ok("explain", "prfaas.spec.planner.mode").split())
+    assert "bare Off is a YAML boolean" in mode
+
+
+def test_status_the_operator_writes_is_kept_and_shown_in_printer_columns(
+    kubectl: Kubectl, namespace: str
+) -> None:
+    kubectl.ok("apply", "-f", "-", stdin=yaml.safe_dump(manifest(namespace, "with-status")))
+    status = api.PrfaasDeploymentStatus(
+        observed_generation=1,
+        conditions=[
+            api.Condition(
+                type=api.ConditionType.READY, status="True", reason="AllReady", message="all parts ready"
+            ),
+            api.Condition(type=api.ConditionType.DEGRADED, status="False", reason="AsExpected"),
+        ],
+        prefill_cluster=api.RoleCounts(desired=4, ready=4),
+        pd_prefill=api.RoleCounts(desired=3, ready=3),
+        pd_decode=api.RoleCounts(desired=5, ready=2),
+        router=api.RoleCounts(desired=1, ready=1),
+        allocation=api.Allocation(
+            threshold_tokens=19456,
+            prefill_cluster_replicas=4,
+            pd_prefill_instances=3,
+            pd_decode_instances=5,
+            source="Spec",
+            router_config_version=7,
+        ),
+        fingerprint="sha256:abc",
+        planner=api.PlannerDecision(
+            time="2026-11-21T00:00:00Z", action="Hold", reason="planner is Off", inputs={"window": "600s"}
+        ),
+    )
+    # As the operator would send it: the full dump, None included (the apiserver prunes nulls).
+    written = status.model_dump(mode="json", by_alias=True)
+    kubectl.ok(
+        "patch", "prfaasdeployment", "with-status", "-n", namespace,
+        "--subresource=status", "--type=merge", "-p", json.dumps({"status": written}),
+    )  # fmt: skip
+    stored = json.loads(kubectl.ok("get", "prfaasdeployment", "with-status", "-n", namespace, "-o", "json"))
+    assert api.PrfaasDeploymentStatus.model_validate(stored["status"]) == status
+    table = kubectl.ok("get", "prfaas", "with-status", "-n", namespace, "-o", "wide")
+    header, row = table.splitlines()
+    assert header.split() == [
+        "NAME",
+        "READY",
+        "THRESHOLD",
+        "PRFAAS",
+        "LOCAL-PREFILL",
+        "DECODE",
+        "REASON",
+        "AGE",
+    ]
+    assert row.split()[:7] == ["with-status", "True", "19456", "4", "3", "2", "AllReady"]
+
+
+def test_status_with_an_undeclared_field_is_refused(kubectl: Kubectl, namespace: str) -> None:
+    kubectl.ok("apply", "-f", "-", stdin=yaml.safe_dump(manifest(namespace, "bad-status")))
+    done = kubectl.run(
+        "patch", "prfaasdeployment", "bad-status", "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": {"conditions": [{"type": "Ready", "status": "Maybe", "reason": "X"}]}}),
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "status.conditions[0].status: Unsupported value" in done.stderr

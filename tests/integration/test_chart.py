@@ -1,0 +1,491 @@
+"""The Helm chart: lint, render, values schema, and its RBAC checked by a real apiserver.
+
+helm is the pinned v3.21.4 the testbed builds (or one on PATH). Rendering needs no cluster;
+the two tests marked `testbed` ask the apiserver itself what the rendered RBAC allows, and
+follow NOTES.txt to build the PrfaaS-cluster kubeconfig exactly as a user would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import yaml
+from prfaas_operator import crd
+
+if TYPE_CHECKING:
+    from prfaas_testbed.clusters import Testbed
+
+pytestmark = pytest.mark.timeout(300)
+
+ROOT = crd.repository_root()
+CHART = ROOT / "charts/prfaas-operator"
+RELEASE = "prfaas"
+NAMESPACE = "prfaas-system"
+ACCESS_MODE = ("operator.enabled=false", "prefillClusterAccess.enabled=true")
+RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+
+# Exactly what the operator may do in its own cluster: (apiGroup, resource, verb).
+OPERATOR_CLUSTER_SCOPED = {("", "namespaces", verb) for verb in ("get", "list", "watch")} | {
+    ("apiextensions.k8s.io", "customresourcedefinitions", verb) for verb in ("get", "list", "watch")
+}
+WRITE = ("get", "list", "watch", "create", "patch", "update", "delete")
+OPERATOR_NAMESPACED = (
+    {("prfaas.io", "prfaasdeployments", verb) for verb in ("get", "list", "watch", "patch")}
+    | {("prfaas.io", "prfaasdeployments/status", verb) for verb in ("get", "patch", "update")}
+    | {("prfaas.io", "prfaasdeployments/finalizers", "update")}
+    | {("apps", resource, verb) for resource in ("statefulsets", "deployments") for verb in WRITE}
+    | {("", resource, verb) for resource in ("services", "configmaps") for verb in WRITE}
+    | {("", "pods", verb) for verb in ("get", "list", "watch")}
+    | {("", "secrets", "get"), ("", "events", "create"), ("", "events", "patch")}
+)
+# What the operator's identity may do inside the PrfaaS cluster.
+ACCESS_NAMESPACES = {("", "namespaces", "get"), ("", "namespaces", "create")}
+ACCESS_WORKLOADS = (
+    {("apps", "statefulsets", verb) for verb in WRITE}
+    | {("", "services", verb) for verb in WRITE}
+    | {("", "pods", verb) for verb in ("get", "list", "watch")}
+)
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    on_path = shutil.which("helm")
+    if on_path:
+        return Path(on_path)
+    from prfaas_testbed.clusters import describe_testbed
+
+    built = describe_testbed().helm
+    assert built.is_file(), f"helm is not built at {built}: run e2e/testbed/build-binaries.sh"
+    return built
+
+
+def run_helm(helm: Path, *args: str, kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "HELM_CACHE_HOME": "/tmp/prfaas-helm/cache",
+        "HELM_CONFIG_HOME": "/tmp/prfaas-helm/config",
+    }
+    if kubeconfig is not None:
+        env["KUBECONFIG"] = str(kubeconfig)
+    return subprocess.run(
+        [str(helm), *args], capture_output=True, text=True, timeout=120, check=False, env=env
+    )
+
+
+def render(helm: Path, *sets: str, include_crds: bool = False) -> list[dict[str, Any]]:
+    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    for value in sets:
+        args += ["--set", value]
+    if include_crds:
+        args.append("--include-crds")
+    done = run_helm(helm, *args)
+    assert done.returncode == 0, done.stderr
+    return [document for document in yaml.safe_load_all(done.stdout) if document]
+
+
+def only(objects: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (found,) = [o for o in objects if o["kind"] == kind]
+    return found
+
+
+def granted(objects: list[dict[str, Any]], kind: str) -> set[tuple[str, str, str]]:
+    triples = set()
+    for role in (o for o in objects if o["kind"] == kind):
+        for rule in role["rules"]:
+            triples |= {
+                (group, resource, verb)
+                for group in rule["apiGroups"]
+                for resource in rule["resources"]
+                for verb in rule["verbs"]
+            }
+    return triples
+
+
+# ---- lint and the values schema -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [(), ACCESS_MODE, ("watchNamespaces={team-a,team-b}", "prefillClusterAccess.enabled=true")],
+    ids=["operator", "prefill-cluster-access", "both-namespaced"],
+)
+def test_helm_lint_passes(helm: Path, sets: tuple[str, ...]) -> None:
+    args = ["lint", "--strict", str(CHART)]
+    for value in sets:
+        args += ["--set", value]
+    done = run_helm(helm, *args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ("replicas=-1", "replicas"),
+        ("replicas=2", "replicas"),
+        ("logLevel=verbose", "logLevel"),
+        ("image.pullPolicy=Sometimes", "pullPolicy"),
+        ("health.port=0", "port"),
+        ("metrics.port=70000", "port"),
+        ("watchNamespaces={Team_A}", "watchNamespaces"),
+        ("replica=1", "replica"),
+        ("prefillClusterAccess.serviceAccount.name=", "name"),
+    ],
+)
+def test_values_schema_rejects_bad_values_naming_the_key(helm: Path, value: str, named: str) -> None:
+    for command in (["lint", str(CHART)], ["template", RELEASE, str(CHART)]):
+        done = run_helm(helm, *command, "--set", value)
+        answer = done.stdout + done.stderr
+        assert done.returncode != 0, f"helm {command[0]} accepted {value}"
+        assert "values don't meet the specifications of the schema" in answer, answer
+        assert named in answer, answer
+
+
+def test_every_default_value_is_described_by_the_schema() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def walk(value: Any, node: dict[str, Any], path: str) -> None:
+        if not isinstance(value, dict) or "properties" not in node:
+            return
+        for key, child in value.items():
+            assert key in node["properties"], f"values.yaml {path}{key} is not in values.schema.json"
+            walk(child, node["properties"][key], f"{path}{key}.")
+
+    walk(values, schema, "")
+    assert schema["additionalProperties"] is False
+
+
+# ---- the rendered objects -----------------------------------------------------------------------
+
+
+def test_default_render_is_the_operator_with_its_crd(helm: Path) -> None:
+    objects = render(helm, include_crds=True)
+    assert sorted(o["kind"] for o in objects) == sorted(
+        [
+            "CustomResourceDefinition",
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Service",
+            "Deployment",
+        ]
+    )
+    assert only(objects, "CustomResourceDefinition") == crd.crd_manifest()
+    for namespaced in (o for o in objects if o["kind"] in {"ServiceAccount", "Service", "Deployment"}):
+        assert namespaced["metadata"]["namespace"] == NAMESPACE
+
+
+def test_deployment_runs_the_operator_non_root_with_probes(helm: Path) -> None:
+    objects = render(helm)
+    deployment = only(objects, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert container["image"] == "ghcr.io/prfaas/prfaas-operator:0.1.0"
+    assert container["command"] == ["python", "-m", "prfaas_operator"]
+    assert container["args"] == [
+        "--all-namespaces",
+        "--liveness=http://0.0.0.0:8080/healthz",
+        "--metrics-port=9090",
+        "--log-level=info",
+    ]
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"health": 8080, "metrics": 9090}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    assert pod["serviceAccountName"] == only(objects, "ServiceAccount")["metadata"]["name"]
+
+
+def test_metrics_service_selects_the_operator_pod(helm: Path) -> None:
+    objects = render(helm)
+    service = only(objects, "Service")
+    pod_labels = only(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+
+
+def test_operator_rbac_is_exactly_what_it_needs_and_has_no_wildcards(helm: Path) -> None:
+    objects = render(helm)
+    assert granted(objects, "ClusterRole") == OPERATOR_CLUSTER_SCOPED | OPERATOR_NAMESPACED
+    binding = only(objects, "ClusterRoleBinding")
+    account = only(objects, "ServiceAccount")["metadata"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["name"], "namespace": NAMESPACE}
+    ]
+
+
+def test_watched_namespaces_get_roles_and_only_cluster_reads_stay_cluster_wide(helm: Path) -> None:
+    objects = render(helm, "watchNamespaces={team-a,team-b}")
+    assert granted(objects, "ClusterRole") == OPERATOR_CLUSTER_SCOPED
+    roles = [o for o in objects if o["kind"] == "Role"]
+    assert sorted(role["metadata"]["namespace"] for role in roles) == ["team-a", "team-b"]
+    for role in roles:
+        assert granted([role], "Role") == OPERATOR_NAMESPACED
+    bindings = [o for o in objects if o["kind"] == "RoleBinding"]
+    assert sorted(binding["metadata"]["namespace"] for binding in bindings) == ["team-a", "team-b"]
+    args = only(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:2] == ["--namespace=team-a", "--namespace=team-b"]
+    assert "--all-namespaces" not in args
+
+
+def test_namespace_creation_is_granted_only_on_request(helm: Path) -> None:
+    assert ("", "namespaces", "create") not in granted(render(helm), "ClusterRole")
+    assert ("", "namespaces", "create") in granted(render(helm, "rbac.createNamespaces=true"), "ClusterRole")
+
+
+def test_prefill_cluster_access_mode_renders_only_its_identity(helm: Path) -> None:
+    objects = render(helm, *ACCESS_MODE)
+    assert {o["kind"] for o in objects} == {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+    assert granted(objects, "ClusterRole") == ACCESS_NAMESPACES | ACCESS_WORKLOADS
+    for binding in (o for o in objects if o["kind"] == "ClusterRoleBinding"):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "prfaas-prefill-access", "namespace": NAMESPACE}
+        ]
+
+    scoped = render(
+        helm,
+        *ACCESS_MODE,
+        "prefillClusterAccess.namespaces={prefill-a}",
+        "prefillClusterAccess.createTokenSecret=true",
+    )
+    (binding,) = [o for o in scoped if o["kind"] == "RoleBinding"]
+    assert binding["metadata"]["namespace"] == "prefill-a"
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "prfaas-prefill-access-workloads",
+    }
+    assert [o["metadata"]["name"] for o in scoped if o["kind"] == "ClusterRoleBinding"] == [
+        "prfaas-prefill-access-namespaces"
+    ]
+    token = only(scoped, "Secret")
+    assert token["type"] == "kubernetes.io/service-account-token"
+    assert token["metadata"]["annotations"] == {"kubernetes.io/service-account.name": "prfaas-prefill-access"}
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        (),
+        ("watchNamespaces={a,b}", "rbac.createNamespaces=true"),
+        ACCESS_MODE,
+        (*ACCESS_MODE, "prefillClusterAccess.namespaces={a}"),
+    ],
+)
+def test_no_rbac_rule_uses_a_wildcard(helm: Path, sets: tuple[str, ...]) -> None:
+    for role in (o for o in render(helm, *sets) if o["kind"] in {"Role", "ClusterRole"}):
+        for rule in role["rules"]:
+            assert "nonResourceURLs" not in rule and "resourceNames" not in rule, rule
+            for field in ("apiGroups", "resources", "verbs"):
+                assert not any("*" in item for item in rule[field]), f"{role['metadata']['name']}: {rule}"
+
+
+# ---- against the real apiserver -----------------------------------------------------------------
+
+
+def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    binary = shutil.which("kubectl")
+    assert binary, "kubectl is not on PATH"
+    return subprocess.run(
+        [binary, f"--kubeconfig={kubeconfig}", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def can_i(
+    kubeconfig: Path,
+    verb: str,
+    resource: str,
+    *,
+    namespace: str | None,
+    user: str | None = None,
+    subresource: str = "",
+) -> bool:
+    args = ["auth", "can-i", verb, resource]
+    if subresource:
+        args.append(f"--subresource={subresource}")
+    args += ["-n", namespace] if namespace else ["--all-namespaces"]
+    if user:
+        args.append(f"--as={user}")
+    done = kubectl(kubeconfig, *args)
+    assert done.stdout.strip() in {"yes", "no"}, done.stderr
+    return done.stdout.strip() == "yes"
+
+
+@pytest.fixture
+def rbac_release(helm: Path, testbed: Testbed) -> Iterator[tuple[str, str]]:
+    """The operator's rendered RBAC (not its Deployment) applied to the PD cluster, removed after."""
+    suffix = uuid.uuid4().hex[:6]
+    release, namespace, watched = f"rbac-{suffix}", f"prfaas-rbac-{suffix}", f"watched-{suffix}"
+    kubeconfig = testbed.pd_kubeconfig
+    done = run_helm(
+        helm,
+        "template",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--set",
+        f"watchNamespaces={{{watched}}}",
+    )
+    assert done.returncode == 0, done.stderr
+    objects = [o for o in yaml.safe_load_all(done.stdout) if o and o["kind"] in RBAC_KINDS]
+    for name in (namespace, watched):
+        assert kubectl(kubeconfig, "create", "namespace", name).returncode == 0
+    try:
+        applied = kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump_all(objects))
+        assert applied.returncode == 0, applied.stderr
+        yield f"system:serviceaccount:{namespace}:{release}-prfaas-operator", watched
+    finally:
+        kubectl(
+            kubeconfig,
+            "delete",
+            "--ignore-not-found",
+            "--wait=false",
+            "-f",
+            "-",
+            stdin=yaml.safe_dump_all(objects),
+        )
+        for name in (namespace, watched):
+            kubectl(kubeconfig, "delete", "namespace", name, "--wait=false")
+
+
+@pytest.mark.testbed
+def test_apiserver_grants_the_operator_what_it_needs_and_nothing_more(
+    testbed: Testbed, rbac_release: tuple[str, str]
+) -> None:
+    user, watched = rbac_release
+    kubeconfig = testbed.pd_kubeconfig
+
+    def allowed(verb: str, resource: str, namespace: str | None = watched, subresource: str = "") -> bool:
+        return can_i(kubeconfig, verb, resource, namespace=namespace, user=user, subresource=subresource)
+
+    for group, resource, verb in sorted(OPERATOR_NAMESPACED):
+        name, _, subresource = resource.partition("/")
+        qualified = f"{name}.{group}" if group else name
+        assert allowed(verb, qualified, subresource=subresource), (
+            f"operator may not {verb} {resource} in {watched}"
+        )
+    assert not allowed("delete", "prfaasdeployments.prfaas.io", subresource="status")
+    for group, resource, verb in sorted(OPERATOR_CLUSTER_SCOPED):
+        qualified = f"{resource}.{group}" if group else resource
+        assert allowed(verb, qualified, None), f"operator may not {verb} {qualified}"
+    denied = [
+        ("list", "secrets"),
+        ("watch", "secrets"),
+        ("create", "secrets"),
+        ("delete", "pods"),
+        ("create", "pods"),
+        ("delete", "prfaasdeployments.prfaas.io"),
+        ("create", "prfaasdeployments.prfaas.io"),
+        ("deletecollection", "statefulsets.apps"),
+        ("create", "roles.rbac.authorization.k8s.io"),
+        ("create", "namespaces"),
+        ("get", "nodes"),
+    ]
+    for verb, resource in denied:
+        assert not allowed(verb, resource), f"operator may {verb} {resource}"
+    assert not allowed("get", "configmaps", "kube-system"), (
+        "namespaced grants leaked outside watched namespaces"
+    )
+    assert not allowed("get", "secrets", "kube-system")
+
+
+def notes_commands(notes: str) -> str:
+    """The shell lines NOTES.txt gives for building the PrfaaS-cluster kubeconfig."""
+    start = notes.index("Build the kubeconfig Secret")
+    end = notes.index("Then, against the LOCAL PD cluster")
+    lines = notes[start:end].splitlines()[1:]
+    return "\n".join(line.strip() for line in lines if line.strip() and not line.strip().startswith("#"))
+
+
+@pytest.mark.testbed
+def test_notes_build_a_working_least_privilege_kubeconfig_for_the_prefill_cluster(
+    helm: Path, testbed: Testbed, tmp_path: Path
+) -> None:
+    suffix = uuid.uuid4().hex[:6]
+    release, namespace, account = f"access-{suffix}", f"prfaas-access-{suffix}", f"prefill-access-{suffix}"
+    admin = testbed.prfaas_kubeconfig
+    installed = run_helm(
+        helm, "install", release, str(CHART), "--namespace", namespace, "--create-namespace", "--skip-crds",
+        "--set", "operator.enabled=false", "--set", "prefillClusterAccess.enabled=true",
+        "--set", f"prefillClusterAccess.serviceAccount.name={account}", "--wait", "--timeout", "60s",
+        kubeconfig=admin,
+    )  # fmt: skip
+    try:
+        assert installed.returncode == 0, installed.stderr
+        notes = run_helm(helm, "get", "notes", release, "--namespace", namespace, kubeconfig=admin)
+        assert notes.returncode == 0, notes.stderr
+        script = notes_commands(notes.stdout)
+        assert "kubectl -n " + namespace + " create token " + account in script
+        built = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", script],
+            cwd=tmp_path,
+            env={**os.environ, "KUBECONFIG": str(admin)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert built.returncode == 0, built.stderr
+        kubeconfig = tmp_path / "prfaas.kubeconfig"
+        document = yaml.safe_load(kubeconfig.read_text())
+        (user,) = document["users"]
+        assert set(user["user"]) == {"token"}, "the kubeconfig must carry only the ServiceAccount's token"
+        assert "certificate-authority-data" in document["clusters"][0]["cluster"], "not self-contained"
+
+        assert kubectl(kubeconfig, "get", "statefulsets", "-A").returncode == 0
+        for verb, resource in [("create", "namespaces"), ("get", "namespaces")]:
+            assert can_i(kubeconfig, verb, resource, namespace=None), f"may not {verb} {resource}"
+        for verb in WRITE:
+            assert can_i(kubeconfig, verb, "statefulsets.apps", namespace="any-prefill-ns"), verb
+            assert can_i(kubeconfig, verb, "services", namespace="any-prefill-ns"), verb
+        for verb in ("get", "list", "watch"):
+            assert can_i(kubeconfig, verb, "pods", namespace="any-prefill-ns"), verb
+        for verb, resource in [
+            ("get", "secrets"),
+            ("list", "namespaces"),
+            ("delete", "namespaces"),
+            ("delete", "pods"),
+            ("create", "deployments.apps"),
+            ("create", "configmaps"),
+            ("get", "nodes"),
+        ]:
+            assert not can_i(kubeconfig, verb, resource, namespace="any-prefill-ns"), f"may {verb} {resource}"
+    finally:
+        run_helm(
+            helm,
+            "uninstall",
+            release,
+            "--namespace",
+            namespace,
+            "--wait",
+            "--timeout",
+            "60s",
+            kubeconfig=admin,
+        )
+        kubectl(admin, "delete", "namespace", namespace, "--wait=false")
