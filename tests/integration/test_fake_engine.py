@@ -1,0 +1,609 @@
+"""The fake SGLang engine over real HTTP and TCP on 127.0.0.1: PD legs, KV bytes, failures, queues, metrics.
+
+Engines run in-process (FakeEngine) except where a process must die or be started from
+SGLang's own arguments. Time scales are small so the whole file stays well under 30 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from prfaas_testbed.engine_protocol import output_text
+from prfaas_testbed.engine_timing import kv_wire_bytes, load_profile
+from prfaas_testbed.fake_engine import EngineSettings, FakeEngine
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.timeout(60)
+
+KV_PER_TOKEN = 1000.0
+KV_FIXED = 5000.0
+KV_SCALE = 0.5
+
+
+def prefill_settings(**overrides: Any) -> EngineSettings:
+    values: dict[str, Any] = {
+        "mode": "prefill",
+        "port": 0,
+        "bootstrap_port": 0,
+        "profile": "h200",
+        "time_scale": 0.02,
+        "kv_bytes_per_token": KV_PER_TOKEN,
+        "kv_fixed_bytes": KV_FIXED,
+        "kv_scale": KV_SCALE,
+        "served_model_name": "kimi-fake",
+    }
+    return EngineSettings(**(values | overrides))
+
+
+def decode_settings(**overrides: Any) -> EngineSettings:
+    values: dict[str, Any] = {
+        "mode": "decode",
+        "port": 0,
+        "profile": "h20",
+        "time_scale": 0.02,
+        "served_model_name": "kimi-fake",
+        "decode_step_seconds": 0.25,  # 5 ms per token once scaled
+    }
+    return EngineSettings(**(values | overrides))
+
+
+@asynccontextmanager
+async def engines(*settings: EngineSettings) -> AsyncIterator[list[FakeEngine]]:
+    started: list[FakeEngine] = []
+    try:
+        for one in settings:
+            engine = FakeEngine(one)
+            await engine.start()
+            started.append(engine)
+        yield started
+    finally:
+        for engine in reversed(started):
+            await engine.stop()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        yield session
+
+
+def pd_fields(prefill_bootstrap_port: int, room: int | list[int]) -> dict[str, Any]:
+    return {"bootstrap_host": "127.0.0.1", "bootstrap_port": prefill_bootstrap_port, "bootstrap_room": room}
+
+
+async def post(http: aiohttp.ClientSession, url: str, body: Any) -> tuple[int, Any]:
+    async with http.post(url, json=body) as response:
+        text = await response.text()
+        if response.content_type == "text/event-stream":
+            return response.status, sse_events(text)
+        return response.status, json.loads(text)
+
+
+def sse_events(text: str) -> list[Any]:
+    events: list[Any] = []
+    for block in text.split("\n\n"):
+        if not block:
+            continue
+        assert block.startswith("data: "), block
+        data = block.removeprefix("data: ")
+        events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+async def both_legs(
+    http: aiohttp.ClientSession, prefill: FakeEngine, decode: FakeEngine, path: str, body: dict[str, Any]
+) -> tuple[tuple[int, Any], tuple[int, Any]]:
+    """What a PD router does: the same body, bootstrap fields included, to both legs at once."""
+    prefill_leg, decode_leg = await asyncio.gather(
+        post(http, prefill.url + path, body), post(http, decode.url + path, body)
+    )
+    return prefill_leg, decode_leg
+
+
+async def metrics(http: aiohttp.ClientSession, engine: FakeEngine) -> dict[str, float]:
+    """Every sample of an engine's /metrics, keyed by name (labels dropped: one engine, one label set)."""
+    async with http.get(engine.url + "/metrics") as response:
+        assert response.status == 200
+        text = await response.text()
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                continue
+            samples[sample.name] = samples.get(sample.name, 0.0) + sample.value
+    return samples
+
+
+def kv_bytes(prompt_tokens: int) -> int:
+    return round((KV_FIXED + KV_PER_TOKEN * prompt_tokens) * KV_SCALE)
+
+
+# ----------------------------------------------------------------------------- PD happy paths
+
+
+async def test_pd_generate_answers_on_both_legs_and_moves_exact_kv_bytes(http: aiohttp.ClientSession) -> None:
+    async with engines(prefill_settings(), decode_settings()) as (prefill, decode):
+        body = {"input_ids": list(range(1000)), "sampling_params": {"max_new_tokens": 5}} | pd_fields(
+            prefill.bootstrap_port, 7
+        )
+        (p_status, p_body), (d_status, d_body) = await both_legs(http, prefill, decode, "/generate", body)
+        assert (p_status, d_status) == (200, 200)
+        assert p_body["meta_info"]["completion_tokens"] == 1
+        assert d_body["text"] == output_text(5)
+        assert d_body["meta_info"]["completion_tokens"] == 5
+        assert d_body["meta_info"]["prompt_tokens"] == 1000
+
+        sent, received = await metrics(http, prefill), await metrics(http, decode)
+        assert sent["prfaas_fake_engine_kv_bytes_sent_total"] == kv_bytes(1000) == 502500
+        assert received["prfaas_fake_engine_kv_bytes_received_total"] == kv_bytes(1000)
+        assert received["sglang:kv_transfer_total_mb_count"] == 1
+        assert received["sglang:kv_transfer_total_mb_sum"] == pytest.approx(kv_bytes(1000) / 1e6)
+
+
+async def test_pd_batched_generate_moves_one_room_per_item(http: aiohttp.ClientSession) -> None:
+    async with engines(prefill_settings(), decode_settings()) as (prefill, decode):
+        texts = ["a" * 400, "b" * 800]  # 100 and 200 tokens at 4 characters per token
+        body = {"text": texts, "sampling_params": {"max_new_tokens": 3}} | pd_fields(
+            prefill.bootstrap_port, [11, 12]
+        )
+        (p_status, _), (d_status, d_body) = await both_legs(http, prefill, decode, "/generate", body)
+        assert (p_status, d_status) == (200, 200)
+        assert [item["meta_info"]["prompt_tokens"] for item in d_body] == [100, 200]
+        assert all(item["text"] == output_text(3) for item in d_body)
+        received = await metrics(http, decode)
+        assert received["prfaas_fake_engine_kv_bytes_received_total"] == kv_bytes(100) + kv_bytes(200)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/generate"])
+async def test_pd_streams_every_api(http: aiohttp.ClientSession, path: str) -> None:
+    async with engines(prefill_settings(), decode_settings()) as (prefill, decode):
+        text = "x" * 2000  # 500 tokens
+        if path == "/v1/chat/completions":
+            body: dict[str, Any] = {"model": "kimi-fake", "messages": [{"role": "user", "content": text}]}
+        elif path == "/v1/completions":
+            body = {"model": "kimi-fake", "prompt": text}
+        else:
+            body = {"text": text, "sampling_params": {}}
+        body |= {"stream": True, "max_tokens": 6, "stream_options": {"include_usage": True}}
+        if path == "/generate":
+            body["sampling_params"]["max_new_tokens"] = 6
+        body |= pd_fields(prefill.bootstrap_port, 99)
+        (p_status, p_events), (d_status, events) = await both_legs(http, prefill, decode, path, body)
+        assert (p_status, d_status) == (200, 200)
+        assert p_events[-1] == events[-1] == "[DONE]"
+        chunks = events[:-1]
+        if path == "/v1/chat/completions":
+            assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+            content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+            assert content == output_text(6)
+            assert chunks[-1]["usage"]["prompt_tokens"] == 500
+            assert chunks[-1]["usage"]["completion_tokens"] == 6
+            assert "cached_tokens" in chunks[-1]["usage"]["prompt_tokens_details"]
+        elif path == "/v1/completions":
+            assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == output_text(6)
+            assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+        else:
+            assert chunks[-1]["text"] == output_text(6)
+            assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 6}
+
+
+async def test_health_check_bootstrap_host_skips_the_transfer(http: aiohttp.ClientSession) -> None:
+    async with engines(prefill_settings(), decode_settings()) as (prefill, decode):
+        body = {
+            "text": "ping",
+            "sampling_params": {"max_new_tokens": 1},
+            "bootstrap_host": "2.2.2.2",
+            "bootstrap_room": 0,
+        }
+        (p_status, _), (d_status, d_body) = await both_legs(http, prefill, decode, "/generate", body)
+        assert (p_status, d_status) == (200, 200)
+        assert d_body["text"] == output_text(1)
+        assert (await metrics(http, decode))["prfaas_fake_engine_kv_bytes_received_total"] == 0
+
+
+# ----------------------------------------------------------------------------- PD failures
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+async def test_pd_engine_refuses_a_request_without_bootstrap_fields(
+    http: aiohttp.ClientSession, mode: str
+) -> None:
+    settings = prefill_settings() if mode == "prefill" else decode_settings()
+    async with engines(settings) as (engine,):
+        status, body = await post(http, engine.url + "/v1/completions", {"prompt": "hello", "max_tokens": 2})
+        assert status == 400
+        assert body["message"] == f"bootstrap_room is required in {mode.upper()} mode"
+
+
+async def test_prefill_refuses_a_room_already_in_use_and_times_out_without_its_decode(
+    http: aiohttp.ClientSession,
+) -> None:
+    async with engines(prefill_settings(bootstrap_timeout=0.5)) as (prefill,):
+        body = {"prompt": "hello", "max_tokens": 3} | pd_fields(prefill.bootstrap_port, 5)
+        first = asyncio.ensure_future(post(http, prefill.url + "/v1/completions", body))
+        await asyncio.sleep(0.1)
+        status, error = await post(http, prefill.url + "/v1/completions", body)
+        assert status == 400 and "bootstrap_room 5 is already in use" in error["message"]
+        status, error = await first
+        assert status == 500 and "no decode connected for bootstrap_room 5" in error["message"]
+        assert (await metrics(http, prefill))["sglang:num_bootstrap_failed_reqs_total"] == 1
+
+
+async def test_decode_without_its_prefill_leg_fails_after_the_bootstrap_timeout(
+    http: aiohttp.ClientSession,
+) -> None:
+    async with engines(prefill_settings(), decode_settings(bootstrap_timeout=0.5)) as (prefill, decode):
+        body = {"prompt": "hello " * 10, "max_tokens": 3} | pd_fields(prefill.bootstrap_port, 5)
+        started = time.monotonic()
+        status, error = await post(http, decode.url + "/v1/completions", body)
+        elapsed = time.monotonic() - started
+        assert status == 500
+        assert "bootstrap timed out" in error["message"] and "bootstrap_room 5" in error["message"]
+        assert 0.45 <= elapsed < 2.0
+
+        stream_body = body | {"stream": True, "bootstrap_room": 6}
+        status, events = await post(http, decode.url + "/v1/completions", stream_body)
+        assert status == 200  # like SGLang, the stream has started; the failure is its last event
+        assert "bootstrap timed out" in events[-2]["error"]["message"] and events[-1] == "[DONE]"
+        assert (await metrics(http, decode))["sglang:num_bootstrap_failed_reqs_total"] == 2
+
+
+async def test_decode_fails_at_once_when_no_bootstrap_server_listens(http: aiohttp.ClientSession) -> None:
+    async with engines(decode_settings(bootstrap_timeout=5.0)) as (decode,):
+        body = {"prompt": "hello", "max_tokens": 3} | pd_fields(free_port(), 5)
+        started = time.monotonic()
+        status, error = await post(http, decode.url + "/v1/completions", body)
+        assert status == 500 and "cannot reach the bootstrap server" in error["message"]
+        assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.parametrize(
+    ("prefill_option", "expected"),
+    [({"kv_cache_dtype": "fp8_e4m3"}, "KV cache dtype mismatch"), ({"page_size": 16}, "Page size mismatch")],
+)
+async def test_kv_layout_mismatch_fails_both_legs_at_once(
+    http: aiohttp.ClientSession, prefill_option: dict[str, Any], expected: str
+) -> None:
+    async with engines(prefill_settings(**prefill_option), decode_settings()) as (prefill, decode):
+        body = {"prompt": "hello " * 20, "max_tokens": 3} | pd_fields(prefill.bootstrap_port, 21)
+        started = time.monotonic()
+        (p_status, p_error), (d_status, d_error) = await both_legs(
+            http, prefill, decode, "/v1/completions", body
+        )
+        assert (p_status, d_status) == (500, 500)
+        assert expected in p_error["message"] and expected in d_error["message"]
+        assert time.monotonic() - started < 2.0  # well before the 5 s bootstrap timeout
+
+
+async def test_prefill_started_from_sglang_args_killed_mid_transfer_fails_the_decode_promptly(
+    http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    port, bootstrap_port = free_port(), free_port()
+    log_path = tmp_path / "prefill.log"
+    args = [
+        *("--model-path", "/models/kimi-linear", "--served-model-name", "kimi-fake"),
+        *("--host", "127.0.0.1", "--port", str(port), "--disaggregation-mode", "prefill"),
+        *(
+            "--disaggregation-bootstrap-port",
+            str(bootstrap_port),
+            "--disaggregation-transfer-backend",
+            "mooncake_tcp",
+        ),
+        *("--page-size", "1", "--kv-cache-dtype", "auto", "--tp-size", "8", "--enable-metrics"),
+        *("--trust-remote-code", "--revision", "main", "--chunked-prefill-size", "8192"),
+        *("--profile", "h200", "--time-scale", "1.5", "--kv-scale", "0.001"),
+    ]
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "prfaas_testbed.fake_engine", *args], stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        prefill_url = f"http://127.0.0.1:{port}"
+        await wait_healthy(http, prefill_url)
+        async with http.get(prefill_url + "/server_info") as response:
+            info = await response.json()
+        assert info["disaggregation_mode"] == "prefill"
+        assert info["disaggregation_bootstrap_port"] == bootstrap_port
+        assert info["tp_size"] == 8 and info["served_model_name"] == "kimi-fake"
+        assert info["model_path"] == "/models/kimi-linear"
+        assert "--chunked-prefill-size 8192" in log_path.read_text()  # warned about, not fatal
+
+        async with engines(decode_settings()) as (decode,):
+            # 32768 tokens on the H200 profile: 1.84 s x 1.5 of compute, KV streamed while it runs
+            body = {"input_ids": [1] * 32768, "sampling_params": {"max_new_tokens": 4}} | pd_fields(
+                bootstrap_port, 3
+            )
+            prefill_leg = asyncio.ensure_future(post(http, prefill_url + "/generate", body))
+            decode_leg = asyncio.ensure_future(post(http, decode.url + "/generate", body))
+            deadline = time.monotonic() + 5
+            while (await metrics(http, decode))["prfaas_fake_engine_kv_bytes_received_total"] == 0:
+                assert time.monotonic() < deadline, "no KV byte arrived"
+                await asyncio.sleep(0.02)
+            process.send_signal(signal.SIGKILL)
+            killed_at = time.monotonic()
+            decode_status, decode_error = await asyncio.wait_for(decode_leg, timeout=10)
+            assert time.monotonic() - killed_at < 1.0
+            with pytest.raises(aiohttp.ClientError):
+                await prefill_leg  # the prefill itself is gone
+            kv_size = load_profile("h200").kv_size
+            assert kv_size is not None
+            expected = kv_wire_bytes(kv_size, 32768, 0.001)
+            assert decode_status == 500
+            assert (
+                "failed after" in decode_error["error"]["message"]
+                and f"of {expected} bytes" in decode_error["error"]["message"]
+            )
+            assert (await metrics(http, decode))["sglang:num_transfer_failed_reqs_total"] == 1
+    finally:
+        process.kill()
+        process.wait()
+
+
+async def test_a_decode_leaving_fails_its_prefill_leg_at_once_if_queued_or_when_its_batch_ends(
+    http: aiohttp.ClientSession,
+) -> None:
+    # 32768 tokens at time scale 0.5: about 0.9 s of compute, one batch each, KV streamed meanwhile
+    async with engines(prefill_settings(time_scale=0.5), decode_settings()) as (prefill, decode):
+        legs = {}
+        for room in (8, 9):
+            body = {"input_ids": [room] * 32768, "sampling_params": {"max_new_tokens": 2}}
+            body |= pd_fields(prefill.bootstrap_port, room)
+            legs[room] = (
+                asyncio.ensure_future(post(http, prefill.url + "/generate", body)),
+                asyncio.ensure_future(post(http, decode.url + "/generate", body)),
+            )
+            await asyncio.sleep(0.05)
+        deadline = time.monotonic() + 5
+        while (await metrics(http, decode))["prfaas_fake_engine_kv_bytes_received_total"] == 0:
+            assert time.monotonic() < deadline, "no KV byte arrived"
+            await asyncio.sleep(0.01)
+        for room in (9, 8):  # the router drops both decode legs: their clients went away
+            legs[room][1].cancel()
+        left_at = time.monotonic()
+        queued_status, queued_error = await asyncio.wait_for(legs[9][0], timeout=5)
+        assert time.monotonic() - left_at < 0.3  # room 9 was still queued behind room 8
+        running_status, running_error = await asyncio.wait_for(legs[8][0], timeout=5)
+        assert 0.3 < time.monotonic() - left_at < 1.5  # room 8 failed when its batch ended
+        for status, error in ((queued_status, queued_error), (running_status, running_error)):
+            assert status == 500 and "the decode disconnected" in error["error"]["message"]
+        assert (await metrics(http, prefill))["sglang:num_transfer_failed_reqs_total"] == 2
+        assert (await metrics(http, decode))["sglang:num_aborted_requests_total"] == 2
+
+
+# ----------------------------------------------------------------------------- queues, cache, aborts, link
+
+
+async def test_second_concurrent_prefill_waits_and_a_repeated_prompt_hits_the_cache(
+    http: aiohttp.ClientSession,
+) -> None:
+    settings = EngineSettings(
+        mode="null", port=0, profile="h200", time_scale=0.3, max_decode_batch=8, decode_step_seconds=0
+    )
+    async with engines(settings) as (engine,):
+        # 12000 tokens each: two do not fit one 16384-token batch; T_h200(12000) x 0.3 ~ 0.27 s
+        single = load_profile("h200").prefill_time.seconds_for(12000.0) * 0.3
+        first = {"input_ids": [1] * 12000, "sampling_params": {"max_new_tokens": 1}}
+        second = {"input_ids": [2] * 12000, "sampling_params": {"max_new_tokens": 1}}
+
+        async def finished_at(body: dict[str, Any]) -> tuple[float, float]:
+            status, answer = await post(http, engine.url + "/generate", body)
+            assert status == 200
+            return time.monotonic(), answer["meta_info"]["e2e_latency"]
+
+        tasks = [asyncio.ensure_future(finished_at(first))]
+        await asyncio.sleep(0.02)
+        tasks.append(asyncio.ensure_future(finished_at(second)))
+        seen = set()
+        while not tasks[0].done():
+            async with http.get(engine.url + "/v1/loads?include=core,queues") as response:
+                load = (await response.json())["loads"][0]
+            seen.add((load["num_running_reqs"], load["num_waiting_reqs"], load["queues"]["waiting"]))
+            await asyncio.sleep(0.02)
+        assert (1, 1, 1) in seen  # one computing, one queued behind it
+        (first_end, first_latency), (second_end, second_latency) = await asyncio.gather(*tasks)
+        assert first_latency >= single * 0.95
+        assert second_end - first_end >= single * 0.9  # its compute only started when the first's ended
+        assert second_latency >= (2 * single - 0.02) * 0.9  # queueing counts in its latency
+
+        status, again = await post(http, engine.url + "/generate", first)
+        assert status == 200
+        assert again["meta_info"]["cached_tokens"] == 12000 // 64 * 64
+        cached_single = load_profile("h200").prefill_time.seconds_for(12000.0 - 11968) * 0.3
+        assert cached_single * 0.95 <= again["meta_info"]["e2e_latency"] < 0.7 * first_latency
+
+
+async def test_decode_slots_queue_requests_and_client_disconnects_free_queue_places_and_slots(
+    http: aiohttp.ClientSession,
+) -> None:
+    settings = decode_settings(mode="null", max_decode_batch=1, decode_step_seconds=0.5)  # 10 ms per token
+    async with engines(settings) as (engine,):
+        url = engine.url + "/v1/completions"
+
+        async def load() -> tuple[int, int]:
+            async with http.get(engine.url + "/v1/loads?include=core") as response:
+                core = (await response.json())["loads"][0]
+            return core["num_running_reqs"], core["num_waiting_reqs"]
+
+        long_body = {"model": "m", "prompt": "hi", "max_tokens": 1000, "stream": True}
+        short_body = {"model": "m", "prompt": "hi", "max_tokens": 3}
+        async with http.post(url, json=long_body) as streaming:
+            await streaming.content.readline()  # the first chunk: the only slot is taken
+            queued = asyncio.ensure_future(post(http, url, short_body))
+            await asyncio.sleep(0.2)
+            assert not queued.done() and await load() == (1, 1)
+            queued.cancel()  # a non-streaming client leaves while queued
+            await asyncio.sleep(0.1)
+            assert await load() == (1, 0)
+            waiting = asyncio.ensure_future(post(http, url, short_body))
+            await asyncio.sleep(0.2)
+            assert not waiting.done()
+            connection = streaming.connection
+            assert connection is not None and connection.transport is not None
+            connection.transport.abort()  # the streaming client leaves too
+        started = time.monotonic()
+        status, body = await asyncio.wait_for(waiting, timeout=5)
+        assert status == 200 and body["choices"][0]["text"] == output_text(3)
+        assert time.monotonic() - started < 0.5
+        assert (await metrics(http, engine))["sglang:num_aborted_requests_total"] == 2
+
+
+async def test_abort_request_ends_a_running_request(http: aiohttp.ClientSession) -> None:
+    settings = decode_settings(mode="null", decode_step_seconds=0.5)
+    async with engines(settings) as (engine,):
+        body = {"text": "hi", "rid": "to-abort", "sampling_params": {"max_new_tokens": 1000}}
+        pending = asyncio.ensure_future(post(http, engine.url + "/generate", body))
+        await asyncio.sleep(0.2)
+        async with http.post(engine.url + "/abort_request", json={"rid": "to-abort"}) as response:
+            assert (await response.json())["aborted"] == 1
+        status, result = await asyncio.wait_for(pending, timeout=2)
+        assert status == 200
+        assert result["meta_info"]["finish_reason"]["type"] == "abort"
+        assert 0 < result["meta_info"]["completion_tokens"] < 1000
+
+
+async def test_link_rate_paces_all_transfers_of_a_prefill_together(http: aiohttp.ClientSession) -> None:
+    rate = 1_000_000.0
+    async with engines(
+        prefill_settings(time_scale=0, link_rate_bytes_per_second=rate), decode_settings(time_scale=0)
+    ) as (prefill, decode):
+        bodies = [
+            {"input_ids": [room] * 800, "sampling_params": {"max_new_tokens": 1}}
+            | pd_fields(prefill.bootstrap_port, room)
+            for room in (1, 2)
+        ]
+        started = time.monotonic()
+        results = await asyncio.gather(
+            *(both_legs(http, prefill, decode, "/generate", body) for body in bodies)
+        )
+        elapsed = time.monotonic() - started
+        assert all(p[0] == 200 and d[0] == 200 for p, d in results)
+        total = 2 * kv_bytes(800)  # 805 000 bytes through one 1 MB/s bucket
+        assert total / rate * 0.9 <= elapsed < total / rate + 1.0
+
+
+# ----------------------------------------------------------------------------- null mode and the rest of the API
+
+
+async def test_null_mode_serves_directly_with_sglang_shaped_answers(http: aiohttp.ClientSession) -> None:
+    settings = EngineSettings(mode="null", port=0, profile="h20", time_scale=0, served_model_name="kimi-fake")
+    async with engines(settings) as (engine,):
+        url = engine.url
+        status, body = await post(
+            http, url + "/v1/completions", {"model": "kimi-fake", "prompt": ["abcd" * 10, "ab"]}
+        )
+        assert status == 200
+        assert [c["text"] for c in body["choices"]] == [output_text(16)] * 2
+        assert body["usage"] == {
+            "prompt_tokens": 11,
+            "completion_tokens": 32,
+            "total_tokens": 43,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
+        chat = {
+            "messages": [{"role": "system", "content": "ab"}, {"role": "user", "content": "cdefgh"}],
+            "max_tokens": 2,
+        }
+        chat |= {"bootstrap_room": 5}  # ignored outside PD
+        status, body = await post(http, url + "/v1/chat/completions", chat)
+        assert status == 200 and body["choices"][0]["message"]["content"] == output_text(2)
+        assert body["usage"]["prompt_tokens"] == 2  # "abcdefgh": 8 characters / 4
+
+        for bad, message in [
+            ({"messages": []}, "messages must be a non-empty list"),
+            ({"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}, "max_tokens"),
+        ]:
+            status, error = await post(http, url + "/v1/chat/completions", bad)
+            assert status == 400 and message in error["message"] and error["object"] == "error"
+        async with http.post(
+            url + "/generate", data=b"{not json", headers={"Content-Type": "application/json"}
+        ) as r:
+            assert r.status == 400 and "malformed JSON" in (await r.json())["error"]["message"]
+
+        async with http.get(url + "/v1/models") as r:
+            model = (await r.json())["data"][0]
+        assert (model["id"], model["owned_by"]) == ("kimi-fake", "sglang")
+        for path in ("/server_info", "/get_server_info"):
+            async with http.get(url + path) as r:
+                info = await r.json()
+            assert info["disaggregation_mode"] == "null" and info["page_size"] == 1
+            assert info["kv_cache_dtype"] == "auto" and info["served_model_name"] == "kimi-fake"
+        for path in ("/model_info", "/get_model_info"):
+            async with http.get(url + path) as r:
+                assert (await r.json())["is_generation"] is True
+        for path in ("/health", "/health_generate", "/ready", "/get_load", "/v1/loads"):
+            async with http.get(url + path) as r:
+                assert r.status == 200, path
+        async with http.get(url + "/v1/loads?include=everything") as r:
+            assert r.status == 400
+        async with http.post(url + "/flush_cache") as r:
+            assert r.status == 200
+
+
+async def test_metrics_carry_sglang_names_and_labels(http: aiohttp.ClientSession) -> None:
+    async with engines(prefill_settings(), decode_settings()) as (prefill, decode):
+        body = {"prompt": "y" * 400, "max_tokens": 2} | pd_fields(prefill.bootstrap_port, 77)
+        await both_legs(http, prefill, decode, "/v1/completions", body)
+        names = [
+            *("num_running_reqs", "num_queue_reqs", "token_usage", "cache_hit_rate", "gen_throughput"),
+            *("num_prefill_inflight_queue_reqs", "num_decode_transfer_queue_reqs"),
+            *("prompt_tokens_total", "generation_tokens_total", "cached_tokens_total", "num_requests_total"),
+            *(
+                "num_aborted_requests_total",
+                "num_bootstrap_failed_reqs_total",
+                "num_transfer_failed_reqs_total",
+            ),
+            *("time_to_first_token_seconds_count", "e2e_request_latency_seconds_count"),
+            *("prompt_tokens_histogram_count", "uncached_prompt_tokens_histogram_count"),
+            *("generation_tokens_histogram_count", "kv_transfer_speed_gb_s_count"),
+            *("kv_transfer_latency_ms_count", "kv_transfer_total_mb_count"),
+        ]
+        for engine, engine_type in ((prefill, "prefill"), (decode, "decode")):
+            async with http.get(engine.url + "/metrics") as response:
+                text = await response.text()
+            labels = {"model_name": "kimi-fake", "engine_type": engine_type}
+            found = {
+                sample.name
+                for family in text_string_to_metric_families(text)
+                for sample in family.samples
+                if {k: sample.labels.get(k) for k in labels} == labels
+            }
+            missing = [name for name in names if "sglang:" + name not in found]
+            assert not missing, (engine_type, missing)
+        decode_samples = await metrics(http, decode)
+        assert decode_samples["sglang:num_requests_total"] == 1
+        assert decode_samples["sglang:prompt_tokens_total"] == 100
+        assert decode_samples["sglang:generation_tokens_total"] == 2
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def wait_healthy(http: aiohttp.ClientSession, url: str, seconds: float = 15.0) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            async with http.get(url + "/health") as response:
+                if response.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        assert time.monotonic() < deadline, f"{url} did not become healthy"
+        await asyncio.sleep(0.05)

@@ -1,0 +1,314 @@
+"""The fake engine's pure parts: profiles, timing, the prefix cache, the token bucket, parsing, the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prfaas_core.profiles import PrefillTimeModel, ProfileError
+from prfaas_testbed import engine_protocol as proto
+from prfaas_testbed.engine_timing import (
+    CASE_STUDY_ENV,
+    EMBEDDED_CASE_STUDY,
+    kv_wire_bytes,
+    load_profile,
+    pipeline_steps,
+    prefill_batch_seconds,
+    text_tokens,
+)
+from prfaas_testbed.fake_engine import EngineSettings, parse_args
+from prfaas_testbed.kv_transfer import TokenBucket
+from prfaas_testbed.prefix_cache import PrefixCache, block_keys_for_ids, block_keys_for_text
+
+REPO_CASE_STUDY = Path(__file__).resolve().parents[2] / "data" / "profiles" / "case-study.yaml"
+
+
+# ----------------------------------------------------------------------------- profiles and timing
+
+
+def test_embedded_case_study_points_equal_the_repository_data_file() -> None:
+    shared = yaml.safe_load(REPO_CASE_STUDY.read_text())
+    assert shared["model"]["kv_cache_points"] == EMBEDDED_CASE_STUDY["model"]["kv_cache_points"]
+    for name, hardware in EMBEDDED_CASE_STUDY["hardware"].items():
+        assert shared["hardware"][name]["prefill_seconds_points"] == hardware["prefill_seconds_points"]
+        assert shared["hardware"][name].get("decode") == hardware.get("decode")
+
+
+def test_builtin_profiles_fit_the_case_study_points() -> None:
+    h200, h20 = load_profile("h200"), load_profile("h20")
+    assert h200.prefill_time.seconds_for(131072.0) == pytest.approx(7.40, rel=0.01)
+    assert h20.prefill_time.seconds_for(131072.0) == pytest.approx(26.814, rel=0.01)
+    assert h200.kv_size is not None and h200.kv_size.bytes_for(131072.0) == pytest.approx(
+        2316.3 * 2**20, rel=0.01
+    )
+    assert h200.decode is None  # the case study's H200s only prefill
+    assert h20.decode is not None and (h20.decode.max_batch, h20.decode.step_seconds) == (20, 0.025)
+
+
+def test_case_study_file_from_the_environment_replaces_the_embedded_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    doc = {
+        "hardware": {
+            "h20": {"prefill_seconds_points": [{"tokens": t, "seconds": t / 1000} for t in (10, 20, 40)]}
+        }
+    }
+    path = tmp_path / "case.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    monkeypatch.setenv(CASE_STUDY_ENV, str(path))
+    assert load_profile("h20").prefill_time.seconds_for(30.0) == pytest.approx(0.03)
+    monkeypatch.setenv(CASE_STUDY_ENV, str(tmp_path / "missing.yaml"))
+    with pytest.raises(ProfileError, match="not a readable file"):
+        load_profile("h20")
+
+
+def test_profile_files_flat_and_sectioned(tmp_path: Path) -> None:
+    flat = tmp_path / "flat.yaml"
+    flat.write_text(
+        yaml.safe_dump(
+            {
+                "prefill_seconds_points": [{"tokens": t, "seconds": 0.1 + t / 1000} for t in (100, 200, 400)],
+                "kv_cache_points": [{"tokens": 100, "bytes": 1000}, {"tokens": 200, "bytes": 2000}],
+                "decode": {"max_batch": 4, "step_seconds": 0.01},
+            }
+        )
+    )
+    profile = load_profile(str(flat))
+    assert profile.name == "flat" and profile.decode is not None and profile.decode.max_batch == 4
+    assert profile.kv_size is not None and profile.kv_size.bytes_per_token == pytest.approx(10.0)
+
+    sectioned = tmp_path / "sectioned.yaml"
+    sectioned.write_text(yaml.safe_dump(EMBEDDED_CASE_STUDY))
+    assert load_profile(f"{sectioned}#h200").prefill_time == load_profile("h200").prefill_time
+    with pytest.raises(ProfileError, match="no hardware named 'b300'"):
+        load_profile(f"{sectioned}#b300")
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"prefill_seconds_points": [{"tokens": 1, "seconds": 1}]}, "at least 3"),
+        ({"prefill_seconds_points": [{"tokens": 1}, {"tokens": 2}, {"tokens": 3}]}, "exactly one of"),
+        ({"prefill_seconds_points": "fast"}, "expected a list"),
+        ({"decode": {"max_batch": 2}}, "no prefill_seconds_points"),
+        ([1, 2], "must be a YAML mapping"),
+    ],
+)
+def test_bad_profile_files_are_refused_with_the_cause(tmp_path: Path, doc: Any, message: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ProfileError, match=message):
+        load_profile(str(path))
+
+
+def test_unknown_profile_names_the_choices() -> None:
+    with pytest.raises(ProfileError, match="neither a built-in"):
+        load_profile("b300")
+
+
+def test_a_batch_pays_the_launch_overhead_once() -> None:
+    model = PrefillTimeModel(c0=0.4, c1=1e-4, c2=1e-9)
+    assert prefill_batch_seconds(model, [1000]) == pytest.approx(model.seconds_for(1000.0))
+    together = prefill_batch_seconds(model, [1000, 3000])
+    assert together == pytest.approx(model.seconds_for(1000.0) + model.seconds_for(3000.0) - model.c0)
+    assert prefill_batch_seconds(model, [0]) == pytest.approx(model.seconds_for(1.0))  # at least one token
+    with pytest.raises(ValueError, match="at least one request"):
+        prefill_batch_seconds(model, [])
+
+
+def test_kv_wire_bytes_and_pipeline_steps() -> None:
+    kv = load_profile("h200").kv_size
+    assert kv is not None
+    assert kv_wire_bytes(kv, 1024, 1e-3) == round(kv.bytes_for(1024.0) * 1e-3)
+    assert kv_wire_bytes(kv, 1024, 0.0) == 0
+    assert pipeline_steps(0.0) == 1
+    assert pipeline_steps(0.05) == 5
+    assert pipeline_steps(100.0) == 32
+    assert text_tokens("abcde", 4.0) == 2
+
+
+# ----------------------------------------------------------------------------- prefix cache and token bucket
+
+
+def test_prefix_cache_matches_chained_prefixes_and_evicts_least_recently_used() -> None:
+    cache = PrefixCache(block_tokens=4, max_tokens=12)  # three blocks
+    first = block_keys_for_ids(list(range(10)), 4)
+    assert len(first) == 2  # the partial last block is never cached
+    assert cache.match(first) == 0
+    cache.insert(first)
+    assert cache.match(block_keys_for_ids(list(range(8)) + [99] * 4, 4)) == 2
+    changed_first_block = [99, *range(1, 12)]
+    assert cache.match(block_keys_for_ids(changed_first_block, 4)) == 0  # the chain breaks at block 0
+
+    other = block_keys_for_ids([7] * 8, 4)
+    cache.match(first)  # first becomes most recently used
+    cache.insert(other)  # four blocks do not fit three: the oldest goes
+    assert len(cache) == 3 and cache.cached_tokens == 12
+    assert cache.match(other) == 2
+    cache.clear()
+    assert cache.match(other) == 0
+
+
+def test_text_blocks_are_fixed_character_spans() -> None:
+    assert block_keys_for_text("abcdefgh" * 2, 8)[0] == block_keys_for_text("abcdefgh", 8)[0]
+    assert block_keys_for_text("abc", 8) == []
+    with pytest.raises(ValueError, match="block_tokens"):
+        PrefixCache(block_tokens=64, max_tokens=10)
+
+
+def test_token_bucket_paces_the_aggregate_and_allows_one_burst() -> None:
+    bucket = TokenBucket(rate_bytes_per_second=1000.0, burst_bytes=100.0)
+    assert bucket.reserve(100, now=10.0) == 0.0  # the burst goes out at once after idling
+    assert bucket.reserve(500, now=10.0) == pytest.approx(0.5)
+    assert bucket.reserve(500, now=10.0) == pytest.approx(1.0)  # queued behind the previous reservation
+    assert bucket.reserve(1000, now=20.0) == pytest.approx(0.9)
+    with pytest.raises(ValueError, match="positive rate"):
+        TokenBucket(0.0, 1.0)
+
+
+# ----------------------------------------------------------------------------- request parsing
+
+OPTIONS = proto.ParseOptions(
+    chars_per_token=4.0, default_max_new_tokens=16, context_length=1000, required_bootstrap_mode="decode"
+)
+
+
+def test_batched_generate_takes_one_room_per_item() -> None:
+    body = {
+        "input_ids": [[1, 2, 3], [4, 5]],
+        "sampling_params": {"max_new_tokens": 7},
+        "bootstrap_host": ["10.0.0.1", "10.0.0.1"],
+        "bootstrap_port": [8998, None],
+        "bootstrap_room": [1, 2],
+    }
+    parsed = proto.parse_generate(body, OPTIONS)
+    assert parsed.batched and [item.prompt.tokens for item in parsed.items] == [3, 2]
+    assert [item.bootstrap for item in parsed.items] == [
+        proto.BootstrapTarget("10.0.0.1", 8998, 1),
+        proto.BootstrapTarget("10.0.0.1", None, 2),
+    ]
+    assert all(item.max_new_tokens == 7 for item in parsed.items)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"text": "hi"}, "bootstrap_room is required in DECODE mode"),
+        ({"text": "hi", "bootstrap_room": 1}, "bootstrap_host is required"),
+        ({"text": ["a", "b"], "bootstrap_host": "h", "bootstrap_room": 1}, "must be a list of 2"),
+        ({"text": "hi", "bootstrap_host": "h", "bootstrap_room": -1}, "bootstrap_room must be an integer"),
+        ({"text": "hi", "bootstrap_host": "h", "bootstrap_room": 1, "bootstrap_port": 0}, "bootstrap_port"),
+        ({"text": "hi", "input_ids": [1]}, "exactly one of them"),
+        ({"text": ""}, "text is empty"),
+        ({"input_ids": [1, "x"]}, "token ids"),
+        ({"text": "a" * 4000, "bootstrap_host": "h", "bootstrap_room": 1}, "context length"),
+        ({"text": "hi", "sampling_params": {"max_new_tokens": True}}, "max_new_tokens"),
+        ([1, 2], "JSON object"),
+    ],
+)
+def test_generate_refuses_bad_bodies_with_the_cause(body: Any, message: str) -> None:
+    with pytest.raises(proto.RequestError, match=message):
+        proto.parse_generate(body, OPTIONS)
+
+
+def test_chat_counts_the_concatenated_message_text_and_n_choices() -> None:
+    options = proto.ParseOptions(4.0, 16, 1000, None)
+    body = {
+        "messages": [
+            {"role": "system", "content": "abcd"},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "efgh"}, {"type": "image_url", "image_url": {}}],
+            },
+        ],
+        "n": 2,
+        "max_completion_tokens": 3,
+        "bootstrap_room": "ignored outside PD",
+    }
+    parsed = proto.parse_chat(body, options)
+    assert [item.prompt.tokens for item in parsed.items] == [2, 2]
+    assert [item.prompt_index for item in parsed.items] == [0, 0]
+    assert all(item.bootstrap is None and item.max_new_tokens == 3 for item in parsed.items)
+    results = [proto.ItemResult(2, 1, 3, 0.1), proto.ItemResult(2, 1, 3, 0.1)]
+    assert proto.usage(parsed.items, results) == {
+        "prompt_tokens": 2,
+        "completion_tokens": 6,
+        "total_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 1},
+    }
+
+
+def test_stream_token_chunks_are_valid_openai_json() -> None:
+    import json
+
+    formatter = proto.StreamFormatter(proto.Api.CHAT, "rid-1", 'model "quoted"', 5, batched=False)
+    event = formatter.token("rid-1", 0, 3, prompt_tokens=10, cached=0)
+    assert event.startswith(b"data: ") and event.endswith(b"\n\n")
+    chunk = json.loads(event[6:])
+    assert chunk["choices"][0]["delta"] == {"content": proto.token_text(3)}
+    assert chunk["model"] == 'model "quoted"'
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def test_sglang_launch_arguments_map_onto_the_settings() -> None:
+    settings, namespace, unknown = parse_args(
+        [
+            *(
+                "--model-path",
+                "/models/m",
+                "--served-model-name",
+                "m",
+                "--host",
+                "10.0.0.5",
+                "--port",
+                "8000",
+            ),
+            *("--disaggregation-mode", "decode", "--disaggregation-bootstrap-port", "9000"),
+            *(
+                "--disaggregation-transfer-backend",
+                "nixl",
+                "--page-size",
+                "16",
+                "--kv-cache-dtype",
+                "fp8_e4m3",
+            ),
+            *("--tp-size", "8", "--enable-metrics", "--trust-remote-code", "--revision", "abc"),
+            *("--max-running-requests", "32", "--mem-fraction-static", "0.9", "--schedule-policy", "lpm"),
+        ]
+    )
+    assert unknown == ["--schedule-policy", "lpm"]
+    assert namespace.revision == "abc"
+    assert (settings.mode, settings.host, settings.port, settings.bootstrap_port) == (
+        "decode",
+        "10.0.0.5",
+        8000,
+        9000,
+    )
+    assert (settings.model_path, settings.model_name, settings.transfer_backend) == ("/models/m", "m", "nixl")
+    assert (settings.page_size, settings.kv_cache_dtype, settings.tp_size) == (16, "fp8_e4m3", 8)
+    assert settings.max_decode_batch == 32
+
+
+def test_our_own_option_names_and_defaults() -> None:
+    settings, _, unknown = parse_args(
+        ["--mode", "prefill", "--bootstrap-port", "7000", "--time-scale", "0", "--kv-scale", "0.01"]
+    )
+    assert unknown == []
+    assert (settings.mode, settings.bootstrap_port, settings.time_scale, settings.kv_scale) == (
+        "prefill",
+        7000,
+        0,
+        0.01,
+    )
+    assert (settings.port, settings.profile, settings.model_name) == (30000, "h20", settings.model_path)
+
+
+def test_bad_settings_name_every_cause() -> None:
+    with pytest.raises(ValueError, match=r"time_scale must be >= 0.*chars_per_token must be > 0"):
+        EngineSettings(time_scale=-1, chars_per_token=0)
+    with pytest.raises(ValueError, match="kv_fixed_bytes needs kv_bytes_per_token"):
+        EngineSettings(kv_fixed_bytes=10)
