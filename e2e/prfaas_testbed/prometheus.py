@@ -1,0 +1,304 @@
+"""A real Prometheus (Debian's package) for the testbed, on a free loopback port.
+
+Scrape targets come from file-based service discovery: one JSON file per scrape job, which the
+runner rewrites as pods come and go, so Prometheus never needs a restart. History can be
+written up front with ``promtool tsdb create-blocks-from openmetrics`` so that queries over the
+past work at once (planner tests need windows of data without waiting for them).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+INSTALL_HINT = "install it with e2e/testbed/install-deps.sh (Debian package 'prometheus')"
+_START_ATTEMPTS = 3  # a free port can be taken between probing and binding
+
+
+class PrometheusError(RuntimeError):
+    """Prometheus could not be started, or answered a query with an error."""
+
+
+@dataclass(frozen=True)
+class TargetGroup:
+    """One file_sd target group: loopback ``host:port`` targets sharing labels."""
+
+    targets: Sequence[str]
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for target in self.targets:
+            host, sep, port = target.rpartition(":")
+            if not sep or not port.isdigit():
+                raise ValueError(f"scrape target {target!r} is not host:port")
+            try:
+                loopback = ipaddress.ip_address(host).is_loopback
+            except ValueError:
+                loopback = host == "localhost"
+            if not loopback:
+                raise ValueError(
+                    f"scrape target {target!r} is outside loopback; the testbed scrapes only 127/8"
+                )
+
+
+@dataclass(frozen=True)
+class ScrapeJob:
+    """A scrape job whose targets come from ``<targets dir>/<name>.json``.
+
+    Target labels ``__metrics_path__`` and ``__scheme__`` override the defaults per group.
+    """
+
+    name: str
+    metrics_path: str = "/metrics"
+
+
+def find_binary(name: str) -> Path:
+    """The path of ``prometheus`` or ``promtool``, or an error that says how to install it."""
+    found = shutil.which(name) or (f"/usr/bin/{name}" if os.access(f"/usr/bin/{name}", os.X_OK) else None)
+    if found is None:
+        raise PrometheusError(f"{name} not found on PATH; {INSTALL_HINT}")
+    return Path(found)
+
+
+def free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def write_file_sd(path: Path, groups: Sequence[TargetGroup]) -> None:
+    """Write a file_sd targets file atomically (Prometheus never sees a half-written file)."""
+    document = [{"targets": list(group.targets), "labels": dict(group.labels)} for group in groups]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(document, handle)
+    os.replace(tmp, path)
+
+
+def render_config(jobs: Sequence[ScrapeJob], targets_dir: Path, scrape_interval_s: float) -> dict[str, Any]:
+    """The Prometheus configuration: one file_sd scrape job per ``ScrapeJob``."""
+    if len({job.name for job in jobs}) != len(jobs):
+        raise ValueError(f"scrape job names repeat: {[job.name for job in jobs]}")
+    if scrape_interval_s <= 0:
+        raise ValueError(f"scrape interval must be positive, got {scrape_interval_s}")
+    interval = f"{round(scrape_interval_s * 1000)}ms"
+    return {
+        "global": {
+            "scrape_interval": interval,
+            "scrape_timeout": interval,  # must not exceed the interval
+            "evaluation_interval": interval,
+        },
+        "scrape_configs": [
+            {
+                "job_name": job.name,
+                "metrics_path": job.metrics_path,
+                "file_sd_configs": [
+                    {"files": [str(targets_dir / f"{job.name}.json")], "refresh_interval": "5s"}
+                ],
+            }
+            for job in jobs
+        ],
+    }
+
+
+def backfill_openmetrics(openmetrics: str, tsdb_dir: Path) -> None:
+    """Write samples with timestamps into TSDB blocks under ``tsdb_dir`` (before Prometheus starts).
+
+    ``openmetrics`` is OpenMetrics text (``name{labels} value unix_seconds`` lines, families
+    contiguous, ``# TYPE`` lines as usual); the final ``# EOF`` is added when missing.
+    """
+    text = openmetrics if openmetrics.rstrip().endswith("# EOF") else openmetrics.rstrip("\n") + "\n# EOF\n"
+    tsdb_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".om", dir=tsdb_dir.parent, delete=False) as handle:
+        handle.write(text)
+        source = Path(handle.name)
+    try:
+        done = subprocess.run(
+            [
+                str(find_binary("promtool")),
+                "tsdb",
+                "create-blocks-from",
+                "openmetrics",
+                str(source),
+                str(tsdb_dir),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    finally:
+        source.unlink()
+    if done.returncode != 0:
+        raise PrometheusError(f"promtool could not backfill: {(done.stderr or done.stdout).strip()[-2000:]}")
+
+
+class PrometheusServer:
+    """A running Prometheus process; stop it with ``stop()`` or use it as a context manager."""
+
+    def __init__(self, process: subprocess.Popen[bytes], port: int, workdir: Path, tsdb_dir: Path) -> None:
+        self.process = process
+        self.port = port
+        self.workdir = workdir
+        self.tsdb_dir = tsdb_dir
+        self.url = f"http://127.0.0.1:{port}"
+        self.targets_dir = workdir / "targets"
+        self.log_path = workdir / "prometheus.log"
+
+    def targets_file(self, job: str) -> Path:
+        return self.targets_dir / f"{job}.json"
+
+    def write_targets(self, job: str, groups: Sequence[TargetGroup]) -> None:
+        """Replace a job's targets; Prometheus picks the change up within seconds."""
+        path = self.targets_file(job)
+        if not path.exists():
+            raise PrometheusError(
+                f"no scrape job {job!r} (jobs: {sorted(p.stem for p in self.targets_dir.glob('*.json'))})"
+            )
+        write_file_sd(path, groups)
+
+    def _get(self, path: str, params: Mapping[str, str] | None = None, timeout_s: float = 5.0) -> Any:
+        query = f"?{urllib.parse.urlencode(params)}" if params else ""
+        with urllib.request.urlopen(f"{self.url}{path}{query}", timeout=timeout_s) as response:
+            return json.loads(response.read())
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise PrometheusError(f"prometheus exited with {self.process.returncode}: {self.log_tail()}")
+            if self.is_ready():
+                return
+            time.sleep(0.2)
+        raise PrometheusError(f"prometheus not ready after {timeout_s:.0f} s: {self.log_tail()}")
+
+    def query(self, promql: str, *, at: float | None = None) -> list[dict[str, Any]]:
+        """An instant query; returns the result vector (``[{"metric": {...}, "value": [t, "v"]}]``)."""
+        params = {"query": promql} if at is None else {"query": promql, "time": f"{at:.3f}"}
+        try:
+            body = self._get("/api/v1/query", params)
+        except urllib.error.HTTPError as exc:
+            raise PrometheusError(f"query {promql!r} failed: {exc.read().decode(errors='replace')}") from exc
+        if body.get("status") != "success":
+            raise PrometheusError(f"query {promql!r} failed: {body.get('error')}")
+        result: list[dict[str, Any]] = body["data"]["result"]
+        return result
+
+    def wait_for(
+        self,
+        promql: str,
+        *,
+        until: Callable[[list[dict[str, Any]]], bool] = bool,
+        timeout_s: float = 30.0,
+        poll_s: float = 0.5,
+    ) -> list[dict[str, Any]]:
+        """Poll a query until ``until(result)`` holds (by default: a non-empty result)."""
+        deadline = time.monotonic() + timeout_s
+        result = self.query(promql)
+        while not until(result):
+            if time.monotonic() >= deadline:
+                raise PrometheusError(
+                    f"{promql!r} did not reach the expected state in {timeout_s:.0f} s: {result}"
+                )
+            time.sleep(poll_s)
+            result = self.query(promql)
+        return result
+
+    def log_tail(self, chars: int = 2000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=timeout_s)
+
+    def __enter__(self) -> PrometheusServer:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def start_prometheus(
+    workdir: Path,
+    *,
+    jobs: Sequence[ScrapeJob] = (ScrapeJob("testbed"),),
+    scrape_interval_s: float = 1.0,
+    tsdb_dir: Path | None = None,
+    retention: str = "30d",
+    ready_timeout_s: float = 60.0,
+) -> PrometheusServer:
+    """Start Prometheus on a free 127.0.0.1 port and wait until it is ready.
+
+    ``tsdb_dir`` may hold blocks written by ``backfill_openmetrics``; by default it is
+    ``workdir/data``. Every job starts with no targets (see ``PrometheusServer.write_targets``).
+    """
+    binary = find_binary("prometheus")
+    workdir.mkdir(parents=True, exist_ok=True)
+    targets_dir = workdir / "targets"
+    for job in jobs:
+        write_file_sd(targets_dir / f"{job.name}.json", [])
+    config_path = workdir / "prometheus.yml"
+    config_path.write_text(
+        yaml.safe_dump(render_config(jobs, targets_dir, scrape_interval_s), sort_keys=False)
+    )
+    data = tsdb_dir or workdir / "data"
+    attempt = 0
+    while True:
+        attempt += 1
+        port = free_loopback_port()
+        with open(workdir / "prometheus.log", "ab") as log:
+            process = subprocess.Popen(
+                [
+                    str(binary),
+                    f"--config.file={config_path}",
+                    f"--storage.tsdb.path={data}",
+                    f"--storage.tsdb.retention.time={retention}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--web.enable-lifecycle",
+                    "--web.enable-admin-api",
+                    "--web.enable-remote-write-receiver",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        server = PrometheusServer(process, port, workdir, data)
+        try:
+            server.wait_ready(ready_timeout_s)
+            return server
+        except PrometheusError:
+            server.stop()
+            if attempt >= _START_ATTEMPTS or "address already in use" not in server.log_tail(4000):
+                raise

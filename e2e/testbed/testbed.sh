@@ -1,0 +1,312 @@
+#!/usr/bin/env bash
+# The PrfaaS testbed: two local kwok clusters on loopback with fake GPU nodes.
+#   prfaas : the PrfaaS cluster (H200 nodes), pods in 127.100.0.0/16, nodes in 127.101.0.0/24
+#   pd     : the local PD cluster (H20 nodes, operator and router), pods in 127.200.0.0/16,
+#            nodes in 127.201.0.0/24
+# Pod addresses are loopback addresses the testbed owns, so a runner can start each pod's
+# workload as a local process bound to its pod IP. Nothing binds or points off loopback.
+#
+# Usage: testbed.sh up | down | status | env
+#   up     build or reuse the binaries, create the clusters (reusing healthy ones, recreating
+#          broken ones), add the nodes, write self-contained kubeconfigs
+#   down   delete both clusters and stop any process they left behind
+#   status one line per cluster
+#   env    shell exports (eval "$(testbed.sh env)"): kubeconfig paths, address ranges, binaries
+# State: ${PRFAAS_TESTBED_DIR:-~/.cache/prfaas/testbed}. ~/.kube/config is never touched.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+STATE_DIR=${PRFAAS_TESTBED_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/prfaas/testbed}
+KWOK_DIR=$STATE_DIR/kwok
+KUBECONFIG_DIR=$STATE_DIR/kubeconfig
+KUBECTL=${KUBECTL:-$(command -v kubectl || true)}
+CREATE_TIMEOUT=${PRFAAS_TESTBED_CREATE_TIMEOUT:-5m}
+export KWOK_WORKDIR=$KWOK_DIR
+
+CLUSTERS=(prfaas pd)
+# Per cluster: GPU product label, GPU nodes, GPUs per node, CPU-only nodes, pod /16, node /24,
+# service range. The sample CR needs 4 x 8 H200 GPUs and 8 x 8 H20 GPUs; the rest is spare.
+declare -A GPU_PRODUCT=([prfaas]=NVIDIA-H200 [pd]=NVIDIA-H20)
+declare -A GPU_NODES=([prfaas]=5 [pd]=10)
+declare -A GPUS_PER_NODE=([prfaas]=8 [pd]=8)
+declare -A CPU_NODES=([prfaas]=2 [pd]=2)
+declare -A POD_NET=([prfaas]=127.100 [pd]=127.200)
+declare -A NODE_NET=([prfaas]=127.101.0 [pd]=127.201.0)
+declare -A SERVICE_CIDR=([prfaas]=127.102.0.0/24 [pd]=127.202.0.0/24)
+# Every testbed node carries this label with value gpu or cpu; other nodes (tests and
+# benchmarks add their own) are left alone.
+NODE_LABEL=prfaas.io/testbed-pool
+NODE_SELECTOR="$NODE_LABEL in (gpu,cpu)"
+
+log() { echo "[testbed] $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+build_bin_dir() {
+  # build-binaries.sh prints the binary directory on its last line; it is a no-op when built.
+  local out
+  out=$("$HERE/build-binaries.sh") || die "building the testbed binaries failed (see above)"
+  out=$(printf '%s\n' "$out" | tail -n 1)
+  [ -x "$out/kwokctl" ] || die "build-binaries.sh did not leave kwokctl in '$out'"
+  echo "$out" >"$STATE_DIR/bin-dir"
+  echo "$out"
+}
+
+recorded_bin_dir() { # the binaries the last `up` used; builds only when there is no record
+  if [ -f "$STATE_DIR/bin-dir" ] && [ -x "$(cat "$STATE_DIR/bin-dir")/kwokctl" ]; then
+    cat "$STATE_DIR/bin-dir"
+  else
+    mkdir -p "$STATE_DIR"
+    build_bin_dir
+  fi
+}
+
+cluster_workdir() { echo "$KWOK_DIR/clusters/$1"; }
+kwok_kubeconfig() { echo "$(cluster_workdir "$1")/kubeconfig.yaml"; }
+flat_kubeconfig() { echo "$KUBECONFIG_DIR/$1.yaml"; }
+
+render_config() { # cluster bin_dir -> kwokctl config on stdout
+  sed -e "s#@BIN_DIR@#$2#g" -e "s#@KUBECTL@#$KUBECTL#g" \
+    -e "s#@SERVICE_CIDR@#${SERVICE_CIDR[$1]}#g" \
+    -e "s#@FALLBACK_POD_CIDR@#${POD_NET[$1]}.0.0/24#g" \
+    "$HERE/kwokctl.yaml.in"
+}
+
+render_node() { # name index pool(gpu|cpu) cluster -> one Node manifest on stdout
+  local name=$1 index=$2 pool=$3 cluster=$4 labels resources
+  local pod_cidr="${POD_NET[$cluster]}.$index.0/24" node_ip="${NODE_NET[$cluster]}.$index"
+  if [ "$pool" = gpu ]; then
+    labels="
+    nvidia.com/gpu.present: \"true\"
+    nvidia.com/gpu.product: ${GPU_PRODUCT[$cluster]}
+    nvidia.com/gpu.count: \"${GPUS_PER_NODE[$cluster]}\"
+    nvidia.com/gpu.family: hopper"
+    resources="{cpu: \"192\", memory: 2Ti, pods: \"110\", nvidia.com/gpu: \"${GPUS_PER_NODE[$cluster]}\"}"
+  else
+    labels=""
+    resources="{cpu: \"64\", memory: 256Gi, pods: \"110\"}"
+  fi
+  cat <<EOF
+---
+apiVersion: v1
+kind: Node
+metadata:
+  name: $name
+  annotations:
+    kwok.x-k8s.io/node: fake
+    node.alpha.kubernetes.io/ttl: "0"
+  labels:
+    type: kwok
+    $NODE_LABEL: $pool
+    kubernetes.io/hostname: $name
+    kubernetes.io/os: linux
+    kubernetes.io/arch: amd64$labels
+spec:
+  podCIDR: $pod_cidr
+  podCIDRs: [$pod_cidr]
+status:
+  addresses:
+    - {type: InternalIP, address: $node_ip}
+    - {type: Hostname, address: $name}
+  capacity: $resources
+  allocatable: $resources
+  nodeInfo: {architecture: amd64, operatingSystem: linux, kubeletVersion: fake, kubeProxyVersion: fake}
+EOF
+}
+
+node_specs() { # cluster -> "name index pool" lines; node index i owns pod /24 .i and node IP .i
+  local cluster=$1 i index=1 short
+  short=$(echo "${GPU_PRODUCT[$cluster]#NVIDIA-}" | tr '[:upper:]' '[:lower:]')
+  for ((i = 0; i < GPU_NODES[$cluster]; i++)); do echo "$short-$i $((index++)) gpu"; done
+  for ((i = 0; i < CPU_NODES[$cluster]; i++)); do echo "cpu-$i $((index++)) cpu"; done
+}
+
+render_nodes() { # cluster -> all Node manifests
+  local name index pool
+  while read -r name index pool; do render_node "$name" "$index" "$pool" "$1"; done < <(node_specs "$1")
+}
+
+expected_node_summary() { # cluster -> "name gpus product True" per node, sorted
+  local name index pool
+  while read -r name index pool; do
+    if [ "$pool" = gpu ]; then
+      echo "$name ${GPUS_PER_NODE[$1]} ${GPU_PRODUCT[$1]} True"
+    else
+      echo "$name - - True"
+    fi
+  done < <(node_specs "$1") | sort
+}
+
+actual_node_summary() { # cluster -> the same summary, read from the apiserver
+  "$KUBECTL" --kubeconfig "$(kwok_kubeconfig "$1")" get nodes -l "$NODE_SELECTOR" -o jsonpath='{range .items[*]}{.metadata.name} {.status.allocatable.nvidia\.com/gpu} {.metadata.labels.nvidia\.com/gpu\.product} {.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' \
+    | awk '{ if (NF == 2) print $1, "-", "-", $2; else print }' | sort
+}
+
+processes_alive() { # cluster: every process kwokctl started for it is alive
+  local pids_dir pid_file
+  pids_dir="$(cluster_workdir "$1")/pids"
+  compgen -G "$pids_dir/*.pid" >/dev/null || return 1
+  for pid_file in "$pids_dir"/*.pid; do
+    kill -0 "$(cat "$pid_file")" 2>/dev/null || return 1
+  done
+}
+
+cluster_healthy() { # cluster: processes up, apiserver ready, same config as we would render now
+  local cluster=$1 bin=$2
+  [ -f "$(kwok_kubeconfig "$cluster")" ] || return 1
+  processes_alive "$cluster" || return 1
+  cmp -s "$STATE_DIR/$cluster.kwokctl.yaml" <(render_config "$cluster" "$bin") || return 1
+  apiserver_ready "$cluster"
+}
+
+apiserver_ready() { # cluster: /readyz answers ok; a few tries, so a busy machine is not "broken"
+  local attempt
+  for attempt in 1 2 3; do
+    "$KUBECTL" --kubeconfig "$(kwok_kubeconfig "$1")" --request-timeout=5s get --raw /readyz >/dev/null 2>&1 && return 0
+    [ "$attempt" -lt 3 ] && sleep 1
+  done
+  return 1
+}
+
+ours() { # pid cluster: the process is alive and its command line names this cluster's workdir
+  [ -r "/proc/$1/cmdline" ] && tr '\0' ' ' <"/proc/$1/cmdline" | grep -qF "$(cluster_workdir "$2")"
+}
+
+kill_leftovers() { # cluster: stop processes kwokctl recorded but did not stop
+  local pids_dir pid_file pid left=() alive
+  pids_dir="$(cluster_workdir "$1")/pids"
+  compgen -G "$pids_dir/*.pid" >/dev/null || return 0
+  for pid_file in "$pids_dir"/*.pid; do
+    pid=$(cat "$pid_file")
+    if ours "$pid" "$1"; then
+      log "stopping leftover $(basename "$pid_file" .pid) (pid $pid) of $1"
+      kill "$pid" 2>/dev/null || true
+      left+=("$pid")
+    fi
+  done
+  for _ in $(seq 50); do # up to 10 s for a clean exit, then SIGKILL
+    alive=0
+    for pid in "${left[@]}"; do ours "$pid" "$1" && alive=1; done
+    [ "$alive" = 0 ] && return 0
+    sleep 0.2
+  done
+  for pid in "${left[@]}"; do ours "$pid" "$1" && kill -9 "$pid" 2>/dev/null; done
+  return 0
+}
+
+delete_cluster() { # cluster
+  local cluster=$1 kwokctl=$2
+  if [ -d "$(cluster_workdir "$cluster")" ]; then
+    "$kwokctl" delete cluster --name "$cluster" >/dev/null 2>&1 9>&- || log "kwokctl could not delete $cluster cleanly"
+    kill_leftovers "$cluster"
+    rm -rf "$(cluster_workdir "$cluster")"
+  fi
+  rm -f "$(flat_kubeconfig "$cluster")" "$STATE_DIR/$cluster.kwokctl.yaml"
+}
+
+ensure_nodes() { # cluster: nodes exist with their GPU capacity and are Ready
+  local cluster=$1 kc
+  kc=$(kwok_kubeconfig "$cluster")
+  [ "$(actual_node_summary "$cluster")" = "$(expected_node_summary "$cluster")" ] && return 0
+  # Client-side apply creates missing nodes with their status (capacity, addresses) intact.
+  render_nodes "$cluster" | "$KUBECTL" --kubeconfig "$kc" apply -f - >/dev/null
+  "$KUBECTL" --kubeconfig "$kc" wait --for=condition=Ready node -l "$NODE_SELECTOR" --timeout=120s >/dev/null
+  if [ "$(actual_node_summary "$cluster")" != "$(expected_node_summary "$cluster")" ]; then
+    diff <(expected_node_summary "$cluster") <(actual_node_summary "$cluster") >&2 || true
+    die "$cluster: nodes differ from the testbed's layout (expected < > found)"
+  fi
+}
+
+write_flat_kubeconfig() { # cluster: self-contained kubeconfig (inline certs) at a known path
+  local cluster=$1 tmp
+  mkdir -p "$KUBECONFIG_DIR"
+  tmp=$(mktemp "$KUBECONFIG_DIR/.$cluster.XXXXXX")
+  "$KUBECTL" config view --raw --minify --flatten --kubeconfig "$(kwok_kubeconfig "$cluster")" >"$tmp"
+  chmod 600 "$tmp"
+  mv -f "$tmp" "$(flat_kubeconfig "$cluster")"
+}
+
+up() {
+  [ -n "$KUBECTL" ] || die "kubectl not found on PATH (set KUBECTL=/path/to/kubectl)"
+  local bin cluster
+  mkdir -p "$KWOK_DIR"
+  bin=$(build_bin_dir)
+  for cluster in "${CLUSTERS[@]}"; do
+    if cluster_healthy "$cluster" "$bin"; then
+      log "$cluster: reusing the running cluster"
+    else
+      if [ -d "$(cluster_workdir "$cluster")" ]; then
+        log "$cluster: not healthy or configured differently; recreating"
+      fi
+      delete_cluster "$cluster" "$bin/kwokctl"
+      render_config "$cluster" "$bin" >"$STATE_DIR/$cluster.kwokctl.yaml"
+      log "$cluster: creating"
+      # 9>&-: the cluster's daemons must not inherit (and so hold forever) the state lock.
+      if ! "$bin/kwokctl" -c "$STATE_DIR/$cluster.kwokctl.yaml" create cluster --name "$cluster" \
+        --kubeconfig "" --wait "$CREATE_TIMEOUT" >"$STATE_DIR/$cluster.create.log" 2>&1 9>&-; then
+        tail -n 30 "$STATE_DIR/$cluster.create.log" >&2
+        die "$cluster: kwokctl create failed (log: $STATE_DIR/$cluster.create.log, component logs: $(cluster_workdir "$cluster")/logs)"
+      fi
+    fi
+    ensure_nodes "$cluster"
+    write_flat_kubeconfig "$cluster"
+  done
+  log "up: $(flat_kubeconfig prfaas) $(flat_kubeconfig pd)"
+}
+
+down() {
+  local cluster kwokctl=true
+  [ -f "$STATE_DIR/bin-dir" ] && kwokctl="$(cat "$STATE_DIR/bin-dir")/kwokctl"
+  for cluster in "${CLUSTERS[@]}"; do
+    delete_cluster "$cluster" "$kwokctl"
+    log "$cluster: deleted"
+  done
+}
+
+status() {
+  local cluster kc nodes rc=0
+  for cluster in "${CLUSTERS[@]}"; do
+    kc=$(kwok_kubeconfig "$cluster")
+    if [ -f "$kc" ] && processes_alive "$cluster" && apiserver_ready "$cluster"; then
+      nodes=$("$KUBECTL" --kubeconfig "$kc" get nodes -l "$NODE_SELECTOR" --no-headers 2>/dev/null | grep -c ' Ready ' || true)
+      echo "$cluster: up, $nodes nodes Ready, $("$KUBECTL" config view --kubeconfig "$kc" -o jsonpath='{.clusters[0].cluster.server}')"
+    else
+      echo "$cluster: down"
+      rc=1
+    fi
+  done
+  return $rc
+}
+
+env_exports() {
+  local cluster upper bin
+  bin=$(recorded_bin_dir)
+  echo "export PRFAAS_TESTBED_DIR=$STATE_DIR"
+  echo "export PRFAAS_TESTBED_BIN=$bin"
+  echo "export PRFAAS_TESTBED_NODE_LABEL=$NODE_LABEL"
+  for cluster in "${CLUSTERS[@]}"; do
+    upper=$(echo "$cluster" | tr '[:lower:]' '[:upper:]')
+    echo "export ${upper}_KUBECONFIG=$(flat_kubeconfig "$cluster")"
+    echo "export ${upper}_POD_CIDR=${POD_NET[$cluster]}.0.0/16"
+    echo "export ${upper}_NODE_CIDR=${NODE_NET[$cluster]}.0/24"
+    echo "export ${upper}_SERVICE_CIDR=${SERVICE_CIDR[$cluster]}"
+    echo "export ${upper}_GPU_PRODUCT=${GPU_PRODUCT[$cluster]}"
+    echo "export ${upper}_GPU_NODES=${GPU_NODES[$cluster]}"
+    echo "export ${upper}_GPUS_PER_NODE=${GPUS_PER_NODE[$cluster]}"
+    echo "export ${upper}_CPU_NODES=${CPU_NODES[$cluster]}"
+  done
+}
+
+with_lock() { # serialise up/down of one state dir across processes
+  mkdir -p "$STATE_DIR"
+  exec 9>"$STATE_DIR/.lock"
+  flock -w 900 9 || die "another testbed.sh holds $STATE_DIR/.lock"
+  "$@"
+}
+
+case "${1:-}" in
+  up) with_lock up ;;
+  down) with_lock down ;;
+  status) status ;;
+  env) env_exports ;;
+  *) echo "usage: $0 up|down|status|env" >&2; exit 2 ;;
+esac

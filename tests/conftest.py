@@ -1,0 +1,82 @@
+"""Session fixtures shared by every test tier: the two-cluster testbed and Prometheus.
+
+Fixtures for one area belong in a conftest.py under that area's folder.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    import lightkube
+    from prfaas_testbed.clusters import Testbed
+    from prfaas_testbed.prometheus import PrometheusServer
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the testbed binaries before any test runs, when a selected test needs the testbed.
+
+    The first build takes ~20 minutes: too long to sit inside one test's timeout.
+    """
+    if session.config.option.collectonly:
+        return
+    if any("testbed" in getattr(item, "fixturenames", ()) for item in session.items):
+        from prfaas_testbed.clusters import build_binaries
+
+        build_binaries()
+
+
+@pytest.fixture(scope="session")
+def testbed() -> Iterator[Testbed]:
+    """Both kwok clusters, up for the whole session.
+
+    A testbed that was already running is reused and left running; one this session created is
+    deleted at the end unless PRFAAS_KEEP_TESTBED=1. PRFAAS_TESTBED_DIR picks the state dir.
+    """
+    from prfaas_testbed.clusters import ensure_testbed, is_testbed_up, teardown_testbed
+
+    was_up = is_testbed_up()
+    bed = ensure_testbed()
+    yield bed
+    if not was_up and os.environ.get("PRFAAS_KEEP_TESTBED") != "1":
+        teardown_testbed()
+
+
+def _client(kubeconfig: Path) -> lightkube.Client:
+    import lightkube
+
+    return lightkube.Client(config=lightkube.KubeConfig.from_file(kubeconfig), field_manager="prfaas-tests")
+
+
+@pytest.fixture(scope="session")
+def prfaas_client(testbed: Testbed) -> lightkube.Client:
+    """A client of the PrfaaS cluster (H200 nodes)."""
+    return _client(testbed.prfaas_kubeconfig)
+
+
+@pytest.fixture(scope="session")
+def pd_client(testbed: Testbed) -> lightkube.Client:
+    """A client of the local PD cluster (H20 nodes; the operator and the router run here)."""
+    return _client(testbed.pd_kubeconfig)
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[Callable[..., PrometheusServer]]:
+    """Start Prometheus servers (``prometheus(jobs=..., tsdb_dir=...)``); all stop after the test."""
+    from prfaas_testbed.prometheus import start_prometheus
+
+    servers: list[PrometheusServer] = []
+
+    def start(**options: Any) -> PrometheusServer:
+        server = start_prometheus(tmp_path / f"prometheus-{len(servers)}", **options)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
