@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 from collections.abc import Callable, Sequence
@@ -74,6 +75,7 @@ async def serve(options: RouterOptions) -> None:
     await service.start()
     runner = web.AppRunner(service.build_app(), handler_cancellation=True, access_log=None)
     await runner.setup()
+    _tune_gc()
     site = web.TCPSite(runner, options.host, options.port, backlog=1024, reuse_address=True)
     await site.start()
     log.info("listening on http://%s:%d (config %s)", options.host, options.port, options.config_path)
@@ -87,6 +89,20 @@ async def serve(options: RouterOptions) -> None:
         log.info("shutting down")
         await runner.cleanup()
         await service.stop()
+
+
+def _tune_gc() -> None:
+    """Fewer, larger collections: with the defaults the collector took a fifth of the CPU under load.
+
+    What is alive after startup (modules, the app, the config) lives as long as the process:
+    frozen, it is out of every collection. Requests allocate many short-lived containers; at
+    the default threshold (700) the young generation was collected every few requests and the
+    in-flight ones were walked again and again. At 50000 most are gone before a collection;
+    one takes about as long as the gen-1 and gen-2 pauses it replaces (tens of ms at most).
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 20)
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

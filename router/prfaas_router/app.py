@@ -78,7 +78,12 @@ class RouterService:
         timeout = aiohttp.ClientTimeout(
             total=None, connect=options.connect_timeout_seconds, sock_read=options.read_timeout_seconds
         )
-        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=timeout,
+            auto_decompress=False,  # bodies pass through as they are
+            cookie_jar=aiohttp.DummyCookieJar(),  # engines set no cookies: skip the per-request filtering
+        )
         self._dispatcher = Dispatcher(
             self._session,
             self.fleet,

@@ -92,15 +92,21 @@ def parse(kind: Kind, raw: bytes) -> tuple[dict[str, Any], ParsedRequest]:
 
 
 def prompt_keys(request: ParsedRequest, block_size_tokens: int, chars_per_token: float) -> list[PromptKey]:
-    """One key per generated item: a prompt asked for n times is prefilled and shipped n times."""
+    """One key per generated item: a prompt asked for n times is prefilled and shipped n times.
+
+    The keys hash lazily: hashing token ids that hold an array or object raises TypeError,
+    which `unhashable_token_ids` turns into the client's error.
+    """
     if not request.token_ids:
         keys = [key_for_text(text, block_size_tokens, chars_per_token) for text in request.texts]
     else:
-        try:
-            keys = [key_for_tokens(ids, block_size_tokens) for ids in request.token_ids]
-        except TypeError as err:  # an array or object where a token id belongs
-            raise ApiError(400, "token ids must be integers", param="input_ids", code="invalid_type") from err
+        keys = [key_for_tokens(ids, block_size_tokens) for ids in request.token_ids]
     return keys * request.copies
+
+
+def unhashable_token_ids() -> ApiError:
+    """An array or object where a token id belongs, met while hashing the prompt."""
+    return ApiError(400, "token ids must be integers", param="input_ids", code="invalid_type")
 
 
 def with_bootstrap(

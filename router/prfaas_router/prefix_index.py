@@ -21,21 +21,90 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 
 _TOKEN_SEED = hash(("prfaas-token-blocks",))
 _TEXT_SEED = hash(("prfaas-text-blocks",))
 
 
-@dataclass(frozen=True, slots=True)
 class PromptKey:
-    """The hashes of one prompt sequence: one per full block (chained), and one for the whole."""
+    """The hashes of one prompt sequence: one per full block (chained), and one for the whole.
 
-    block_hashes: tuple[int, ...]
-    full_hash: int
-    tokens: int
-    block_tokens: int
+    Hashed block by block as they are asked for: a lookup stops at the first block a cluster
+    lacks, so a fresh 128K-token prompt costs one block before its route is chosen; learning it
+    afterwards takes the rest. Built from given hashes (the simulator's traces) it holds just those.
+    Hashing can raise TypeError (an array where a token id belongs) wherever it happens.
+    """
+
+    __slots__ = (
+        "_block_count",
+        "_chain",
+        "_contents",
+        "_full_hash",
+        "_hashes",
+        "_tail",
+        "block_tokens",
+        "tokens",
+    )
+
+    def __init__(self, block_hashes: Sequence[int], full_hash: int, tokens: int, block_tokens: int) -> None:
+        self._hashes = list(block_hashes)
+        self._block_count = len(self._hashes)
+        self._contents: Iterator[Hashable] = iter(())
+        self._chain = 0
+        self._tail: Callable[[], Hashable] | None = None
+        self._full_hash: int | None = full_hash
+        self.tokens = tokens
+        self.block_tokens = block_tokens
+
+    @classmethod
+    def chained(
+        cls,
+        seed: int,
+        contents: Iterator[Hashable],
+        block_count: int,
+        tail: Callable[[], Hashable],
+        tokens: int,
+        block_tokens: int,
+    ) -> PromptKey:
+        """Hashes to compute: block i is hash((hash of block i-1, its contents)), the whole one
+        hash((last block's hash, tail())), both as the eager form always had them."""
+        key = cls((), 0, tokens, block_tokens)
+        key._block_count = block_count
+        key._contents = contents
+        key._chain = seed
+        key._tail = tail
+        key._full_hash = None
+        return key
+
+    def hashes(self) -> Iterator[int]:
+        """The block hashes in order, each computed on first use."""
+        hashes = self._hashes
+        for index in range(self._block_count):
+            if index == len(hashes):
+                self._chain = hash((self._chain, next(self._contents)))
+                hashes.append(self._chain)
+            yield hashes[index]
+
+    @property
+    def block_hashes(self) -> tuple[int, ...]:
+        return tuple(self.all_hashes())
+
+    @property
+    def full_hash(self) -> int:
+        if self._full_hash is None:
+            self.all_hashes()
+            assert self._tail is not None
+            self._full_hash = hash((self._chain, self._tail()))
+        return self._full_hash
+
+    def all_hashes(self) -> Sequence[int]:
+        """Every block hash, computing those not asked for yet (learning needs them all)."""
+        if len(self._hashes) < self._block_count:
+            for _ in self.hashes():
+                pass
+        return self._hashes
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,29 +121,33 @@ NO_HIT = PrefixHit(tokens=0, exact=False, holder=None)
 
 def key_for_tokens(token_ids: Sequence[int], block_size_tokens: int) -> PromptKey:
     """Key of a prompt given as token ids; blocks of `block_size_tokens` tokens."""
-    ids = tuple(token_ids)
-    full_blocks = len(ids) // block_size_tokens
-    chain = _TOKEN_SEED
-    hashes = []
-    for start in range(0, full_blocks * block_size_tokens, block_size_tokens):
-        chain = hash((chain, ids[start : start + block_size_tokens]))
-        hashes.append(chain)
-    full = hash((chain, ids[full_blocks * block_size_tokens :], len(ids)))
-    return PromptKey(tuple(hashes), full, len(ids), block_size_tokens)
+    length = len(token_ids)
+    full_blocks = length // block_size_tokens
+    # zip over one iterator cuts it into tuples of block_size_tokens ids, dropping the remainder
+    blocks = zip(*[iter(token_ids)] * block_size_tokens, strict=False)
+    return PromptKey.chained(
+        _TOKEN_SEED,
+        blocks,
+        full_blocks,
+        lambda: (tuple(token_ids[full_blocks * block_size_tokens :]), length),
+        length,
+        block_size_tokens,
+    )
 
 
 def key_for_text(text: str, block_size_tokens: int, chars_per_token: float) -> PromptKey:
     """Key of a prompt given as text; tokens and block boundaries estimated from characters."""
     block_chars = max(1, round(block_size_tokens * chars_per_token))
     full_blocks = len(text) // block_chars
-    chain = _TEXT_SEED
-    hashes = []
-    for start in range(0, full_blocks * block_chars, block_chars):
-        chain = hash((chain, text[start : start + block_chars]))
-        hashes.append(chain)
-    full = hash((chain, text[full_blocks * block_chars :], len(text)))
-    tokens = math.ceil(len(text) / chars_per_token)
-    return PromptKey(tuple(hashes), full, tokens, block_size_tokens)
+    blocks = (text[start : start + block_chars] for start in range(0, full_blocks * block_chars, block_chars))
+    return PromptKey.chained(
+        _TEXT_SEED,
+        blocks,
+        full_blocks,
+        lambda: (text[full_blocks * block_chars :], len(text)),
+        math.ceil(len(text) / chars_per_token),
+        block_size_tokens,
+    )
 
 
 class PrefixIndex:
@@ -93,20 +166,25 @@ class PrefixIndex:
         return len(self._blocks)
 
     def lookup(self, key: PromptKey) -> PrefixHit:
-        """The longest leading run of held blocks; the whole prompt when it was seen before."""
+        """The longest leading run of held blocks; the whole prompt when it was seen before.
+
+        The held blocks of a prompt always form a prefix of it (`learn` touches a prompt's blocks
+        deepest first, so LRU eviction takes tails first): the whole prompt counts only when the
+        walk reaches its end, and the walk stops at the first block missing.
+        """
         blocks = self._blocks
-        exact_holder = self._prompts.get(key.full_hash)
-        # a whole prompt counts only while its blocks do (tails are evicted first: check the last)
-        if exact_holder is not None and (not key.block_hashes or key.block_hashes[-1] in blocks):
-            return PrefixHit(tokens=key.tokens, exact=True, holder=exact_holder or None)
         matched = 0
         holder = ""
-        for block_hash in key.block_hashes:
+        for block_hash in key.hashes():
             found = blocks.get(block_hash)
             if found is None:
                 break
             holder = found or holder
             matched += 1
+        else:
+            exact_holder = self._prompts.get(key.full_hash)
+            if exact_holder is not None:
+                return PrefixHit(tokens=key.tokens, exact=True, holder=exact_holder or None)
         if matched == 0:
             return NO_HIT
         return PrefixHit(
@@ -128,22 +206,24 @@ class PrefixIndex:
         takes tails before the prefixes they extend, which keeps what remains a usable prefix.
         """
         blocks = self._blocks
+        hashes = key.all_hashes()  # first: a TypeError leaves the index untouched
         if holder is None:
-            for block_hash in reversed(key.block_hashes):
+            for block_hash in reversed(hashes):
                 blocks.setdefault(block_hash, "")
                 blocks.move_to_end(block_hash)
         else:
-            for block_hash in reversed(key.block_hashes):
+            for block_hash in reversed(hashes):
                 blocks[block_hash] = holder
                 blocks.move_to_end(block_hash)
         while len(blocks) > self._max_blocks:
             blocks.popitem(last=False)
         prompts = self._prompts
+        full_hash = key.full_hash
         if holder is None:
-            prompts.setdefault(key.full_hash, "")
+            prompts.setdefault(full_hash, "")
         else:
-            prompts[key.full_hash] = holder
-        prompts.move_to_end(key.full_hash)
+            prompts[full_hash] = holder
+        prompts.move_to_end(full_hash)
         while len(prompts) > self._max_prompts:
             prompts.popitem(last=False)
 

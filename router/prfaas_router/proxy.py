@@ -13,12 +13,13 @@ the engines abort the request.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import random
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,7 @@ import aiohttp
 from aiohttp import web
 from prfaas_core.metrics_contract import ROUTE_PRFAAS
 from prfaas_core.router_config import Pool, RouterConfig
+from yarl import URL
 
 from prfaas_router.metrics import RouterMetrics
 from prfaas_router.payloads import (
@@ -33,6 +35,7 @@ from prfaas_router.payloads import (
     ParsedRequest,
     completion_tokens,
     last_completion_tokens,
+    unhashable_token_ids,
     with_bootstrap,
 )
 from prfaas_router.policy import (
@@ -119,20 +122,34 @@ class Dispatcher:
         self._max_attempts = max_attempts
         self._background: set[asyncio.Task[Any]] = set()
         self.link_inflight_bytes = 0.0
+        # outstanding tokens per pool; the gauges read these when scraped, not on every request
+        self.inflight_tokens = {pool: 0 for pool in Pool}
+        for pool in Pool:
+            metrics.inflight_tokens.labels(pool.value).set_function(self._inflight_reader(pool))
+        metrics.link_inflight_bytes.set_function(lambda: self.link_inflight_bytes)
+
+    def _inflight_reader(self, pool: Pool) -> Callable[[], float]:
+        return lambda: self.inflight_tokens[pool]
 
     async def serve(self, exchange: Exchange, snapshot: Snapshot) -> web.StreamResponse:
         keys = exchange.keys
+        metrics = self._metrics
         pin = self._sessions.get(exchange.session_key) if exchange.session_key else None
+        try:
+            hit_local = snapshot.index_local.lookup_all(keys)
+            hit_prfaas = snapshot.index_prfaas.lookup_all(keys)
+        except TypeError:  # the keys hash lazily: an array or object where a token id belongs
+            metrics.requests.labels(NO_ROUTE, "bad_request").inc()
+            return error_response(unhashable_token_ids(), exchange.request_id)
         view = RequestView(
             total_tokens=sum(key.tokens for key in keys),
             sequences=len(keys),
-            hit_local=snapshot.index_local.lookup_all(keys),
-            hit_prfaas=snapshot.index_prfaas.lookup_all(keys),
+            hit_local=hit_local,
+            hit_prfaas=hit_prfaas,
             pin=pin,
         )
         excluded: set[Worker] = set()
         failures: list[str] = []
-        metrics = self._metrics
         for _ in range(self._max_attempts):
             now = time.monotonic()
             pools = Pools(
@@ -192,10 +209,12 @@ class Dispatcher:
         headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: exchange.request_id}
         path = parsed.kind.value
         lease = _Lease(self, decision, time.monotonic())
-        prefill_task = asyncio.create_task(self._prefill_leg(prefill.url + path, payload, headers))
+        prefill_task = asyncio.create_task(
+            self._prefill_leg(_upstream_url(prefill.url, path), payload, headers)
+        )
         prefill_task.add_done_callback(lambda task: self._prefill_done(task, exchange, snapshot, lease))
         decode_task = asyncio.create_task(
-            self._open_decode(decode.url + path, payload, headers, parsed.stream)
+            self._open_decode(_upstream_url(decode.url, path), payload, headers, parsed.stream)
         )
         response: aiohttp.ClientResponse | None = None
         delivered = False
@@ -257,13 +276,13 @@ class Dispatcher:
             raise LegFailure(prefill, f"its decode failed while the prefill was still out ({failure})")
         failure.worker.breaker.record_failure(time.monotonic(), fatal=failure.unreachable)
 
-    async def _prefill_leg(self, url: str, payload: bytes, headers: dict[str, str]) -> tuple[int, bytes, str]:
+    async def _prefill_leg(self, url: URL, payload: bytes, headers: dict[str, str]) -> tuple[int, bytes, str]:
         async with self._session.post(url, data=payload, headers=headers) as reply:
             body = await reply.read()  # drained whether streamed or not
             return reply.status, body, reply.content_type
 
     async def _open_decode(
-        self, url: str, payload: bytes, headers: dict[str, str], stream: bool
+        self, url: URL, payload: bytes, headers: dict[str, str], stream: bool
     ) -> tuple[aiohttp.ClientResponse, bytes]:
         """The decode's reply and its first bytes (the whole body when not streaming)."""
         reply = await self._session.post(url, data=payload, headers=headers)
@@ -392,10 +411,9 @@ class _Lease:
         decision.prefill.begin(now, decision.uncached_tokens, decision.prefill_seconds)
         decision.decode.begin(now, decision.total_tokens, 0.0)
         dispatcher.link_inflight_bytes += decision.link_bytes
-        metrics = dispatcher._metrics
-        metrics.inflight_tokens.labels(decision.prefill.pool.value).inc(decision.uncached_tokens)
-        metrics.inflight_tokens.labels(Pool.DECODE.value).inc(decision.total_tokens)
-        metrics.link_inflight_bytes.set(dispatcher.link_inflight_bytes)
+        inflight = dispatcher.inflight_tokens
+        inflight[decision.prefill.pool] += decision.uncached_tokens
+        inflight[Pool.DECODE] += decision.total_tokens
         self._prefill_held = True
         self._decode_held = True
 
@@ -406,8 +424,7 @@ class _Lease:
         decision, dispatcher = self.decision, self._dispatcher
         decision.prefill.end(decision.uncached_tokens, decision.prefill_seconds)
         dispatcher.link_inflight_bytes = max(0.0, dispatcher.link_inflight_bytes - decision.link_bytes)
-        dispatcher._metrics.inflight_tokens.labels(decision.prefill.pool.value).dec(decision.uncached_tokens)
-        dispatcher._metrics.link_inflight_bytes.set(dispatcher.link_inflight_bytes)
+        dispatcher.inflight_tokens[decision.prefill.pool] -= decision.uncached_tokens
 
     def release_decode(self) -> None:
         if not self._decode_held:
@@ -415,7 +432,7 @@ class _Lease:
         self._decode_held = False
         decision = self.decision
         decision.decode.end(decision.total_tokens, 0.0)
-        self._dispatcher._metrics.inflight_tokens.labels(Pool.DECODE.value).dec(decision.total_tokens)
+        self._dispatcher.inflight_tokens[Pool.DECODE] -= decision.total_tokens
 
 
 class _EventCounter:
@@ -437,9 +454,10 @@ class _EventCounter:
         window = self._tail + chunk
         self._events += len(_TOKEN_EVENT.findall(window))
         self._tail = window[-_TOKEN_EVENT_MIN_LENGTH + 1 :]
-        reported = last_completion_tokens(window)
-        if reported is not None:
-            self._reported = reported
+        if b"completion_tokens" in window:  # rare (usage, meta_info): spare the regex otherwise
+            reported = last_completion_tokens(window)
+            if reported is not None:
+                self._reported = reported
 
     def output_tokens(self) -> int:
         return self._reported if self._reported is not None else self._events
@@ -477,6 +495,12 @@ def _decode_result(
         reply.release()
         raise _PassThrough(reply.status, first, reply.content_type)
     return reply, first
+
+
+@functools.lru_cache(maxsize=1024)
+def _upstream_url(base: str, path: str) -> URL:
+    """Parsed once per worker and path: aiohttp would parse the string on every request."""
+    return URL(base + path)
 
 
 def _reply_headers(reply: aiohttp.ClientResponse, exchange: Exchange, decision: Decision) -> dict[str, str]:

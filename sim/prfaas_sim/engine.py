@@ -28,14 +28,16 @@ from prfaas_core.router_config import (
     Slo,
 )
 from prfaas_core.router_config import Pools as ConfigPools
-from prfaas_operator.planner import Allocation, Plan, SystemProfile
+from prfaas_operator import api
+from prfaas_operator.planner import Allocation, SystemProfile
 from prfaas_operator.planner.workload import TRACE_BLOCK_TOKENS
+from prfaas_operator.planning import Action, decide
 from prfaas_router.policy import Decision
 from prfaas_router.prefix_index import PrefixIndex, PromptKey
 
 from prfaas_sim.cluster import DecodeInstance, PrefillInstance, SimRequest
 from prfaas_sim.link import Link
-from prfaas_sim.planning import ObservationWindow, PlannerSettings, replan
+from prfaas_sim.planning import ObservationWindow, PlannerSettings, in_force, moment, planned_spec
 from prfaas_sim.results import RunResult, RunStats
 from prfaas_sim.routing import LinkCheck, SimRouter
 from prfaas_sim.sources import RequestSpec, SourceError
@@ -64,6 +66,12 @@ class SystemSpec:
     link_check: LinkCheck = LinkCheck.BUDGET
     planner: PlannerSettings | None = None
     """None: the allocation stays as it is (no long-timescale loop)."""
+    deployment: api.PrfaasDeploymentSpec | None = None
+    """The PrfaasDeployment the operator's loop plans for (see `planning.deployment_spec`); needed with `planner`."""
+
+    def __post_init__(self) -> None:
+        if self.planner is not None and self.deployment is None:
+            raise ValueError(f"{self.label}: the planner loop needs the deployment it plans for")
 
 
 @dataclass(frozen=True)
@@ -236,13 +244,14 @@ class Simulation:
         )
         outcome = self.router.route(request, now)
         self.stats.routed(request, outcome)
-        if not isinstance(outcome, Decision):
-            return
-        request.decision = outcome
+        routed = outcome if isinstance(outcome, Decision) else None
         if self._window is not None:
-            self._window.observe(now, outcome.uncached_tokens, spec.output_tokens)
-        prefill = self._prefill_by_name[outcome.prefill.name]
-        request.decode = self._decode_by_name[outcome.decode.name]
+            self._window.observe(now, routed, spec.output_tokens)
+        if routed is None:
+            return
+        request.decision = routed
+        prefill = self._prefill_by_name[routed.prefill.name]
+        request.decode = self._decode_by_name[routed.decode.name]
         prefill.queue.append(request)
         if not prefill.busy:
             self._start_prefill(prefill)
@@ -390,29 +399,28 @@ class Simulation:
         self._log(f"link now configured at {bandwidth * 8 / 1e9:g} Gbit/s")
 
     def _plan_tick(self) -> None:
-        planner = self.system.planner
-        assert planner is not None and self._window is not None
+        """The operator's decision (`prfaas_operator.planning.decide`) on the simulated window."""
+        planner, deployment = self.system.planner, self.system.deployment
+        assert planner is not None and deployment is not None and self._window is not None
         if any(node.draining for node in self._pd):
             self._log("hold: a split change is still in progress")
         else:
-            outcome = replan(
-                self.system.profile,
-                self._window,
-                self._allocation,
-                planner,
-                now=self.now,
-                last_change=self._last_change,
-                link_budget_bytes_per_second=self._configured_link.budget_bytes_per_second,
+            decision = decide(
+                planned_spec(deployment, self._allocation, self._configured_link, planner),
+                in_force(self._allocation),
+                self._window.observation(self.now),
+                last_applied_at=None if self._last_change is None else moment(self._last_change),
+                now=moment(self.now),
             )
-            self._log(outcome.reason)
-            if outcome.plan is not None:
-                self._apply(outcome.plan)
+            assert decision is not None  # the loop runs in mode Auto
+            self._log(f"{decision.action.value.lower()}: {decision.reason}")
+            if decision.action is Action.APPLY and decision.proposed is not None:
+                self._apply(decision.proposed)
         if self._arrivals_open:
             self._at(self.now + planner.interval_seconds, self._plan_tick)
 
-    def _apply(self, plan: Plan) -> None:
+    def _apply(self, target: Allocation) -> None:
         """Threshold at once; a split change drains the instances that change role, then restarts them."""
-        target = plan.allocation
         self._last_change = self.now
         self._allocation = target
         self._threshold = target.threshold_tokens

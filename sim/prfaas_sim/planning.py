@@ -1,14 +1,13 @@
-"""The operator's long-timescale loop as the simulator runs it: observe, re-solve, apply or hold.
+"""The operator's long-timescale loop as the simulator runs it: the product's own decision, on simulated metrics.
 
 What the operator reads from Prometheus is what the router exports: histograms of uncached
-prompt tokens and of output tokens on the metrics contract's buckets. The simulator keeps the
-same buckets over a sliding window and hands them to the planner's `Workload.from_histograms`
-and `solve_prfaas_pd`, so the loop plans from exactly the resolution the live operator has.
-
-Apply rules mirror the CRD's planner settings (defaults read from `prfaas_operator.api`):
-never act on missing data, apply only when the predicted gain beats the hysteresis, and not
-within the cooldown of the previous change. The threshold takes effect at once; a change of
-split moves instances between roles, which takes time (drain, then restart in the new role).
+prompt tokens and of output tokens on the metrics contract's buckets, and requests by route.
+The simulator keeps the same counters over a sliding window and hands them to the operator's
+pure `observe_histograms` and `decide`, for the PrfaasDeployment a user would apply for the
+profile's PrfaaS-PD deployment. Every rule (hold on missing data, hysteresis, cooldown, bounds)
+is the product's; the simulator only applies what it answers. The threshold takes effect at
+once; a change of split moves instances between roles, which takes time (drain, then restart
+in the new role).
 """
 
 from __future__ import annotations
@@ -17,31 +16,32 @@ import bisect
 import math
 from collections import deque
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
-from prfaas_core.metrics_contract import TOKEN_BUCKETS
-from prfaas_operator.api import PlannerSpec
-from prfaas_operator.planner import (
-    Allocation,
-    Plan,
-    PlanError,
-    SystemProfile,
-    Workload,
-    WorkloadError,
-    evaluate,
-    solve_prfaas_pd,
-)
+from prfaas_core.metrics_contract import ROUTE_LOCAL, ROUTE_PRFAAS, TOKEN_BUCKETS
+from prfaas_core.router_config import LinkSpec
+from prfaas_operator import api
+from prfaas_operator.planner import Allocation, ProfileDocument
+from prfaas_operator.planning import NoData, Observation, observe_histograms
+from prfaas_router.policy import Decision as RouteDecision
 
-_PLANNER_DEFAULTS = PlannerSpec.model_fields
+_PLANNER_DEFAULTS = api.PlannerSpec.model_fields
 DEFAULT_ROLE_SWITCH_SECONDS = 120.0
 """Assumed time to restart an 8-GPU SGLang engine in its other role (pod restart and model load)."""
+SIMULATED = "simulated"
+"""Image, model and namespace of the simulated deployment: the planner never reads them."""
+SIMULATION_EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+"""Wall-clock time of simulated second 0 (the operator's loop takes datetimes)."""
 
 
 @dataclass(frozen=True)
 class PlannerSettings:
-    interval_seconds: float = float(_PLANNER_DEFAULTS["interval_seconds"].default)
-    window_seconds: float = float(_PLANNER_DEFAULTS["window_seconds"].default)
-    hysteresis: float = float(_PLANNER_DEFAULTS["hysteresis"].default)
-    cooldown_seconds: float = float(_PLANNER_DEFAULTS["cooldown_seconds"].default)
+    """The CR's planner settings (defaults from `prfaas_operator.api`) and the simulated role-switch time."""
+
+    interval_seconds: int = _PLANNER_DEFAULTS["interval_seconds"].default
+    window_seconds: int = _PLANNER_DEFAULTS["window_seconds"].default
+    hysteresis: float = _PLANNER_DEFAULTS["hysteresis"].default
+    cooldown_seconds: int = _PLANNER_DEFAULTS["cooldown_seconds"].default
     role_switch_seconds: float = DEFAULT_ROLE_SWITCH_SECONDS
 
     def __post_init__(self) -> None:
@@ -50,47 +50,186 @@ class PlannerSettings:
         if not (self.hysteresis >= 0 and self.cooldown_seconds >= 0 and self.role_switch_seconds >= 0):
             raise ValueError("planner hysteresis, cooldown and role-switch time must be non-negative")
 
+    def spec(self) -> api.PlannerSpec:
+        return api.PlannerSpec(
+            mode=api.PlannerMode.AUTO,
+            interval_seconds=self.interval_seconds,
+            window_seconds=self.window_seconds,
+            hysteresis=self.hysteresis,
+            cooldown_seconds=self.cooldown_seconds,
+        )
+
+
+def moment(seconds: float) -> datetime:
+    """Simulated seconds as the wall-clock time the operator's loop is given."""
+    return SIMULATION_EPOCH + timedelta(seconds=seconds)
+
+
+def deployment_spec(document: ProfileDocument, *, prfaas_gpu: str, pd_gpu: str) -> api.PrfaasDeploymentSpec:
+    """The PrfaasDeployment for the profile's hardware: measured prefill points, KV size, decode limits.
+
+    Allocation, link and planner settings are filled in per decision by `planned_spec`. The KV
+    size is the profile's fitted S_kv(l) rounded to whole bytes, as the CR holds it.
+    """
+    pd_hardware = document.hardware[pd_gpu]
+    if pd_hardware.decode is None:
+        raise ValueError(f"hardware.{pd_gpu}.decode is missing")
+    kv = document.system_profile(prfaas_gpu=prfaas_gpu, pd_gpu=pd_gpu).kv_size
+
+    def points(gpu: str) -> list[api.ProfilePoint]:
+        return [
+            api.ProfilePoint(tokens=round(point.tokens), seconds=point.seconds)
+            for point in document.hardware[gpu].prefill_seconds_points
+        ]
+
+    return api.PrfaasDeploymentSpec(
+        model=api.ModelSpec(
+            image=SIMULATED,
+            model_path=SIMULATED,
+            served_model_name=SIMULATED,
+            kv=api.KvProfile(
+                bytes_per_token=round(kv.bytes_per_token), fixed_state_bytes=round(kv.fixed_bytes)
+            ),
+        ),
+        prefill_cluster=api.PrefillClusterSpec(
+            gpu_product=prfaas_gpu, namespace=SIMULATED, replicas=0, prefill_profile=points(prfaas_gpu)
+        ),
+        pd_cluster=api.PdClusterSpec(
+            gpu_product=pd_gpu,
+            instances=1,
+            prefill_instances=0,
+            decode_instances=1,
+            max_decode_batch=pd_hardware.decode.max_batch,
+            decode_step_seconds=pd_hardware.decode.step_seconds,
+            prefill_profile=points(pd_gpu),
+        ),
+        link=api.LinkSpec(bandwidth_gbps=document.link.bandwidth_gbps, headroom=document.link.headroom),
+        routing=api.RoutingSpec(mode=api.RoutingMode.AUTO, threshold_tokens=0),
+        router=api.RouterSpec(image=SIMULATED),
+    )
+
+
+def planned_spec(
+    deployment: api.PrfaasDeploymentSpec, allocation: Allocation, link: LinkSpec, settings: PlannerSettings
+) -> api.PrfaasDeploymentSpec:
+    """The CR as it stands now: this allocation, the link as configured, the loop in Auto.
+
+    The PrfaaS replica count stays where it is (scalePrefillCluster off), as in the paper.
+    """
+    if allocation.threshold_tokens is None:
+        raise ValueError("the planner loop runs for PrfaaS-PD only: the allocation needs a threshold")
+    prfaas = allocation.prfaas_instances
+    return deployment.model_copy(
+        update={
+            "prefill_cluster": deployment.prefill_cluster.model_copy(
+                update={"replicas": prfaas, "min_replicas": prfaas, "max_replicas": prfaas}
+            ),
+            "pd_cluster": deployment.pd_cluster.model_copy(
+                update={
+                    "instances": allocation.pd_prefill_instances + allocation.decode_instances,
+                    "prefill_instances": allocation.pd_prefill_instances,
+                    "decode_instances": allocation.decode_instances,
+                }
+            ),
+            "link": deployment.link.model_copy(
+                update={
+                    "bandwidth_gbps": link.bandwidth_bytes_per_second * 8 / 1e9,
+                    "headroom": link.headroom,
+                    "latency_ms": link.latency_seconds * 1e3,
+                }
+            ),
+            "routing": deployment.routing.model_copy(
+                update={"threshold_tokens": allocation.threshold_tokens}
+            ),
+            "planner": settings.spec(),
+        }
+    )
+
+
+def in_force(allocation: Allocation) -> api.Allocation:
+    """status.allocation for the allocation the simulation runs."""
+    if allocation.threshold_tokens is None:
+        raise ValueError("the planner loop runs for PrfaaS-PD only: the allocation needs a threshold")
+    return api.Allocation(
+        threshold_tokens=allocation.threshold_tokens,
+        prefill_cluster_replicas=allocation.prfaas_instances,
+        pd_prefill_instances=allocation.pd_prefill_instances,
+        pd_decode_instances=allocation.decode_instances,
+        source="Planner",
+    )
+
+
+_BUCKETS = len(TOKEN_BUCKETS) + 1
+"""Histogram slots: one per bound of the contract plus +Inf."""
+
+
+class _Slice:
+    """The router's counters for one slice of time."""
+
+    __slots__ = ("arrivals", "egress_bytes", "index", "outputs", "routes", "uncached")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.arrivals = 0
+        self.egress_bytes = 0.0
+        self.routes = {ROUTE_LOCAL: 0, ROUTE_PRFAAS: 0}
+        self.uncached = [0] * _BUCKETS
+        self.outputs = [0] * _BUCKETS
+
 
 class ObservationWindow:
-    """Uncached-token and output-token histograms over the last `window_seconds`, in fixed slices."""
+    """What Prometheus would hold of the router's metrics over the last `window_seconds`, in fixed slices."""
 
     __slots__ = ("_slice_seconds", "_slices", "_window_seconds")
 
     def __init__(self, window_seconds: float, slice_seconds: float) -> None:
         self._window_seconds = window_seconds
         self._slice_seconds = slice_seconds
-        self._slices: deque[tuple[int, list[int], list[int]]] = deque()
+        self._slices: deque[_Slice] = deque()
 
-    def observe(self, now: float, uncached_tokens: int, output_tokens: int) -> None:
+    def observe(self, now: float, routed: RouteDecision | None, output_tokens: int) -> None:
+        """One arrival; `routed` is None when the router refused it (it counts towards the arrival rate only)."""
         index = int(now / self._slice_seconds)
         slices = self._slices
-        if not slices or slices[-1][0] != index:
-            slices.append((index, [0] * (len(TOKEN_BUCKETS) + 1), [0] * (len(TOKEN_BUCKETS) + 1)))
-            oldest = index - math.ceil(self._window_seconds / self._slice_seconds)
-            while slices[0][0] <= oldest:
+        if not slices or slices[-1].index != index:
+            slices.append(_Slice(index))
+            oldest = self._oldest(index)
+            while slices[0].index <= oldest:
                 slices.popleft()
-        _, uncached, outputs = slices[-1]
-        uncached[bisect.bisect_left(TOKEN_BUCKETS, uncached_tokens)] += 1
-        outputs[bisect.bisect_left(TOKEN_BUCKETS, output_tokens)] += 1
+        current = slices[-1]
+        current.arrivals += 1
+        if routed is None:
+            return
+        current.routes[routed.route] += 1
+        current.egress_bytes += routed.egress_bytes
+        current.uncached[bisect.bisect_left(TOKEN_BUCKETS, routed.uncached_tokens)] += 1
+        current.outputs[bisect.bisect_left(TOKEN_BUCKETS, output_tokens)] += 1
 
-    def workload(self, now: float) -> Workload:
-        """The window's distribution; WorkloadError when it holds no observation (unknown is not zero)."""
-        oldest = int(now / self._slice_seconds) - math.ceil(self._window_seconds / self._slice_seconds)
-        recent = [entry for entry in self._slices if entry[0] > oldest]
-        uncached = (
-            [sum(column) for column in zip(*(entry[1] for entry in recent), strict=True)] if recent else []
+    def observation(self, now: float) -> Observation | NoData:
+        """The window as the operator's Prometheus adapter would read it (the same pure construction)."""
+        oldest = self._oldest(int(now / self._slice_seconds))
+        recent = [entry for entry in self._slices if entry.index > oldest]
+        window = self._window_seconds
+        return observe_histograms(
+            _cumulative([sum(column) for column in zip(*(entry.uncached for entry in recent), strict=True)]),
+            _cumulative([sum(column) for column in zip(*(entry.outputs for entry in recent), strict=True)]),
+            requests_by_route={
+                route: float(sum(entry.routes[route] for entry in recent))
+                for route in (ROUTE_LOCAL, ROUTE_PRFAAS)
+            },
+            window_seconds=window,
+            arrival_rps=sum(entry.arrivals for entry in recent) / window,
+            egress_bytes_per_second=sum(entry.egress_bytes for entry in recent) / window,
+            source=f"last {window:g} s of routed requests",
         )
-        outputs = (
-            [sum(column) for column in zip(*(entry[2] for entry in recent), strict=True)] if recent else []
-        )
-        return Workload.from_histograms(
-            _cumulative(uncached),
-            _cumulative(outputs),
-            source=f"last {self._window_seconds:g} s of routed requests",
-        )
+
+    def _oldest(self, index: int) -> int:
+        """Index of the newest slice that has left the window."""
+        return index - math.ceil(self._window_seconds / self._slice_seconds)
 
 
 def _cumulative(counts: list[int]) -> list[tuple[float, float]]:
+    """Per-bucket counts as Prometheus' cumulative `(le, count)` pairs."""
     if not counts:
         return []
     bounds = (*TOKEN_BUCKETS, math.inf)
@@ -100,52 +239,3 @@ def _cumulative(counts: list[int]) -> list[tuple[float, float]]:
         total += count
         cumulative.append((bound, float(total)))
     return cumulative
-
-
-@dataclass(frozen=True)
-class Replan:
-    """One run of the loop: the plan if it is to be applied (None: hold), and why."""
-
-    plan: Plan | None
-    reason: str
-
-
-def replan(
-    profile: SystemProfile,
-    window: ObservationWindow,
-    current: Allocation,
-    settings: PlannerSettings,
-    *,
-    now: float,
-    last_change: float | None,
-    link_budget_bytes_per_second: float,
-) -> Replan:
-    """Solve on the observed window and decide whether the operator would apply the answer."""
-    try:
-        workload = window.workload(now)
-        plan = solve_prfaas_pd(
-            profile,
-            workload,
-            pd_instances=current.pd_prefill_instances + current.decode_instances,
-            prfaas_instances=current.prfaas_instances,
-            link_budget_bytes_per_second=link_budget_bytes_per_second,
-        )
-        running = evaluate(
-            profile, workload, current, link_budget_bytes_per_second=link_budget_bytes_per_second
-        )
-    except (WorkloadError, PlanError) as err:
-        return Replan(None, f"hold: {err}")
-    if plan.allocation == current:
-        return Replan(None, "hold: the running allocation is the optimum")
-    gain = (
-        plan.max_throughput_rps / running.max_throughput_rps - 1
-        if running.max_throughput_rps > 0
-        else math.inf
-    )
-    if gain <= settings.hysteresis:
-        return Replan(
-            None, f"hold: predicted gain {gain:+.1%} within the {settings.hysteresis:.0%} hysteresis"
-        )
-    if last_change is not None and now - last_change < settings.cooldown_seconds:
-        return Replan(None, f"hold: cooldown ({now - last_change:.0f} s of {settings.cooldown_seconds:g} s)")
-    return Replan(plan, f"apply: predicted gain {gain:+.1%}; {plan.reason}")

@@ -193,10 +193,11 @@ MODEL_NOTES = [
     "each); the router's own prefix index learns on dispatch.",
     "- Router: the product's `decide` with its fleet and prefix index; outstanding work on a prefill instance "
     "ends when its KV reaches decode, on a decode instance when the last token is out.",
-    "- Planner loop (PrfaaS-PD where stated): every 300 s on the last 600 s of the router's uncached-token and "
-    "output-token histograms (metrics-contract buckets, requests it routed), hysteresis 5%, cooldown 600 s "
-    "(the CRD defaults); the threshold applies at once, a split change drains the moving instances and "
-    "restarts them in their new role 120 s later (an assumption). The baselines keep their allocation.",
+    "- Planner loop (PrfaaS-PD where stated): the operator's own decision (`prfaas_operator.planning.decide`) "
+    "every 300 s on the last 600 s of the router's uncached-token and output-token histograms (metrics-contract "
+    "buckets, requests it routed), hysteresis 5%, cooldown 600 s (the CRD defaults), holding on fewer than 50 "
+    "requests; the threshold applies at once, a split change drains the moving instances and restarts them in "
+    "their new role 120 s later (an assumption). The baselines keep their allocation.",
     "- Not simulated: engine failures and retries, clients retrying after a 429, the Abundant bandwidth mode "
     "(prefixes moved between clusters), the PD -> PrfaaS direction of the link, a decode-side prefix cache.",
     "",

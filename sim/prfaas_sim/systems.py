@@ -24,7 +24,7 @@ from prfaas_operator.planner import (
 )
 
 from prfaas_sim.engine import SystemSpec
-from prfaas_sim.planning import PlannerSettings
+from prfaas_sim.planning import PlannerSettings, deployment_spec
 from prfaas_sim.routing import LinkCheck
 
 DEFAULT_TTFT_SLO_SECONDS: float = SloSpec.model_fields["ttft_seconds"].default
@@ -98,6 +98,7 @@ def deployments(
     for plan in comparison.plans:
         prfaas_gpu, pd_gpu = gpus[plan.strategy]
         profile: SystemProfile = document.system_profile(prfaas_gpu=prfaas_gpu, pd_gpu=pd_gpu)
+        looped = plan.strategy is Strategy.PRFAAS_PD
         specs[plan.strategy] = SystemSpec(
             label=plan.strategy.label,
             profile=profile,
@@ -105,6 +106,9 @@ def deployments(
             link=link,
             slo=slo,
             link_check=link_check,
-            planner=planner if plan.strategy is Strategy.PRFAAS_PD else None,
+            planner=planner if looped else None,
+            deployment=deployment_spec(document, prfaas_gpu=prfaas_gpu, pd_gpu=pd_gpu)
+            if looped and planner is not None
+            else None,
         )
     return Deployments(comparison, specs)

@@ -139,6 +139,61 @@ def test_solver_finds_the_brute_force_grid_optimum(
     assert math.isfinite(plan.max_throughput_rps) and plan.reason
 
 
+@settings(max_examples=80, deadline=None)
+@given(profiles(), workloads(), st.integers(2, 6), st.integers(0, 3), st.integers(0, 3), budgets)
+def test_a_fixed_threshold_searches_only_the_split_and_prefers_fewer_prfaas_instances(
+    profile: SystemProfile, workload: Workload, pd: int, prfaas_low: int, extra: int, budget: float
+) -> None:
+    threshold = int(workload.lengths[len(workload.lengths) // 2])
+    bounds = (prfaas_low, prfaas_low + extra)
+    candidates = {
+        (prfaas, pd_prefill): reference_throughput(
+            profile, workload, threshold, prfaas, pd_prefill, pd - pd_prefill, budget
+        )
+        for prfaas in range(bounds[0], bounds[1] + 1)
+        for pd_prefill in range(pd)
+    }
+    best = max(candidates.values())
+    if not best > 0:
+        with pytest.raises(PlanError, match=f"at threshold {threshold}"):
+            solve_prfaas_pd(
+                profile,
+                workload,
+                pd_instances=pd,
+                prfaas_instances=bounds,
+                link_budget_bytes_per_second=budget,
+                fixed_threshold_tokens=threshold,
+            )
+        return
+    plan = solve_prfaas_pd(
+        profile,
+        workload,
+        pd_instances=pd,
+        prfaas_instances=bounds,
+        link_budget_bytes_per_second=budget,
+        fixed_threshold_tokens=threshold,
+    )
+    chosen = plan.allocation
+    assert chosen.threshold_tokens == threshold
+    assert plan.max_throughput_rps == pytest.approx(best, rel=1e-9)
+    fewer = [value for (prfaas, _), value in candidates.items() if prfaas < chosen.prfaas_instances]
+    assert all(value < best * (1 - 0.5e-12) for value in fewer)  # the solver counts 1e-12 as a tie
+    assert plan.diagnostics.candidates == len(candidates)
+    assert plan.diagnostics.threshold_step_tokens is None and plan.diagnostics.threshold_range_tokens is None
+
+
+def test_a_negative_fixed_threshold_is_refused() -> None:
+    with pytest.raises(PlanError, match="at least 0 tokens, got -1"):
+        solve_prfaas_pd(
+            LINEAR,
+            SPREAD,
+            pd_instances=4,
+            prfaas_instances=2,
+            link_budget_bytes_per_second=1e9,
+            fixed_threshold_tokens=-1,
+        )
+
+
 @settings(max_examples=60, deadline=None)
 @given(profiles(), workloads(), st.integers(2, 6), st.integers(0, 3), budgets, st.floats(1, 50), steps)
 def test_more_bandwidth_never_lowers_the_optimum(

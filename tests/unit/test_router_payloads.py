@@ -14,8 +14,10 @@ from prfaas_router.payloads import (
     last_completion_tokens,
     parse,
     prompt_keys,
+    unhashable_token_ids,
     with_bootstrap,
 )
+from prfaas_router.prefix_index import PrefixIndex
 
 
 def error_of(kind: Kind, raw: bytes) -> ApiError:
@@ -75,10 +77,14 @@ def test_bad_bodies_get_an_openai_error_naming_the_field(
     assert set(body) == {"message", "type", "param", "code"} and body["type"] == "invalid_request_error"
 
 
-def test_unhashable_token_ids_are_a_400_not_a_crash() -> None:
+def test_unhashable_token_ids_fail_where_they_are_hashed_and_are_a_400() -> None:
     _, parsed = parse(Kind.GENERATE, b'{"input_ids": [1, [2], 3]}')
-    with pytest.raises(ApiError, match="integers"):
-        prompt_keys(parsed, 4, 4.0)
+    (key,) = prompt_keys(parsed, 4, 4.0)  # keys hash lazily: nothing is hashed yet
+    with pytest.raises(TypeError):
+        PrefixIndex(8, 8).lookup(key)
+    error = unhashable_token_ids()
+    assert (error.status, error.param, error.code) == (400, "input_ids", "invalid_type")
+    assert "integers" in error.message
 
 
 def test_chat_prompt_is_the_text_of_every_message() -> None:

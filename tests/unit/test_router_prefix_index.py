@@ -27,6 +27,17 @@ def test_block_hashes_are_chained_to_their_prefix() -> None:
     assert a.block_hashes[1] != b.block_hashes[1]
 
 
+def test_a_lookup_hashes_no_further_than_the_first_block_a_cluster_lacks() -> None:
+    index = PrefixIndex(max_blocks=100, max_prompts=100)
+    index.learn(key_for_tokens(list(range(8)), B), "p0")
+    # block 3 holds an array: hashing it would raise, so a lookup that reached it would fail
+    held_then_fresh = key_for_tokens([*range(4), 9, 9, 9, 9, 1, [2], 3, 4], B)  # type: ignore[list-item]
+    assert index.lookup(held_then_fresh).tokens == 4
+    with pytest.raises(TypeError):  # learning needs every block
+        index.learn(held_then_fresh, "p0")
+    assert index.lookup(key_for_tokens(list(range(8)), B)).exact  # a failed learn changed nothing
+
+
 def test_lookup_counts_whole_leading_blocks_only() -> None:
     index = PrefixIndex(max_blocks=100, max_prompts=100)
     index.learn(key_for_tokens(list(range(12)), B), "p0")

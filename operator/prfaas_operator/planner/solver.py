@@ -112,19 +112,31 @@ def solve_prfaas_pd(
     prfaas_instances: int | tuple[int, int],
     link_budget_bytes_per_second: float,
     threshold_step_tokens: int = DEFAULT_THRESHOLD_STEP_TOKENS,
+    fixed_threshold_tokens: int | None = None,
 ) -> Plan:
-    """Best (t, N_p, N_d) with N_p + N_d = pd_instances, and N_prfaas fixed or within (min, max)."""
+    """Best (t, N_p, N_d) with N_p + N_d = pd_instances, and N_prfaas fixed or within (min, max).
+
+    With `fixed_threshold_tokens` (routing.mode Fixed) t is not searched: the same search and
+    tie-breaks run over the split and N_prfaas at that threshold.
+    """
     budget = check_link_budget(link_budget_bytes_per_second)
     low, high = _prfaas_range(prfaas_instances)
     if pd_instances < 1:
         raise PlanError(f"the PD cluster needs at least one instance to decode, got {pd_instances}")
-    check_profile_covers(profile, workload, prfaas=True, pd=True)
-    thresholds = threshold_grid(workload, threshold_step_tokens)
+    if fixed_threshold_tokens is None:
+        thresholds = threshold_grid(workload, threshold_step_tokens)
+    elif fixed_threshold_tokens >= 0:
+        thresholds = np.array([fixed_threshold_tokens], dtype=np.int64)
+    else:
+        raise PlanError(f"the threshold must be at least 0 tokens, got {fixed_threshold_tokens}")
+    split = workload.split(thresholds)
+    # only the prefill curves some candidate threshold uses (the grid always uses both)
+    check_profile_covers(profile, workload, prfaas=bool(split.has_long.any()), pd=bool(split.has_short.any()))
     pd_prefill = np.arange(pd_instances)[None, :, None]
     rates = stage_rates(
         profile,
         workload,
-        workload.split(thresholds),
+        split,
         prfaas_instances=np.arange(low, high + 1)[:, None, None],
         pd_prefill_instances=pd_prefill,
         decode_instances=pd_instances - pd_prefill,
@@ -133,9 +145,10 @@ def solve_prfaas_pd(
     throughput = rates.max_throughput()
     best = float(throughput.max())
     if not best > 0:
+        at_threshold = "" if fixed_threshold_tokens is None else f" at threshold {fixed_threshold_tokens}"
         raise PlanError(
-            f"no allocation serves any request: {pd_instances} PD instance(s) and at most {high} PrfaaS "
-            "instance(s) leave no prefill capacity beside the decode instance"
+            f"no allocation serves any request{at_threshold}: {pd_instances} PD instance(s) and at most "
+            f"{high} PrfaaS instance(s) leave no prefill capacity beside the decode instance"
         )
     near = throughput >= best * (1 - TIE_TOLERANCE)
     count_index = int(np.argmax(near.any(axis=(1, 2))))
@@ -154,13 +167,17 @@ def solve_prfaas_pd(
         decode_instances=pd_instances - int(split_index),
     )
     evaluation = evaluate(profile, workload, allocation, link_budget_bytes_per_second=budget)
-    same = near[count_index, split_index]
-    first, last = _run_around(same, int(threshold_index))
-    diagnostics = SolveDiagnostics(
-        candidates=int(throughput.size),
-        threshold_step_tokens=threshold_step_tokens,
-        threshold_range_tokens=(int(thresholds[first]), int(thresholds[last])),
-    )
+    if fixed_threshold_tokens is None:
+        first, last = _run_around(near[count_index, split_index], int(threshold_index))
+        diagnostics = SolveDiagnostics(
+            candidates=int(throughput.size),
+            threshold_step_tokens=threshold_step_tokens,
+            threshold_range_tokens=(int(thresholds[first]), int(thresholds[last])),
+        )
+    else:
+        diagnostics = SolveDiagnostics(
+            candidates=int(throughput.size), threshold_step_tokens=None, threshold_range_tokens=None
+        )
     return Plan(Strategy.PRFAAS_PD, evaluation, explain(evaluation), diagnostics)
 
 

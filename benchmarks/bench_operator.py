@@ -1,0 +1,314 @@
+"""How fast the operator turns N PrfaasDeployments applied at once into children and Ready.
+
+    .venv/bin/python benchmarks/bench_operator.py [--count 20] [--timeout 180]
+
+Runs the real operator (`python -m prfaas_operator`, default timing options) against the
+testbed's PD cluster, with the PrfaaS cluster reached through a kubeconfig Secret, and
+creates N small CRs concurrently (one namespace each). For every CR it records the time from
+its create call to (a) all nine children present (2 in the PrfaaS cluster, 7 in the PD
+cluster) and (b) condition Ready=True, and prints p50 and max of both, the errors seen, and
+the operator's resident memory (peak sampled and at the end).
+
+To fit any N without touching the testbed's own GPU nodes, it adds tainted fake nodes
+(label prfaas.io/testbed-pool=bench, 64 GPUs each, pod addresses in the testbed's loopback
+ranges) that only its CRs tolerate, and deletes them, the CRs and the namespaces afterwards.
+Times are wall-clock on a shared machine: compare runs side by side, not across machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import copy
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+from lightkube import ApiError, AsyncClient, Client, KubeConfig
+from lightkube.resources.apps_v1 import Deployment, StatefulSet
+from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, Service
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
+
+from operator_harness import OperatorProcess, run_operator  # noqa: E402
+from prfaas_operator.crd import CRD_OUTPUTS  # noqa: E402
+from prfaas_operator.kube import PrfaasDeploymentResource  # noqa: E402
+from prfaas_testbed.clusters import Testbed, ensure_testbed, store_kubeconfig_secret  # noqa: E402
+
+SAMPLE: dict[str, Any] = yaml.safe_load((ROOT / "examples/prfaasdeployment.yaml").read_text())
+BENCH_POOL = {"prfaas.io/testbed-pool": "bench"}
+BENCH_TAINT = {"key": "prfaas.io/bench", "value": "true", "effect": "NoSchedule"}
+GPUS_PER_BENCH_NODE = 64
+# Addresses of the bench nodes: the /24s near the top of each cluster's testbed ranges.
+NODE_NETS = {"prfaas": ("127.100", "127.101.0"), "pd": ("127.200", "127.201.0")}
+
+
+def client_of(kubeconfig: Path) -> AsyncClient:
+    # asyncio only: lightkube's sync clients shared by threads crashed this script (SIGSEGV)
+    return AsyncClient(config=KubeConfig.from_file(kubeconfig), field_manager="prfaas-bench")
+
+
+def bench_nodes(cluster: str, product: str, count: int) -> list[dict[str, Any]]:
+    pod_net, node_net = NODE_NETS[cluster]
+    capacity = {"cpu": "1024", "memory": "16Ti", "pods": "250", "nvidia.com/gpu": str(GPUS_PER_BENCH_NODE)}
+    nodes = []
+    for index in range(count):
+        octet = 250 - index
+        name = f"bench-{cluster}-{index}"
+        nodes.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                    "labels": {**BENCH_POOL, "type": "kwok", "kubernetes.io/hostname": name,
+                               "nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": product},
+                },
+                "spec": {"podCIDR": f"{pod_net}.{octet}.0/24", "podCIDRs": [f"{pod_net}.{octet}.0/24"],
+                         "taints": [BENCH_TAINT]},
+                "status": {
+                    "addresses": [{"type": "InternalIP", "address": f"{node_net}.{octet}"}],
+                    "capacity": capacity,
+                    "allocatable": capacity,
+                    "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux",
+                                 "kubeletVersion": "fake", "kubeProxyVersion": "fake"},
+                },
+            }
+        )  # fmt: skip
+    return nodes
+
+
+def bench_cr(name: str, namespace: str) -> dict[str, Any]:
+    document = copy.deepcopy(SAMPLE)
+    document["metadata"] = {"name": name, "namespace": namespace}
+    spec = document["spec"]
+    placement = {
+        "gpusPerInstance": 1,
+        "nodeSelector": BENCH_POOL,
+        "tolerations": [{**BENCH_TAINT, "operator": "Equal"}],
+    }
+    spec["prefillCluster"].update(placement, namespace=namespace, replicas=1, minReplicas=1, maxReplicas=2)
+    spec["pdCluster"].update(placement, instances=2, prefillInstances=1, decodeInstances=1)
+    return document
+
+
+def children(name: str) -> dict[str, list[tuple[str, str]]]:
+    return {
+        "prfaas": [("StatefulSet", f"{name}-prfaas-prefill"), ("Service", f"{name}-prfaas-prefill")],
+        "pd": [
+            ("StatefulSet", f"{name}-pd-prefill"), ("StatefulSet", f"{name}-pd-decode"),
+            ("Service", f"{name}-pd-prefill"), ("Service", f"{name}-pd-decode"), ("Service", f"{name}-router"),
+            ("Deployment", f"{name}-router"), ("ConfigMap", f"{name}-router-config"),
+        ],
+    }  # fmt: skip
+
+
+class Sightings:
+    """When each child was first seen and each CR first Ready, from watches (no polling load)."""
+
+    def __init__(self) -> None:
+        self.first_seen: dict[tuple[str, str, str, str], float] = {}  # (cluster, kind, ns, name)
+        self.ready_at: dict[tuple[str, str], float] = {}
+
+    def watches(self, clients: dict[str, AsyncClient]) -> list[asyncio.Task[None]]:
+        selector = {"app.kubernetes.io/managed-by": "prfaas-operator"}
+        tasks = [
+            asyncio.create_task(self._watch(client, cluster, resource, selector))
+            for cluster, client in clients.items()
+            for resource in (StatefulSet, Service, Deployment, ConfigMap)
+        ]
+        tasks.append(asyncio.create_task(self._watch(clients["pd"], "pd", PrfaasDeploymentResource, {})))
+        return tasks
+
+    async def _watch(self, client: AsyncClient, cluster: str, resource: Any, labels: dict[str, Any]) -> None:
+        async for _, obj in client.watch(resource, namespace="*", labels=labels or None):
+            now, meta = time.monotonic(), obj.metadata
+            if resource is PrfaasDeploymentResource:
+                conditions = (obj.get("status") or {}).get("conditions") or []
+                if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+                    self.ready_at.setdefault((meta.namespace, meta.name), now)
+            else:
+                self.first_seen.setdefault((cluster, resource.__name__, meta.namespace, meta.name), now)
+
+    def children_present_at(self, namespace: str, name: str) -> float | None:
+        seen = [
+            self.first_seen.get((cluster, kind, namespace, child))
+            for cluster, wanted in children(name).items()
+            for kind, child in wanted
+        ]
+        return None if None in seen else max(t for t in seen if t is not None)
+
+
+async def bench_crs_left(client: AsyncClient, tag: str) -> list[Any]:
+    return [
+        cr
+        async for cr in client.list(PrfaasDeploymentResource, namespace="*")
+        if cr["metadata"]["namespace"].startswith(f"bench-{tag}-")
+    ]
+
+
+def percentile_line(label: str, seconds: list[float], count: int) -> str:
+    if not seconds:
+        return f"{label:<28} none of {count} reached it"
+    return (
+        f"{label:<28} p50 {statistics.median(seconds):6.2f} s   max {max(seconds):6.2f} s   "
+        f"({len(seconds)}/{count} reached)"
+    )
+
+
+async def sample_rss(operator: OperatorProcess, peak: list[int]) -> None:
+    while operator.alive():
+        peak[0] = max(peak[0], operator.rss_bytes())
+        await asyncio.sleep(0.5)
+
+
+def metric_sum(text: str, name: str, must_contain: str = "") -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and must_contain in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> None:
+    done = subprocess.run(
+        ["kubectl", f"--kubeconfig={kubeconfig}", *args],
+        input=stdin,
+        text=True,
+        capture_output=True,
+        timeout=60,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
+
+
+async def run(testbed: Testbed, count: int, timeout_s: float, workdir: Path, operator_args: list[str]) -> int:
+    clients = {"pd": client_of(testbed.pd_kubeconfig), "prfaas": client_of(testbed.prfaas_kubeconfig)}
+    pd = clients["pd"]
+    kubectl(testbed.pd_kubeconfig, "apply", "--server-side", "--force-conflicts", "--field-manager=prfaas-bench",
+            "-f", str(ROOT / CRD_OUTPUTS[0]))  # fmt: skip
+    nodes = {
+        "prfaas": bench_nodes("prfaas", "NVIDIA-H200", -(-count // GPUS_PER_BENCH_NODE)),
+        "pd": bench_nodes("pd", "NVIDIA-H20", -(-2 * count // GPUS_PER_BENCH_NODE)),
+    }
+    kubeconfigs = {"pd": testbed.pd_kubeconfig, "prfaas": testbed.prfaas_kubeconfig}
+    tag = uuid.uuid4().hex[:5]
+    names = [(f"bench-{tag}-{i}", f"bench-{tag}-{i}") for i in range(count)]  # (namespace, name)
+    missing = count
+    try:
+        for cluster, cluster_nodes in nodes.items():
+            # kubectl, not lightkube: its Node model insists on nodeInfo fields a fake node lacks
+            kubectl(kubeconfigs[cluster], "apply", "-f", "-", stdin=yaml.safe_dump_all(cluster_nodes))
+        secret_client = Client(
+            config=KubeConfig.from_file(testbed.pd_kubeconfig), field_manager="prfaas-bench"
+        )
+        for namespace, _ in names:
+            store_kubeconfig_secret(secret_client, testbed.prfaas_kubeconfig, name="prfaas-cluster-kubeconfig",
+                                    namespace=namespace)  # fmt: skip
+
+        with run_operator(
+            testbed.pd_kubeconfig, workdir / "operator.log", f"bench-{tag}-*", *operator_args
+        ) as operator:
+            idle_rss, idle_cpu = operator.rss_bytes(), operator.cpu_seconds()
+            peak = [idle_rss]
+            sightings = Sightings()
+            background = [*sightings.watches(clients), asyncio.create_task(sample_rss(operator, peak))]
+            await asyncio.sleep(1.0)  # let the watches start before the first CR is created
+            applied: dict[tuple[str, str], float] = {}
+
+            async def create(key: tuple[str, str]) -> None:
+                applied[key] = time.monotonic()
+                await pd.create(PrfaasDeploymentResource.from_dict(bench_cr(key[1], key[0])))
+
+            await asyncio.gather(*(create(key) for key in names))
+            deadline = time.monotonic() + timeout_s
+            while (
+                sum(key in sightings.ready_at for key in names) < count
+                and time.monotonic() < deadline
+                and operator.alive()
+            ):
+                await asyncio.sleep(0.5)
+            present_at = {
+                key: at - applied[key]
+                for key in names
+                if (at := sightings.children_present_at(*key)) is not None
+            }
+            ready_at = {
+                key: sightings.ready_at[key] - applied[key] for key in names if key in sightings.ready_at
+            }
+            end_rss, busy_cpu = operator.rss_bytes(), operator.cpu_seconds() - idle_cpu
+            log = operator.log_text()
+            metrics = operator.metrics()
+            errors = [line for line in log.splitlines() if " ERROR " in line or "Traceback" in line]
+            warnings = [line for line in log.splitlines() if " WARNING " in line]
+            reconcile_errors = metric_sum(metrics, "prfaas_operator_reconciles_total", 'result="error"')
+            cluster_errors = metric_sum(metrics, "prfaas_operator_cluster_errors_total{")
+            reconciles = metric_sum(metrics, "prfaas_operator_reconciles_total{")
+            pass_seconds = metric_sum(metrics, "prfaas_operator_reconcile_duration_seconds_sum")
+            passes = metric_sum(metrics, "prfaas_operator_reconcile_duration_seconds_count")
+
+            print(f"\n{count} PrfaasDeployments applied at once (times from watch events)")
+            print(percentile_line("apply -> children present", list(present_at.values()), count))
+            print(percentile_line("apply -> Ready", list(ready_at.values()), count))
+            print(f"{'operator RSS':<28} idle {idle_rss / 2**20:6.1f} MiB   peak {peak[0] / 2**20:6.1f} MiB   "
+                  f"end {end_rss / 2**20:6.1f} MiB")  # fmt: skip
+            print(f"{'operator CPU':<28} {busy_cpu:.1f} s during the run")
+            print(f"{'reconciles':<28} {reconciles:.0f}, mean {pass_seconds / max(passes, 1):.2f} s each "
+                  f"(errors {reconcile_errors:.0f}, cluster errors {cluster_errors:.0f})")  # fmt: skip
+            print(f"{'operator log errors':<28} {len(errors)} (warnings {len(warnings)})")
+            for line in (errors + warnings)[:10]:
+                print(f"    {line[:300]}")
+            missing = count - len(ready_at)
+            if missing:
+                print(f"{missing} CR(s) did not become Ready within {timeout_s:.0f} s")
+
+            # delete while the operator runs, so its finalizer empties the PrfaaS cluster too
+            await asyncio.gather(*(pd.delete(PrfaasDeploymentResource, n, namespace=ns) for ns, n in names))
+            cleanup_deadline = time.monotonic() + 120
+            while await bench_crs_left(pd, tag) and time.monotonic() < cleanup_deadline:
+                await asyncio.sleep(0.5)
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+        return 1 if missing or errors or reconcile_errors or cluster_errors else 0
+    finally:
+        for namespace, _ in names:
+            for client in clients.values():
+                with contextlib.suppress(ApiError):
+                    await client.delete(Namespace, namespace)
+        for cluster, cluster_nodes in nodes.items():
+            for node in cluster_nodes:
+                with contextlib.suppress(ApiError):
+                    await clients[cluster].delete(Node, node["metadata"]["name"])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--count", type=int, default=20, help="CRs applied at once (e.g. 20 or 50)")
+    parser.add_argument("--timeout", type=float, default=180, help="seconds to wait for all to be Ready")
+    parser.add_argument("--log-dir", type=Path, help="keep the operator log here (default: a temporary dir)")
+    parser.add_argument(
+        "--operator-arg", action="append", default=[], help="pass to the operator (repeatable)"
+    )
+    args = parser.parse_args()
+    testbed = ensure_testbed()
+    if args.log_dir is not None:
+        args.log_dir.mkdir(parents=True, exist_ok=True)
+        return asyncio.run(run(testbed, args.count, args.timeout, args.log_dir, args.operator_arg))
+    with tempfile.TemporaryDirectory(prefix="bench-operator-") as workdir:
+        return asyncio.run(run(testbed, args.count, args.timeout, Path(workdir), args.operator_arg))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

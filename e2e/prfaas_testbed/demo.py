@@ -1,0 +1,387 @@
+"""The demo (the README's first command): the whole system on two local clusters, under live traffic.
+
+    scripts/demo.sh [--duration SECONDS] [--time-scale X] [--keep]
+
+It builds or reuses the testbed, installs the chart (the operator in the PD cluster; the
+least-privilege access identity in the PrfaaS cluster, with a kubeconfig Secret for it in the
+PD cluster), applies the repository's sample PrfaasDeployment with the planner and routing in
+Auto, runs the pods (the runner) and Prometheus, and drives traffic to the router's pod IP:
+the Mooncake trace, then a shift to long prompts. It prints a progress line every few seconds
+and a summary: requests served and failed, fraction offloaded, TTFT, KV egress, every planner
+decision with its reason, and which link emulation ran.
+
+Without --duration the traffic phases run once (about 3.5 minutes) and the system stays up for
+kubectl until Ctrl-C; with --duration the traffic fills that time and the demo then tears
+down. Tear-down deletes the CR, uninstalls the releases and stops the runner and Prometheus;
+the clusters stay up with --keep, or when they were already running before the demo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prfaas_testbed.clusters import Testbed, TestbedError, ensure_testbed, is_testbed_up, teardown_testbed
+from prfaas_testbed.link import LinkMode, LinkShape, describe
+from prfaas_testbed.pod_workloads import Scales
+from prfaas_testbed.prometheus import PrometheusError
+from prfaas_testbed.system import REPO, LiveSystem, LiveSystemError, customise_cr, load_sample_cr
+from prfaas_testbed.traffic import PlannedRequest, TrafficDriver, lognormal_requests, trace_requests
+
+TRACE = REPO / "data" / "traces" / "mooncake-synthetic.jsonl"
+PROGRESS_SECONDS = 5.0
+DEMO_PLANNER = {
+    "mode": "Auto",
+    "intervalSeconds": 10,
+    "windowSeconds": 60,
+    "hysteresis": 0.05,
+    "cooldownSeconds": 30,
+}
+LONG_PROMPT_RATE_RPS = 1.0
+"""Real-time arrival rate of the long-prompt phase: above what the trace's optimum serves, below the new one's."""
+DEFAULT_PHASE_SECONDS = (90.0, 120.0)
+TRACE_SHARE = 0.4
+"""With --duration: the share of it the trace gets; the long prompts get the rest."""
+SETTLE_SECONDS = 30.0
+"""After the traffic plan: how long requests still in flight may take before the summary."""
+
+
+def say(text: str) -> None:
+    print(f"[demo] {text}", flush=True)
+
+
+@dataclass
+class PlannerLog:
+    """Every planner decision seen in status.planner (one per `time`), and every allocation in force."""
+
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    allocations: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+
+    def observe(self, cr: dict[str, Any] | None, elapsed: float) -> None:
+        status = (cr or {}).get("status") or {}
+        planner = status.get("planner")
+        if planner and (not self.decisions or self.decisions[-1].get("time") != planner.get("time")):
+            self.decisions.append({**planner, "elapsed": elapsed})
+        allocation = status.get("allocation")
+        if allocation:
+            point = {
+                k: allocation.get(k)
+                for k in (
+                    "thresholdTokens",
+                    "prefillClusterReplicas",
+                    "pdPrefillInstances",
+                    "pdDecodeInstances",
+                    "source",
+                )
+            }
+            if not self.allocations or self.allocations[-1][1] != point:
+                self.allocations.append((elapsed, point))
+
+
+def allocation_text(point: dict[str, Any]) -> str:
+    return (
+        f"threshold {point.get('thresholdTokens')}, PrfaaS {point.get('prefillClusterReplicas')} "
+        f"local-prefill {point.get('pdPrefillInstances')} decode {point.get('pdDecodeInstances')} ({point.get('source')})"
+    )
+
+
+def plan_traffic(duration: float | None, time_scale: float) -> tuple[list[PlannedRequest], float, float]:
+    """The trace phase then the long-prompt phase, bounded; returns the plan, when the shift comes, the length."""
+    trace_seconds, long_seconds = (
+        (duration * TRACE_SHARE, duration * (1 - TRACE_SHARE))
+        if duration is not None
+        else DEFAULT_PHASE_SECONDS
+    )
+    trace = trace_requests(TRACE, time_scale=time_scale, max_requests=5000, max_seconds=trace_seconds)
+    long = lognormal_requests(
+        rate_rps=LONG_PROMPT_RATE_RPS, seconds=long_seconds, time_scale=time_scale, seed=7
+    )
+    shifted = [
+        PlannedRequest(r.at + trace_seconds, r.phase, r.input_tokens, r.output_tokens, r.hash_ids)
+        for r in long
+    ]
+    return trace + shifted, trace_seconds, trace_seconds + long_seconds
+
+
+class Demo:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.scales = Scales(time_scale=args.time_scale, kv_scale=args.kv_scale)
+        self.system: LiveSystem | None = None
+        self.testbed: Testbed | None = None
+        self.was_up = False
+        self.planner_log = PlannerLog()
+        self.started = 0.0
+        self.shift_at = 0.0
+
+    # ---- setup ----------------------------------------------------------------------------------
+
+    def bring_up(self) -> LiveSystem:
+        self.was_up = is_testbed_up()
+        say(
+            "testbed: reusing the running clusters"
+            if self.was_up
+            else "testbed: creating the clusters (the first run builds Kubernetes from source: ~20 min)"
+        )
+        self.testbed = ensure_testbed()
+        work = self.testbed.state_dir / "demo"
+        shutil.rmtree(work, ignore_errors=True)
+        system = self.system = LiveSystem(
+            self.testbed, work, scales=self.scales, link_mode=LinkMode.ENGINE_TOKEN_BUCKET
+        )
+        t0 = time.monotonic()
+        system.start()
+        assert system.prometheus is not None
+        layout = system.layout
+        say(f"Prometheus {system.prometheus.url}; runner state and pod logs in {system.runner_dir}")
+        say(
+            f"chart installed: operator in pd/{layout.system_namespace} (watching {layout.deployment_namespace}), "
+            f"access identity {layout.access_service_account} in prfaas/{layout.system_namespace}, "
+            f"its kubeconfig in Secret pd/{layout.deployment_namespace}/{layout.secret_name} "
+            f"({time.monotonic() - t0:.0f}s)"
+        )
+        cr = customise_cr(
+            load_sample_cr(),
+            layout,
+            prometheus_url=system.prometheus.url,
+            planner=DEMO_PLANNER,
+            routing_mode="Auto",
+        )
+        system.cr_name = str(cr["metadata"]["name"])
+        if system.cr() is not None:
+            say("deleting the PrfaasDeployment a previous run left")
+            system.delete_cr()
+        system.apply(cr)
+        t0 = time.monotonic()
+        say(
+            f"applied PrfaasDeployment {layout.deployment_namespace}/{system.cr_name}: planner Auto every "
+            f"{DEMO_PLANNER['intervalSeconds']}s over {DEMO_PLANNER['windowSeconds']}s, cooldown {DEMO_PLANNER['cooldownSeconds']}s, routing Auto"
+        )
+        system.wait_ready(240)
+        ready_cr = system.cr() or {}
+        status = ready_cr.get("status") or {}
+        say(
+            f"Ready {time.monotonic() - t0:.0f}s after apply: PrfaaS prefill {status.get('prefillCluster', {}).get('ready')}, "
+            f"local prefill {status.get('pdPrefill', {}).get('ready')}, decode {status.get('pdDecode', {}).get('ready')}; "
+            f"router at {system.router_url()}"
+        )
+        say(
+            f"link emulation: {describe(LinkMode.ENGINE_TOKEN_BUCKET, LinkShape.of_spec(ready_cr['spec']), self.scales)}"
+        )
+        return system
+
+    # ---- traffic ----------------------------------------------------------------------------------
+
+    async def drive(self, system: LiveSystem, stop: asyncio.Event) -> TrafficDriver:
+        url = system.router_url()
+        if url is None:
+            raise LiveSystemError("the router has no ready pod")
+        plan, self.shift_at, seconds = plan_traffic(self.args.duration, self.scales.time_scale)
+        phases = {phase: sum(1 for r in plan if r.phase == phase) for phase in ("trace", "long")}
+        say(
+            f"traffic to {url}: {phases['trace']} requests of the Mooncake trace, then {phases['long']} long prompts "
+            f"(~50K tokens, {LONG_PROMPT_RATE_RPS:g} req/s in model time) from t={self.shift_at:.0f}s; "
+            f"{seconds:.0f}s in all at time scale {self.scales.time_scale:g}"
+        )
+        driver = TrafficDriver(url, str((system.cr() or {}).get("spec", {}).get("model", {}).get("servedModelName", "")),
+                               request_timeout_seconds=max(60.0, 300 * self.scales.time_scale))  # fmt: skip
+        self.started = time.monotonic()
+        sending = asyncio.create_task(driver.run(plan, stop, settle_seconds=SETTLE_SECONDS))
+        while not sending.done():
+            await asyncio.wait({sending}, timeout=PROGRESS_SECONDS)
+            await self.progress(system, driver)
+        await sending
+        return driver
+
+    async def progress(self, system: LiveSystem, driver: TrafficDriver) -> None:
+        elapsed = time.monotonic() - self.started
+        cr = await asyncio.to_thread(system.cr)
+        self.planner_log.observe(cr, elapsed)
+        phase = "trace" if elapsed < self.shift_at else "long"
+        summary = driver.summary()
+        status = (cr or {}).get("status") or {}
+        allocation = status.get("allocation") or {}
+        planner = status.get("planner") or {}
+        counts = summary.outcomes
+        offloaded = "n/a" if summary.offloaded_fraction is None else f"{summary.offloaded_fraction:.0%}"
+        p50 = "n/a" if summary.ttft_p50 is None else f"{summary.ttft_p50:.1f}s"
+        print(
+            f"  t={elapsed:4.0f}s {phase:5} sent {summary.sent:4} ok {counts.get('ok', 0):4} 429 {counts.get('rejected', 0):3} "
+            f"fail {counts.get('failed', 0):3} inflight {driver.inflight:3} | offloaded {offloaded:>4} TTFT p50 {p50:>6} | "
+            f"threshold {allocation.get('thresholdTokens')} prfaas {status.get('prefillCluster', {}).get('ready')}/{allocation.get('prefillClusterReplicas')} "
+            f"local-prefill {status.get('pdPrefill', {}).get('ready')}/{allocation.get('pdPrefillInstances')} "
+            f"decode {status.get('pdDecode', {}).get('ready')}/{allocation.get('pdDecodeInstances')} | "
+            f"planner {planner.get('action', '-')}: {str(planner.get('reason', ''))[:60]}",
+            flush=True,
+        )
+
+    # ---- summary ------------------------------------------------------------------------------------
+
+    def egress(self, system: LiveSystem) -> tuple[float | None, float | None]:
+        """KV egress: the router's estimate in real bytes, and the bytes the PrfaaS engines really sent."""
+        assert system.prometheus is not None
+        namespace = system.layout.deployment_namespace
+
+        def total(promql: str) -> float | None:
+            try:
+                result = system.prometheus.query(promql) if system.prometheus else []
+            except PrometheusError:
+                return None
+            return float(result[0]["value"][1]) if result else None
+
+        return (
+            total(f'sum(max_over_time(prfaas_router_kv_egress_bytes_total{{namespace="{namespace}"}}[1h]))'),
+            total(
+                f'sum(max_over_time(prfaas_fake_engine_kv_bytes_sent_total{{cluster="prfaas",namespace="{namespace}"}}[1h]))'
+            ),
+        )
+
+    def summary(self, system: LiveSystem, driver: TrafficDriver) -> None:
+        say("summary")
+        for phase, label in (("trace", "Mooncake trace"), ("long", "long prompts"), (None, "all")):
+            print(f"  {label:15} {driver.summary(phase).line()}")
+        errors = driver.summary().errors
+        for text, count in sorted(errors.items(), key=lambda item: -item[1])[:5]:
+            print(f"    failed x{count}: {text}")
+        router_bytes, wire_bytes = self.egress(system)
+        router_text = (
+            "unknown (no router series in Prometheus)"
+            if router_bytes is None
+            else f"{router_bytes / 1e9:.1f} GB"
+        )
+        wire_text = "unknown" if wire_bytes is None else f"{wire_bytes / 1e6:.1f} MB"
+        print(
+            f"  KV egress PrfaaS -> PD: {router_text} in model bytes (router's estimate); "
+            f"{wire_text} really sent over TCP (kv-scale {self.scales.kv_scale:g})"
+        )
+        print("  allocation in force over time:")
+        for elapsed, point in self.planner_log.allocations:
+            print(f"    t={elapsed:4.0f}s {allocation_text(point)}")
+        print(f"  planner decisions ({len(self.planner_log.decisions)}):")
+        for decision in self.planner_log.decisions:
+            print(f"    t={decision['elapsed']:4.0f}s {decision.get('action'):6} {decision.get('reason')}")
+        applied = system.events(["PlannerApplied"])
+        print(f"  PlannerApplied events: {len(applied)}")
+        for event in applied:
+            print(f"    {event.get('lastTimestamp') or event.get('eventTime')}: {event.get('message')}")
+        restarts = sum(p["restarts"] for p in system.runner_status()["pods"])
+        print(f"  pod processes: {len(system.runner_status()['pods'])}, restarts {restarts}")
+        cr = system.cr() or {}
+        print(
+            f"  link: {describe(LinkMode.ENGINE_TOKEN_BUCKET, LinkShape.of_spec(cr['spec']), self.scales) if cr else 'n/a'}"
+        )
+        if self.scales.time_scale != 1:
+            print(
+                f"  time scale {self.scales.time_scale:g}: engines compute {1 / self.scales.time_scale:g}x faster and requests "
+                "arrive as much faster, so rates Prometheus shows are that many times the model's"
+            )
+
+    def print_kubectl(self) -> None:
+        assert self.testbed is not None
+        say("the clusters are up; inspect them with kubectl:")
+        print(
+            f"  export KUBECONFIG={self.testbed.pd_kubeconfig}        # PD cluster (operator, router, local engines)"
+        )
+        print("  kubectl get prfaas -A -o wide; kubectl -n prfaas-demo get pods,statefulsets")
+        print(f"  export KUBECONFIG={self.testbed.prfaas_kubeconfig}    # PrfaaS cluster (prefill engines)")
+
+    def tear_down(self) -> None:
+        if self.system is not None:
+            say(
+                "tearing down: deleting the PrfaasDeployment, uninstalling the releases, stopping the runner and Prometheus"
+            )
+            for problem in self.system.stop():
+                say(f"tear-down problem: {problem}")
+        if self.args.keep or self.was_up:
+            say(
+                "clusters left up"
+                + (" (--keep)" if self.args.keep else " (they were running before the demo)")
+            )
+        elif self.testbed is not None:
+            teardown_testbed()
+            say("clusters deleted (the built binaries stay cached)")
+
+
+async def _run(demo: Demo, system: LiveSystem) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    interrupted = asyncio.Event()
+
+    def on_signal() -> None:
+        if interrupted.is_set():
+            return
+        interrupted.set()
+        stop.set()
+        say("stopping (Ctrl-C)")
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, on_signal)
+    driver = await demo.drive(system, stop)
+    demo.summary(system, driver)
+    if demo.args.duration is None and not interrupted.is_set():
+        demo.print_kubectl()
+        say("Ctrl-C to tear down")
+        await interrupted.wait()
+    failed = driver.summary().outcomes.get("failed", 0)
+    return 0 if driver.summary().outcomes.get("ok", 0) > 0 and failed == 0 else 1
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="scripts/demo.sh", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="seconds of traffic, then tear down (default: run the phases once and stay up until Ctrl-C)",
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="engine compute times and trace gaps are multiplied by this (0.5: twice as fast)",
+    )
+    parser.add_argument(
+        "--kv-scale", type=float, default=1e-3, help="fraction of the real KV bytes the engines send"
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="leave the clusters up after tearing the system down"
+    )
+    args = parser.parse_args(argv)
+    if args.duration is not None and not args.duration >= 30:
+        parser.error(f"--duration must be at least 30 seconds, got {args.duration:g}")
+    if not 0 < args.time_scale <= 10:
+        parser.error(f"--time-scale must be in (0, 10], got {args.time_scale:g}")
+    if not 0 < args.kv_scale <= 1:
+        parser.error(f"--kv-scale must be in (0, 1], got {args.kv_scale:g}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    demo = Demo(args)
+    code = 1
+    try:
+        system = demo.bring_up()
+        code = asyncio.run(_run(demo, system))
+    except KeyboardInterrupt:
+        say("interrupted")
+    except (TestbedError, LiveSystemError, PrometheusError) as err:
+        say(f"error: {err}")
+        if demo.system is not None:
+            say(f"logs: {demo.system.work_dir} (runner.log, runner/pods/*/*/*/process.log)")
+    finally:
+        demo.tear_down()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

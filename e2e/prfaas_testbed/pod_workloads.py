@@ -1,0 +1,403 @@
+"""What a testbed pod runs as a local process: the kubelet's part, translated (pure).
+
+kwok marks pods Running but runs nothing. The runner asks this module what each pod would run
+and gets a ``LocalProcess``: the argv, the environment a container would see, the files its
+ConfigMap volumes hold, how to probe its readiness and where its metrics are. Three workloads
+are known, recognised by the container's command (never by name, so what the operator or the
+chart writes is what runs):
+
+* ``python3 -m sglang.launch_server ARGS`` (engine pods): the fake SGLang engine with the same
+  ARGS, timed by the node's GPU product (``nvidia.com/gpu.product`` NVIDIA-H200 -> profile
+  ``h200``), plus the testbed-wide time and KV scales and, for pods whose KV crosses the
+  emulated link, the link rate;
+* ``prfaas-router ARGS`` (router pod): the router, its ConfigMap volume materialised in a
+  local directory that the runner keeps in sync;
+* ``python -m prfaas_operator ARGS`` (operator pod, from the Helm chart): the operator, with a
+  kubeconfig built from a token of the pod's own ServiceAccount.
+
+Inside a pod, 0.0.0.0 means "every address of the pod's network namespace", which on this
+testbed is the pod IP: every ``0.0.0.0`` in the arguments becomes the pod IP, so two pods never
+compete for one port. Pure: no clock, no client, no process; the runner does the rest.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+ROLE_LABEL = "prfaas.io/role"
+WILDCARD_ADDRESS = "0.0.0.0"
+FAKE_ENGINE_PROFILES = {"NVIDIA-H200": "h200", "NVIDIA-H20": "h20"}
+"""GPU product label -> built-in fake-engine timing profile (the case study's hardware)."""
+
+_VAR_REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
+_BASE_ENVIRONMENT_KEYS = ("PATH", "LANG", "LC_ALL", "TZ")
+
+
+class WorkloadKind(enum.StrEnum):
+    ENGINE = "engine"
+    ROUTER = "router"
+    OPERATOR = "operator"
+
+
+class PodWorkloadError(ValueError):
+    """A pod the testbed cannot run as it is written; the message names the pod and the cause."""
+
+
+@dataclass(frozen=True)
+class Scales:
+    """Testbed-wide scales of the fake engines (see fake_engine: --time-scale, --kv-scale)."""
+
+    time_scale: float = 1.0
+    kv_scale: float = 1e-3
+
+    def __post_init__(self) -> None:
+        if not self.time_scale > 0:
+            raise ValueError(f"time_scale must be > 0 (the link rate divides by it), got {self.time_scale}")
+        if not self.kv_scale > 0:
+            raise ValueError(f"kv_scale must be > 0, got {self.kv_scale}")
+
+
+@dataclass(frozen=True)
+class Programs:
+    """Local commands standing in for the container images."""
+
+    python: str
+    router: str
+
+
+@dataclass(frozen=True)
+class HttpProbe:
+    """A readinessProbe's httpGet, resolved to the pod's address, with its thresholds."""
+
+    host: str
+    port: int
+    path: str
+    timeout_seconds: float = 1.0
+    failure_threshold: int = 3
+    """Consecutive failures that make a ready pod unready (as the kubelet counts them)."""
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}{self.path}"
+
+
+@dataclass(frozen=True)
+class ConfigMapVolume:
+    """A ConfigMap volume: the runner writes the ConfigMap's keys as files into ``directory``."""
+
+    configmap: str
+    directory: Path
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class LocalProcess:
+    """Everything the runner needs to run one pod's container locally."""
+
+    kind: WorkloadKind
+    role: str
+    """Scrape job and ``role`` label: the pod's prfaas.io/role label, else the workload kind."""
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    readiness: HttpProbe | None
+    metrics_port: int | None
+    configmaps: tuple[ConfigMapVolume, ...] = ()
+    service_account: str | None = None
+    """The operator runs as this ServiceAccount (the runner mints its token)."""
+    kubeconfig_path: Path | None = None
+    termination_grace_seconds: float = 30.0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    """The parts of a pod (and its node) the translation reads."""
+
+    namespace: str
+    name: str
+    uid: str
+    ip: str
+    node_name: str
+    host_ip: str
+    service_account: str
+    labels: Mapping[str, str]
+    container: Mapping[str, Any]
+    volumes: Sequence[Mapping[str, Any]]
+    node_labels: Mapping[str, str]
+    termination_grace_seconds: float
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @classmethod
+    def of(cls, pod: Mapping[str, Any], node: Mapping[str, Any] | None) -> PodFacts:
+        """Read a Pod manifest (and its Node's); raises PodWorkloadError when it cannot run yet."""
+        metadata = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        status = pod.get("status") or {}
+        key = f"{metadata.get('namespace')}/{metadata.get('name')}"
+        containers = spec.get("containers") or []
+        if len(containers) != 1:
+            raise PodWorkloadError(
+                f"pod {key}: the testbed runs pods of exactly one container, got {len(containers)}"
+            )
+        if not status.get("podIP"):
+            raise PodWorkloadError(f"pod {key}: no pod IP yet")
+        grace = spec.get("terminationGracePeriodSeconds")
+        return cls(
+            namespace=str(metadata.get("namespace", "")),
+            name=str(metadata.get("name", "")),
+            uid=str(metadata.get("uid", "")),
+            ip=str(status["podIP"]),
+            node_name=str(spec.get("nodeName", "")),
+            host_ip=str(status.get("hostIP", "")),
+            service_account=str(spec.get("serviceAccountName") or "default"),
+            labels=dict(metadata.get("labels") or {}),
+            container=containers[0],
+            volumes=list(spec.get("volumes") or []),
+            node_labels=dict(((node or {}).get("metadata") or {}).get("labels") or {}),
+            termination_grace_seconds=float(30 if grace is None else grace),
+        )
+
+
+def expand_references(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion: known variables are replaced, unknown ones kept, $$ is $."""
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name = match.group(1)
+        return env[name] if name in env else match.group(0)
+
+    return _VAR_REFERENCE.sub(replace, text)
+
+
+def _field_value(facts: PodFacts, field_path: str) -> str:
+    values = {
+        "metadata.name": facts.name,
+        "metadata.namespace": facts.namespace,
+        "metadata.uid": facts.uid,
+        "spec.nodeName": facts.node_name,
+        "spec.serviceAccountName": facts.service_account,
+        "status.podIP": facts.ip,
+        "status.hostIP": facts.host_ip,
+    }
+    if field_path.startswith("metadata.labels['") and field_path.endswith("']"):
+        label = field_path[len("metadata.labels['") : -2]
+        if label in facts.labels:
+            return facts.labels[label]
+    if field_path not in values:
+        raise PodWorkloadError(
+            f"pod {facts.key}: env fieldRef {field_path!r} is not supported by the testbed"
+        )
+    return values[field_path]
+
+
+def container_environment(facts: PodFacts, base: Mapping[str, str]) -> dict[str, str]:
+    """The container's environment: a few host basics, then its env entries in order.
+
+    The host's own variables (KUBECONFIG above all) never leak into a pod.
+    """
+    env = {key: base[key] for key in _BASE_ENVIRONMENT_KEYS if key in base}
+    for entry in facts.container.get("env") or []:
+        name = entry.get("name")
+        if not name:
+            raise PodWorkloadError(f"pod {facts.key}: an env entry has no name")
+        if "value" in entry:
+            env[name] = expand_references(str(entry.get("value") or ""), env)
+        elif (entry.get("valueFrom") or {}).get("fieldRef"):
+            env[name] = _field_value(facts, entry["valueFrom"]["fieldRef"].get("fieldPath", ""))
+        elif entry.get("valueFrom"):
+            kinds = ", ".join(sorted(entry["valueFrom"]))
+            raise PodWorkloadError(
+                f"pod {facts.key}: env {name} uses valueFrom {kinds}, which the testbed does not run"
+            )
+        else:
+            env[name] = ""
+    return env
+
+
+def _container_port(facts: PodFacts, port: Any) -> int:
+    """A probe's port: a number, or the name of one of the container's ports."""
+    if isinstance(port, int):
+        return port
+    if isinstance(port, str) and port.isdigit():
+        return int(port)
+    for declared in facts.container.get("ports") or []:
+        if declared.get("name") == port:
+            return int(declared["containerPort"])
+    raise PodWorkloadError(f"pod {facts.key}: no container port named {port!r}")
+
+
+def readiness_probe(facts: PodFacts) -> HttpProbe | None:
+    """The container's readinessProbe at the pod IP; None when it has none (ready once running)."""
+    probe = facts.container.get("readinessProbe")
+    if not probe:
+        return None
+    http = probe.get("httpGet")
+    if not http:
+        raise PodWorkloadError(f"pod {facts.key}: only httpGet readiness probes are supported")
+    return HttpProbe(
+        host=facts.ip, port=_container_port(facts, http.get("port")), path=http.get("path") or "/"
+    )
+
+
+def _configmap_volumes(
+    facts: PodFacts, volumes_dir: Path
+) -> tuple[tuple[ConfigMapVolume, ...], dict[str, Path]]:
+    """ConfigMap volumes and the local directory standing in for each mount path."""
+    by_name = {volume.get("name"): volume for volume in facts.volumes}
+    found: list[ConfigMapVolume] = []
+    mounts: dict[str, Path] = {}
+    for mount in facts.container.get("volumeMounts") or []:
+        volume = by_name.get(mount.get("name"))
+        if volume is None:
+            raise PodWorkloadError(f"pod {facts.key}: volumeMount {mount.get('name')!r} names no volume")
+        source = volume.get("configMap")
+        if source is None:
+            continue  # emptyDir and the like: the host's own directories serve
+        if source.get("items") or mount.get("subPath"):
+            raise PodWorkloadError(
+                f"pod {facts.key}: ConfigMap volume {volume['name']!r} uses items or subPath"
+            )
+        directory = volumes_dir / str(volume["name"])
+        found.append(ConfigMapVolume(str(source["name"]), directory, bool(source.get("optional", False))))
+        mounts[str(mount["mountPath"]).rstrip("/")] = directory
+    return tuple(found), mounts
+
+
+def _local_path(arg: str, mounts: Mapping[str, Path]) -> str:
+    """An argument (``PATH`` or ``--flag=PATH``) naming a mounted ConfigMap file, rewritten to the local copy."""
+    flag, sep, value = arg.partition("=") if arg.startswith("-") else ("", "", arg)
+    for mount_path, directory in mounts.items():
+        if value == mount_path or value.startswith(f"{mount_path}/"):
+            local = directory / value[len(mount_path) :].lstrip("/")
+            return f"{flag}{sep}{local}"
+    return arg
+
+
+def _pod_args(facts: PodFacts, env: Mapping[str, str], mounts: Mapping[str, Path]) -> list[str]:
+    args = [expand_references(str(arg), env) for arg in facts.container.get("args") or []]
+    return [_local_path(arg.replace(WILDCARD_ADDRESS, facts.ip), mounts) for arg in args]
+
+
+def classify(container: Mapping[str, Any]) -> WorkloadKind | None:
+    """Which known workload a container runs, by its command; None for anything else."""
+    command = [str(part) for part in container.get("command") or []]
+    if len(command) >= 3 and PurePosixPath(command[0]).name.startswith("python") and command[1] == "-m":
+        module = command[2]
+        if module == "sglang.launch_server":
+            return WorkloadKind.ENGINE
+        if module == "prfaas_operator":
+            return WorkloadKind.OPERATOR
+    if command and PurePosixPath(command[0]).name == "prfaas-router":
+        return WorkloadKind.ROUTER
+    return None
+
+
+def fake_engine_profile(facts: PodFacts) -> str:
+    """The timing profile of the node's GPU: the hardware is what the node says it is."""
+    product = facts.node_labels.get(GPU_PRODUCT_LABEL)
+    if product is None:
+        raise PodWorkloadError(f"pod {facts.key}: node {facts.node_name!r} has no {GPU_PRODUCT_LABEL} label")
+    if product not in FAKE_ENGINE_PROFILES:
+        known = ", ".join(sorted(FAKE_ENGINE_PROFILES))
+        raise PodWorkloadError(
+            f"pod {facts.key}: no fake-engine profile for GPU product {product!r} (known: {known})"
+        )
+    return FAKE_ENGINE_PROFILES[product]
+
+
+def _metrics_port(facts: PodFacts, kind: WorkloadKind, args: Sequence[str]) -> int | None:
+    for declared in facts.container.get("ports") or []:
+        if declared.get("name") == "metrics":
+            return int(declared["containerPort"])
+    if kind is WorkloadKind.OPERATOR:
+        return None
+    port = flag_value(args, "--port")
+    return int(port) if port is not None and port.isdigit() else None
+
+
+def flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of ``--flag V`` or ``--flag=V`` (the last one wins, as with argparse)."""
+    value = None
+    for index, arg in enumerate(args):
+        if arg == flag and index + 1 < len(args):
+            value = args[index + 1]
+        elif arg.startswith(f"{flag}="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def local_process(
+    facts: PodFacts,
+    *,
+    programs: Programs,
+    scales: Scales,
+    pod_dir: Path,
+    base_env: Mapping[str, str],
+    link_rate_bytes_per_second: float | None = None,
+) -> LocalProcess | None:
+    """The local process of one pod, or None when its container is none of the known workloads.
+
+    ``link_rate_bytes_per_second``: pace this engine's KV sends (the link emulation in the
+    engines, for prefill pods whose KV crosses the link); None leaves them unshaped.
+    """
+    kind = classify(facts.container)
+    if kind is None:
+        return None
+    env = container_environment(facts, base_env)
+    configmaps, mounts = _configmap_volumes(facts, pod_dir / "volumes")
+    args = _pod_args(facts, env, mounts)
+    role = facts.labels.get(ROLE_LABEL) or kind.value
+    notes: list[str] = []
+    service_account = None
+    kubeconfig_path = None
+    if kind is WorkloadKind.ENGINE:
+        command = [programs.python, "-m", "prfaas_testbed.fake_engine"]
+        profile = fake_engine_profile(facts)
+        extra = [
+            "--profile",
+            profile,
+            "--time-scale",
+            f"{scales.time_scale:g}",
+            "--kv-scale",
+            f"{scales.kv_scale:g}",
+        ]
+        if link_rate_bytes_per_second is not None:
+            extra += ["--link-rate-bytes-per-second", f"{link_rate_bytes_per_second:.6g}"]
+            notes.append(
+                f"KV sends paced to {link_rate_bytes_per_second:.3g} B/s (link emulated in the engine)"
+            )
+        argv = [*command, *args, *extra]
+        notes.append(f"fake engine, profile {profile}")
+    elif kind is WorkloadKind.ROUTER:
+        argv = [programs.router, *args]
+    else:
+        argv = [programs.python, "-m", "prfaas_operator", *args]
+        if flag_value(args, "--bind-address") is None:
+            argv += ["--bind-address", facts.ip]  # its default, 0.0.0.0, is the pod IP inside a pod
+        service_account = facts.service_account
+        kubeconfig_path = pod_dir / "kubeconfig.yaml"
+        env["KUBECONFIG"] = str(kubeconfig_path)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return LocalProcess(
+        kind=kind,
+        role=role,
+        argv=tuple(argv),
+        env=env,
+        readiness=readiness_probe(facts),
+        metrics_port=_metrics_port(facts, kind, args),
+        configmaps=configmaps,
+        service_account=service_account,
+        kubeconfig_path=kubeconfig_path,
+        termination_grace_seconds=facts.termination_grace_seconds,
+        notes=tuple(notes),
+    )

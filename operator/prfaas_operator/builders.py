@@ -1,0 +1,648 @@
+"""Desired children of a PrfaasDeployment, as plain manifests (pure: no kopf, no client).
+
+Given the CR, the allocation in force and the KV fingerprint, these functions say what must
+exist in each cluster; the reconcile server-side applies every one that is missing or has
+drifted (drift.py), so an edited or deleted child is put back. The router config is built
+here too, from the ready pods the reconcile observed in both clusters.
+
+Object names are fixed by role (`<cr>-prfaas-prefill`, `<cr>-pd-prefill`, `<cr>-pd-decode`,
+`<cr>-router`, `<cr>-router-config`), so a role scaled to zero is still desired with zero
+replicas and only a moved PrfaaS namespace leaves objects to prune.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from prfaas_core.profiles import PrefillTimeModel
+from prfaas_core.router_config import (
+    CONFIG_FILE_NAME,
+    Endpoint,
+    KvSize,
+    LinkSpec,
+    Pool,
+    Pools,
+    PrefillTime,
+    RouterConfig,
+    Slo,
+)
+
+from prfaas_operator.api import (
+    GROUP,
+    KIND,
+    VERSION,
+    Allocation,
+    ModelSpec,
+    PlannerMode,
+    PodPlacement,
+    PrfaasDeploymentSpec,
+    ProfilePoint,
+    ResourceRequirements,
+    RoutingMode,
+)
+from prfaas_operator.status import (
+    GPU_RESOURCE,
+    ROLE_PD_DECODE,
+    ROLE_PD_PREFILL,
+    ROLE_PRFAAS_PREFILL,
+    ROLE_ROUTER,
+    PodInfo,
+)
+
+Manifest = dict[str, Any]
+
+MANAGER = "prfaas-operator"
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_DEPLOYMENT = "prfaas.io/deployment"
+LABEL_ROLE = "prfaas.io/role"
+LABEL_FINGERPRINT = "prfaas.io/fingerprint"
+LABEL_OWNER = "prfaas.io/owner"
+LABEL_OWNER_UID = "prfaas.io/owner-uid"
+ANNOTATION_FINGERPRINT = "prfaas.io/fingerprint"
+ANNOTATION_OWNER = "prfaas.io/owner"
+ANNOTATION_CREATED_BY = "prfaas.io/created-by"
+ANNOTATION_CONFIG_CHECKSUM = "prfaas.io/router-config-checksum"
+ANNOTATION_BOOTSTRAP_PORT = "sglang.ai/bootstrap-port"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+ROUTER_CONFIG_DIR = "/etc/prfaas"
+ROUTER_CONFIG_KEY = CONFIG_FILE_NAME
+ROUTER_METRICS_SERVICE_PORT = 9090  # the router serves /metrics on its HTTP port; the Service names it
+SHM_VOLUME = "dshm"
+ENGINE_CONTAINER = "sglang"
+TRANSFER_BACKEND = "mooncake_tcp"  # Mooncake over plain TCP: the link is Ethernet, not RDMA
+DEFAULT_CHARS_PER_TOKEN = 4.0
+
+_LABEL_VALUE_MAX = 63
+
+
+def label_value(text: str) -> str:
+    """`text` if it fits a label value, else a prefix plus a hash (label values stop at 63 characters)."""
+    if len(text) <= _LABEL_VALUE_MAX:
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+    return text[: _LABEL_VALUE_MAX - len(digest) - 1].rstrip("-._") + "-" + digest
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The PrfaasDeployment the children belong to."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    @property
+    def key(self) -> str:
+        """`<namespace>.<name>`: how remote children name their owner (they cannot hold an ownerReference)."""
+        return f"{self.namespace}.{self.name}"
+
+    @classmethod
+    def of(cls, metadata: Mapping[str, Any]) -> Owner:
+        return cls(name=metadata["name"], namespace=metadata["namespace"], uid=metadata.get("uid", ""))
+
+
+@dataclass(frozen=True)
+class Names:
+    """Child object names, fixed by role."""
+
+    prfaas_prefill: str
+    pd_prefill: str
+    pd_decode: str
+    router: str
+    router_config: str
+
+    @classmethod
+    def of(cls, cr_name: str) -> Names:
+        return cls(
+            prfaas_prefill=f"{cr_name}-prfaas-prefill",
+            pd_prefill=f"{cr_name}-pd-prefill",
+            pd_decode=f"{cr_name}-pd-decode",
+            router=f"{cr_name}-router",
+            router_config=f"{cr_name}-router-config",
+        )
+
+
+# ---- allocation -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AllocationChoice:
+    """The allocation in force and why it was chosen."""
+
+    allocation: Allocation
+    reason: str
+
+
+def planner_allocation_problem(spec: PrfaasDeploymentSpec, proposed: Allocation) -> str | None:
+    """Why a planner-written allocation cannot be applied to this spec, or None when it can."""
+    pd = spec.pd_cluster
+    if proposed.pd_prefill_instances + proposed.pd_decode_instances != pd.instances:
+        return (
+            f"local prefill {proposed.pd_prefill_instances} + decode {proposed.pd_decode_instances} "
+            f"!= pdCluster.instances {pd.instances}"
+        )
+    if proposed.pd_decode_instances < 1 or proposed.pd_prefill_instances < 0:
+        return "it needs at least one decode instance and no negative count"
+    if proposed.threshold_tokens < 0:
+        return "threshold is negative"
+    replicas = proposed.prefill_cluster_replicas
+    pc = spec.prefill_cluster
+    if spec.planner.scale_prefill_cluster and not pc.min_replicas <= replicas <= pc.max_replicas:
+        return f"PrfaaS replicas {replicas} outside [{pc.min_replicas}, {pc.max_replicas}]"
+    effective_replicas = replicas if spec.planner.scale_prefill_cluster else pc.replicas
+    if proposed.pd_prefill_instances == 0 and effective_replicas == 0:
+        return "it leaves no prefill instance at all"
+    return None
+
+
+def effective_allocation(spec: PrfaasDeploymentSpec, current: Allocation | None) -> AllocationChoice:
+    """The operating point to apply: the planner's (status.allocation) in Auto when valid, else the spec's.
+
+    GitOps: the planner never edits the spec; in Auto it writes status.allocation and this
+    function takes it, field by field where the spec lets the planner decide (the threshold
+    only when routing.mode is Auto, PrfaaS replicas only when planner.scalePrefillCluster).
+    """
+    version = current.router_config_version if current is not None else 0
+    from_spec = Allocation(
+        threshold_tokens=spec.routing.threshold_tokens,
+        prefill_cluster_replicas=spec.prefill_cluster.replicas,
+        pd_prefill_instances=spec.pd_cluster.prefill_instances,
+        pd_decode_instances=spec.pd_cluster.decode_instances,
+        source="Spec",
+        router_config_version=version,
+    )
+    if spec.planner.mode != PlannerMode.AUTO:
+        return AllocationChoice(from_spec, f"planner mode {spec.planner.mode.value}: the spec's allocation")
+    if current is None or current.source != "Planner":
+        return AllocationChoice(from_spec, "planner mode Auto, no planner allocation yet: the spec's")
+    problem = planner_allocation_problem(spec, current)
+    if problem is not None:
+        return AllocationChoice(
+            from_spec, f"planner allocation not valid for the spec ({problem}): the spec's"
+        )
+    chosen = Allocation(
+        threshold_tokens=current.threshold_tokens
+        if spec.routing.mode == RoutingMode.AUTO
+        else spec.routing.threshold_tokens,
+        prefill_cluster_replicas=current.prefill_cluster_replicas
+        if spec.planner.scale_prefill_cluster
+        else spec.prefill_cluster.replicas,
+        pd_prefill_instances=current.pd_prefill_instances,
+        pd_decode_instances=current.pd_decode_instances,
+        source="Planner",
+        router_config_version=version,
+    )
+    return AllocationChoice(chosen, "planner mode Auto: the planner's allocation")
+
+
+# ---- labels and metadata ----------------------------------------------------------------------
+
+
+def selector_labels(owner: Owner, role: str) -> dict[str, str]:
+    """The immutable part: what a workload's selector matches (no fingerprint: it changes)."""
+    return {
+        LABEL_NAME: "prfaas",
+        LABEL_INSTANCE: label_value(owner.name),
+        LABEL_ROLE: role,
+    }
+
+
+def child_labels(owner: Owner, role: str | None, *, remote: bool) -> dict[str, str]:
+    """Labels on every child; remote ones also name their owner, which is how deletion finds them."""
+    labels = {
+        LABEL_NAME: "prfaas",
+        LABEL_INSTANCE: label_value(owner.name),
+        LABEL_MANAGED_BY: MANAGER,
+        LABEL_DEPLOYMENT: label_value(owner.name),
+    }
+    if role is not None:
+        labels[LABEL_ROLE] = role
+    if remote:
+        labels[LABEL_OWNER] = label_value(owner.key)
+        labels[LABEL_OWNER_UID] = owner.uid
+    return labels
+
+
+def owner_selector(owner: Owner) -> dict[str, str]:
+    """Label selector for every remote child of `owner`."""
+    return {LABEL_MANAGED_BY: MANAGER, LABEL_OWNER: label_value(owner.key)}
+
+
+def owner_reference(owner: Owner) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "name": owner.name,
+        "uid": owner.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(name: str, namespace: str, owner: Owner, role: str | None, *, remote: bool) -> dict[str, Any]:
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "labels": child_labels(owner, role, remote=remote),
+    }
+    if remote:
+        metadata["annotations"] = {ANNOTATION_OWNER: owner.key}
+    else:
+        metadata["ownerReferences"] = [owner_reference(owner)]
+    return metadata
+
+
+# ---- engines --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineRole:
+    """One engine workload: its role, SGLang mode, where it runs and how many."""
+
+    role: str
+    mode: Literal["prefill", "decode"]
+    name: str
+    namespace: str
+    placement: PodPlacement
+    replicas: int
+    port: int
+    bootstrap_port: int
+    remote: bool
+
+
+def sglang_args(model: ModelSpec, engine: EngineRole) -> list[str]:
+    """launch_server arguments; extraArgs come last so a user's repeat of a flag wins (argparse)."""
+    return [
+        "--model-path", model.model_path,
+        "--revision", model.revision,
+        "--served-model-name", model.served_model_name,
+        "--host", "0.0.0.0",
+        "--port", str(engine.port),
+        "--tp-size", str(engine.placement.gpus_per_instance),
+        "--disaggregation-mode", engine.mode,
+        "--disaggregation-transfer-backend", TRANSFER_BACKEND,
+        "--disaggregation-bootstrap-port", str(engine.bootstrap_port),
+        "--page-size", str(model.kv.page_size),
+        "--kv-cache-dtype", model.kv.dtype.value,
+        "--enable-metrics",
+        *model.extra_args,
+    ]  # fmt: skip
+
+
+def _resources(user: ResourceRequirements, gpus: int) -> dict[str, dict[str, Any]]:
+    gpu = {GPU_RESOURCE: gpus}
+    return {"requests": {**user.requests, **gpu}, "limits": {**user.limits, **gpu}}
+
+
+def _http_probe(path: str, *, period: int, timeout: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": timeout,
+        "failureThreshold": failures,
+    }
+
+
+def engine_statefulset(model: ModelSpec, engine: EngineRole, owner: Owner, fingerprint: str) -> Manifest:
+    """A StatefulSet of SGLang engines of one role, stamped with the KV fingerprint."""
+    placement = engine.placement
+    template_labels = {
+        **child_labels(owner, engine.role, remote=engine.remote),
+        LABEL_FINGERPRINT: fingerprint,
+    }
+    annotations = {ANNOTATION_FINGERPRINT: fingerprint}
+    ports = [{"name": "http", "containerPort": engine.port, "protocol": "TCP"}]
+    if engine.mode == "prefill":
+        annotations[ANNOTATION_BOOTSTRAP_PORT] = str(engine.bootstrap_port)
+        ports.append({"name": "bootstrap", "containerPort": engine.bootstrap_port, "protocol": "TCP"})
+    container = {
+        "name": ENGINE_CONTAINER,
+        "image": model.image,
+        "command": ["python3", "-m", "sglang.launch_server"],
+        "args": sglang_args(model, engine),
+        "env": [
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            # the address SGLang's KV manager and Mooncake advertise to the other side
+            {"name": "SGLANG_HOST_IP", "value": "$(POD_IP)"},
+            {"name": "MC_FORCE_TCP", "value": "1"},
+        ],
+        "ports": ports,
+        "resources": _resources(placement.resources, placement.gpus_per_instance),
+        "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
+        # model loading takes minutes: the startup probe allows 30 min before liveness starts
+        "startupProbe": _http_probe("/health", period=10, timeout=20, failures=180),
+        "readinessProbe": _http_probe("/health", period=10, timeout=20, failures=3),
+        "livenessProbe": _http_probe("/health", period=30, timeout=30, failures=5),
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "nodeSelector": {**placement.node_selector, GPU_PRODUCT_LABEL: placement.gpu_product},
+        "tolerations": [t.model_dump(by_alias=True, exclude_none=True) for t in placement.tolerations],
+        "volumes": [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": placement.shm_size}}],
+        "enableServiceLinks": False,
+    }
+    if placement.host_network:
+        pod_spec["hostNetwork"] = True
+        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _metadata(engine.name, engine.namespace, owner, engine.role, remote=engine.remote),
+        "spec": {
+            "replicas": engine.replicas,
+            "serviceName": engine.name,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": selector_labels(owner, engine.role)},
+            "template": {
+                "metadata": {"labels": template_labels, "annotations": annotations},
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+def engine_service(engine: EngineRole, owner: Owner) -> Manifest:
+    """The headless Service that gives the StatefulSet's pods stable DNS names."""
+    ports = [{"name": "http", "port": engine.port, "targetPort": "http", "protocol": "TCP"}]
+    if engine.mode == "prefill":
+        ports.append(
+            {"name": "bootstrap", "port": engine.bootstrap_port, "targetPort": "bootstrap", "protocol": "TCP"}
+        )
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(engine.name, engine.namespace, owner, engine.role, remote=engine.remote),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": selector_labels(owner, engine.role),
+            "ports": ports,
+        },
+    }
+
+
+def engine_roles(spec: PrfaasDeploymentSpec, owner: Owner, allocation: Allocation) -> list[EngineRole]:
+    """The three engine workloads: PrfaaS prefill (remote), local prefill and decode."""
+    names = Names.of(owner.name)
+    pc, pd = spec.prefill_cluster, spec.pd_cluster
+    return [
+        EngineRole(
+            ROLE_PRFAAS_PREFILL, "prefill", names.prfaas_prefill, pc.namespace, pc,
+            allocation.prefill_cluster_replicas, pc.port, pc.bootstrap_port, remote=True,
+        ),
+        EngineRole(
+            ROLE_PD_PREFILL, "prefill", names.pd_prefill, owner.namespace, pd,
+            allocation.pd_prefill_instances, pd.port, pd.bootstrap_port, remote=False,
+        ),
+        EngineRole(
+            ROLE_PD_DECODE, "decode", names.pd_decode, owner.namespace, pd,
+            allocation.pd_decode_instances, pd.port, pd.bootstrap_port, remote=False,
+        ),
+    ]  # fmt: skip
+
+
+def prefill_cluster_namespace(spec: PrfaasDeploymentSpec, owner: Owner) -> Manifest:
+    """The PrfaaS namespace, as created when missing (an existing one is left as it is)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {
+            "name": spec.prefill_cluster.namespace,
+            "labels": child_labels(owner, None, remote=True),
+            "annotations": {ANNOTATION_CREATED_BY: owner.key},
+        },
+    }
+
+
+def prefill_cluster_objects(
+    spec: PrfaasDeploymentSpec, owner: Owner, allocation: Allocation, fingerprint: str
+) -> list[Manifest]:
+    """Everything in the PrfaaS cluster except the namespace: StatefulSet and headless Service."""
+    engine = engine_roles(spec, owner, allocation)[0]
+    return [engine_statefulset(spec.model, engine, owner, fingerprint), engine_service(engine, owner)]
+
+
+def pd_cluster_engine_objects(
+    spec: PrfaasDeploymentSpec, owner: Owner, allocation: Allocation, fingerprint: str
+) -> list[Manifest]:
+    """Local prefill and decode StatefulSets and their headless Services."""
+    objects: list[Manifest] = []
+    for engine in engine_roles(spec, owner, allocation)[1:]:
+        objects += [engine_statefulset(spec.model, engine, owner, fingerprint), engine_service(engine, owner)]
+    return objects
+
+
+# ---- router -----------------------------------------------------------------------------------
+
+
+def config_checksum(config_json: str) -> str:
+    return hashlib.sha256(config_json.encode()).hexdigest()[:16]
+
+
+def router_configmap(owner: Owner, config: RouterConfig) -> Manifest:
+    names = Names.of(owner.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(names.router_config, owner.namespace, owner, ROLE_ROUTER, remote=False),
+        "data": {ROUTER_CONFIG_KEY: config.to_json()},
+    }
+
+
+def router_deployment(spec: PrfaasDeploymentSpec, owner: Owner, config_json: str | None) -> Manifest:
+    """The router Deployment. The config checksum sits on the Deployment, not the pod template:
+    the router hot-reloads its mounted config, so a new config must not roll the pods."""
+    names = Names.of(owner.name)
+    router = spec.router
+    metadata = _metadata(names.router, owner.namespace, owner, ROLE_ROUTER, remote=False)
+    if config_json is not None:
+        metadata["annotations"] = {ANNOTATION_CONFIG_CHECKSUM: config_checksum(config_json)}
+    container = {
+        "name": "router",
+        "image": router.image,
+        "command": ["prfaas-router"],
+        "args": [
+            "--config", f"{ROUTER_CONFIG_DIR}/{ROUTER_CONFIG_KEY}",
+            "--host", "0.0.0.0",
+            "--port", str(router.port),
+        ],
+        "ports": [{"name": "http", "containerPort": router.port, "protocol": "TCP"}],
+        "resources": router.resources.model_dump(by_alias=True),
+        "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],
+        "readinessProbe": _http_probe("/readiness", period=5, timeout=3, failures=3),
+        "livenessProbe": _http_probe("/liveness", period=10, timeout=5, failures=3),
+    }  # fmt: skip
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata,
+        "spec": {
+            "replicas": router.replicas,
+            "selector": {"matchLabels": selector_labels(owner, ROLE_ROUTER)},
+            "template": {
+                "metadata": {"labels": child_labels(owner, ROLE_ROUTER, remote=False)},
+                "spec": {
+                    "containers": [container],
+                    "volumes": [{"name": "config", "configMap": {"name": names.router_config}}],
+                    "enableServiceLinks": False,
+                },
+            },
+        },
+    }
+
+
+def router_service(spec: PrfaasDeploymentSpec, owner: Owner) -> Manifest:
+    service = spec.router.service
+    metrics_port = (
+        ROUTER_METRICS_SERVICE_PORT if service.port != ROUTER_METRICS_SERVICE_PORT else service.port + 1
+    )
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(Names.of(owner.name).router, owner.namespace, owner, ROLE_ROUTER, remote=False),
+        "spec": {
+            "type": service.type,
+            "selector": selector_labels(owner, ROLE_ROUTER),
+            "ports": [
+                {"name": "http", "port": service.port, "targetPort": "http", "protocol": "TCP"},
+                {"name": "metrics", "port": metrics_port, "targetPort": "http", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+# ---- router config ------------------------------------------------------------------------------
+
+
+def _url(ip: str, port: int) -> str:
+    host = f"[{ip}]" if ipaddress.ip_address(ip).version == 6 else ip
+    return f"http://{host}:{port}"
+
+
+def ready_endpoints(
+    pods: Iterable[PodInfo], role: str, port: int, bootstrap_port: int | None
+) -> list[Endpoint]:
+    """Endpoints of the pods of `role` that are ready, addressed and not being deleted, by name."""
+    return [
+        Endpoint(name=pod.name, url=_url(pod.ip, port), bootstrap_port=bootstrap_port)
+        for pod in sorted(pods, key=lambda p: p.name)
+        if pod.role == role and pod.ready and pod.ip and not pod.deleting
+    ]
+
+
+@dataclass(frozen=True)
+class PoolChoice:
+    """The endpoints the router gets, all of one fingerprint, and a note when it is not the desired one."""
+
+    pools: Pools
+    fingerprint: str
+    note: str | None = None
+
+
+def choose_pools(
+    spec: PrfaasDeploymentSpec,
+    desired_fingerprint: str,
+    prefill_cluster_pods: Sequence[PodInfo] | None,
+    pd_cluster_pods: Sequence[PodInfo],
+) -> PoolChoice:
+    """Ready endpoints of one KV layout, so the router never pairs incompatible engines.
+
+    The desired fingerprint is served as soon as it has a ready prefill and a ready decode;
+    until then (a rollout that changes the layout) the layout with the most ready pods that
+    has both keeps serving. `prefill_cluster_pods` is None when the PrfaaS cluster could not be
+    listed: its endpoints are dropped (a stale pod IP may belong to another pod by now), so
+    the router sends everything to the local prefill pool.
+    """
+    pc, pd = spec.prefill_cluster, spec.pd_cluster
+    remote = list(prefill_cluster_pods or [])
+    everything = remote + list(pd_cluster_pods)
+
+    def pools_of(fingerprint: str) -> Pools:
+        def mine(pods: Sequence[PodInfo]) -> list[PodInfo]:
+            return [p for p in pods if p.fingerprint == fingerprint]
+
+        return Pools(
+            prfaas_prefill=ready_endpoints(mine(remote), ROLE_PRFAAS_PREFILL, pc.port, pc.bootstrap_port),
+            local_prefill=ready_endpoints(mine(pd_cluster_pods), ROLE_PD_PREFILL, pd.port, pd.bootstrap_port),
+            decode=ready_endpoints(mine(pd_cluster_pods), ROLE_PD_DECODE, pd.port, None),
+        )
+
+    def serviceable(pools: Pools) -> bool:
+        return bool(pools.decode) and bool(pools.prfaas_prefill or pools.local_prefill)
+
+    desired = pools_of(desired_fingerprint)
+    if serviceable(desired):
+        return PoolChoice(desired, desired_fingerprint)
+    ready_by_fingerprint = Counter(p.fingerprint for p in everything if p.ready and p.fingerprint)
+    for fingerprint, _ in sorted(ready_by_fingerprint.items(), key=lambda item: (-item[1], item[0])):
+        if fingerprint != desired_fingerprint and serviceable(older := pools_of(fingerprint)):
+            note = (
+                f"serving KV fingerprint {fingerprint} until {desired_fingerprint} has a ready prefill "
+                "and a ready decode (layout rollout in progress)"
+            )
+            return PoolChoice(older, fingerprint, note)
+    return PoolChoice(desired, desired_fingerprint)
+
+
+def fitted_prefill_time(points: Sequence[ProfilePoint]) -> PrefillTime:
+    """T(l) fitted from a cluster's profile; raises ProfileError when the fit is not usable."""
+    return PrefillTime.of(PrefillTimeModel.fit([(p.tokens, p.seconds) for p in points]))
+
+
+def build_router_config(
+    spec: PrfaasDeploymentSpec,
+    allocation: Allocation,
+    choice: PoolChoice,
+    previous: RouterConfig | None,
+    min_version: int = 0,
+) -> RouterConfig:
+    """The router config for this allocation and these endpoints; raises ProfileError on a refused fit.
+
+    The version is bumped only when the content changes, and never falls below `min_version`
+    (the last version recorded in status), so a recreated ConfigMap is not older than what
+    the router already runs.
+    """
+    link = spec.link
+    candidate = RouterConfig(
+        version=0,
+        served_model_name=spec.model.served_model_name,
+        threshold_tokens=allocation.threshold_tokens,
+        block_size_tokens=spec.routing.block_size,
+        bandwidth_mode=spec.routing.bandwidth_mode.value,
+        chars_per_token=DEFAULT_CHARS_PER_TOKEN,
+        session_affinity_header=spec.routing.session_affinity_header,
+        link=LinkSpec(
+            bandwidth_bytes_per_second=link.bandwidth_gbps * 1e9 / 8,
+            headroom=link.headroom,
+            latency_seconds=link.latency_ms / 1000,
+        ),
+        kv_size=KvSize(
+            bytes_per_token=spec.model.kv.bytes_per_token, fixed_bytes=spec.model.kv.fixed_state_bytes
+        ),
+        prefill_time={
+            "prfaas": fitted_prefill_time(spec.prefill_cluster.prefill_profile),
+            "local": fitted_prefill_time(spec.pd_cluster.prefill_profile),
+        },
+        slo=Slo(ttft_seconds=spec.slo.ttft_seconds, tpot_seconds=spec.slo.tpot_seconds),
+        pools=choice.pools,
+        fingerprint=choice.fingerprint,
+    )
+    unchanged = (
+        previous is not None and candidate.model_copy(update={"version": previous.version}) == previous
+    )
+    if previous is not None and unchanged and previous.version >= min_version:
+        return previous
+    floor = max(previous.version if previous is not None else 0, min_version)
+    return candidate.model_copy(update={"version": floor + 1})
+
+
+def endpoint_counts(config: RouterConfig) -> dict[str, int]:
+    return {pool.value: len(config.pools.of(pool)) for pool in Pool}

@@ -1,0 +1,59 @@
+"""The KV-layout compatibility fingerprint stamped on every engine pod of both clusters.
+
+A prefill instance hands its KV cache to a decode instance byte for byte, so the two must lay
+the cache out the same way. SGLang checks page size and KV dtype at transfer time and fails
+the request ("Page size mismatch", "KV cache dtype mismatch"); a different model or revision
+fails silently with garbage. The fingerprint lets the router (and a human with
+`kubectl get pods -L prfaas.io/fingerprint`) pair only engines that agree, e.g. while a
+rollout has old and new pods side by side.
+
+What goes in, and why:
+- model path and revision: layer count, head sizes and which layers keep a KV cache;
+- page size and KV dtype, as SGLang will see them (the last `--page-size`/`--kv-cache-dtype`
+  in extraArgs wins over spec.model.kv, as SGLang's argparse does);
+- `--dtype` and `--quantization` from extraArgs: with kv dtype `auto` they decide the element type;
+- the image: the KV transfer and bootstrap protocol belong to the SGLang version.
+What stays out: the served model name (a routing label), tensor parallelism (SGLang maps
+between different TP sizes of prefill and decode), ports, resources and placement.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+
+from prfaas_operator.api import ModelSpec
+
+FINGERPRINT_LENGTH = 12  # hex digits: a label value, and 48 bits make accidental equality negligible
+
+
+def last_flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of the last `flag VALUE` or `flag=VALUE` in args (argparse: the last one wins)."""
+    value: str | None = None
+    for index, arg in enumerate(args):
+        if arg == flag and index + 1 < len(args):
+            value = args[index + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def kv_layout(model: ModelSpec) -> dict[str, str | None]:
+    """The inputs of the fingerprint, as SGLang will see them."""
+    extra = model.extra_args
+    return {
+        "image": model.image,
+        "modelPath": model.model_path,
+        "revision": model.revision,
+        "pageSize": last_flag_value(extra, "--page-size") or str(model.kv.page_size),
+        "kvCacheDtype": last_flag_value(extra, "--kv-cache-dtype") or model.kv.dtype.value,
+        "dtype": last_flag_value(extra, "--dtype"),
+        "quantization": last_flag_value(extra, "--quantization"),
+    }
+
+
+def kv_fingerprint(model: ModelSpec) -> str:
+    """A short, stable hash of the KV layout: equal fingerprints mean compatible engines."""
+    canonical = json.dumps(kv_layout(model), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:FINGERPRINT_LENGTH]

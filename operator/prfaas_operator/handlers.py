@@ -1,0 +1,119 @@
+"""kopf registration: thin handlers over the Reconciler.
+
+- create / update (spec) / resume: reconcile now, so children appear right after `kubectl apply`;
+- a daemon per CR: the level-based loop; a pass when a child changes (watch-fed caches, see
+  informers.py), every second or so while converging, and every resync period once Ready;
+- delete: remove the PrfaaS cluster's children by label (local ones go by ownerReferences),
+  retrying an unreachable cluster with backoff for a bounded time, then releasing the CR with a
+  Warning event that names what was left behind.
+kopf's own state lives in annotations under prfaas.io, never in status (the CRD's status is
+structural and belongs to the operator and the planner).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from typing import Any
+
+import kopf
+from prometheus_client import CollectorRegistry
+
+from prfaas_operator.api import GROUP, PLURAL, VERSION
+from prfaas_operator.kube import Clusters
+from prfaas_operator.metrics import OperatorMetrics
+from prfaas_operator.planner_loop import PLANNER_TICK_SECONDS, PlannerLoop
+from prfaas_operator.reconcile import ReconcileOptions, ReconcileOutcome, Reconciler
+
+FINALIZER = "prfaas.io/finalizer"
+ANNOTATION_PREFIX = "prfaas.io"
+RESOURCE = (GROUP, VERSION, PLURAL)
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """Our own finalizer and annotation prefix; events only for warnings; bounded watches."""
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300  # the API server ends each watch; kopf re-lists
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
+
+
+def _reconciler(memo: kopf.Memo) -> Reconciler:
+    reconciler: Reconciler = memo["reconciler"]
+    return reconciler
+
+
+def _post_warnings(body: kopf.Body, outcome: ReconcileOutcome) -> None:
+    for warning in outcome.warnings:
+        kopf.warn(body, reason=warning.reason, message=warning.message)
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    configure(settings)
+    options = memo.get("options") or ReconcileOptions()
+    metrics = memo.get("metrics") or OperatorMetrics(CollectorRegistry())  # embedded: not exported
+    memo["reconciler"] = reconciler = Reconciler(Clusters.from_environment(), options, metrics)
+    reconciler.start()
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    await _reconciler(memo).close()
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """Pinned: the in-cluster service account, else KUBECONFIG; never another library's config."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+@kopf.on.resume(*RESOURCE)
+@kopf.on.create(*RESOURCE)
+@kopf.on.update(*RESOURCE, field="spec")
+async def reconcile_now(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    outcome = await _reconciler(memo).reconcile(body, trigger="event")
+    _post_warnings(body, outcome)
+
+
+@kopf.daemon(*RESOURCE, cancellation_backoff=5.0, cancellation_timeout=10.0)
+async def keep_reconciled(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any) -> None:
+    """The periodic, level-based loop; `body` is kopf's live view of the CR. Exits when kopf says so."""
+    reconciler = _reconciler(memo)
+    uid = body["metadata"]["uid"]
+    while not stopped:
+        if await reconciler.wait_for_pass(uid, at_most=1.0):
+            _post_warnings(body, await reconciler.reconcile(body, trigger="timer"))
+
+
+@kopf.timer(*RESOURCE, interval=PLANNER_TICK_SECONDS)
+async def run_planner(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """The long-timescale planner (planner_loop): acts every spec.planner.intervalSeconds."""
+    await PlannerLoop.of(memo).tick(body)
+
+
+@kopf.on.delete(*RESOURCE)
+async def release(
+    body: kopf.Body, memo: kopf.Memo, runtime: datetime.timedelta, retry: int, **_: Any
+) -> None:
+    reconciler = _reconciler(memo)
+    outcome = await reconciler.delete_remote(body)
+    if outcome.done or outcome.problem is None:
+        return
+    options = reconciler.options
+    if runtime.total_seconds() < options.remote_cleanup_timeout_seconds:
+        delay = min(options.remote_backoff_max_seconds, options.remote_backoff_seconds * 2**retry)
+        raise kopf.TemporaryError(f"PrfaaS cluster cleanup: {outcome.problem.message}", delay=delay)
+    reconciler.metrics.remote_cleanups_abandoned.inc()
+    reconciler.forget(body["metadata"]["uid"])
+    kopf.warn(
+        body,
+        reason="RemoteCleanupAbandoned",
+        message=f"gave up after {runtime.total_seconds():.0f}s ({outcome.problem.message}); "
+        f"left in the PrfaaS cluster: {', '.join(outcome.left_behind)}",
+    )

@@ -1,0 +1,202 @@
+"""Watch-fed caches of the operator's children in one cluster (list, then watch; relist on failure).
+
+A reconcile pass reads what exists from here instead of asking the API server, and an event
+on a child wakes its owner's pass at once (a pod turning ready, a child deleted or edited by
+hand). So a steady pass costs the API servers nothing, the cost of observing stays one watch
+per kind per cluster however many PrfaasDeployments there are, and restoring a deleted child
+takes one event, not one resync period.
+
+A cache that cannot list or watch (cluster unreachable, watch forbidden) says so in `problem`;
+the reconcile then treats that cluster as unobserved rather than trusting stale objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+from prfaas_operator.builders import LABEL_MANAGED_BY, MANAGER
+from prfaas_operator.kube import EXPIRED, ClusterError
+from prfaas_operator.status import Problem
+
+log = logging.getLogger(__name__)
+
+Manifest = dict[str, Any]
+OnChange = Callable[[Manifest], None]
+
+RETRY_SECONDS = 1.0
+RETRY_MAX_SECONDS = 30.0
+PROBE_SECONDS = 10.0
+
+
+class Watchable(Protocol):
+    """What an informer needs of a cluster (kube.Cluster provides it)."""
+
+    name: str
+
+    async def list_with_version(
+        self, kind: str, *, namespace: str | None, labels: Mapping[str, str]
+    ) -> tuple[list[Manifest], str]: ...
+
+    def watch(
+        self, kind: str, *, labels: Mapping[str, str], resource_version: str
+    ) -> AsyncIterator[tuple[str, Manifest]]: ...
+
+    async def probe(self) -> None: ...
+
+
+class Informer:
+    """One kind's objects carrying our managed-by label, in every namespace of one cluster."""
+
+    def __init__(self, cluster: Watchable, kind: str, on_change: OnChange) -> None:
+        self.cluster = cluster
+        self.kind = kind
+        self.synced = False
+        self.problem: Problem | None = None
+        self._on_change = on_change
+        self._objects: dict[tuple[str, str], Manifest] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"informer {self.cluster.name} {self.kind}")
+
+    async def restart(self) -> None:
+        await self.stop()
+        self.start()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def get(self, namespace: str, name: str) -> Manifest | None:
+        return self._objects.get((namespace, name))
+
+    def select_all(self, labels: Mapping[str, str]) -> list[Manifest]:
+        """Objects in any namespace whose labels include `labels`."""
+        return [obj for obj in self._objects.values() if _has_labels(obj, labels)]
+
+    def select(self, namespace: str, labels: Mapping[str, str]) -> list[Manifest]:
+        """Objects in `namespace` whose labels include `labels`."""
+        return [obj for (ns, _), obj in self._objects.items() if ns == namespace and _has_labels(obj, labels)]
+
+    async def _run(self) -> None:
+        """List, then watch from the list's version; when the watch breaks, list again.
+
+        A broken watch alone is routine (a dropped connection): the cache stays in use while it
+        is listed again. Only a list that fails makes the cache unsynced and sets `problem`.
+        """
+        failures = 0
+        selector = {LABEL_MANAGED_BY: MANAGER}
+        while True:
+            try:
+                objects, version = await self.cluster.list_with_version(
+                    self.kind, namespace=None, labels=selector
+                )
+            except ClusterError as err:
+                failures += 1
+                self.synced, self.problem = False, err.problem
+                log.warning("%s cache of the %s: %s", self.kind, self.cluster.name, err.problem.message)
+                await asyncio.sleep(min(RETRY_MAX_SECONDS, RETRY_SECONDS * 2 ** (failures - 1)))
+                continue
+            failures = 0
+            self._replace(objects)
+            started = asyncio.get_running_loop().time()
+            try:
+                async for event, obj in self.cluster.watch(
+                    self.kind, labels=selector, resource_version=version
+                ):
+                    self._apply(event, obj)
+            except ClusterError as err:
+                if err.problem.reason != EXPIRED:
+                    log.info("%s watch of the %s ended (%s); listing again", self.kind, self.cluster.name,
+                             err.problem.message)  # fmt: skip
+            if asyncio.get_running_loop().time() - started < RETRY_SECONDS:
+                await asyncio.sleep(RETRY_SECONDS)  # a watch that breaks at once must not spin the lists
+
+    def _replace(self, objects: Iterable[Manifest]) -> None:
+        before = self._objects
+        self._objects = {_key(obj): obj for obj in objects}
+        self.synced, self.problem = True, None
+        for key in before.keys() - self._objects.keys():
+            self._on_change(before[key])  # deleted while we were not watching
+        for obj in self._objects.values():
+            self._on_change(obj)
+
+    def _apply(self, event: str, obj: Manifest) -> None:
+        if event == "DELETED":
+            self._objects.pop(_key(obj), None)
+        elif event in ("ADDED", "MODIFIED"):
+            self._objects[_key(obj)] = obj
+        else:
+            return  # BOOKMARK
+        self._on_change(obj)
+
+
+def _has_labels(obj: Manifest, labels: Mapping[str, str]) -> bool:
+    return labels.items() <= ((obj.get("metadata") or {}).get("labels") or {}).items()
+
+
+def _key(obj: Manifest) -> tuple[str, str]:
+    metadata = obj.get("metadata") or {}
+    return metadata.get("namespace") or "", metadata.get("name") or ""
+
+
+class ClusterCache:
+    """The informers of one cluster, one per kind of child the operator keeps there.
+
+    A probe request every PROBE_SECONDS catches what a watch alone would not: a cluster gone
+    silent (a network partition drops no connection, and an idle watch waits forever). When
+    the probe fails the informers start over, and their failing lists then say why.
+    """
+
+    def __init__(self, cluster: Watchable, kinds: Iterable[str], on_change: OnChange) -> None:
+        self.cluster = cluster
+        self.informers = {kind: Informer(cluster, kind, on_change) for kind in kinds}
+        self._probe_task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        for informer in self.informers.values():
+            informer.start()
+        if self._probe_task is None:
+            self._probe_task = asyncio.create_task(self._probe(), name=f"probe {self.cluster.name}")
+
+    async def stop(self) -> None:
+        if self._probe_task is not None:
+            self._probe_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe_task
+            self._probe_task = None
+        for informer in self.informers.values():
+            await informer.stop()
+
+    async def _probe(self) -> None:
+        while True:
+            await asyncio.sleep(PROBE_SECONDS)
+            try:
+                await self.cluster.probe()
+            except ClusterError as err:
+                if self.synced:  # not yet known to the informers: make them find out
+                    log.warning(
+                        "the %s stopped answering (%s); listing again", self.cluster.name, err.problem.message
+                    )
+                    for informer in self.informers.values():
+                        await informer.restart()
+
+    def __getitem__(self, kind: str) -> Informer:
+        return self.informers[kind]
+
+    @property
+    def synced(self) -> bool:
+        return all(informer.synced for informer in self.informers.values())
+
+    @property
+    def problem(self) -> Problem | None:
+        """The first failure of an informer that is not synced (None while merely starting)."""
+        return next((i.problem for i in self.informers.values() if not i.synced and i.problem), None)

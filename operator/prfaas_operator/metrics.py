@@ -1,0 +1,48 @@
+"""The operator's own Prometheus metrics (served by __main__ on --metrics-port)."""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+RECONCILE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class OperatorMetrics:
+    """Reconcile counts, durations and errors by reason; one instance per registry."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.reconciles = Counter(
+            "prfaas_operator_reconciles_total",
+            "Reconciles of a PrfaasDeployment by trigger (event, timer) and result "
+            "(ready, progressing, degraded, conflict, error).",
+            ["trigger", "result"],
+            registry=registry,
+        )
+        self.reconcile_seconds = Histogram(
+            "prfaas_operator_reconcile_duration_seconds",
+            "Wall time of one reconcile of one PrfaasDeployment (both clusters).",
+            ["trigger"],
+            buckets=RECONCILE_BUCKETS,
+            registry=registry,
+        )
+        self.cluster_errors = Counter(
+            "prfaas_operator_cluster_errors_total",
+            "Failures to use a cluster, by cluster (prfaas, pd) and condition reason.",
+            ["cluster", "reason"],
+            registry=registry,
+        )
+        self.router_config_writes = Counter(
+            "prfaas_operator_router_config_writes_total",
+            "Router config versions written (content changes only).",
+            registry=registry,
+        )
+        self.remote_cleanups_abandoned = Counter(
+            "prfaas_operator_remote_cleanups_abandoned_total",
+            "Deletions released with objects left in an unreachable PrfaaS cluster.",
+            registry=registry,
+        )
+        self.deployments = Gauge(
+            "prfaas_operator_deployments",
+            "PrfaasDeployments this operator reconciles.",
+            registry=registry,
+        )

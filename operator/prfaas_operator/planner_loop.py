@@ -1,0 +1,275 @@
+"""The planner loop in the operator: a kopf timer per PrfaasDeployment that observes, decides, writes.
+
+The timer ticks often (PLANNER_TICK_SECONDS) and acts only when spec.planner.intervalSeconds
+have passed since the last decision recorded in status.planner, so the interval follows the
+CR without re-registering handlers. One round: observe Prometheus (prometheus.py), decide
+(planning.py, pure), then write status.planner and, for an applied decision, status.allocation
+(source Planner) in the same patch, so prefill and decode change together. The planner never
+edits the spec (GitOps): the reconcile takes status.allocation in Auto and is run right away
+to roll the change out. An Event is posted for every applied change and for every new advice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+from pydantic import ValidationError
+
+from prfaas_operator.api import KIND, PlannerDecision, PrfaasDeploymentSpec, PrfaasDeploymentStatus
+from prfaas_operator.builders import effective_allocation
+from prfaas_operator.kube import ClusterError
+from prfaas_operator.planning import (
+    Action,
+    Decision,
+    NoData,
+    Observation,
+    decide,
+    is_due,
+    last_applied,
+    parse_time,
+)
+from prfaas_operator.prometheus import PrometheusObserver, SeriesSelector
+from prfaas_operator.reconcile import Reconciler
+
+log = logging.getLogger(__name__)
+
+PLANNER_TICK_SECONDS = 10.0
+"""How often the timer looks; intervalSeconds (at least 10) is honoured to within one tick."""
+EVENT_MESSAGE_LIMIT = 1024
+STATUS_WRITE_ATTEMPTS = 3
+"""Writes retried after a conflict with a concurrent reconcile's status write."""
+
+Observe = Callable[[str, SeriesSelector, int], Observation | NoData]
+
+
+class PlannerMetrics:
+    """Decision counts by action and reason, and the throughput the model predicts."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.decisions = Counter(
+            "prfaas_operator_planner_decisions_total",
+            "Planner decisions by action (Apply, Advise, Hold) and reason code.",
+            ["action", "reason"],
+            registry=registry,
+        )
+        self.predicted_rps = Gauge(
+            "prfaas_operator_planner_predicted_throughput_rps",
+            "Λ_max the model predicts at the planner's last proposal (requests/s).",
+            ["namespace", "name"],
+            registry=registry,
+        )
+        self.current_rps = Gauge(
+            "prfaas_operator_planner_current_throughput_rps",
+            "Λ_max the model predicts for the allocation in force at the last decision (requests/s).",
+            ["namespace", "name"],
+            registry=registry,
+        )
+
+
+@functools.cache
+def default_planner_metrics() -> PlannerMetrics:
+    """The process's planner metrics on the default registry (which __main__ serves)."""
+    return PlannerMetrics(REGISTRY)
+
+
+def observe_prometheus(url: str, selector: SeriesSelector, window_seconds: int) -> Observation | NoData:
+    """One observation with a client of its own (blocking: run it in a thread)."""
+    observer = PrometheusObserver(url)
+    try:
+        return observer.observe(selector, window_seconds)
+    finally:
+        observer.close()
+
+
+class PlannerLoop:
+    """The planner for every PrfaasDeployment of this operator; one instance per process."""
+
+    def __init__(
+        self,
+        reconciler: Reconciler,
+        metrics: PlannerMetrics,
+        *,
+        observe: Observe = observe_prometheus,
+        wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.reconciler = reconciler
+        self.metrics = metrics
+        self._observe = observe
+        self._wall_clock = wall_clock
+        # status in kopf's body may lag our own writes by a watch event: remember them too
+        self._decided_at: dict[str, datetime] = {}
+        self._applied_at: dict[str, datetime] = {}
+
+    @classmethod
+    def of(cls, memo: kopf.Memo) -> PlannerLoop:
+        """The loop kept in kopf's memo, made on first use from the reconciler the startup handler made."""
+        loop: PlannerLoop | None = memo.get("planner_loop")
+        if loop is None:
+            metrics = memo.get("planner_metrics") or default_planner_metrics()
+            loop = memo["planner_loop"] = cls(memo["reconciler"], metrics)
+        return loop
+
+    async def tick(self, body: kopf.Body) -> Decision | None:
+        """One look at one CR; decides when due. Returns the decision taken, if any.
+
+        Never raises: kopf would retry a failed timer on its own schedule, and the next tick
+        is a retry anyway; an unexpected error is logged with its traceback.
+        """
+        try:
+            return await self._tick(body)
+        except Exception:
+            metadata = body.get("metadata") or {}
+            log.exception(
+                "%s/%s: the planner failed unexpectedly", metadata.get("namespace"), metadata.get("name")
+            )
+            return None
+
+    async def _tick(self, body: kopf.Body) -> Decision | None:
+        metadata = body["metadata"]
+        if metadata.get("deletionTimestamp"):
+            self._forget(metadata["uid"])
+            return None
+        try:
+            spec = PrfaasDeploymentSpec.model_validate(body.get("spec") or {})
+        except ValidationError:
+            return None  # the reconcile reports an invalid spec
+        uid, name, namespace = metadata["uid"], metadata["name"], metadata["namespace"]
+        previous = _status(body.get("status"))
+        last_decision = _latest(
+            parse_time(previous.planner.time if previous.planner else None), self._decided_at.get(uid)
+        )
+        if not is_due(spec.planner, last_decision, self._wall_clock()):
+            return None
+        if spec.planner.prometheus_url is None:  # admission requires it outside mode Off
+            return None
+        current = effective_allocation(spec, previous.allocation).allocation
+        selector = SeriesSelector.for_deployment(namespace, name, spec.prefill_cluster.namespace)
+        observed = await asyncio.to_thread(
+            self._observe, spec.planner.prometheus_url, selector, spec.planner.window_seconds
+        )
+        now = self._wall_clock()
+        applied_at = _latest(last_applied(previous.planner), self._applied_at.get(uid))
+        decision = await asyncio.to_thread(
+            functools.partial(decide, spec, current, observed, last_applied_at=applied_at, now=now)
+        )
+        if decision is None:
+            return None
+        written = await self._write(metadata, decision, now)
+        if written is None:
+            return None
+        self._decided_at[uid] = now
+        self._record(namespace, name, decision)
+        log.info("%s/%s: planner %s: %s", namespace, name, decision.action.value, decision.reason)
+        if decision.action is Action.APPLY and decision.proposed is not None:
+            self._applied_at[uid] = now
+            kopf.event(body, type="Normal", reason="PlannerApplied", message=_event_message(decision))
+            await self.reconciler.reconcile(written, trigger="planner")
+        elif decision.action is Action.ADVISE and _new_advice(previous.planner, decision):
+            kopf.event(body, type="Normal", reason="PlannerAdvice", message=_event_message(decision))
+        return decision
+
+    def _forget(self, uid: str) -> None:
+        self._decided_at.pop(uid, None)
+        self._applied_at.pop(uid, None)
+
+    async def _write(
+        self, metadata: Mapping[str, Any], decision: Decision, now: datetime
+    ) -> dict[str, Any] | None:
+        """Patch status.planner (and status.allocation when applied) on the CR as it is now.
+
+        Returns the CR after the write, or None when it could not be written: the CR is gone,
+        its spec changed since the decision (decide again next round), or the API failed.
+        """
+        local = self.reconciler.clusters.local
+        name, namespace = metadata["name"], metadata["namespace"]
+        for _ in range(STATUS_WRITE_ATTEMPTS):
+            try:
+                fresh = await local.get(KIND, name, namespace)
+                if fresh is None or fresh["metadata"].get("generation") != metadata.get("generation"):
+                    return None
+                before = fresh.get("status") or {}
+                patch = {"planner": _replacing(_dump(decision.status(now)), before.get("planner"))}
+                if decision.action is Action.APPLY:
+                    spec = PrfaasDeploymentSpec.model_validate(fresh.get("spec") or {})
+                    current = effective_allocation(spec, _status(before).allocation).allocation
+                    patch["allocation"] = _replacing(
+                        _dump(decision.allocation(current)), before.get("allocation")
+                    )
+                if await local.patch_status(name, namespace, patch, fresh["metadata"].get("resourceVersion")):
+                    return await local.get(KIND, name, namespace)
+            except ClusterError as err:
+                log.warning(
+                    "%s/%s: cannot write the planner's decision: %s", namespace, name, err.problem.message
+                )
+                return None
+        log.warning(
+            "%s/%s: the planner's decision kept conflicting with other writes; next round", namespace, name
+        )
+        return None
+
+    def _record(self, namespace: str, name: str, decision: Decision) -> None:
+        self.metrics.decisions.labels(action=decision.action.value, reason=decision.code.value).inc()
+        if decision.predicted_rps is not None:
+            self.metrics.predicted_rps.labels(namespace=namespace, name=name).set(decision.predicted_rps)
+        if decision.current_rps is not None:
+            self.metrics.current_rps.labels(namespace=namespace, name=name).set(decision.current_rps)
+
+
+def _status(raw: Any) -> PrfaasDeploymentStatus:
+    try:
+        return PrfaasDeploymentStatus.model_validate(raw or {})
+    except ValidationError:
+        return PrfaasDeploymentStatus()  # the reconcile rewrites an unreadable status
+
+
+def _latest(*moments: datetime | None) -> datetime | None:
+    known = [moment for moment in moments if moment is not None]
+    return max(known) if known else None
+
+
+def _dump(model: Any) -> dict[str, Any]:
+    document: dict[str, Any] = model.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return document
+
+
+def _replacing(new: Mapping[str, Any], old: Any) -> dict[str, Any]:
+    """A merge-patch value that leaves exactly `new`: keys only in `old` are set to null (deleted)."""
+    patch = dict(new)
+    if isinstance(old, Mapping):
+        for key, value in old.items():
+            if key not in new:
+                patch[key] = None
+            elif isinstance(value, Mapping) and isinstance(new[key], Mapping):
+                patch[key] = _replacing(new[key], value)
+    return patch
+
+
+def _new_advice(previous: PlannerDecision | None, decision: Decision) -> bool:
+    """Advice differs from the last recorded one (the same advice every interval is not news)."""
+    if previous is None or previous.action != Action.ADVISE.value or decision.proposed is None:
+        return True
+    proposed = decision.proposed
+    return (
+        previous.threshold_tokens,
+        previous.prefill_cluster_replicas,
+        previous.pd_prefill_instances,
+        previous.pd_decode_instances,
+    ) != (
+        proposed.threshold_tokens,
+        proposed.prfaas_instances,
+        proposed.pd_prefill_instances,
+        proposed.decode_instances,
+    )
+
+
+def _event_message(decision: Decision) -> str:
+    """The decision's reason, within the length an Event message may have."""
+    text = decision.reason
+    return text if len(text) <= EVENT_MESSAGE_LIMIT else text[: EVENT_MESSAGE_LIMIT - 3] + "..."

@@ -1,0 +1,236 @@
+"""Prometheus adapter of the planner loop: the metrics contract over a window -> Observation or NoData.
+
+It reads only names of `prfaas_core.metrics_contract`: the router's uncached-token histogram
+(summed over routes: the uncached distribution the model needs), its output-token histogram,
+requests_total, kv_egress_bytes_total, and the engines' sglang:num_queue_reqs. Histograms are
+turned into a Workload with increase() over the window on their _bucket series.
+
+Anything that keeps a faithful picture from being drawn is NoData with the cause, never zeros:
+Prometheus unreachable or answering errors, the router's series missing or stale, too few
+requests in the window, or a histogram that is not a distribution.
+
+Series of one deployment are picked by the labels a Kubernetes scrape gives them: `namespace`
+and `pod` (the router's pods are `<cr>-router-...`, the engines' `<cr>-prfaas-prefill-N`,
+`<cr>-pd-prefill-N`, `<cr>-pd-decode-N`). All queries of one observation are evaluated at the
+same instant, the one Prometheus reports for the first, so no local clock is read.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+from prfaas_core import metrics_contract as contract
+from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+from requests.adapters import Retry
+
+from prfaas_operator.builders import Names
+from prfaas_operator.kube import redacted_server
+from prfaas_operator.planner import Workload, WorkloadError
+from prfaas_operator.planning import NoData, Observation, Reason
+
+DEFAULT_MIN_REQUESTS = 50
+"""Fewer requests than this in the window say too little about the length distribution to act on."""
+DEFAULT_MAX_STALENESS_SECONDS = 120.0
+"""The router's newest sample may be at most this old; older means it is no longer scraped."""
+REQUEST_TIMEOUT_SECONDS = 10.0
+
+ROLE_LABEL = "role"
+_ENGINE_ROLES = ("prfaas-prefill", "pd-prefill", "pd-decode")
+
+
+@dataclass(frozen=True)
+class SeriesSelector:
+    """PromQL label matchers (without braces) for one deployment's router and engine series."""
+
+    router: str
+    engines: str
+    engine_pod_regex: str
+    """Regex on the pod name whose first group is the engine role."""
+
+    @classmethod
+    def for_deployment(cls, namespace: str, name: str, prefill_namespace: str) -> SeriesSelector:
+        roles = "|".join(_ENGINE_ROLES)
+        namespaces = "|".join(_regex_literal(ns) for ns in sorted({namespace, prefill_namespace}))
+        engine_pods = f"{_regex_literal(name)}-({roles})-[0-9]+"
+        return cls(
+            router=f'namespace="{namespace}",pod=~"{_promql_string(_regex_literal(Names.of(name).router))}-.+"',
+            engines=f'namespace=~"{_promql_string(namespaces)}",pod=~"{_promql_string(engine_pods)}"',
+            engine_pod_regex=engine_pods,
+        )
+
+
+class _Unusable(Exception):
+    """An observation that cannot be made; carries the NoData to return."""
+
+    def __init__(self, code: Reason, reason: str) -> None:
+        super().__init__(reason)
+        self.no_data = NoData(code, reason)
+
+
+class PrometheusObserver:
+    """Observes one Prometheus (one instance per URL; it keeps an HTTP session)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        min_requests: float = DEFAULT_MIN_REQUESTS,
+        max_staleness_seconds: float = DEFAULT_MAX_STALENESS_SECONDS,
+        timeout_seconds: float = REQUEST_TIMEOUT_SECONDS,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.where = redacted_server(self.url)
+        self.min_requests = min_requests
+        self.max_staleness_seconds = max_staleness_seconds
+        # one quick retry: a dead Prometheus must not stall the loop for long
+        self._client = PrometheusConnect(
+            self.url, retry=Retry(total=1, backoff_factor=0.2), timeout=timeout_seconds
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def observe(self, selector: SeriesSelector, window_seconds: int) -> Observation | NoData:
+        try:
+            return self._observe(selector, window_seconds)
+        except _Unusable as err:
+            return err.no_data
+
+    def _observe(self, selector: SeriesSelector, window_seconds: int) -> Observation:
+        window = f"{window_seconds}s"
+        router = selector.router
+        count_name = f"{contract.UNCACHED_TOKENS}_count"
+        freshest = self._query(f"max(timestamp({count_name}{{{router}}}))", at=None)
+        if not freshest:
+            raise _Unusable(
+                Reason.MISSING_SERIES,
+                f"no {count_name} series matching {{{router}}} at {self.where}: is the router scraped?",
+            )
+        at, newest = _sample(freshest[0])
+        age = at - newest
+        if age > self.max_staleness_seconds:
+            raise _Unusable(
+                Reason.STALE_SERIES,
+                f"the newest {count_name} sample is {age:.0f}s old (limit {self.max_staleness_seconds:g}s): "
+                "the router is no longer scraped",
+            )
+        by_route = {
+            series["metric"].get("route", ""): _sample(series)[1]
+            for series in self._query(f"sum by (route) (increase({count_name}{{{router}}}[{window}]))", at)
+        }
+        requests_seen = sum(by_route.values())
+        if not requests_seen >= self.min_requests:
+            raise _Unusable(
+                Reason.TOO_FEW_REQUESTS,
+                f"{requests_seen:.0f} request(s) in the last {window} (at least {self.min_requests:g} needed)",
+            )
+        uncached = self._buckets(contract.UNCACHED_TOKENS, router, window, at)
+        outputs = self._buckets(contract.OUTPUT_TOKENS, router, window, at)
+        try:
+            workload = Workload.from_histograms(uncached, outputs, source=f"Prometheus, last {window}")
+        except WorkloadError as err:
+            raise _Unusable(Reason.BAD_HISTOGRAM, str(err)) from None
+        return Observation(
+            workload=workload,
+            window_seconds=window_seconds,
+            requests=requests_seen,
+            offloaded_fraction=by_route.get(contract.ROUTE_PRFAAS, 0.0) / requests_seen,
+            arrival_rps=self._scalar(f"sum(rate({contract.REQUESTS_TOTAL}{{{router}}}[{window}]))", at),
+            egress_bytes_per_second=self._scalar(
+                f"sum(rate({contract.KV_EGRESS_BYTES_TOTAL}{{{router}}}[{window}]))", at
+            ),
+            queue_depths=self._queue_depths(selector, window, at),
+        )
+
+    def _buckets(self, name: str, router: str, window: str, at: float) -> list[tuple[float, float]]:
+        """Cumulative `(le, count)` pairs of a histogram over the window, summed over every other label."""
+        result = self._query(f"sum by (le) (increase({name}_bucket{{{router}}}[{window}]))", at)
+        if not result:
+            raise _Unusable(Reason.MISSING_SERIES, f"no {name}_bucket series matching {{{router}}}")
+        buckets = []
+        for series in result:
+            bound = series["metric"].get("le")
+            try:
+                buckets.append((float(bound), _sample(series)[1]))
+            except (TypeError, ValueError):
+                raise _Unusable(
+                    Reason.BAD_HISTOGRAM, f"{name}_bucket has a bucket bound {bound!r} that is not a number"
+                ) from None
+        return sorted(buckets)
+
+    def _queue_depths(self, selector: SeriesSelector, window: str, at: float) -> dict[str, float]:
+        inner = f"avg_over_time({contract.ENGINE_QUEUE_REQS}{{{selector.engines}}}[{window}])"
+        promql = (
+            f'sum by ({ROLE_LABEL}) (label_replace({inner}, "{ROLE_LABEL}", "$1", "pod", '
+            f'"{_promql_string(selector.engine_pod_regex)}"))'
+        )
+        return {
+            series["metric"].get(ROLE_LABEL, ""): _sample(series)[1] for series in self._query(promql, at)
+        }
+
+    def _scalar(self, promql: str, at: float) -> float | None:
+        """The single value of an aggregate, or None when no series matched (unknown, not zero)."""
+        result = self._query(promql, at)
+        return _sample(result[0])[1] if result else None
+
+    def _query(self, promql: str, at: float | None) -> Sequence[Mapping[str, Any]]:
+        params = {"time": f"{at:.3f}"} if at is not None else None
+        try:
+            result = self._client.custom_query(promql, params=params)
+        except requests.exceptions.ConnectionError as err:
+            raise _Unusable(
+                Reason.PROMETHEUS_UNREACHABLE, f"Prometheus at {self.where} is unreachable: {_cause(err)}"
+            ) from None
+        except requests.exceptions.Timeout:
+            raise _Unusable(
+                Reason.PROMETHEUS_UNREACHABLE, f"Prometheus at {self.where} did not answer in time"
+            ) from None
+        except (PrometheusApiClientException, requests.exceptions.RequestException, ValueError) as err:
+            raise _Unusable(
+                Reason.PROMETHEUS_ERROR, f"Prometheus at {self.where} refused {promql!r}: {_short(err)}"
+            ) from None
+        if not isinstance(result, list):
+            raise _Unusable(Reason.PROMETHEUS_ERROR, f"Prometheus at {self.where} answered {promql!r} oddly")
+        return result
+
+
+def _sample(series: Mapping[str, Any]) -> tuple[float, float]:
+    """(evaluation time, value) of one instant-vector element; NaN or infinity is refused."""
+    try:
+        at, text = series["value"]
+        at, value = float(at), float(text)
+    except (KeyError, TypeError, ValueError):
+        raise _Unusable(Reason.PROMETHEUS_ERROR, f"an unreadable sample: {series!r:.200}") from None
+    if not math.isfinite(value):
+        raise _Unusable(Reason.BAD_HISTOGRAM, f"a sample is {text} for {series.get('metric')}")
+    return at, value
+
+
+def _regex_literal(text: str) -> str:
+    """`text` matched literally by a regex (Kubernetes names: only `.` needs escaping, done for all)."""
+    return "".join(c if c.isalnum() or c in "-_" else "\\" + c for c in text)
+
+
+def _promql_string(text: str) -> str:
+    """`text` inside a double-quoted PromQL string (backslashes and quotes escaped)."""
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _cause(err: requests.exceptions.ConnectionError) -> str:
+    text = str(err).lower()
+    if "refused" in text:
+        return "connection refused"
+    if "name or service not known" in text or "nodename nor servname" in text:
+        return "unknown host"
+    if "timed out" in text:
+        return "timed out"
+    return type(err).__name__
+
+
+def _short(err: BaseException, limit: int = 300) -> str:
+    text = str(err)
+    return text if len(text) <= limit else text[:limit] + "..."

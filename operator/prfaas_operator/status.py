@@ -1,0 +1,308 @@
+"""Status of a PrfaasDeployment from what one reconcile observed in both clusters (pure).
+
+The reconcile gathers observations (workload counts, pods, or the reason a cluster could not
+be looked at); this module turns them into the status subresource: per-role desired/ready
+counts and the conditions Ready, PrefillClusterReady, PDClusterReady, RouterReady and
+Degraded, each with a reason and a message a human can act on. Time is passed in.
+
+Two deliberate choices:
+- A cluster that could not be observed keeps its last observed ready counts (unknown is not
+  zero) and says so in its condition; the router config meanwhile drops that cluster's
+  endpoints (see builders.ready_endpoints), so traffic stays local.
+- The operator cannot test that decode pods reach PrfaaS prefill pod IPs across clusters (it
+  has no foothold in either pod network). When the PrfaaS cluster is a different cluster,
+  PrefillClusterReady and Ready say so in their message, and PrefillClusterReady's reason is
+  `InstancesReadyReachabilityUnverified` instead of `InstancesReady`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from prfaas_operator.api import Allocation, Condition, ConditionType, PrfaasDeploymentStatus, RoleCounts
+
+ROLE_PRFAAS_PREFILL = "prfaas-prefill"
+ROLE_PD_PREFILL = "pd-prefill"
+ROLE_PD_DECODE = "pd-decode"
+ROLE_ROUTER = "router"
+
+# Reasons (CamelCase, stable: alerts and tests match on them).
+INSTANCES_READY = "InstancesReady"
+REACHABILITY_UNVERIFIED = "InstancesReadyReachabilityUnverified"
+PROGRESSING = "Progressing"
+INSUFFICIENT_GPU = "InsufficientGPU"
+UNSCHEDULABLE = "Unschedulable"
+NO_ENDPOINTS = "NoEndpoints"
+ROUTER_READY = "RouterReady"
+ALL_READY = "AllReady"
+AS_EXPECTED = "AsExpected"
+INVALID_PROFILE = "InvalidProfile"
+INVALID_SPEC = "InvalidSpec"
+
+GPU_RESOURCE = "nvidia.com/gpu"
+UNVERIFIED_NOTE = (
+    "Not verified by the operator: that decode pods in the PD cluster can reach the PrfaaS prefill "
+    "pods' IPs (bootstrap port and KV transfer ports); it has no path to test it."
+)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why something could not be done or observed, as a condition reason and message."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """The few facts about one engine or router pod the status and the router config need."""
+
+    name: str
+    role: str | None
+    fingerprint: str | None
+    ip: str | None
+    ready: bool
+    deleting: bool = False
+    unschedulable: str | None = None  # the scheduler's message when PodScheduled is False
+
+    @classmethod
+    def from_manifest(cls, pod: Mapping[str, Any]) -> PodInfo:
+        metadata = pod.get("metadata") or {}
+        labels = metadata.get("labels") or {}
+        status = pod.get("status") or {}
+        conditions = {c.get("type"): c for c in status.get("conditions") or []}
+        ready = (conditions.get("Ready") or {}).get("status") == "True"
+        scheduled = conditions.get("PodScheduled") or {}
+        unschedulable = None
+        if scheduled.get("status") == "False":
+            unschedulable = scheduled.get("message") or scheduled.get("reason") or "not scheduled"
+        return cls(
+            name=str(metadata.get("name", "")),
+            role=labels.get("prfaas.io/role"),
+            fingerprint=labels.get("prfaas.io/fingerprint"),
+            ip=status.get("podIP") or None,
+            ready=ready,
+            deleting=metadata.get("deletionTimestamp") is not None,
+            unschedulable=unschedulable,
+        )
+
+
+@dataclass(frozen=True)
+class ClusterObservation:
+    """What one reconcile saw in one cluster, or the problem that kept it from looking.
+
+    `ready` maps a role to the ready count its workload reported (absent: not observed).
+    """
+
+    problem: Problem | None = None
+    ready: Mapping[str, int] = field(default_factory=dict)
+    pods: Sequence[PodInfo] = ()
+
+    @property
+    def observed(self) -> bool:
+        return self.problem is None
+
+
+@dataclass(frozen=True)
+class RouterConfigOutcome:
+    """What became of the router config this reconcile: written or kept, and what it lists."""
+
+    version: int
+    endpoint_counts: Mapping[str, int]  # pool value -> endpoints listed
+    problem: Problem | None = None  # e.g. InvalidProfile: the last good config was kept
+    note: str | None = None  # e.g. an older KV fingerprint still serving during a rollout
+
+
+@dataclass(frozen=True)
+class StatusInputs:
+    """Everything compute_status needs, gathered by the reconcile."""
+
+    generation: int | None
+    allocation: Allocation
+    fingerprint: str
+    router_replicas: int
+    prefill_namespace: str
+    prefill_cluster_is_remote: bool
+    prefill_cluster: ClusterObservation
+    pd_cluster: ClusterObservation
+    router_config: RouterConfigOutcome | None
+    previous: PrfaasDeploymentStatus
+    now: str  # RFC 3339, passed in
+    extra_problems: Sequence[Problem] = ()
+
+
+def _counts(desired: int, role: str, seen: ClusterObservation, previous: RoleCounts) -> RoleCounts:
+    ready = seen.ready.get(role)
+    return RoleCounts(desired=desired, ready=previous.ready if ready is None else ready)
+
+
+def scheduling_problem(pods: Iterable[PodInfo], what: str) -> Problem | None:
+    """InsufficientGPU when the scheduler says so for any pod, else Unschedulable, else None."""
+    stuck = [pod for pod in pods if pod.unschedulable and not pod.deleting]
+    if not stuck:
+        return None
+    gpu_short = [pod for pod in stuck if f"Insufficient {GPU_RESOURCE}" in (pod.unschedulable or "")]
+    first = (gpu_short or stuck)[0]
+    reason = INSUFFICIENT_GPU if gpu_short else UNSCHEDULABLE
+    return Problem(
+        reason, f"{len(stuck)} {what} pod(s) cannot be scheduled, e.g. {first.name}: {first.unschedulable}"
+    )
+
+
+def _condition(kind: ConditionType, ok: bool, reason: str, message: str, inputs: StatusInputs) -> Condition:
+    status: Literal["True", "False"] = "True" if ok else "False"
+    before = next((c for c in inputs.previous.conditions if c.type == kind.value), None)
+    since = before.last_transition_time if before is not None and before.status == status else None
+    return Condition(
+        type=kind.value,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time=since or inputs.now,
+        observed_generation=inputs.generation,
+    )
+
+
+def _workload_condition(
+    kind: ConditionType,
+    seen: ClusterObservation,
+    roles: Sequence[tuple[str, str, RoleCounts]],
+    ready_reason: str,
+    ready_suffix: str,
+    inputs: StatusInputs,
+) -> Condition:
+    """One cluster's readiness: a problem first, then unschedulable pods, then counts."""
+    summary = ", ".join(f"{counts.ready}/{counts.desired} {label}" for _, label, counts in roles)
+    if seen.problem is not None:
+        message = f"{seen.problem.message} (ready counts are the last observed: {summary})"
+        return _condition(kind, False, seen.problem.reason, message, inputs)
+    if all(counts.ready >= counts.desired for _, _, counts in roles):
+        return _condition(kind, True, ready_reason, f"{summary} ready. {ready_suffix}".strip(), inputs)
+    stuck = scheduling_problem((p for p in seen.pods if p.role in {r for r, _, _ in roles}), "engine")
+    if stuck is not None:
+        return _condition(kind, False, stuck.reason, f"{summary} ready; {stuck.message}", inputs)
+    return _condition(kind, False, PROGRESSING, f"{summary} ready", inputs)
+
+
+def _router_condition(counts: RoleCounts, inputs: StatusInputs) -> Condition:
+    kind = ConditionType.ROUTER_READY
+    config = inputs.router_config
+    if inputs.pd_cluster.problem is not None:
+        return _condition(
+            kind, False, inputs.pd_cluster.problem.reason, inputs.pd_cluster.problem.message, inputs
+        )
+    if config is None:
+        return _condition(kind, False, PROGRESSING, "the router config has not been written yet", inputs)
+    listed = ", ".join(f"{n} {pool}" for pool, n in config.endpoint_counts.items())
+    prefill = config.endpoint_counts.get("prfaas_prefill", 0) + config.endpoint_counts.get("local_prefill", 0)
+    if counts.ready < counts.desired:
+        return _condition(
+            kind, False, PROGRESSING, f"{counts.ready}/{counts.desired} router replicas ready", inputs
+        )
+    if config.endpoint_counts.get("decode", 0) == 0 or prefill == 0:
+        message = f"router config v{config.version} lists {listed}: it needs a decode and a prefill endpoint"
+        return _condition(kind, False, NO_ENDPOINTS, message, inputs)
+    message = (
+        f"{counts.ready}/{counts.desired} router replicas ready; config v{config.version} lists {listed}"
+    )
+    if config.note:
+        message += f"; {config.note}"
+    return _condition(kind, True, ROUTER_READY, message, inputs)
+
+
+def _problems(inputs: StatusInputs, parts: Sequence[Condition]) -> list[Problem]:
+    problems: list[Problem] = list(inputs.extra_problems)
+    for label, seen in (("PrfaaS cluster", inputs.prefill_cluster), ("PD cluster", inputs.pd_cluster)):
+        if seen.problem is not None:
+            problems.append(Problem(seen.problem.reason, f"{label}: {seen.problem.message}"))
+    if inputs.router_config is not None and inputs.router_config.problem is not None:
+        problems.append(inputs.router_config.problem)
+    for condition in parts:
+        if condition.reason in (INSUFFICIENT_GPU, UNSCHEDULABLE):
+            problems.append(Problem(condition.reason, f"{condition.type}: {condition.message}"))
+    return problems
+
+
+def compute_status(inputs: StatusInputs) -> PrfaasDeploymentStatus:
+    """The status subresource for one reconcile (status.planner is the planner's and left out)."""
+    allocation = inputs.allocation
+    previous = inputs.previous
+    prfaas = _counts(
+        allocation.prefill_cluster_replicas,
+        ROLE_PRFAAS_PREFILL,
+        inputs.prefill_cluster,
+        previous.prefill_cluster,
+    )
+    pd_prefill = _counts(
+        allocation.pd_prefill_instances, ROLE_PD_PREFILL, inputs.pd_cluster, previous.pd_prefill
+    )
+    decode = _counts(allocation.pd_decode_instances, ROLE_PD_DECODE, inputs.pd_cluster, previous.pd_decode)
+    router = _counts(inputs.router_replicas, ROLE_ROUTER, inputs.pd_cluster, previous.router)
+
+    note = UNVERIFIED_NOTE if inputs.prefill_cluster_is_remote else ""
+    prefill_ready = _workload_condition(
+        ConditionType.PREFILL_CLUSTER_READY,
+        inputs.prefill_cluster,
+        [(ROLE_PRFAAS_PREFILL, f"PrfaaS prefill in namespace {inputs.prefill_namespace}", prfaas)],
+        REACHABILITY_UNVERIFIED if inputs.prefill_cluster_is_remote else INSTANCES_READY,
+        note,
+        inputs,
+    )
+    pd_ready = _workload_condition(
+        ConditionType.PD_CLUSTER_READY,
+        inputs.pd_cluster,
+        [(ROLE_PD_PREFILL, "local prefill", pd_prefill), (ROLE_PD_DECODE, "decode", decode)],
+        INSTANCES_READY,
+        "",
+        inputs,
+    )
+    router_ready = _router_condition(router, inputs)
+    parts = [prefill_ready, pd_ready, router_ready]
+
+    blocking = next((c for c in parts if c.status != "True"), None)
+    if blocking is None:
+        ready = _condition(ConditionType.READY, True, ALL_READY, f"All parts ready. {note}".strip(), inputs)
+    else:
+        message = f"{blocking.type} is False ({blocking.reason}): {blocking.message}"
+        ready = _condition(
+            ConditionType.READY, False, f"{blocking.type.removesuffix('Ready')}NotReady", message, inputs
+        )
+
+    problems = _problems(inputs, parts)
+    if problems:
+        degraded = _condition(
+            ConditionType.DEGRADED, True, problems[0].reason, "; ".join(p.message for p in problems), inputs
+        )
+    else:
+        degraded = _condition(ConditionType.DEGRADED, False, AS_EXPECTED, "", inputs)
+
+    return PrfaasDeploymentStatus(
+        observed_generation=inputs.generation,
+        conditions=[ready, prefill_ready, pd_ready, router_ready, degraded],
+        prefill_cluster=prfaas,
+        pd_prefill=pd_prefill,
+        pd_decode=decode,
+        router=router,
+        allocation=allocation,
+        fingerprint=inputs.fingerprint,
+        planner=previous.planner,
+    )
+
+
+def warning_events(before: Sequence[Condition], after: Sequence[Condition]) -> list[Problem]:
+    """Warnings worth an Event: Degraded turning True, or turning to a new reason."""
+    old = next((c for c in before if c.type == ConditionType.DEGRADED.value), None)
+    new = next((c for c in after if c.type == ConditionType.DEGRADED.value), None)
+    if new is None or new.status != "True":
+        return []
+    if old is not None and old.status == "True" and old.reason == new.reason:
+        return []
+    return [Problem(new.reason, new.message)]
+
+
+def status_changed(before: PrfaasDeploymentStatus, after: PrfaasDeploymentStatus) -> bool:
+    """Whether writing `after` changes anything (transition times are carried over, so equality works)."""
+    return before.model_dump() != after.model_dump()

@@ -1,0 +1,42 @@
+"""Fixtures of the e2e scenarios: the whole system on the testbed, and traffic in the background.
+
+One system per test module (Prometheus, the runner, both chart releases, the kubeconfig
+Secret), in namespaces of its own so that it can share the testbed with other tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from prfaas_testbed.clusters import Testbed
+    from prfaas_testbed.system import LiveSystem
+
+
+@pytest.fixture(scope="module")
+def live_system(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveSystem]:
+    """The system installed as a user would, in namespaces prfaas-e2e and prfaas-e2e-system."""
+    from live_traffic import E2E_TIME_SCALE
+    from prfaas_testbed.pod_workloads import Scales
+    from prfaas_testbed.system import Layout, LiveSystem
+
+    layout = Layout(
+        deployment_namespace="prfaas-e2e",
+        system_namespace="prfaas-e2e-system",
+        operator_release="prfaas-e2e",
+        access_release="prfaas-e2e-access",
+        secret_name="prfaas-e2e-kubeconfig",
+        access_service_account="prfaas-e2e-prefill-access",
+    )
+    work = tmp_path_factory.mktemp("e2e")
+    system = LiveSystem(testbed, work, layout=layout, scales=Scales(time_scale=E2E_TIME_SCALE))
+    try:
+        system.start()
+        yield system
+    finally:
+        problems = system.stop()
+        print(f"e2e system logs: {work}")
+        assert not problems, f"tear-down problems: {problems}"

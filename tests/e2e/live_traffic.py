@@ -1,0 +1,74 @@
+"""Helpers of the e2e scenarios: traffic in a background thread, and where the logs are."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prfaas_testbed.system import LiveSystem
+    from prfaas_testbed.traffic import PlannedRequest, TrafficDriver
+
+E2E_TIME_SCALE = 0.5
+"""Engines compute in half the real time; request plans are scaled alike."""
+
+
+class BackgroundTraffic:
+    """A TrafficDriver on its own event loop in a thread, so a test can act while requests flow."""
+
+    def __init__(
+        self, url: str, model: str, plan: Sequence[PlannedRequest], *, timeout_s: float = 120
+    ) -> None:
+        from prfaas_testbed.traffic import TrafficDriver
+
+        self.driver: TrafficDriver = TrafficDriver(url, model, request_timeout_seconds=timeout_s)
+        self._plan = list(plan)
+        self._stop: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._main, name="traffic", daemon=True)
+        self._error: BaseException | None = None
+        self.started_at = 0.0
+
+    def _main(self) -> None:
+        async def run() -> None:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            await self.driver.run(self._plan, self._stop, settle_seconds=60)
+
+        try:
+            asyncio.run(run())
+        except BaseException as err:  # surfaced in wait()
+            self._error = err
+
+    def __enter__(self) -> BackgroundTraffic:
+        self.started_at = time.monotonic()
+        self._thread.start()
+        return self
+
+    def wait(self, timeout_s: float = 180) -> TrafficDriver:
+        """Until the plan is sent and its requests have finished (bounded)."""
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            self.stop()
+            self._thread.join(70)
+            raise AssertionError(f"traffic did not finish within {timeout_s:.0f}s")
+        if self._error is not None:
+            raise self._error
+        return self.driver
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._thread.is_alive():
+            self.stop()
+            self._thread.join(90)
+
+
+def logs_hint(system: LiveSystem) -> str:
+    return f"(runner log {Path(system.work_dir) / 'runner.log'}, pod logs under {system.runner_dir / 'pods'})"

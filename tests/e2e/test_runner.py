@@ -1,0 +1,207 @@
+"""The runner on the testbed: pods it runs, readiness that follows the process, restarts, stops, volumes.
+
+Bare pods (no operator) in a namespace of their own, run by a runner child process, exactly as
+the demo runs it: an engine pod on an H200 node, a router pod whose config is a ConfigMap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lightkube
+import pytest
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod
+from prfaas_testbed.clusters import Testbed
+from prfaas_testbed.system import wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.testbed, pytest.mark.timeout(240)]
+
+NAMESPACE = "prfaas-runner-test"
+
+
+@pytest.fixture(scope="module")
+def runner(
+    testbed: Testbed, pd_client: lightkube.Client, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Path]:
+    """A runner for NAMESPACE in the PD cluster; yields its state dir."""
+    pd_client.apply(Namespace(metadata=ObjectMeta(name=NAMESPACE)), field_manager="prfaas-tests")
+    state = tmp_path_factory.mktemp("runner")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "prfaas_testbed.runner", "--state-dir", str(state), "--namespace", f"pd:{NAMESPACE}",
+         "--time-scale", "0.1"],
+        stdout=open(state / "runner.log", "wb"),  # noqa: SIM115 (closed with the process)
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **testbed.env()},
+    )  # fmt: skip
+    try:
+        wait_until(
+            "the runner to write its status",
+            lambda: (state / "status.json").exists() or process.poll() is not None,
+            30,
+        )
+        assert process.poll() is None, (state / "runner.log").read_text()[-2000:]
+        yield state
+    finally:
+        for pod in pd_client.list(Pod, namespace=NAMESPACE):
+            assert pod.metadata is not None and pod.metadata.name is not None
+            pd_client.delete(Pod, pod.metadata.name, namespace=NAMESPACE, grace_period=0)
+        process.terminate()
+        process.wait(60)
+
+
+def status(state: Path) -> dict[str, Any]:
+    try:
+        loaded: dict[str, Any] = json.loads((state / "status.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {"pods": []}
+    return loaded
+
+
+def pod_status(state: Path, name: str) -> dict[str, Any] | None:
+    return next((p for p in status(state)["pods"] if p["pod"] == name), None)
+
+
+def engine_pod(name: str) -> Pod:
+    return pod_of(
+        {
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"prfaas.io/role": "pd-decode"}},
+            "spec": {
+                "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H20"},
+                "terminationGracePeriodSeconds": 5,
+                "containers": [
+                    {
+                        "name": "sglang",
+                        "image": "lmsysorg/sglang:v0.5.23",
+                        "command": ["python3", "-m", "sglang.launch_server"],
+                        "args": ["--host", "0.0.0.0", "--port", "30000", "--disaggregation-mode", "decode"],
+                        "ports": [{"name": "http", "containerPort": 30000}],
+                        "resources": {"limits": {"nvidia.com/gpu": "8"}, "requests": {"nvidia.com/gpu": "8"}},
+                        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}},
+                    }
+                ],
+            },
+        }
+    )
+
+
+def pod_of(manifest: dict[str, Any]) -> Pod:
+    pod = Pod.from_dict(manifest)
+    assert isinstance(pod, Pod)
+    return pod
+
+
+def pod_ready(client: lightkube.Client, name: str) -> tuple[bool, int]:
+    pod = client.get(Pod, name, namespace=NAMESPACE)
+    assert pod.status is not None
+    ready = any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+    statuses = pod.status.containerStatuses or []
+    return ready, statuses[0].restartCount if statuses else -1
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+def test_engine_pod_runs_on_its_ip_restarts_after_a_crash_and_stops_with_its_pod(
+    runner: Path, pd_client: lightkube.Client
+) -> None:
+    pd_client.create(engine_pod("engine-a"))
+    first = wait_until(
+        "the engine to run and be ready",
+        lambda: (p := pod_status(runner, "engine-a")) and p["ready"] and p,
+        60,
+    )
+    assert first["ip"].startswith("127.200.") and first["kind"] == "engine"
+    assert "--profile" in first["argv"] and first["argv"][first["argv"].index("--profile") + 1] == "h20"
+    wait_until(
+        "the pod's Ready condition to follow the process",
+        lambda: pod_ready(pd_client, "engine-a") == (True, 0),
+        20,
+    )
+    os.kill(first["pid"], signal.SIGKILL)  # a crash
+    wait_until(
+        "Ready to turn False after the crash", lambda: not pod_ready(pd_client, "engine-a")[0], 20, poll_s=0.1
+    )
+    again = wait_until(
+        "the engine to be restarted and ready",
+        lambda: (p := pod_status(runner, "engine-a")) and p["ready"] and p["restarts"] == 1 and p,
+        30,
+    )
+    assert again["pid"] != first["pid"]
+    wait_until("restartCount 1 and Ready again", lambda: pod_ready(pd_client, "engine-a") == (True, 1), 20)
+    pd_client.delete(Pod, "engine-a", namespace=NAMESPACE)
+    wait_until("the process to stop with its pod", lambda: not alive(again["pid"]), 30)
+    wait_until("the runner to forget the pod", lambda: pod_status(runner, "engine-a") is None, 10)
+
+
+def test_router_config_follows_its_configmap(runner: Path, pd_client: lightkube.Client) -> None:
+    document = {"not": "a router config yet"}
+    pd_client.apply(
+        ConfigMap(
+            metadata=ObjectMeta(name="router-config", namespace=NAMESPACE),
+            data={"router-config.json": json.dumps(document)},
+        ),
+        field_manager="prfaas-tests",
+    )
+    pd_client.create(
+        pod_of(
+            {
+                "metadata": {"name": "router-a", "namespace": NAMESPACE},
+                "spec": {
+                    "nodeSelector": {"prfaas.io/testbed-pool": "cpu"},
+                    "containers": [
+                        {
+                            "name": "router",
+                            "image": "ghcr.io/prfaas/prfaas-router:0.1.0",
+                            "command": ["prfaas-router"],
+                            "args": [
+                                "--config",
+                                "/etc/prfaas/router-config.json",
+                                "--host",
+                                "0.0.0.0",
+                                "--port",
+                                "8000",
+                            ],
+                            "volumeMounts": [
+                                {"name": "config", "mountPath": "/etc/prfaas", "readOnly": True}
+                            ],
+                        }
+                    ],
+                    "volumes": [{"name": "config", "configMap": {"name": "router-config"}}],
+                },
+            }
+        )
+    )
+    running = wait_until(
+        "the router to run", lambda: (p := pod_status(runner, "router-a")) and p["pid"] and p, 60
+    )
+    config_path = Path(running["argv"][running["argv"].index("--config") + 1])
+    assert config_path.is_relative_to(runner) and json.loads(config_path.read_text()) == document
+    document = {"still": "not a router config", "version": "2"}
+    pd_client.apply(
+        ConfigMap(
+            metadata=ObjectMeta(name="router-config", namespace=NAMESPACE),
+            data={"router-config.json": json.dumps(document)},
+        ),
+        field_manager="prfaas-tests",
+    )
+    wait_until(
+        "the local file to follow the ConfigMap", lambda: json.loads(config_path.read_text()) == document, 10
+    )
+    # the router refuses this config and keeps running: its process is not restarted
+    time.sleep(1)
+    final = pod_status(runner, "router-a")
+    assert final is not None and final["restarts"] == 0 and final["pid"] == running["pid"]

@@ -1,0 +1,291 @@
+"""Whole-system scenarios on the testbed: two clusters, pods that run, live traffic, both loops.
+
+One PrfaasDeployment (2 PrfaaS prefill instances, 4 PD instances split 2/2, time scale 0.5)
+serves every scenario, in this order, each starting from the state the previous one left:
+
+1. the operator restarts mid-traffic: no duplicate object, no rollout, no failed request;
+2. the PrfaaS cluster's engines die: traffic goes local with no failed request among those
+   sent after the outage began, PrefillClusterReady turns False, and all recovers;
+3. a scale-down of decode drains: the instance leaves the router config before its pod goes,
+   and no request is lost;
+4. the planner in Auto sees long prompts and rescales: threshold and split move, the
+   StatefulSets and the router config follow.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from lightkube.resources.apps_v1 import Deployment, ReplicaSet, StatefulSet
+from lightkube.resources.core_v1 import ConfigMap, Pod, Service
+from live_traffic import E2E_TIME_SCALE, BackgroundTraffic, logs_hint
+from prfaas_testbed.clusters import Cluster
+from prfaas_testbed.system import LiveSystem, customise_cr, load_sample_cr, wait_until
+from prfaas_testbed.traffic import PlannedRequest, lognormal_requests
+
+pytestmark = [pytest.mark.e2e, pytest.mark.testbed, pytest.mark.prometheus, pytest.mark.timeout(420)]
+
+CR_NAME = "e2e"
+
+
+def medium_traffic(
+    seconds: float, *, wall_rps: float = 1.5, output_tokens: int = 64, seed: int = 1
+) -> list[PlannedRequest]:
+    """Prompts around 16K tokens (some above the 19456 threshold, most below), at ``wall_rps``."""
+    return lognormal_requests(
+        rate_rps=wall_rps * E2E_TIME_SCALE,
+        seconds=seconds,
+        time_scale=E2E_TIME_SCALE,
+        seed=seed,
+        median_tokens=16000,
+        sigma=0.8,
+        min_tokens=512,
+        max_tokens=65536,
+        output_tokens=output_tokens,
+        phase="medium",
+    )
+
+
+@pytest.fixture(scope="module")
+def deployment(live_system: LiveSystem) -> LiveSystem:
+    cr = customise_cr(load_sample_cr(), live_system.layout, name=CR_NAME)
+    spec = cr["spec"]
+    spec["prefillCluster"].update(replicas=2, minReplicas=1, maxReplicas=3)
+    spec["pdCluster"].update(instances=4, prefillInstances=2, decodeInstances=2)
+    live_system.apply(cr)
+    live_system.wait_ready(150)
+    return live_system
+
+
+def start_traffic(system: LiveSystem, plan: list[PlannedRequest]) -> BackgroundTraffic:
+    url = system.router_url()
+    assert url is not None, f"the router is not ready {logs_hint(system)}"
+    return BackgroundTraffic(url, "kimi-linear", plan)
+
+
+def children(system: LiveSystem) -> dict[tuple[str, str, str], tuple[str, int | None]]:
+    """(cluster, kind, name) -> (uid, generation) of every object of the deployment in both clusters.
+
+    A Deployment's generation also counts annotation changes (the router config checksum), so
+    only its uid is kept; its ReplicaSets show whether it rolled.
+    """
+    namespace = system.layout.deployment_namespace
+    labels = {"app.kubernetes.io/instance": CR_NAME}
+    found: dict[tuple[str, str, str], tuple[str, int | None]] = {}
+    for cluster, client, kinds in (
+        ("pd", system.pd, (StatefulSet, Deployment, ReplicaSet, Service, ConfigMap)),
+        ("prfaas", system.prfaas, (StatefulSet, Service)),
+    ):
+        for kind in kinds:
+            for item in client.list(kind, namespace=namespace, labels=labels):
+                meta = item.metadata
+                assert meta is not None and meta.name is not None
+                generation = None if kind is Deployment else meta.generation
+                found[(cluster, kind.__name__, meta.name)] = (str(meta.uid), generation)
+    return found
+
+
+def pods_by_role(system: LiveSystem, cluster: Cluster) -> dict[str, list[str]]:
+    roles: dict[str, list[str]] = {}
+    for pod in system.pods(cluster):
+        role = (pod["metadata"].get("labels") or {}).get("prfaas.io/role", "?")
+        roles.setdefault(role, []).append(pod["metadata"]["name"])
+    return roles
+
+
+def statefulset_replicas(system: LiveSystem, cluster: Cluster, name: str) -> int | None:
+    client = system.pd if cluster is Cluster.PD else system.prfaas
+    found = client.get(StatefulSet, name, namespace=system.layout.deployment_namespace)
+    return found.spec.replicas if found.spec is not None else None
+
+
+def endpoints(system: LiveSystem, pool: str) -> list[str]:
+    config = system.router_config() or {}
+    return [endpoint["name"] for endpoint in (config.get("pools") or {}).get(pool, [])]
+
+
+def condition_status(system: LiveSystem, kind: str) -> str | None:
+    condition = system.condition(kind)
+    return None if condition is None else str(condition.get("status"))
+
+
+def test_operator_restart_mid_traffic_duplicates_nothing_and_drops_nothing(deployment: LiveSystem) -> None:
+    system = deployment
+    before = children(system)
+    config_before = system.router_config() or {}
+    [old] = system.runner_pods(kind="operator", namespace=system.layout.system_namespace)
+    with start_traffic(system, medium_traffic(25)) as traffic:
+        time.sleep(5)
+        system.pd.delete(Pod, old["pod"], namespace=system.layout.system_namespace)
+        wait_until(
+            "a new operator pod to run and be ready",
+            lambda: any(p["ready"] and p["uid"] != old["uid"] for p in system.runner_pods(kind="operator")),
+            60,
+        )
+        driver = traffic.wait()
+    time.sleep(3)  # the new operator's first passes are done by now
+    after = children(system)
+    assert after == before, f"objects changed across the restart: {set(after.items()) ^ set(before.items())}"
+    config_after = system.router_config() or {}
+    unversioned = {key for key in config_before if key != "version"}
+    assert {k: config_after.get(k) for k in unversioned} == {k: config_before[k] for k in unversioned}
+    assert {role: len(names) for role, names in pods_by_role(system, Cluster.PD).items()} == {
+        "pd-prefill": 2,
+        "pd-decode": 2,
+        "router": 1,
+    }
+    assert {role: len(names) for role, names in pods_by_role(system, Cluster.PRFAAS).items()} == {
+        "prfaas-prefill": 2
+    }
+    summary = driver.summary()
+    assert summary.outcomes.get("ok", 0) >= 20, summary.line()
+    assert summary.outcomes.get("ok", 0) == summary.sent, (
+        f"{summary.line()} {summary.errors} {logs_hint(system)}"
+    )
+    assert system.is_ready()
+
+
+def test_prfaas_outage_sends_traffic_local_and_recovers(deployment: LiveSystem) -> None:
+    system = deployment
+    with start_traffic(system, medium_traffic(55, seed=2)) as traffic:
+        time.sleep(8)
+        offloaded_before = [r for r in traffic.driver.results if r.outcome == "ok" and r.route == "prfaas"]
+        assert offloaded_before, "nothing was offloaded before the outage"
+        outage_at = time.monotonic()
+        system.set_down([Cluster.PRFAAS.value])
+        try:
+            wait_until(
+                "PrefillClusterReady to turn False",
+                lambda: condition_status(system, "PrefillClusterReady") == "False",
+                30,
+            )
+            wait_until(
+                "the router config to drop the PrfaaS endpoints",
+                lambda: not endpoints(system, "prfaas_prefill"),
+                30,
+            )
+            local_from = time.monotonic()
+            assert condition_status(system, "Ready") == "False"
+            time.sleep(8)
+        finally:
+            system.set_down([])
+        recovery_at = time.monotonic()
+        wait_until(
+            "PrefillClusterReady to turn True again",
+            lambda: condition_status(system, "PrefillClusterReady") == "True",
+            60,
+        )
+        wait_until(
+            "the router config to list both PrfaaS endpoints",
+            lambda: len(endpoints(system, "prfaas_prefill")) == 2,
+            30,
+        )
+        driver = traffic.wait()
+    after_outage = [r for r in driver.results if r.sent_at >= outage_at]
+    failed = [r for r in after_outage if r.outcome != "ok"]
+    assert not failed, (
+        f"requests sent after the outage began failed: {[(r.outcome, r.error) for r in failed]}"
+    )
+    during = [r for r in after_outage if local_from <= r.sent_at < recovery_at]
+    assert during and all(r.route == "local" for r in during), [(r.route, r.input_tokens) for r in during]
+    assert any(r.route == "prfaas" for r in driver.results if r.sent_at > recovery_at + 5), (
+        "no offload after recovery"
+    )
+    held = [p for p in system.runner_pods(cluster="prfaas") if p["restarts"] != 0 or not p["ready"]]
+    assert all(p["ready"] for p in system.runner_pods(cluster="prfaas")), held
+    assert system.is_ready()
+
+
+def test_decode_scale_down_drains_before_the_pod_goes(deployment: LiveSystem) -> None:
+    system = deployment
+    draining = f"{CR_NAME}-pd-decode-1"
+    samples: list[
+        tuple[float, bool, bool]
+    ] = []  # (time, listed in the router config, pod present and not deleting)
+
+    def sample() -> None:
+        present = any(
+            p["metadata"]["name"] == draining and not p["metadata"].get("deletionTimestamp")
+            for p in system.pods(Cluster.PD)
+        )
+        samples.append((time.monotonic(), draining in endpoints(system, "decode"), present))
+
+    # long outputs keep every decode busy for seconds: an instance killed mid-stream loses requests
+    with start_traffic(system, medium_traffic(30, output_tokens=200, seed=3)) as traffic:
+        time.sleep(6)
+        system.patch_spec({"pdCluster": {"prefillInstances": 3, "decodeInstances": 1}})
+
+        def done() -> bool:
+            sample()
+            return (
+                statefulset_replicas(system, Cluster.PD, f"{CR_NAME}-pd-decode") == 1 and not samples[-1][2]
+            )
+
+        wait_until("decode to scale down to 1 and its pod to go", done, 90, poll_s=0.2)
+        driver = traffic.wait()
+    summary = driver.summary()
+    assert summary.outcomes.get("ok", 0) == summary.sent > 20, (
+        f"{summary.line()} {summary.errors} {logs_hint(system)}"
+    )
+    unlisted_at = next(t for t, listed, _ in samples if not listed)
+    gone_at = next(t for t, _, present in samples if not present)
+    assert unlisted_at < gone_at, "the pod went before the router config dropped it"
+    assert not [s for s in samples if s[1] and not s[2]], "the router config listed a pod that was gone"
+    wait_until("the new split to be Ready", system.is_ready, 60)
+    assert endpoints(system, "decode") == [f"{CR_NAME}-pd-decode-0"]
+    assert len(endpoints(system, "local_prefill")) == 3
+
+
+def test_workload_shift_makes_the_planner_rescale(deployment: LiveSystem) -> None:
+    system = deployment
+    assert system.prometheus is not None
+    spec_threshold = (system.cr() or {})["spec"]["routing"]["thresholdTokens"]
+    system.patch_spec(
+        {
+            "pdCluster": {"prefillInstances": 2, "decodeInstances": 2},
+            "routing": {"mode": "Auto"},
+            "planner": {
+                "mode": "Auto",
+                "prometheusUrl": system.prometheus.url,
+                "intervalSeconds": 10,
+                "windowSeconds": 60,
+                "cooldownSeconds": 0,
+                "hysteresis": 0.05,
+            },
+        }
+    )
+    long_prompts = lognormal_requests(
+        rate_rps=1.2 * E2E_TIME_SCALE, seconds=70, time_scale=E2E_TIME_SCALE, seed=4, output_tokens=64
+    )
+
+    def applied() -> dict[str, Any] | None:
+        status = (system.cr() or {}).get("status") or {}
+        allocation = status.get("allocation") or {}
+        return allocation if allocation.get("source") == "Planner" else None
+
+    with start_traffic(system, long_prompts) as traffic:
+        allocation = wait_until("the planner to apply an allocation", applied, 120, poll_s=1.0)
+        traffic.stop()
+        driver = traffic.wait()
+    planner = ((system.cr() or {}).get("status") or {}).get("planner") or {}
+    moved = (allocation["thresholdTokens"], allocation["pdPrefillInstances"]) != (spec_threshold, 2)
+    assert moved, f"the planner applied the spec's own point: {allocation}, {planner}"
+    assert allocation["pdPrefillInstances"] + allocation["pdDecodeInstances"] == 4
+
+    def followed() -> bool:
+        config = system.router_config() or {}
+        return (
+            statefulset_replicas(system, Cluster.PD, f"{CR_NAME}-pd-prefill")
+            == allocation["pdPrefillInstances"]
+            and statefulset_replicas(system, Cluster.PD, f"{CR_NAME}-pd-decode")
+            == allocation["pdDecodeInstances"]
+            and config.get("threshold_tokens") == allocation["thresholdTokens"]
+        )
+
+    wait_until("the StatefulSets and the router config to follow the planner", followed, 90)
+    events = system.events(["PlannerApplied"])
+    assert events and "Λ_max" in str(events[-1].get("message")), events
+    summary = driver.summary()
+    assert summary.outcomes.get("failed", 0) == 0, f"{summary.line()} {summary.errors} {logs_hint(system)}"

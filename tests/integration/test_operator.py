@@ -1,0 +1,459 @@
+"""The operator against the two real testbed clusters: `python -m prfaas_operator` in the PD cluster,
+the PrfaaS cluster reached through a kubeconfig Secret, pods scheduled by the real scheduler on
+fake H200 / H20 nodes and made Running by kwok.
+
+One deployment of the README's sample (at half its instance counts, see HALF) goes through
+its whole life (children in the right
+clusters, pods on the right GPUs, router config with every pool's pod IPs, Ready with the
+printer columns filled, a replica change, deleted and edited children restored, deletion
+emptying both clusters); then bad input (a missing Secret, an unreachable cluster) degrades
+those CRs with the cause named while the operator keeps serving a healthy one.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import pytest
+import yaml
+from lightkube import ApiError, Client
+from lightkube.resources.apps_v1 import Deployment, StatefulSet
+from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Node, Pod, Service
+from operator_harness import OperatorProcess, free_loopback_port, run_operator
+from prfaas_core.router_config import RouterConfig
+from prfaas_operator.crd import CRD_NAME, CRD_OUTPUTS, repository_root
+from prfaas_operator.kube import PrfaasDeploymentResource
+
+if TYPE_CHECKING:
+    from prfaas_testbed.clusters import Testbed
+
+pytestmark = [pytest.mark.testbed, pytest.mark.timeout(300)]
+
+ROOT = repository_root()
+SAMPLE: dict[str, Any] = yaml.safe_load((ROOT / "examples/prfaasdeployment.yaml").read_text())
+GPU = "nvidia.com/gpu"
+PRODUCT = "nvidia.com/gpu.product"
+T = TypeVar("T")
+NAMESPACE_PREFIX = "op-"  # the test's operator watches only these namespaces
+# The sample at half its instance counts (8 GPUs each, as in the sample): the testbed holds
+# exactly one full sample (5x8 H200, 10x8 H20) and other suites' deployments may hold some
+# GPUs while this runs. Then a change to 1 PrfaaS replica and a 1/3 local split.
+HALF = {
+    "prefillCluster": {"replicas": 2},
+    "pdCluster": {"instances": 4, "prefillInstances": 2, "decodeInstances": 2},
+}
+
+
+def wait_until(probe: Callable[[], T | None], *, timeout_s: float, what: str) -> T:
+    """Poll until `probe` returns something other than None or False (bounded)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if value is not None and value is not False:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.25)
+
+
+def get_or_none(client: Client, resource: Any, name: str, namespace: str | None = None) -> Any:
+    try:
+        return client.get(resource, name, namespace=namespace)
+    except ApiError as exc:
+        if exc.status.code == 404:
+            return None
+        raise
+
+
+def must(client: Client, resource: Any, name: str, namespace: str | None = None) -> Any:
+    """The object (untyped: lightkube's models make every field optional)."""
+    return client.get(resource, name, namespace=namespace)
+
+
+def kubectl(testbed: Testbed, *args: str, stdin: str | None = None) -> str:
+    binary = shutil.which("kubectl")
+    assert binary, "kubectl is not on PATH"
+    done = subprocess.run(
+        [binary, f"--kubeconfig={testbed.pd_kubeconfig}", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+    return done.stdout
+
+
+def deployment_manifest(
+    name: str, namespace: str, prefill_namespace: str, secret: str | None
+) -> dict[str, Any]:
+    document = copy.deepcopy(SAMPLE)
+    document["metadata"] = {"name": name, "namespace": namespace}
+    cluster = document["spec"]["prefillCluster"]
+    cluster["namespace"] = prefill_namespace
+    if secret is None:
+        cluster.pop("kubeconfigSecretRef")
+    else:
+        cluster["kubeconfigSecretRef"] = {"name": secret, "key": "kubeconfig"}
+    return document
+
+
+def half(document: dict[str, Any]) -> dict[str, Any]:
+    for section, values in HALF.items():
+        document["spec"][section].update(values)
+    return document
+
+
+def small(document: dict[str, Any]) -> dict[str, Any]:
+    """One GPU per instance, one of each role: fits beside the other deployments."""
+    spec = document["spec"]
+    spec["prefillCluster"].update(gpusPerInstance=1, replicas=1, minReplicas=1, maxReplicas=2)
+    spec["pdCluster"].update(gpusPerInstance=1, instances=2, prefillInstances=1, decodeInstances=1)
+    return document
+
+
+def cr_status(pd: Client, name: str, namespace: str) -> dict[str, Any]:
+    found = get_or_none(pd, PrfaasDeploymentResource, name, namespace)
+    return dict((found or {}).get("status") or {})
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions") or [] if c["type"] == kind), {})
+
+
+def router_config(pd: Client, name: str, namespace: str) -> RouterConfig | None:
+    found = get_or_none(pd, ConfigMap, f"{name}-router-config", namespace)
+    return RouterConfig.from_json(found.data["router-config.json"]) if found is not None else None
+
+
+def running_pods(client: Client, namespace: str, role: str) -> list[Any]:
+    pods = client.list(Pod, namespace=namespace, labels={"prfaas.io/role": role})
+    return [p for p in pods if p.status and p.status.phase == "Running" and p.status.podIP]
+
+
+@pytest.fixture(scope="module")
+def operator(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    """The generated CRD installed in the PD cluster and the operator running against it."""
+    kubectl(testbed, "apply", "--server-side", "--force-conflicts", "--field-manager=prfaas-tests",
+            "-f", str(ROOT / CRD_OUTPUTS[0]))  # fmt: skip
+    kubectl(testbed, "wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    options = (
+        "--resync-seconds",
+        "2",
+        "--remote-backoff-max-seconds",
+        "4",
+        "--remote-cleanup-timeout-seconds",
+        "10",
+    )
+    with run_operator(testbed.pd_kubeconfig, log, f"{NAMESPACE_PREFIX}*", *options) as running:
+        yield running
+        print(f"operator log (last lines):\n{running.log_tail()}")  # shown when a test failed
+        assert "Traceback" not in running.log_text(), running.log_tail()
+
+
+@pytest.fixture
+def namespaces(testbed: Testbed, pd_client: Client, prfaas_client: Client) -> Iterator[tuple[str, str]]:
+    """A fresh namespace in the PD cluster holding the PrfaaS kubeconfig Secret, and a PrfaaS namespace name."""
+    from prfaas_testbed.clusters import store_kubeconfig_secret
+
+    tag = uuid.uuid4().hex[:6]
+    local, remote = f"{NAMESPACE_PREFIX}{tag}", f"{NAMESPACE_PREFIX}{tag}-prefill"
+    store_kubeconfig_secret(
+        pd_client, testbed.prfaas_kubeconfig, name="prfaas-cluster-kubeconfig", namespace=local
+    )
+    yield local, remote
+    # CRs first, while the operator runs (its finalizer needs the Secret), then the namespaces
+    for cr in pd_client.list(PrfaasDeploymentResource, namespace=local):
+        pd_client.delete(PrfaasDeploymentResource, cr["metadata"]["name"], namespace=local)
+    wait_until(lambda: not list(pd_client.list(PrfaasDeploymentResource, namespace=local)), timeout_s=60,
+               what="the test's CRs deleted")  # fmt: skip
+    for client, name in ((pd_client, local), (prfaas_client, remote)):
+        if get_or_none(client, Namespace, name) is not None:
+            client.delete(Namespace, name)
+
+
+def test_sample_deployment_lifecycle(
+    testbed: Testbed,
+    operator: OperatorProcess,
+    pd_client: Client,
+    prfaas_client: Client,
+    namespaces: tuple[str, str],
+) -> None:
+    ns, remote_ns = namespaces
+    name = "kimi-linear"
+    pd, prfaas = pd_client, prfaas_client
+    applied_at = time.monotonic()
+    kubectl(testbed, "apply", "-f", "-",
+            stdin=yaml.safe_dump(half(deployment_manifest(name, ns, remote_ns, "prfaas-cluster-kubeconfig"))))  # fmt: skip
+
+    # every child, in the right cluster
+    remote_children = [(StatefulSet, f"{name}-prfaas-prefill"), (Service, f"{name}-prfaas-prefill")]
+    local_children = [
+        (StatefulSet, f"{name}-pd-prefill"), (StatefulSet, f"{name}-pd-decode"),
+        (Service, f"{name}-pd-prefill"), (Service, f"{name}-pd-decode"), (Service, f"{name}-router"),
+        (Deployment, f"{name}-router"), (ConfigMap, f"{name}-router-config"),
+    ]  # fmt: skip
+
+    def all_children() -> bool:
+        return all(get_or_none(prfaas, kind, n, remote_ns) for kind, n in remote_children) and all(
+            get_or_none(pd, kind, n, ns) for kind, n in local_children
+        )
+
+    wait_until(all_children, timeout_s=30, what="the children in both clusters")
+    print(f"children present {time.monotonic() - applied_at:.2f} s after apply")
+    for kind, n in local_children:
+        assert get_or_none(prfaas, kind, n, remote_ns) is None, (
+            f"{kind.__name__} {n} leaked into the PrfaaS cluster"
+        )
+    assert get_or_none(pd, StatefulSet, f"{name}-prfaas-prefill", ns) is None
+    assert must(prfaas, Namespace, remote_ns).metadata.labels["prfaas.io/owner"] == f"{ns}.{name}"
+
+    # pods Running on nodes of the right GPU product with the right GPU count
+    def placed(client: Client, namespace: str, role: str, count: int, product: str) -> list[Any] | None:
+        pods = running_pods(client, namespace, role)
+        if len(pods) != count:
+            return None
+        for pod in pods:
+            node = must(client, Node, pod.spec.nodeName)
+            assert node.metadata.labels[PRODUCT] == product, f"{pod.metadata.name} on {node.metadata.name}"
+            limits = pod.spec.containers[0].resources.limits
+            assert int(limits[GPU]) == 8
+        return pods
+
+    prfaas_pods = wait_until(
+        lambda: placed(prfaas, remote_ns, "prfaas-prefill", 2, "NVIDIA-H200"),
+        timeout_s=60,
+        what="2 PrfaaS prefill pods on H200",
+    )
+    prefill_pods = wait_until(
+        lambda: placed(pd, ns, "pd-prefill", 2, "NVIDIA-H20"),
+        timeout_s=60,
+        what="2 local prefill pods on H20",
+    )
+    decode_pods = wait_until(lambda: placed(pd, ns, "pd-decode", 2, "NVIDIA-H20"), timeout_s=60, what="2 decode pods on H20")  # fmt: skip
+
+    # the router config lists the pod IPs of every pool
+    def config_lists(expected: dict[str, set[str]]) -> RouterConfig | None:
+        config = router_config(pd, name, ns)
+        if config is None:
+            return None
+        listed = {
+            "prfaas": {e.url for e in config.pools.prfaas_prefill},
+            "local": {e.url for e in config.pools.local_prefill},
+            "decode": {e.url for e in config.pools.decode},
+        }
+        return config if listed == expected else None
+
+    def urls(pods: list[Any]) -> set[str]:
+        return {f"http://{p.status.podIP}:30000" for p in pods}
+
+    config = wait_until(
+        lambda: config_lists(
+            {"prfaas": urls(prfaas_pods), "local": urls(prefill_pods), "decode": urls(decode_pods)}
+        ),
+        timeout_s=30,
+        what="the router config listing every pod IP",
+    )
+    assert {e.bootstrap_port for e in config.pools.prfaas_prefill + config.pools.local_prefill} == {8998}
+    assert config.threshold_tokens == 19456
+    assert config.fingerprint == cr_status(pd, name, ns)["fingerprint"]
+
+    # Ready, and `kubectl get prfaas` shows it
+    wait_until(
+        lambda: condition(cr_status(pd, name, ns), "Ready").get("status") == "True",
+        timeout_s=60,
+        what="Ready",
+    )
+    print(f"Ready {time.monotonic() - applied_at:.2f} s after apply")
+    status = cr_status(pd, name, ns)
+    for pod in [*prfaas_pods, *prefill_pods, *decode_pods]:
+        assert pod.metadata.labels["prfaas.io/fingerprint"] == status["fingerprint"]
+    assert "Not verified" in condition(status, "Ready")["message"]
+    assert condition(status, "Degraded")["status"] == "False"
+    header, row = kubectl(testbed, "get", "prfaas", name, "-n", ns).splitlines()
+    columns = dict(zip(header.split(), row.split(), strict=False))
+    assert columns == {"NAME": name, "READY": "True", "THRESHOLD": "19456", "PRFAAS": "2",
+                       "LOCAL-PREFILL": "2", "DECODE": "2", "AGE": columns["AGE"]}  # fmt: skip
+
+    # a replica change: PrfaaS replicas and the PD split
+    patch = {
+        "spec": {
+            "prefillCluster": {"replicas": 1},
+            "pdCluster": {"prefillInstances": 1, "decodeInstances": 3},
+        }
+    }
+    kubectl(testbed, "patch", "prfaas", name, "-n", ns, "--type=merge", "-p", yaml.safe_dump(patch))
+    wait_until(
+        lambda: placed(prfaas, remote_ns, "prfaas-prefill", 1, "NVIDIA-H200"),
+        timeout_s=60,
+        what="1 PrfaaS pod",
+    )
+    wait_until(
+        lambda: placed(pd, ns, "pd-prefill", 1, "NVIDIA-H20"), timeout_s=60, what="1 local prefill pod"
+    )
+    wait_until(lambda: placed(pd, ns, "pd-decode", 3, "NVIDIA-H20"), timeout_s=60, what="3 decode pods")
+
+    def counts_are(prfaas_ready: int, local: int, decode: int) -> bool:
+        status = cr_status(pd, name, ns)
+        return (
+            status.get("observedGeneration") == 2
+            and (status["prefillCluster"]["ready"], status["pdPrefill"]["ready"], status["pdDecode"]["ready"])
+            == (prfaas_ready, local, decode)
+            and condition(status, "Ready").get("status") == "True"
+        )
+
+    wait_until(lambda: counts_are(1, 1, 3), timeout_s=60, what="status counts 1/1/3 and Ready")
+    config = wait_until(
+        lambda: (
+            (c := router_config(pd, name, ns))
+            and len(c.pools.prfaas_prefill) == 1
+            and len(c.pools.decode) == 3
+            and c
+        ),
+        timeout_s=30,
+        what="the router config following the change",
+    )
+    assert cr_status(pd, name, ns)["allocation"]["routerConfigVersion"] == config.version
+
+    # a deleted child comes back: the remote StatefulSet and a local Service
+    old_sts = must(prfaas, StatefulSet, f"{name}-prfaas-prefill", remote_ns).metadata.uid
+    old_svc = must(pd, Service, f"{name}-pd-decode", ns).metadata.uid
+    prfaas.delete(StatefulSet, f"{name}-prfaas-prefill", namespace=remote_ns)
+    pd.delete(Service, f"{name}-pd-decode", namespace=ns)
+
+    def recreated(client: Client, kind: Any, n: str, namespace: str, old_uid: str) -> bool:
+        found = get_or_none(client, kind, n, namespace)
+        return (
+            found is not None and found.metadata.uid != old_uid and found.metadata.deletionTimestamp is None
+        )
+
+    wait_until(lambda: recreated(prfaas, StatefulSet, f"{name}-prfaas-prefill", remote_ns, old_sts), timeout_s=30, what="the remote StatefulSet back")  # fmt: skip
+    wait_until(lambda: recreated(pd, Service, f"{name}-pd-decode", ns, old_svc), timeout_s=30, what="the local Service back")  # fmt: skip
+
+    # an edited child is restored: remote replicas scaled by hand, the router image changed
+    kubectl_prfaas = ("--kubeconfig", str(testbed.prfaas_kubeconfig))
+    subprocess.run(["kubectl", *kubectl_prfaas, "scale", "statefulset", f"{name}-prfaas-prefill", "-n", remote_ns,
+                    "--replicas=0"], check=True, capture_output=True, timeout=30)  # fmt: skip
+    kubectl(testbed, "set", "image", f"deployment/{name}-router", "router=example.invalid/other:1", "-n", ns)
+
+    def restored() -> bool:
+        sts = must(prfaas, StatefulSet, f"{name}-prfaas-prefill", remote_ns)
+        router = must(pd, Deployment, f"{name}-router", ns)
+        return (
+            sts.spec.replicas == 1
+            and router.spec.template.spec.containers[0].image == SAMPLE["spec"]["router"]["image"]
+        )
+
+    wait_until(restored, timeout_s=30, what="edited children restored")
+
+    # deleting the CR empties both clusters (the remote side through the finalizer)
+    kubectl(testbed, "delete", "prfaas", name, "-n", ns, "--wait=false")
+    wait_until(
+        lambda: get_or_none(pd, PrfaasDeploymentResource, name, ns) is None, timeout_s=60, what="the CR gone"
+    )
+
+    def emptied() -> bool:
+        namespace = get_or_none(prfaas, Namespace, remote_ns)
+        remote_gone = namespace is None or namespace.metadata.deletionTimestamp is not None
+        remote_left = [*prfaas.list(StatefulSet, namespace="*", labels={"prfaas.io/owner": f"{ns}.{name}"}),
+                       *prfaas.list(Service, namespace="*", labels={"prfaas.io/owner": f"{ns}.{name}"})]  # fmt: skip
+        local_left = [
+            found for kind, n in local_children if (found := get_or_none(pd, kind, n, ns)) is not None
+            and found.metadata.deletionTimestamp is None
+        ]  # fmt: skip
+        return remote_gone and not remote_left and not local_left
+
+    wait_until(emptied, timeout_s=60, what="both clusters emptied of the deployment's objects")
+    assert operator.alive()
+
+
+def test_bad_clusters_degrade_with_the_cause_while_others_are_served(
+    testbed: Testbed,
+    operator: OperatorProcess,
+    pd_client: Client,
+    prfaas_client: Client,
+    namespaces: tuple[str, str],
+) -> None:
+    from prfaas_testbed.clusters import store_kubeconfig_secret
+
+    ns, remote_ns = namespaces
+    pd = pd_client
+    closed_port = free_loopback_port()  # bound once and released: nothing listens there
+    dead = yaml.safe_load(testbed.prfaas_kubeconfig.read_text())
+    for entry in dead["clusters"]:
+        entry["cluster"]["server"] = f"https://127.0.0.1:{closed_port}"
+    dead_kubeconfig = Path(operator.log_path.parent) / "dead.kubeconfig"
+    dead_kubeconfig.write_text(yaml.safe_dump(dead))
+    store_kubeconfig_secret(pd, dead_kubeconfig, name="dead-cluster", namespace=ns)
+
+    crs = {
+        "no-secret": small(deployment_manifest("no-secret", ns, remote_ns, "does-not-exist")),
+        "unreachable": small(deployment_manifest("unreachable", ns, remote_ns, "dead-cluster")),
+        "healthy": small(deployment_manifest("healthy", ns, remote_ns, "prfaas-cluster-kubeconfig")),
+        "too-big": small(deployment_manifest("too-big", ns, remote_ns, "prfaas-cluster-kubeconfig")),
+    }
+    crs["too-big"]["spec"]["pdCluster"]["gpusPerInstance"] = 16  # the H20 nodes have 8 each
+    kubectl(testbed, "apply", "-f", "-", stdin=yaml.safe_dump_all(crs.values()))
+
+    def degraded(cr: str, reason: str) -> dict[str, Any] | None:
+        status = cr_status(pd, cr, ns)
+        found = condition(status, "Degraded")
+        return status if found.get("status") == "True" and found.get("reason") == reason else None
+
+    missing = wait_until(lambda: degraded("no-secret", "SecretNotFound"), timeout_s=30, what="SecretNotFound")
+    assert f"Secret {ns}/does-not-exist" in condition(missing, "PrefillClusterReady")["message"]
+    assert condition(missing, "Ready")["status"] == "False"
+    dead_status = wait_until(lambda: degraded("unreachable", "Unreachable"), timeout_s=30, what="Unreachable")
+    message = condition(dead_status, "PrefillClusterReady")["message"]
+    assert f"https://127.0.0.1:{closed_port}" in message and "connection refused" in message, message
+
+    # the local side is created anyway, and the router is told to keep everything local
+    for cr in ("no-secret", "unreachable"):
+        for role in ("pd-prefill", "pd-decode"):
+            assert get_or_none(pd, StatefulSet, f"{cr}-{role}", ns) is not None
+        config = wait_until(partial(router_config, pd, cr, ns), timeout_s=30, what=f"{cr}'s router config")
+        assert config.pools.prfaas_prefill == []
+    wait_until(lambda: condition(cr_status(pd, "healthy", ns), "Ready").get("status") == "True", timeout_s=60, what="the healthy CR Ready")  # fmt: skip
+
+    # pods the scheduler cannot place for want of GPUs are named as such
+    too_big = wait_until(lambda: degraded("too-big", "InsufficientGPU"), timeout_s=60, what="InsufficientGPU")
+    pd_ready = condition(too_big, "PDClusterReady")
+    assert pd_ready["reason"] == "InsufficientGPU" and "Insufficient nvidia.com/gpu" in pd_ready["message"]
+
+    # credentials never reach the log
+    secrets = [
+        user["user"][key]
+        for user in dead["users"]
+        for key in ("token", "client-key-data")
+        if key in user["user"]
+    ]
+    assert secrets, "the testbed kubeconfig should carry a credential to look for"
+    assert not any(secret in operator.log_text() for secret in secrets)
+
+    # deletion of CRs whose PrfaaS cluster cannot be reached is released after the bounded retry
+    for cr in crs:
+        kubectl(testbed, "delete", "prfaas", cr, "-n", ns, "--wait=false")
+    wait_until(
+        lambda: not list(pd.list(PrfaasDeploymentResource, namespace=ns)),
+        timeout_s=60,
+        what="all CRs released",
+    )
+    abandoned = {
+        e.involvedObject.name for e in pd.list(Event, namespace=ns) if e.reason == "RemoteCleanupAbandoned"
+    }
+    assert abandoned == {"no-secret", "unreachable"}
+    metrics = operator.metrics()
+    assert 'prfaas_operator_cluster_errors_total{cluster="prfaas",reason="SecretNotFound"}' in metrics
+    assert 'prfaas_operator_cluster_errors_total{cluster="prfaas",reason="Unreachable"}' in metrics
+    assert get_or_none(prfaas_client, StatefulSet, "healthy-prfaas-prefill", remote_ns) is None
+    assert operator.alive()

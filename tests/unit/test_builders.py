@@ -1,0 +1,422 @@
+"""Pure builders: the desired children of the sample PrfaasDeployment, no cluster involved.
+
+The expected values come from examples/prfaasdeployment.yaml (4 PrfaaS prefill instances of
+8 H200, 3 local prefill + 5 decode instances of 8 H20, a 100 Gbit/s link).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+from prfaas_core.profiles import ProfileError
+from prfaas_core.router_config import RouterConfig
+from prfaas_operator import builders
+from prfaas_operator.api import Allocation, PrfaasDeploymentSpec
+from prfaas_operator.builders import (
+    ANNOTATION_CONFIG_CHECKSUM,
+    LABEL_FINGERPRINT,
+    LABEL_OWNER,
+    LABEL_OWNER_UID,
+    Owner,
+    PoolChoice,
+    build_router_config,
+    choose_pools,
+    effective_allocation,
+    label_value,
+)
+from prfaas_operator.fingerprint import kv_fingerprint, last_flag_value
+from prfaas_operator.status import PodInfo
+
+SAMPLE_PATH = Path(__file__).resolve().parents[2] / "examples" / "prfaasdeployment.yaml"
+SAMPLE: dict[str, Any] = yaml.safe_load(SAMPLE_PATH.read_text())
+OWNER = Owner(name="kimi-linear", namespace="prfaas-demo", uid="0f6c7c2e-1111-2222-3333-444455556666")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def spec(**changes: Any) -> PrfaasDeploymentSpec:
+    """The sample spec with dotted-path changes, e.g. spec(**{"pdCluster.hostNetwork": True})."""
+    raw = copy.deepcopy(SAMPLE["spec"])
+    for path, value in changes.items():
+        *parents, leaf = path.split(".")
+        node = raw
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return PrfaasDeploymentSpec.model_validate(raw)
+
+
+def allocation_of(s: PrfaasDeploymentSpec) -> Allocation:
+    return effective_allocation(s, None).allocation
+
+
+def by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def container(statefulset: dict[str, Any]) -> dict[str, Any]:
+    (only,) = statefulset["spec"]["template"]["spec"]["containers"]
+    return only
+
+
+def flag(args: list[str], name: str) -> str | None:
+    return last_flag_value(args, name)
+
+
+class TestPrfaasClusterObjects:
+    def objects(self, s: PrfaasDeploymentSpec | None = None) -> list[dict[str, Any]]:
+        s = s or spec()
+        return builders.prefill_cluster_objects(s, OWNER, allocation_of(s), kv_fingerprint(s.model))
+
+    def test_statefulset_runs_sglang_prefill_over_tcp_on_h200(self) -> None:
+        (sts,) = by_kind(self.objects(), "StatefulSet")
+        assert sts["metadata"]["name"] == "kimi-linear-prfaas-prefill"
+        assert sts["metadata"]["namespace"] == "prfaas-demo"
+        assert sts["spec"]["replicas"] == 4
+        assert sts["spec"]["podManagementPolicy"] == "Parallel"
+        pod = sts["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
+        engine = container(sts)
+        assert engine["command"] == ["python3", "-m", "sglang.launch_server"]
+        args = engine["args"]
+        expected = {
+            "--model-path": "moonshotai/Kimi-Linear-48B-A3B-Instruct",
+            "--revision": "main",
+            "--served-model-name": "kimi-linear",
+            "--host": "0.0.0.0",
+            "--port": "30000",
+            "--tp-size": "8",
+            "--disaggregation-mode": "prefill",
+            "--disaggregation-transfer-backend": "mooncake_tcp",
+            "--disaggregation-bootstrap-port": "8998",
+            "--page-size": "64",
+            "--kv-cache-dtype": "auto",
+        }
+        assert {name: flag(args, name) for name in expected} == expected
+        assert "--enable-metrics" in args
+        assert args[-1] == "--trust-remote-code", "extraArgs come last so a repeated flag wins"
+        assert engine["resources"]["requests"]["nvidia.com/gpu"] == 8
+        assert engine["resources"]["limits"]["nvidia.com/gpu"] == 8
+        assert {p["name"]: p["containerPort"] for p in engine["ports"]} == {"http": 30000, "bootstrap": 8998}
+
+    def test_pod_ip_is_advertised_and_tcp_forced(self) -> None:
+        env = {e["name"]: e for e in container(by_kind(self.objects(), "StatefulSet")[0])["env"]}
+        assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        assert env["SGLANG_HOST_IP"]["value"] == "$(POD_IP)"
+        assert env["MC_FORCE_TCP"]["value"] == "1"
+
+    def test_shm_probes_and_bootstrap_annotation(self) -> None:
+        (sts,) = by_kind(self.objects(), "StatefulSet")
+        template = sts["spec"]["template"]
+        (volume,) = template["spec"]["volumes"]
+        assert volume["emptyDir"] == {"medium": "Memory", "sizeLimit": "16Gi"}
+        assert container(sts)["volumeMounts"] == [{"name": volume["name"], "mountPath": "/dev/shm"}]
+        assert template["metadata"]["annotations"]["sglang.ai/bootstrap-port"] == "8998"
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container(sts)[probe]["httpGet"] == {"path": "/health", "port": "http"}
+
+    def test_remote_objects_name_their_owner_and_have_no_owner_reference(self) -> None:
+        for obj in self.objects():
+            labels = obj["metadata"]["labels"]
+            assert labels[LABEL_OWNER] == "prfaas-demo.kimi-linear"
+            assert labels[LABEL_OWNER_UID] == OWNER.uid
+            assert labels["app.kubernetes.io/managed-by"] == "prfaas-operator"
+            assert "ownerReferences" not in obj["metadata"]
+
+    def test_headless_service_selects_the_statefulset_pods(self) -> None:
+        sts, svc = by_kind(self.objects(), "StatefulSet")[0], by_kind(self.objects(), "Service")[0]
+        assert svc["spec"]["clusterIP"] == "None"
+        assert sts["spec"]["serviceName"] == svc["metadata"]["name"]
+        template_labels = sts["spec"]["template"]["metadata"]["labels"]
+        assert svc["spec"]["selector"].items() <= template_labels.items()
+        assert sts["spec"]["selector"]["matchLabels"].items() <= template_labels.items()
+        assert LABEL_FINGERPRINT not in sts["spec"]["selector"]["matchLabels"], "selectors are immutable"
+        assert {p["name"] for p in svc["spec"]["ports"]} == {"http", "bootstrap"}
+
+    def test_host_network_placement_selector_and_tolerations(self) -> None:
+        s = spec(
+            **{
+                "prefillCluster.hostNetwork": True,
+                "prefillCluster.nodeSelector": {"pool": "prefill"},
+                "prefillCluster.tolerations": [
+                    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+                ],
+                "prefillCluster.resources": {"requests": {"cpu": "32", "memory": "512Gi"}},
+                "prefillCluster.shmSize": "64Gi",
+            }
+        )
+        (sts,) = by_kind(self.objects(s), "StatefulSet")
+        pod = sts["spec"]["template"]["spec"]
+        assert pod["hostNetwork"] is True
+        assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+        assert pod["nodeSelector"] == {"pool": "prefill", "nvidia.com/gpu.product": "NVIDIA-H200"}
+        assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        assert container(sts)["resources"]["requests"] == {
+            "cpu": "32",
+            "memory": "512Gi",
+            "nvidia.com/gpu": 8,
+        }
+        assert pod["volumes"][0]["emptyDir"]["sizeLimit"] == "64Gi"
+
+    def test_namespace_is_labelled_and_marked_as_ours(self) -> None:
+        namespace = builders.prefill_cluster_namespace(spec(), OWNER)
+        assert namespace["metadata"]["name"] == "prfaas-demo"
+        assert namespace["metadata"]["labels"][LABEL_OWNER] == "prfaas-demo.kimi-linear"
+        assert namespace["metadata"]["annotations"][builders.ANNOTATION_CREATED_BY] == OWNER.key
+
+
+class TestPdClusterObjects:
+    def test_local_prefill_and_decode_split_with_owner_references(self) -> None:
+        s = spec()
+        objects = builders.pd_cluster_engine_objects(s, OWNER, allocation_of(s), kv_fingerprint(s.model))
+        statefulsets = {o["metadata"]["name"]: o for o in by_kind(objects, "StatefulSet")}
+        assert statefulsets["kimi-linear-pd-prefill"]["spec"]["replicas"] == 3
+        assert statefulsets["kimi-linear-pd-decode"]["spec"]["replicas"] == 5
+        assert (
+            flag(container(statefulsets["kimi-linear-pd-prefill"])["args"], "--disaggregation-mode")
+            == "prefill"
+        )
+        decode = statefulsets["kimi-linear-pd-decode"]
+        assert flag(container(decode)["args"], "--disaggregation-mode") == "decode"
+        assert [p["name"] for p in container(decode)["ports"]] == ["http"], "decode has no bootstrap server"
+        for obj in objects:
+            assert obj["metadata"]["namespace"] == "prfaas-demo"
+            (ref,) = obj["metadata"]["ownerReferences"]
+            assert ref == {
+                "apiVersion": "prfaas.io/v1alpha1",
+                "kind": "PrfaasDeployment",
+                "name": "kimi-linear",
+                "uid": OWNER.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+            assert LABEL_OWNER not in obj["metadata"]["labels"]
+        for sts in statefulsets.values():
+            assert sts["spec"]["template"]["spec"]["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H20"
+
+    def test_a_role_scaled_to_zero_is_still_desired(self) -> None:
+        s = spec(**{"pdCluster.prefillInstances": 0, "pdCluster.decodeInstances": 8})
+        objects = builders.pd_cluster_engine_objects(s, OWNER, allocation_of(s), "f")
+        replicas = {o["metadata"]["name"]: o["spec"]["replicas"] for o in by_kind(objects, "StatefulSet")}
+        assert replicas == {"kimi-linear-pd-prefill": 0, "kimi-linear-pd-decode": 8}
+
+    def test_router_deployment_mounts_the_config_and_keeps_the_checksum_off_the_pods(self) -> None:
+        deployment = builders.router_deployment(spec(), OWNER, '{"version": 1}')
+        assert deployment["metadata"]["annotations"][ANNOTATION_CONFIG_CHECKSUM]
+        template = deployment["spec"]["template"]
+        assert ANNOTATION_CONFIG_CHECKSUM not in (template["metadata"].get("annotations") or {})
+        (router,) = template["spec"]["containers"]
+        assert router["command"] == ["prfaas-router"]
+        assert router["args"] == [
+            "--config", "/etc/prfaas/router-config.json", "--host", "0.0.0.0", "--port", "8000",
+        ]  # fmt: skip
+        (volume,) = template["spec"]["volumes"]
+        assert volume["configMap"]["name"] == "kimi-linear-router-config"
+        assert router["volumeMounts"][0]["mountPath"] == "/etc/prfaas"
+        assert router["readinessProbe"]["httpGet"]["path"] == "/readiness"
+        assert router["livenessProbe"]["httpGet"]["path"] == "/liveness"
+        another = builders.router_deployment(spec(), OWNER, '{"version": 2}')
+        assert another["spec"] == deployment["spec"], "a new config must not roll the router pods"
+
+    def test_router_service_exposes_api_and_metrics(self) -> None:
+        service = builders.router_service(
+            spec(**{"router.service": {"type": "NodePort", "port": 9090}}), OWNER
+        )
+        assert service["spec"]["type"] == "NodePort"
+        ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+        assert ports["http"] == 9090
+        assert ports["metrics"] != ports["http"]
+
+
+class TestFingerprint:
+    def test_stable_and_short(self) -> None:
+        assert kv_fingerprint(spec().model) == kv_fingerprint(spec().model)
+        assert LABEL_VALUE.match(kv_fingerprint(spec().model))
+
+    @pytest.mark.parametrize(
+        "change",
+        [
+            {"model.revision": "v2"},
+            {"model.modelPath": "other/model"},
+            {"model.kv.pageSize": 32},
+            {"model.kv.dtype": "fp8_e4m3"},
+            {"model.image": "lmsysorg/sglang:v0.5.24"},
+            {"model.extraArgs": ["--kv-cache-dtype", "fp8_e5m2"]},
+            {"model.extraArgs": ["--dtype=float16"]},
+        ],
+    )
+    def test_changes_with_what_shapes_the_kv_cache(self, change: dict[str, Any]) -> None:
+        assert kv_fingerprint(spec(**change).model) != kv_fingerprint(spec().model)
+
+    @pytest.mark.parametrize(
+        "change",
+        [
+            {"model.servedModelName": "renamed"},
+            {"prefillCluster.gpusPerInstance": 4},
+            {"prefillCluster.replicas": 2},
+            {"model.extraArgs": ["--trust-remote-code", "--log-level", "debug"]},
+        ],
+    )
+    def test_ignores_what_does_not(self, change: dict[str, Any]) -> None:
+        assert kv_fingerprint(spec(**change).model) == kv_fingerprint(spec().model)
+
+    def test_repeating_the_spec_value_in_extra_args_is_the_same_layout(self) -> None:
+        assert kv_fingerprint(spec(**{"model.extraArgs": ["--page-size", "64"]}).model) == kv_fingerprint(
+            spec().model
+        )
+
+
+@given(st.from_regex(r"[a-z0-9]([-a-z0-9.]{0,300}[a-z0-9])?", fullmatch=True))
+def test_label_values_always_fit_and_stay_distinct(text: str) -> None:
+    value = label_value(text)
+    assert len(value) <= 63
+    assert LABEL_VALUE.match(value)
+    if len(text) <= 63:
+        assert value == text
+    else:
+        assert label_value(text + "x") != value
+
+
+AUTO = {"planner": {"mode": "Auto", "prometheusUrl": "http://prometheus:9090"}}
+
+
+class TestAllocation:
+    PLANNER = Allocation(
+        threshold_tokens=8192,
+        prefill_cluster_replicas=5,
+        pd_prefill_instances=2,
+        pd_decode_instances=6,
+        source="Planner",
+        router_config_version=7,
+    )
+
+    def test_spec_when_planner_is_off(self) -> None:
+        choice = effective_allocation(spec(), self.PLANNER)
+        assert choice.allocation.source == "Spec"
+        assert (choice.allocation.pd_prefill_instances, choice.allocation.pd_decode_instances) == (3, 5)
+        assert choice.allocation.router_config_version == 7, "the config version carries over"
+        assert "Off" in choice.reason
+
+    def test_planner_split_in_auto_threshold_only_when_routing_is_auto(self) -> None:
+        fixed = effective_allocation(spec(**AUTO), self.PLANNER).allocation
+        assert fixed.source == "Planner"
+        assert (fixed.pd_prefill_instances, fixed.pd_decode_instances) == (2, 6)
+        assert fixed.threshold_tokens == 19456, "routing.mode Fixed keeps the spec's threshold"
+        assert fixed.prefill_cluster_replicas == 4, "scalePrefillCluster is off"
+        auto = effective_allocation(
+            spec(
+                **AUTO,
+                **{"routing.mode": "Auto", "planner.scalePrefillCluster": True},
+            ),
+            self.PLANNER,
+        ).allocation
+        assert (auto.threshold_tokens, auto.prefill_cluster_replicas) == (8192, 5)
+
+    @pytest.mark.parametrize(
+        ("update", "why"),
+        [
+            ({"pd_prefill_instances": 4}, "!= pdCluster.instances"),
+            ({"pd_prefill_instances": 8, "pd_decode_instances": 0}, "decode"),
+            ({"prefill_cluster_replicas": 9}, "outside [1, 5]"),
+        ],
+    )
+    def test_an_allocation_invalid_for_the_spec_falls_back_to_the_spec(
+        self, update: dict[str, int], why: str
+    ) -> None:
+        s = spec(**AUTO, **{"planner.scalePrefillCluster": True})
+        choice = effective_allocation(s, self.PLANNER.model_copy(update=update))
+        assert choice.allocation.source == "Spec"
+        assert why in choice.reason
+
+
+def pod(name: str, role: str, ip: str | None, *, ready: bool = True, fingerprint: str = "fp-new") -> PodInfo:
+    return PodInfo(name=name, role=role, fingerprint=fingerprint, ip=ip, ready=ready)
+
+
+REMOTE = [
+    pod("p-0", "prfaas-prefill", "127.100.1.5"),
+    pod("p-1", "prfaas-prefill", "127.100.1.6", ready=False),
+]
+LOCAL = [
+    pod("lp-0", "pd-prefill", "127.200.1.5"),
+    pod("d-0", "pd-decode", "127.200.2.5"),
+    pod("d-1", "pd-decode", None),
+    pod("r-0", "router", "127.200.3.5"),
+]
+
+
+class TestRouterConfig:
+    def test_pools_list_ready_pod_ips_with_bootstrap_ports(self) -> None:
+        choice = choose_pools(spec(), "fp-new", REMOTE, LOCAL)
+        assert [(e.name, e.url, e.bootstrap_port) for e in choice.pools.prfaas_prefill] == [
+            ("p-0", "http://127.100.1.5:30000", 8998)
+        ]
+        assert [e.url for e in choice.pools.local_prefill] == ["http://127.200.1.5:30000"]
+        assert [(e.url, e.bootstrap_port) for e in choice.pools.decode] == [
+            ("http://127.200.2.5:30000", None)
+        ]
+        assert choice.note is None
+
+    def test_an_unobserved_prefill_cluster_is_left_out(self) -> None:
+        choice = choose_pools(spec(), "fp-new", None, LOCAL)
+        assert choice.pools.prfaas_prefill == []
+        assert len(choice.pools.local_prefill) == 1
+
+    def test_a_layout_rollout_keeps_serving_the_old_fingerprint_until_the_new_one_can(self) -> None:
+        old = [
+            pod("lp-0", "pd-prefill", "127.200.1.5", fingerprint="fp-old"),
+            pod("d-0", "pd-decode", "127.200.2.5", fingerprint="fp-old"),
+            pod("d-1", "pd-decode", "127.200.2.6", fingerprint="fp-new"),
+        ]
+        choice = choose_pools(spec(), "fp-new", [], old)
+        assert choice.fingerprint == "fp-old"
+        assert [e.name for e in choice.pools.decode] == ["d-0"]
+        assert choice.note and "fp-new" in choice.note
+        with_new_prefill = [*old, pod("lp-1", "pd-prefill", "127.200.1.6", fingerprint="fp-new")]
+        assert choose_pools(spec(), "fp-new", [], with_new_prefill).fingerprint == "fp-new"
+
+    def test_contract_fields(self) -> None:
+        s = spec(**{"link.latencyMs": 2.5})
+        config = build_router_config(s, allocation_of(s), choose_pools(s, "fp-new", REMOTE, LOCAL), None)
+        assert config.version == 1
+        assert config.threshold_tokens == 19456
+        assert config.link.bandwidth_bytes_per_second == pytest.approx(12.5e9)
+        assert config.link.headroom == 0.8
+        assert config.link.latency_seconds == pytest.approx(0.0025)
+        assert (config.kv_size.bytes_per_token, config.kv_size.fixed_bytes) == (17143, 180358647)
+        assert config.session_affinity_header == "x-session-id"
+        assert config.fingerprint == "fp-new"
+        prfaas, local = config.prefill_time["prfaas"].model(), config.prefill_time["local"].model()
+        assert prfaas.seconds_for(131072) == pytest.approx(7.40, rel=0.05)
+        assert local.seconds_for(131072) > prfaas.seconds_for(131072), "H20 prefills slower than H200"
+        assert RouterConfig.from_json(config.to_json()) == config
+
+    def test_version_moves_only_when_content_changes_and_never_backwards(self) -> None:
+        s = spec()
+        choice = choose_pools(s, "fp-new", REMOTE, LOCAL)
+        first = build_router_config(s, allocation_of(s), choice, None)
+        again = build_router_config(s, allocation_of(s), choice, RouterConfig.from_json(first.to_json()))
+        assert again.version == first.version
+        fewer = choose_pools(s, "fp-new", None, LOCAL)
+        changed = build_router_config(s, allocation_of(s), fewer, first)
+        assert changed.version == first.version + 1
+        recreated = build_router_config(s, allocation_of(s), choice, None, min_version=41)
+        assert recreated.version == 42, "a recreated ConfigMap must not go below the version in status"
+
+    def test_a_profile_that_is_not_increasing_is_refused(self) -> None:
+        bad = [
+            {"tokens": 1024, "seconds": 2.0},
+            {"tokens": 8192, "seconds": 1.0},
+            {"tokens": 32768, "seconds": 3.0},
+        ]
+        s = spec(**{"pdCluster.prefillProfile": bad})
+        with pytest.raises(ProfileError, match="increase"):
+            build_router_config(
+                s, allocation_of(s), PoolChoice(choose_pools(s, "f", [], []).pools, "f"), None
+            )
