@@ -25,6 +25,7 @@ from prfaas_operator.planning import (
     is_due,
     last_applied,
     link_budget,
+    observe_histograms,
     parse_time,
     rfc3339,
     system_profile,
@@ -425,3 +426,31 @@ def test_last_applied_is_read_from_the_last_decision() -> None:
         2026, 5, 1, 10, tzinfo=UTC
     )
     assert parse_time("not a time") is None
+
+
+# ---- observations from histograms ---------------------------------------------------------------
+
+
+def test_histograms_with_too_few_requests_or_mass_past_the_last_bucket_are_no_data() -> None:
+    buckets = [(1024.0, 30.0), (8192.0, 60.0), (math.inf, 60.0)]
+    outputs = [(512.0, 60.0), (math.inf, 60.0)]
+
+    def observe(uncached: list[tuple[float, float]], by_route: dict[str, float]) -> Observation | NoData:
+        return observe_histograms(
+            uncached,
+            outputs,
+            requests_by_route=by_route,
+            window_seconds=600,
+            arrival_rps=0.1,
+            egress_bytes_per_second=None,
+            source="test",
+        )
+
+    few = observe(buckets, {"local": 40.0, "prfaas": 9.0})
+    assert isinstance(few, NoData) and few.code is Reason.TOO_FEW_REQUESTS and "49 request(s)" in few.reason
+    beyond = observe([*buckets[:2], (math.inf, 70.0)], {"local": 45.0, "prfaas": 25.0})
+    assert isinstance(beyond, NoData) and beyond.code is Reason.BAD_HISTOGRAM
+    seen = observe(buckets, {"local": 45.0, "prfaas": 15.0})
+    assert isinstance(seen, Observation)
+    assert seen.requests == 60 and seen.offloaded_fraction == pytest.approx(0.25)
+    assert 512 < seen.workload.mean_input_tokens < 8192 and seen.egress_bytes_per_second is None
