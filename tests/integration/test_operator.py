@@ -43,6 +43,7 @@ GPU = "nvidia.com/gpu"
 PRODUCT = "nvidia.com/gpu.product"
 T = TypeVar("T")
 NAMESPACE_PREFIX = "op-"  # the test's operator watches only these namespaces
+TESTS = ("sample", "bad")  # the first word of each test's name: its namespaces
 # The sample at half its instance counts (8 GPUs each, as in the sample): the testbed holds
 # exactly one full sample (5x8 H200, 10x8 H20) and other suites' deployments may hold some
 # GPUs while this runs. Then a change to 1 PrfaaS replica and a 1/3 local split.
@@ -141,7 +142,35 @@ def running_pods(client: Client, namespace: str, role: str) -> list[Any]:
 
 
 @pytest.fixture(scope="module")
-def operator(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+def namespaces(
+    testbed: Testbed, pd_client: Client, prfaas_client: Client
+) -> Iterator[dict[str, tuple[str, str]]]:
+    """Per test: a PD-cluster namespace holding the PrfaaS kubeconfig Secret, and a PrfaaS namespace name.
+
+    Made before the operator starts, so its namespace glob finds them in its first listing
+    (kopf may miss a namespace created while it is still starting its namespace watch).
+    """
+    from prfaas_testbed.clusters import store_kubeconfig_secret
+
+    tag = uuid.uuid4().hex[:6]
+    made = {
+        test: (f"{NAMESPACE_PREFIX}{tag}-{test}", f"{NAMESPACE_PREFIX}{tag}-{test}-prefill") for test in TESTS
+    }
+    for local, _ in made.values():
+        store_kubeconfig_secret(
+            pd_client, testbed.prfaas_kubeconfig, name="prfaas-cluster-kubeconfig", namespace=local
+        )
+    yield made
+    for local, remote in made.values():
+        for client, name in ((pd_client, local), (prfaas_client, remote)):
+            if get_or_none(client, Namespace, name) is not None:
+                client.delete(Namespace, name)
+
+
+@pytest.fixture(scope="module")
+def operator(
+    testbed: Testbed, namespaces: dict[str, tuple[str, str]], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
     """The generated CRD installed in the PD cluster and the operator running against it."""
     kubectl(testbed, "apply", "--server-side", "--force-conflicts", "--field-manager=prfaas-tests",
             "-f", str(ROOT / CRD_OUTPUTS[0]))  # fmt: skip
@@ -162,24 +191,19 @@ def operator(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 @pytest.fixture
-def namespaces(testbed: Testbed, pd_client: Client, prfaas_client: Client) -> Iterator[tuple[str, str]]:
-    """A fresh namespace in the PD cluster holding the PrfaaS kubeconfig Secret, and a PrfaaS namespace name."""
-    from prfaas_testbed.clusters import store_kubeconfig_secret
-
-    tag = uuid.uuid4().hex[:6]
-    local, remote = f"{NAMESPACE_PREFIX}{tag}", f"{NAMESPACE_PREFIX}{tag}-prefill"
-    store_kubeconfig_secret(
-        pd_client, testbed.prfaas_kubeconfig, name="prfaas-cluster-kubeconfig", namespace=local
-    )
+def own_namespaces(
+    request: pytest.FixtureRequest,
+    operator: OperatorProcess,
+    namespaces: dict[str, tuple[str, str]],
+    pd_client: Client,
+) -> Iterator[tuple[str, str]]:
+    """This test's namespaces; its CRs are deleted afterwards, while the operator still runs."""
+    local, remote = namespaces[request.node.originalname.removeprefix("test_").split("_")[0]]
     yield local, remote
-    # CRs first, while the operator runs (its finalizer needs the Secret), then the namespaces
     for cr in pd_client.list(PrfaasDeploymentResource, namespace=local):
         pd_client.delete(PrfaasDeploymentResource, cr["metadata"]["name"], namespace=local)
     wait_until(lambda: not list(pd_client.list(PrfaasDeploymentResource, namespace=local)), timeout_s=60,
                what="the test's CRs deleted")  # fmt: skip
-    for client, name in ((pd_client, local), (prfaas_client, remote)):
-        if get_or_none(client, Namespace, name) is not None:
-            client.delete(Namespace, name)
 
 
 def test_sample_deployment_lifecycle(
@@ -187,9 +211,9 @@ def test_sample_deployment_lifecycle(
     operator: OperatorProcess,
     pd_client: Client,
     prfaas_client: Client,
-    namespaces: tuple[str, str],
+    own_namespaces: tuple[str, str],
 ) -> None:
-    ns, remote_ns = namespaces
+    ns, remote_ns = own_namespaces
     name = "kimi-linear"
     pd, prfaas = pd_client, prfaas_client
     applied_at = time.monotonic()
@@ -382,11 +406,11 @@ def test_bad_clusters_degrade_with_the_cause_while_others_are_served(
     operator: OperatorProcess,
     pd_client: Client,
     prfaas_client: Client,
-    namespaces: tuple[str, str],
+    own_namespaces: tuple[str, str],
 ) -> None:
     from prfaas_testbed.clusters import store_kubeconfig_secret
 
-    ns, remote_ns = namespaces
+    ns, remote_ns = own_namespaces
     pd = pd_client
     closed_port = free_loopback_port()  # bound once and released: nothing listens there
     dead = yaml.safe_load(testbed.prfaas_kubeconfig.read_text())
