@@ -47,7 +47,7 @@ OPERATOR_NAMESPACED = (
     | {("", "secrets", "get"), ("", "events", "create"), ("", "events", "patch")}
 )
 # What the operator's identity may do inside the PrfaaS cluster.
-ACCESS_NAMESPACES = {("", "namespaces", "get"), ("", "namespaces", "create")}
+ACCESS_NAMESPACES = {("", "namespaces", "get"), ("", "namespaces", "create"), ("", "namespaces", "delete")}
 ACCESS_WORKLOADS = (
     {("apps", "statefulsets", verb) for verb in WRITE}
     | {("", "services", verb) for verb in WRITE}
