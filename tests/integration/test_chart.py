@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -356,6 +357,10 @@ def rbac_release(helm: Path, testbed: Testbed) -> Iterator[tuple[str, str]]:
     objects = [o for o in yaml.safe_load_all(done.stdout) if o and o["kind"] in RBAC_KINDS]
     for name in (namespace, watched):
         assert kubectl(kubeconfig, "create", "namespace", name).returncode == 0
+    # can-i resolves resource names through discovery: the CRD must be served
+    crd_applied = kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+    assert crd_applied.returncode == 0, crd_applied.stderr
+    assert kubectl(kubeconfig, "wait", "--for=condition=Established", "crd/" + crd.CRD_NAME).returncode == 0
     try:
         applied = kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump_all(objects))
         assert applied.returncode == 0, applied.stderr
@@ -384,6 +389,10 @@ def test_apiserver_grants_the_operator_what_it_needs_and_nothing_more(
     def allowed(verb: str, resource: str, namespace: str | None = watched, subresource: str = "") -> bool:
         return can_i(kubeconfig, verb, resource, namespace=namespace, user=user, subresource=subresource)
 
+    # the authorizer learns new RoleBindings from a watch: wait (bounded) until it has
+    deadline = time.monotonic() + 20
+    while not allowed("get", "prfaasdeployments.prfaas.io") and time.monotonic() < deadline:
+        time.sleep(0.5)
     for group, resource, verb in sorted(OPERATOR_NAMESPACED):
         name, _, subresource = resource.partition("/")
         qualified = f"{name}.{group}" if group else name
@@ -466,10 +475,12 @@ def test_notes_build_a_working_least_privilege_kubeconfig_for_the_prefill_cluste
             assert can_i(kubeconfig, verb, "services", namespace="any-prefill-ns"), verb
         for verb in ("get", "list", "watch"):
             assert can_i(kubeconfig, verb, "pods", namespace="any-prefill-ns"), verb
+        assert can_i(kubeconfig, "delete", "namespaces", namespace=None), (
+            "must delete the namespace it created"
+        )
         for verb, resource in [
             ("get", "secrets"),
             ("list", "namespaces"),
-            ("delete", "namespaces"),
             ("delete", "pods"),
             ("create", "deployments.apps"),
             ("create", "configmaps"),

@@ -158,7 +158,7 @@ def operator(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iter
             "-f", str(ROOT / crd.CRD_OUTPUTS[0]))  # fmt: skip
     kubectl(testbed, "wait", "--for=condition=Established", f"crd/{crd.CRD_NAME}", "--timeout=60s")
     log = tmp_path_factory.mktemp("planner-operator") / "operator.log"
-    with run_operator(testbed.pd_kubeconfig, log, "--resync-seconds", "2") as running:
+    with run_operator(testbed.pd_kubeconfig, log, "plan-*", "--resync-seconds", "2") as running:
         yield running
         assert "Traceback" not in running.log_text(), running.log_tail()
 
