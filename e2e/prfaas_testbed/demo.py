@@ -33,7 +33,14 @@ from prfaas_testbed.clusters import Testbed, TestbedError, ensure_testbed, is_te
 from prfaas_testbed.link import LinkMode, LinkShape, describe
 from prfaas_testbed.pod_workloads import Scales
 from prfaas_testbed.prometheus import PrometheusError
-from prfaas_testbed.system import REPO, LiveSystem, LiveSystemError, customise_cr, load_sample_cr
+from prfaas_testbed.system import (
+    REPO,
+    LiveSystem,
+    LiveSystemError,
+    customise_cr,
+    load_sample_cr,
+    stop_leftovers,
+)
 from prfaas_testbed.traffic import PlannedRequest, TrafficDriver, lognormal_requests, trace_requests
 
 TRACE = REPO / "data" / "traces" / "mooncake-synthetic.jsonl"
@@ -133,6 +140,9 @@ class Demo:
         )
         self.testbed = ensure_testbed()
         work = self.testbed.state_dir / "demo"
+        stopped = stop_leftovers(work)
+        if stopped:
+            say(f"stopped {len(stopped)} process(es) a killed earlier demo left running")
         shutil.rmtree(work, ignore_errors=True)
         system = self.system = LiveSystem(
             self.testbed, work, scales=self.scales, link_mode=LinkMode.ENGINE_TOKEN_BUCKET
@@ -233,7 +243,7 @@ class Demo:
         def total(promql: str) -> float | None:
             try:
                 result = system.prometheus.query(promql) if system.prometheus else []
-            except PrometheusError:
+            except (PrometheusError, OSError):  # e.g. Prometheus stopped by a signal meant for the demo
                 return None
             return float(result[0]["value"][1]) if result else None
 

@@ -293,6 +293,7 @@ def start_prometheus(
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                start_new_session=True,  # a terminal's Ctrl-C reaches its owner, which stops it in order
             )
         server = PrometheusServer(process, port, workdir, data)
         try:

@@ -10,10 +10,12 @@ processes, Prometheus.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -42,6 +44,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "prfaas-operator"
 SAMPLE_CR = REPO / "examples" / "prfaasdeployment.yaml"
 FIELD_MANAGER = "prfaas-testbed"
+PIDS_FILE = "pids.json"
 PrfaasDeployment = create_namespaced_resource(
     "prfaas.io", "v1alpha1", "PrfaasDeployment", "prfaasdeployments"
 )
@@ -49,6 +52,43 @@ PrfaasDeployment = create_namespaced_resource(
 
 class LiveSystemError(RuntimeError):
     """A step of bringing the system up or down failed; the message says which and why."""
+
+
+def stop_leftovers(work_dir: Path, timeout_s: float = 30.0) -> list[int]:
+    """Stop what a killed earlier run in ``work_dir`` left running: its runner, Prometheus, pod processes.
+
+    Only processes recorded there that still belong to it (by command line or working directory)
+    are signalled, so a recycled pid is left alone.
+    """
+    recorded: list[int] = []
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        recorded += [int(pid) for pid in json.loads((work_dir / PIDS_FILE).read_text()).values()]
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        status = json.loads((work_dir / "runner" / STATUS_FILE).read_text())
+        recorded += [int(pod["pid"]) for pod in status.get("pods", []) if pod.get("pid")]
+    where = str(work_dir.resolve())
+
+    def still_ours(pid: int) -> bool:
+        """Its command line names the work dir (runner, Prometheus) or it runs in it (pod processes)."""
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            return False
+        return where in cmdline or cwd.startswith(where + "/")
+
+    alive = [pid for pid in recorded if still_ours(pid)]
+    for pid in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while any(still_ours(pid) for pid in alive) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in alive:
+        if still_ours(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    return alive
 
 
 @dataclass(frozen=True)
@@ -198,8 +238,16 @@ class LiveSystem:
         env = {**os.environ, **self.testbed.env()}
         with open(self.work_dir / "runner.log", "ab") as output:
             self.runner = subprocess.Popen(
-                argv, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+                argv,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # a terminal's Ctrl-C reaches the demo, which stops it in order
             )
+        assert self.prometheus is not None
+        pids = {"runner": self.runner.pid, "prometheus": self.prometheus.process.pid}
+        (self.work_dir / PIDS_FILE).write_text(json.dumps(pids))
 
     def _helm(self, cluster: Cluster, release: str, values: Sequence[str]) -> None:
         argv = [
@@ -294,12 +342,15 @@ class LiveSystem:
         return condition is not None and condition.get("status") == "True"
 
     def events(self, reasons: Sequence[str] | None = None) -> list[dict[str, Any]]:
-        """Events about the CR (optionally of these reasons), oldest first."""
+        """Events about the CR (this very object, not an earlier one of the same name), oldest first."""
+        uid = ((self.cr() or {}).get("metadata") or {}).get("uid")
         found = []
         for event in self.pd.list(Event, namespace=self.layout.deployment_namespace):
             item = _as_dict(event)
             involved = item.get("involvedObject") or {}
-            ours = involved.get("kind") == "PrfaasDeployment" and involved.get("name") == self.cr_name
+            ours = (
+                involved.get("kind") == "PrfaasDeployment" and uid is not None and involved.get("uid") == uid
+            )
             if ours and (reasons is None or item.get("reason") in reasons):
                 found.append(item)
         return sorted(found, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))

@@ -1,7 +1,8 @@
 """`python -m prfaas_operator`: run the PrfaasDeployment operator (kopf, standalone).
 
-Serves kopf's liveness probe at http://<bind>:<liveness-port>/healthz and the operator's
-Prometheus metrics at http://<bind>:<metrics-port>/metrics.
+Serves kopf's liveness probe at http://<bind>:<liveness-port>/healthz (or at the URL given
+with --liveness, kopf's own spelling, which the Helm chart uses) and the operator's Prometheus
+metrics at http://<bind>:<metrics-port>/metrics.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ def _parser() -> argparse.ArgumentParser:
         "--bind-address", default="0.0.0.0", help="address of the liveness and metrics servers"
     )
     parser.add_argument("--liveness-port", type=int, default=8080)
+    parser.add_argument(
+        "--liveness",
+        metavar="URL",
+        default=None,
+        help="liveness endpoint URL, e.g. http://0.0.0.0:8080/healthz (overrides --liveness-port)",
+    )
     parser.add_argument("--metrics-port", type=int, default=9090)
     parser.add_argument(
         "--resync-seconds",
@@ -53,14 +60,23 @@ def _parser() -> argparse.ArgumentParser:
         default=defaults.remote_cleanup_timeout_seconds,
         help="how long a deletion retries an unreachable PrfaaS cluster before releasing the CR",
     )
-    parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    parser.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=defaults.drain_seconds,
+        help="how long an instance being scaled away stays out of the router config before it is removed",
+    )
+    parser.add_argument(
+        "--verbose", "-v", action="store_true", help="debug logging (same as --log-level=debug)"
+    )
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose else args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     # HTTP libraries log request details (and HTTP/2 header tables) at debug level: keep them out
@@ -73,12 +89,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         resync_seconds=args.resync_seconds,
         remote_backoff_max_seconds=args.remote_backoff_max_seconds,
         remote_cleanup_timeout_seconds=args.remote_cleanup_timeout_seconds,
+        drain_seconds=args.drain_seconds,
+        watch_namespaces=tuple(args.namespace),
     )
     kopf.run(
         standalone=True,
         clusterwide=not args.namespace,
         namespaces=args.namespace,
-        liveness_endpoint=f"http://{args.bind_address}:{args.liveness_port}/healthz",
+        liveness_endpoint=args.liveness or f"http://{args.bind_address}:{args.liveness_port}/healthz",
         memo=kopf.Memo(options=options, metrics=OperatorMetrics()),
     )
 

@@ -42,38 +42,55 @@ class Watchable(Protocol):
     ) -> tuple[list[Manifest], str]: ...
 
     def watch(
-        self, kind: str, *, labels: Mapping[str, str], resource_version: str
+        self, kind: str, *, labels: Mapping[str, str], resource_version: str, namespace: str | None = None
     ) -> AsyncIterator[tuple[str, Manifest]]: ...
 
     async def probe(self) -> None: ...
 
 
 class Informer:
-    """One kind's objects carrying our managed-by label, in every namespace of one cluster."""
+    """One kind's objects carrying our managed-by label, in every namespace of one cluster.
 
-    def __init__(self, cluster: Watchable, kind: str, on_change: OnChange) -> None:
+    With `namespaces`, only in those (one list and watch each): an operator limited to some
+    namespaces may have no right to list anything cluster-wide.
+    """
+
+    def __init__(
+        self, cluster: Watchable, kind: str, on_change: OnChange, namespaces: Iterable[str] | None = None
+    ) -> None:
         self.cluster = cluster
         self.kind = kind
-        self.synced = False
         self.problem: Problem | None = None
         self._on_change = on_change
         self._objects: dict[tuple[str, str], Manifest] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._scopes: tuple[str | None, ...] = tuple(namespaces or ()) or (None,)
+        self._synced: dict[str | None, bool] = dict.fromkeys(self._scopes, False)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def synced(self) -> bool:
+        return all(self._synced.values())
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name=f"informer {self.cluster.name} {self.kind}")
+        if not self._tasks:
+            self._tasks = [
+                asyncio.create_task(
+                    self._run(scope), name=f"informer {self.cluster.name} {self.kind} {scope or '*'}"
+                )
+                for scope in self._scopes
+            ]
 
     async def restart(self) -> None:
         await self.stop()
         self.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+                await task
+        self._tasks = []
 
     def get(self, namespace: str, name: str) -> Manifest | None:
         return self._objects.get((namespace, name))
@@ -86,7 +103,7 @@ class Informer:
         """Objects in `namespace` whose labels include `labels`."""
         return [obj for (ns, _), obj in self._objects.items() if ns == namespace and _has_labels(obj, labels)]
 
-    async def _run(self) -> None:
+    async def _run(self, scope: str | None) -> None:
         """List, then watch from the list's version; when the watch breaks, list again.
 
         A broken watch alone is routine (a dropped connection): the cache stays in use while it
@@ -97,20 +114,21 @@ class Informer:
         while True:
             try:
                 objects, version = await self.cluster.list_with_version(
-                    self.kind, namespace=None, labels=selector
+                    self.kind, namespace=scope, labels=selector
                 )
             except ClusterError as err:
                 failures += 1
-                self.synced, self.problem = False, err.problem
+                self._synced[scope], self.problem = False, err.problem
                 log.warning("%s cache of the %s: %s", self.kind, self.cluster.name, err.problem.message)
                 await asyncio.sleep(min(RETRY_MAX_SECONDS, RETRY_SECONDS * 2 ** (failures - 1)))
                 continue
             failures = 0
-            self._replace(objects)
+            self._replace(objects, scope)
             started = asyncio.get_running_loop().time()
+            scoped = {"namespace": scope} if scope is not None else {}
             try:
                 async for event, obj in self.cluster.watch(
-                    self.kind, labels=selector, resource_version=version
+                    self.kind, labels=selector, resource_version=version, **scoped
                 ):
                     self._apply(event, obj)
             except ClusterError as err:
@@ -120,13 +138,19 @@ class Informer:
             if asyncio.get_running_loop().time() - started < RETRY_SECONDS:
                 await asyncio.sleep(RETRY_SECONDS)  # a watch that breaks at once must not spin the lists
 
-    def _replace(self, objects: Iterable[Manifest]) -> None:
-        before = self._objects
-        self._objects = {_key(obj): obj for obj in objects}
-        self.synced, self.problem = True, None
-        for key in before.keys() - self._objects.keys():
+    def _replace(self, objects: Iterable[Manifest], scope: str | None) -> None:
+        """The listed objects replace what this scope (one namespace, or all) held before."""
+        before = {key: obj for key, obj in self._objects.items() if scope is None or key[0] == scope}
+        listed = {_key(obj): obj for obj in objects}
+        for key in before:
+            del self._objects[key]
+        self._objects.update(listed)
+        self._synced[scope] = True
+        if self.synced:
+            self.problem = None
+        for key in before.keys() - listed.keys():
             self._on_change(before[key])  # deleted while we were not watching
-        for obj in self._objects.values():
+        for obj in listed.values():
             self._on_change(obj)
 
     def _apply(self, event: str, obj: Manifest) -> None:
@@ -156,9 +180,16 @@ class ClusterCache:
     the probe fails the informers start over, and their failing lists then say why.
     """
 
-    def __init__(self, cluster: Watchable, kinds: Iterable[str], on_change: OnChange) -> None:
+    def __init__(
+        self,
+        cluster: Watchable,
+        kinds: Iterable[str],
+        on_change: OnChange,
+        namespaces: Iterable[str] | None = None,
+    ) -> None:
         self.cluster = cluster
-        self.informers = {kind: Informer(cluster, kind, on_change) for kind in kinds}
+        scopes = tuple(namespaces or ())
+        self.informers = {kind: Informer(cluster, kind, on_change, scopes) for kind in kinds}
         self._probe_task: asyncio.Task[None] | None = None
 
     def start(self) -> None:

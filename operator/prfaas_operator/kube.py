@@ -222,9 +222,9 @@ class Cluster:
             raise self._failure(exc, action) from exc
 
     async def watch(
-        self, kind: str, *, labels: Mapping[str, str], resource_version: str
+        self, kind: str, *, labels: Mapping[str, str], resource_version: str, namespace: str | None = None
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        """(event type, object) of `kind` in all namespaces from `resource_version` on.
+        """(event type, object) of `kind` in `namespace` (None: all) from `resource_version` on.
 
         Raises ClusterError; reason Expired when the version is too old (HTTP 410: list again).
         """
@@ -232,7 +232,7 @@ class Cluster:
         try:
             async for event, obj in self.watch_client.watch(
                 _KINDS[kind],
-                namespace="*",
+                namespace=namespace or "*",
                 labels=selector,
                 resource_version=resource_version,
                 server_timeout=300,

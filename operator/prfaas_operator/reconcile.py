@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,9 +30,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from prfaas_core.profiles import ProfileError
-from prfaas_core.router_config import RouterConfig
+from prfaas_core.router_config import Pool, RouterConfig
 from pydantic import ValidationError
 
+from prfaas_operator import drain
 from prfaas_operator.api import (
     Allocation,
     Condition,
@@ -45,6 +47,7 @@ from prfaas_operator.builders import (
     LABEL_MANAGED_BY,
     LABEL_NAME,
     LABEL_OWNER,
+    LABEL_ROLE,
     MANAGER,
     ROUTER_CONFIG_KEY,
     Names,
@@ -63,6 +66,7 @@ from prfaas_operator.builders import (
     router_service,
     selector_labels,
 )
+from prfaas_operator.drain import Drain
 from prfaas_operator.drift import Applied, manifest_hash, marker, needs_apply
 from prfaas_operator.fingerprint import kv_fingerprint
 from prfaas_operator.informers import ClusterCache
@@ -109,6 +113,10 @@ class ReconcileOptions:
     """Longest retry delay for a failing PrfaaS cluster."""
     remote_cleanup_timeout_seconds: float = 300.0
     """How long a deletion retries an unreachable PrfaaS cluster before releasing the CR."""
+    drain_seconds: float = 30.0
+    """How long an engine being scaled away stays out of the router config before its pod goes."""
+    watch_namespaces: tuple[str, ...] = ()
+    """The namespaces the operator watches (empty: all); the PD cluster's caches watch only these."""
 
 
 @dataclass
@@ -128,6 +136,7 @@ class _Memory:
     applied: dict[tuple[str, str, str, str], Applied] = field(default_factory=dict)
     remote_cache: int | None = None  # key of the PrfaaS cluster's cache this CR uses
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    drains: dict[str, Drain] = field(default_factory=dict)  # engine role -> its scale-down in progress
 
 
 @dataclass(frozen=True)
@@ -244,10 +253,20 @@ class Reconciler:
         """The cluster's cache (a PrfaaS cluster that is the PD cluster shares the PD cluster's)."""
         cache = self._caches.get(id(cluster.client))
         if cache is None:
-            kinds = PD_KINDS if cluster.client is self.clusters.local.client else PRFAAS_KINDS
-            cache = self._caches[id(cluster.client)] = ClusterCache(cluster, kinds, self._child_changed)
+            local = cluster.client is self.clusters.local.client
+            kinds = PD_KINDS if local else PRFAAS_KINDS
+            cache = self._caches[id(cluster.client)] = ClusterCache(
+                cluster, kinds, self._child_changed, self._local_scope() if local else None
+            )
             cache.start()
         return cache
+
+    def _local_scope(self) -> tuple[str, ...] | None:
+        """The watched namespaces when they are plain names (a glob needs the cluster-wide watch)."""
+        names = self.options.watch_namespaces
+        if not names or any(c in name for name in names for c in "*?["):
+            return None
+        return names
 
     def _child_changed(self, child: Mapping[str, Any]) -> None:
         """A cache saw a child change: bring its CR's next pass forward."""
@@ -312,13 +331,32 @@ class Reconciler:
         # (which may read its Secret). Then observe both caches, decide the router config, and
         # apply what drifted in the PrfaaS cluster and the router's objects at once.
         local_cache = self._cache(self.clusters.local)
+        names = Names.of(owner.name)
+        for role, name, desired in (
+            (ROLE_PD_PREFILL, names.pd_prefill, choice.allocation.pd_prefill_instances),
+            (ROLE_PD_DECODE, names.pd_decode, choice.allocation.pd_decode_instances),
+        ):
+            live = await self._live_replicas(self.clusters.local, local_cache, owner.namespace, name)
+            self._plan_drain(owner, mem, role, name, desired, live)
         engines = [
-            *pd_cluster_engine_objects(spec, owner, choice.allocation, fingerprint),
+            *_held(pd_cluster_engine_objects(spec, owner, choice.allocation, fingerprint), mem.drains),
             router_service(spec, owner),
         ]
         engines_applied = asyncio.ensure_future(self._apply_local(owner, engines, local_cache, mem))
         try:
             remote = await self._prefill_cluster(spec, owner, mem)
+            if not isinstance(remote, Problem):
+                live = await self._live_replicas(
+                    remote[0], remote[1], spec.prefill_cluster.namespace, names.prfaas_prefill
+                )
+                self._plan_drain(
+                    owner,
+                    mem,
+                    ROLE_PRFAAS_PREFILL,
+                    names.prfaas_prefill,
+                    choice.allocation.prefill_cluster_replicas,
+                    live,
+                )
             prefill_seen = self._observe_prefill_cluster(spec, owner, remote)
             pd_seen = self._observe_pd_cluster(owner, local_cache)
             router_outcome: RouterConfigOutcome | None
@@ -336,6 +374,9 @@ class Reconciler:
         finally:
             engines_problem = await engines_applied
         self._note_router_config(owner, config if router_problem is None else None, mem)
+        drain_delay = self._follow_drains(
+            owner, mem, config if router_problem is None else None, prefill_seen, pd_seen
+        )
         prefill_seen, extra_problems = remote_result if remote_result is not None else (prefill_seen, [])
         local_problem = engines_problem or router_problem or config_problem
         if local_problem is not None:
@@ -359,7 +400,75 @@ class Reconciler:
                 extra_problems=extra_problems,
             )
         )
-        return await self._write_status(owner, metadata, previous, status, mem)
+        outcome = await self._write_status(owner, metadata, previous, status, mem)
+        if drain_delay is not None and drain_delay < outcome.next_delay:
+            outcome = dataclasses.replace(outcome, next_delay=drain_delay)
+        return outcome
+
+    # ---- scale-down with a drain (drain.py) -----------------------------------------------------
+
+    async def _live_replicas(
+        self, cluster: Cluster, cache: ClusterCache, namespace: str, name: str
+    ) -> int | None:
+        """A StatefulSet's current replicas: from the cache, or asked for while it is still listing."""
+        if cache.synced:
+            return drain.live_replicas(cache["StatefulSet"].get(namespace, name))
+        try:
+            return drain.live_replicas(await cluster.get("StatefulSet", name, namespace))
+        except ClusterError:
+            return None  # the apply that follows fails alike and says why
+
+    def _plan_drain(
+        self, owner: Owner, mem: _Memory, role: str, workload: str, desired: int, live: int | None
+    ) -> None:
+        before = mem.drains.get(role)
+        planned = drain.plan(before, workload, desired, live)
+        now = self._clock()
+        if planned is not None and drain.release_due(planned, now, self.options.drain_seconds):
+            planned = dataclasses.replace(planned, released=True)
+            log.info("%s: drained %s; scaling %d -> %d", owner.key, role, planned.held, planned.target)
+        if planned is None:
+            mem.drains.pop(role, None)
+        else:
+            if before is None or before.target != planned.target:
+                log.info(
+                    "%s: draining %s",
+                    owner.key,
+                    drain.describe(planned),
+                )
+            mem.drains[role] = planned
+
+    def _follow_drains(
+        self,
+        owner: Owner,
+        mem: _Memory,
+        config: RouterConfig | None,
+        prefill_seen: ClusterObservation,
+        pd_seen: ClusterObservation,
+    ) -> float | None:
+        """After a pass: start the drain clocks the config allows, end finished drains; the next wake-up."""
+        now = self._clock()
+        listed = (
+            [endpoint.name for pool in Pool for endpoint in config.pools.of(pool)]
+            if config is not None
+            else None
+        )
+        wake: float | None = None
+        for role, planned in list(mem.drains.items()):
+            seen = prefill_seen if role == ROLE_PRFAAS_PREFILL else pd_seen
+            pods = [pod.name for pod in seen.pods if pod.role == role]
+            live = seen.ready.get(role)  # only a hint; finished() also needs the pods gone
+            if listed is not None:
+                planned = drain.after_config_written(planned, listed, now)
+            if seen.observed and planned.released and drain.finished(planned, planned.target, pods):
+                del mem.drains[role]
+                log.info("%s: %s is at %d replicas (ready %s)", owner.key, role, planned.target, live)
+                continue
+            mem.drains[role] = planned
+            left = drain.seconds_left(planned, now, self.options.drain_seconds)
+            if left is not None:
+                wake = left if wake is None else min(wake, left)
+        return wake
 
     async def _apply_drifted(
         self, cluster: Cluster, cache: ClusterCache, wanted: Sequence[Manifest], mem: _Memory, where: str
@@ -445,7 +554,7 @@ class Reconciler:
             return None
         cluster, cache = remote
         pc = spec.prefill_cluster
-        wanted = prefill_cluster_objects(spec, owner, allocation, fingerprint)
+        wanted = _held(prefill_cluster_objects(spec, owner, allocation, fingerprint), mem.drains)
         try:
             if mem.namespace_ensured != pc.namespace:
                 await self._ensure_namespace(cluster, spec, owner)
@@ -573,8 +682,8 @@ class Reconciler:
             except ClusterError as err:
                 return RouterConfigOutcome(0, {}), None, err.problem
             last = _parse_router_config(found)
-        remote_pods = list(prefill_seen.pods) if prefill_seen.observed else None
-        choice = choose_pools(spec, fingerprint, remote_pods, list(pd_seen.pods))
+        remote_pods = _leaving(prefill_seen.pods, mem.drains) if prefill_seen.observed else None
+        choice = choose_pools(spec, fingerprint, remote_pods, _leaving(pd_seen.pods, mem.drains))
         min_version = previous.allocation.router_config_version if previous.allocation is not None else 0
         try:
             config = build_router_config(spec, allocation, choice, last, min_version=min_version)
@@ -677,6 +786,29 @@ class Reconciler:
                 return DeleteOutcome(False, err.problem, left)
         self.forget(metadata["uid"])
         return DeleteOutcome(True)
+
+
+def _held(manifests: Sequence[Manifest], drains: Mapping[str, Drain]) -> list[Manifest]:
+    """The manifests with each draining StatefulSet kept at its current replicas."""
+    result = []
+    for manifest in manifests:
+        role = (manifest["metadata"].get("labels") or {}).get(LABEL_ROLE)
+        planned = drains.get(role or "")
+        if manifest["kind"] == "StatefulSet" and planned is not None:
+            replicas = drain.replicas_to_apply(planned, manifest["spec"]["replicas"])
+            manifest = {**manifest, "spec": {**manifest["spec"], "replicas": replicas}}
+        result.append(manifest)
+    return result
+
+
+def _leaving(pods: Sequence[PodInfo], drains: Mapping[str, Drain]) -> list[PodInfo]:
+    """The pods, with those on their way out marked as deleting (no router config lists them)."""
+    return [
+        dataclasses.replace(pod, deleting=True)
+        if drain.draining(drains.get(pod.role or ""), pod.name)
+        else pod
+        for pod in pods
+    ]
 
 
 def _condition_true(conditions: Sequence[Condition], kind: ConditionType) -> bool:

@@ -32,7 +32,14 @@ def live_system(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> I
         access_service_account="prfaas-e2e-prefill-access",
     )
     work = tmp_path_factory.mktemp("e2e")
-    system = LiveSystem(testbed, work, layout=layout, scales=Scales(time_scale=E2E_TIME_SCALE))
+    system = LiveSystem(
+        testbed,
+        work,
+        layout=layout,
+        scales=Scales(time_scale=E2E_TIME_SCALE),
+        # decodes here last seconds: a short drain keeps the scale-down scenarios quick
+        operator_values=["--set", "extraArgs={--drain-seconds=8}"],
+    )
     try:
         system.start()
         yield system

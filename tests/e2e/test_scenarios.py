@@ -3,6 +3,7 @@
 One PrfaasDeployment (2 PrfaaS prefill instances, 4 PD instances split 2/2, time scale 0.5)
 serves every scenario, in this order, each starting from the state the previous one left:
 
+0. Prometheus scrapes every pod the runner runs, through the runner's file_sd targets;
 1. the operator restarts mid-traffic: no duplicate object, no rollout, no failed request;
 2. the PrfaaS cluster's engines die: traffic goes local with no failed request among those
    sent after the outage began, PrefillClusterReady turns False, and all recovers;
@@ -111,6 +112,32 @@ def condition_status(system: LiveSystem, kind: str) -> str | None:
     return None if condition is None else str(condition.get("status"))
 
 
+def test_prometheus_scrapes_every_pod_the_runner_runs(deployment: LiveSystem) -> None:
+    """Targets come from the runner's file_sd: one job per role, labelled as the planner selects them."""
+    system = deployment
+    assert system.prometheus is not None
+    expected = {
+        ("router", system.layout.deployment_namespace): 1,
+        ("prfaas-prefill", system.layout.deployment_namespace): 2,
+        ("pd-prefill", system.layout.deployment_namespace): 2,
+        ("pd-decode", system.layout.deployment_namespace): 2,
+        ("operator", system.layout.system_namespace): 1,
+    }
+
+    def scraped() -> dict[tuple[str, str], int]:
+        assert system.prometheus is not None
+        counts: dict[tuple[str, str], int] = {}
+        for series in system.prometheus.query("up == 1"):
+            labels = series["metric"]
+            key = (labels.get("job", ""), labels.get("namespace", ""))
+            counts[key] = counts.get(key, 0) + 1
+        return {key: count for key, count in counts.items() if key in expected}
+
+    wait_until(f"Prometheus to scrape {expected}", lambda: scraped() == expected, 30)
+    clusters = {s["metric"]["job"]: s["metric"]["cluster"] for s in system.prometheus.query("up == 1")}
+    assert clusters["prfaas-prefill"] == "prfaas" and clusters["pd-decode"] == "pd"
+
+
 def test_operator_restart_mid_traffic_duplicates_nothing_and_drops_nothing(deployment: LiveSystem) -> None:
     system = deployment
     before = children(system)
@@ -153,9 +180,15 @@ def test_prfaas_outage_sends_traffic_local_and_recovers(deployment: LiveSystem) 
         time.sleep(8)
         offloaded_before = [r for r in traffic.driver.results if r.outcome == "ok" and r.route == "prfaas"]
         assert offloaded_before, "nothing was offloaded before the outage"
-        outage_at = time.monotonic()
         system.set_down([Cluster.PRFAAS.value])
         try:
+            wait_until(
+                "the PrfaaS engines to be killed",
+                lambda: all(p["pid"] is None for p in system.runner_pods(cluster="prfaas")),
+                10,
+                poll_s=0.1,
+            )
+            outage_at = time.monotonic()  # requests sent before may have been on a killed engine
             wait_until(
                 "PrefillClusterReady to turn False",
                 lambda: condition_status(system, "PrefillClusterReady") == "False",
