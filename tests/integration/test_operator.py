@@ -17,17 +17,18 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from lightkube import ApiError, Client
+from lightkube import Client
 from lightkube.resources.apps_v1 import Deployment, StatefulSet
 from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Node, Pod, Service
 from operator_harness import OperatorProcess, free_loopback_port, run_operator
+from polling import get_or_none, wait_until
 from prfaas_core.router_config import RouterConfig
 from prfaas_operator.crd import CRD_NAME, CRD_OUTPUTS, repository_root
 from prfaas_operator.kube import PrfaasDeploymentResource
@@ -41,7 +42,6 @@ ROOT = repository_root()
 SAMPLE: dict[str, Any] = yaml.safe_load((ROOT / "examples/prfaasdeployment.yaml").read_text())
 GPU = "nvidia.com/gpu"
 PRODUCT = "nvidia.com/gpu.product"
-T = TypeVar("T")
 NAMESPACE_PREFIX = "op-"  # the test's operator watches only these namespaces
 TESTS = ("sample", "bad")  # the first word of each test's name: its namespaces
 # The sample at half its instance counts (8 GPUs each, as in the sample): the testbed holds
@@ -51,27 +51,6 @@ HALF = {
     "prefillCluster": {"replicas": 2},
     "pdCluster": {"instances": 4, "prefillInstances": 2, "decodeInstances": 2},
 }
-
-
-def wait_until(probe: Callable[[], T | None], *, timeout_s: float, what: str) -> T:
-    """Poll until `probe` returns something other than None or False (bounded)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.25)
-
-
-def get_or_none(client: Client, resource: Any, name: str, namespace: str | None = None) -> Any:
-    try:
-        return client.get(resource, name, namespace=namespace)
-    except ApiError as exc:
-        if exc.status.code == 404:
-            return None
-        raise
 
 
 def must(client: Client, resource: Any, name: str, namespace: str | None = None) -> Any:

@@ -24,15 +24,16 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
 import yaml
-from lightkube import ApiError, Client
+from lightkube import Client
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import ConfigMap, Event, Namespace
 from operator_harness import OperatorProcess, free_loopback_port, run_operator
+from polling import get_or_none, wait_until
 from prfaas_core import metrics_contract as contract
 from prfaas_core.router_config import RouterConfig
 from prfaas_operator import crd
@@ -50,29 +51,6 @@ ROOT = crd.repository_root()
 SAMPLE: dict[str, Any] = yaml.safe_load((ROOT / "examples/prfaasdeployment.yaml").read_text())
 SPEC_THRESHOLD = 19456
 AUTO, ADVISORY = "planned", "advised"
-T = TypeVar("T")
-
-
-def wait_until(probe: Callable[[], T | None], *, timeout_s: float, what: str) -> T:
-    """Poll until `probe` returns something other than None or False (bounded)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.5)
-
-
-def get_or_none(client: Client, resource: Any, name: str, namespace: str | None) -> Any:
-    """The object (untyped: lightkube's models make every field optional), or None when absent."""
-    try:
-        return client.get(resource, name, namespace=namespace)
-    except ApiError as exc:
-        if exc.status.code == 404:
-            return None
-        raise
 
 
 def kubectl(testbed: Testbed, *args: str, stdin: str | None = None) -> str:

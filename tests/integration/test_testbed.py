@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
@@ -22,6 +22,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.operators import in_
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Namespace, Node, Pod, Secret
+from polling import wait_until
 from prfaas_testbed.clusters import (
     Cluster,
     Testbed,
@@ -40,21 +41,8 @@ from prfaas_testbed.prometheus import (
     render_config,
 )
 
-T = TypeVar("T")
 GPU = "nvidia.com/gpu"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
-
-
-def wait_until(probe: Callable[[], T | None], *, timeout_s: float, what: str) -> T:
-    """Poll ``probe`` until it returns something other than None (bounded)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value is not None:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.25)
 
 
 def namespace_deleted(client: Client, name: str) -> bool | None:
