@@ -291,20 +291,29 @@ def test_the_loop_follows_a_workload_shift_advises_and_holds_without_prometheus(
         return look(pd_client, prfaas_client, ADVISORY, ns, remote_advised)
 
     # --- Auto, short prompts: an applied allocation, rolled out to the router config and StatefulSets
+    # status.planner holds the latest decision: read it when the allocation flips, because the
+    # next tick (a Hold: "already optimal") may come before the rollout below has finished
+    applied = wait_until(
+        lambda: (s := auto()).allocation.get("source") == "Planner" and s,
+        timeout_s=60,
+        what="the planner's first allocation",
+    )
+    print(f"{elapsed()} applied: {applied.allocation} ({applied.planner['reason']})")
+    assert (
+        applied.planner["action"] == "Apply"
+        and applied.planner["predictedThroughput"] > applied.planner["currentThroughput"]
+    )
     first = wait_until(
-        lambda: (s := auto()).allocation.get("source") == "Planner" and s.rolled_out() and s,
+        lambda: (s := auto()).operating_point() == applied.operating_point() and s.rolled_out() and s,
         timeout_s=60,
         what="the planner's first allocation rolled out",
-    )
-    print(f"{elapsed()} applied: {first.allocation} ({first.planner['reason']})")
-    assert (
-        first.planner["action"] == "Apply"
-        and first.planner["predictedThroughput"] > first.planner["currentThroughput"]
     )
     assert first.allocation["thresholdTokens"] != SPEC_THRESHOLD or first.allocation_counts() != (1, 1, 3)
     assert first.allocation["pdPrefillInstances"] + first.allocation["pdDecodeInstances"] == 4
     assert 1 <= first.allocation["prefillClusterReplicas"] <= 2
-    assert first.planner["inputs"]["meanUncachedTokens"] and int(first.planner["inputs"]["requests"]) >= 50
+    assert (
+        applied.planner["inputs"]["meanUncachedTokens"] and int(applied.planner["inputs"]["requests"]) >= 50
+    )
     wait_until(
         lambda: events(pd_client, ns, AUTO, "PlannerApplied"), timeout_s=20, what="a PlannerApplied Event"
     )
