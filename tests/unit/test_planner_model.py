@@ -8,6 +8,7 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from planner_strategies import profiles, workloads
 from prfaas_core.profiles import KvSizeModel, PrefillTimeModel, ProfileError
 from prfaas_operator.planner import (
     Allocation,
@@ -135,32 +136,6 @@ def test_decode_profile_refuses_nonsense() -> None:
 # ---- invariants -----------------------------------------------------------------------------
 
 
-@st.composite
-def profiles(draw: st.DrawFn) -> SystemProfile:
-    def curve() -> PrefillTimeModel:
-        return PrefillTimeModel(
-            c0=draw(st.floats(0.01, 5)), c1=draw(st.floats(1e-7, 1e-3)), c2=draw(st.floats(0, 1e-9))
-        )
-
-    return SystemProfile(
-        kv_size=KvSizeModel(bytes_per_token=draw(st.floats(100, 1e6)), fixed_bytes=draw(st.floats(0, 1e9))),
-        prfaas_prefill=curve(),
-        pd_prefill=curve(),
-        decode=DecodeProfile(max_batch=draw(st.integers(1, 256)), step_seconds=draw(st.floats(1e-3, 1))),
-    )
-
-
-@st.composite
-def workloads(draw: st.DrawFn) -> Workload:
-    pairs = draw(st.lists(st.tuples(st.integers(1, 200_000), st.floats(1e-3, 1)), min_size=1, max_size=30))
-    return Workload.from_weighted(
-        [length for length, _ in pairs],
-        [weight for _, weight in pairs],
-        mean_output_tokens=draw(st.floats(1, 4096)),
-        source="hypothesis",
-    )
-
-
 allocations = st.builds(
     Allocation,
     threshold_tokens=st.one_of(st.none(), st.integers(0, 250_000)),
@@ -171,7 +146,7 @@ allocations = st.builds(
 
 
 @settings(max_examples=300, deadline=None)
-@given(profiles(), workloads(), allocations, st.floats(1e6, 1e12))
+@given(profiles(), workloads(max_length=200_000, max_points=30), allocations, st.floats(1e6, 1e12))
 def test_throughput_is_the_tightest_bound_and_never_nan(
     profile: SystemProfile, workload: Workload, allocation: Allocation, budget: float
 ) -> None:
@@ -194,7 +169,13 @@ def test_throughput_is_the_tightest_bound_and_never_nan(
 
 
 @settings(max_examples=150, deadline=None)
-@given(profiles(), workloads(), allocations, st.floats(1e6, 1e12), st.floats(1, 100))
+@given(
+    profiles(),
+    workloads(max_length=200_000, max_points=30),
+    allocations,
+    st.floats(1e6, 1e12),
+    st.floats(1, 100),
+)
 def test_more_bandwidth_never_lowers_throughput(
     profile: SystemProfile, workload: Workload, allocation: Allocation, budget: float, factor: float
 ) -> None:

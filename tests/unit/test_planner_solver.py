@@ -7,6 +7,7 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from planner_strategies import profiles, workloads
 from prfaas_core.profiles import KvSizeModel, PrefillTimeModel
 from prfaas_operator.planner import (
     Allocation,
@@ -51,32 +52,6 @@ def reference_throughput(
     return min(bounds)
 
 
-@st.composite
-def profiles(draw: st.DrawFn) -> SystemProfile:
-    def curve() -> PrefillTimeModel:
-        return PrefillTimeModel(
-            c0=draw(st.floats(0.01, 5)), c1=draw(st.floats(1e-7, 1e-3)), c2=draw(st.floats(0, 1e-9))
-        )
-
-    return SystemProfile(
-        kv_size=KvSizeModel(bytes_per_token=draw(st.floats(100, 1e6)), fixed_bytes=draw(st.floats(0, 1e9))),
-        prfaas_prefill=curve(),
-        pd_prefill=curve(),
-        decode=DecodeProfile(max_batch=draw(st.integers(1, 256)), step_seconds=draw(st.floats(1e-3, 1))),
-    )
-
-
-@st.composite
-def workloads(draw: st.DrawFn) -> Workload:
-    pairs = draw(st.lists(st.tuples(st.integers(1, 20_000), st.floats(1e-3, 1)), min_size=1, max_size=12))
-    return Workload.from_weighted(
-        [length for length, _ in pairs],
-        [weight for _, weight in pairs],
-        mean_output_tokens=draw(st.floats(1, 4096)),
-        source="hypothesis",
-    )
-
-
 budgets = st.floats(1e6, 1e11)
 steps = st.sampled_from([512, 1024, 4096])
 
@@ -100,7 +75,15 @@ def _solve(
 
 
 @settings(max_examples=120, deadline=None)
-@given(profiles(), workloads(), st.integers(2, 6), st.integers(0, 3), st.integers(0, 3), budgets, steps)
+@given(
+    profiles(),
+    workloads(max_length=20_000, max_points=12),
+    st.integers(2, 6),
+    st.integers(0, 3),
+    st.integers(0, 3),
+    budgets,
+    steps,
+)
 def test_solver_finds_the_brute_force_grid_optimum(
     profile: SystemProfile, workload: Workload, pd: int, prfaas_low: int, extra: int, budget: float, step: int
 ) -> None:
@@ -140,7 +123,14 @@ def test_solver_finds_the_brute_force_grid_optimum(
 
 
 @settings(max_examples=80, deadline=None)
-@given(profiles(), workloads(), st.integers(2, 6), st.integers(0, 3), st.integers(0, 3), budgets)
+@given(
+    profiles(),
+    workloads(max_length=20_000, max_points=12),
+    st.integers(2, 6),
+    st.integers(0, 3),
+    st.integers(0, 3),
+    budgets,
+)
 def test_a_fixed_threshold_searches_only_the_split_and_prefers_fewer_prfaas_instances(
     profile: SystemProfile, workload: Workload, pd: int, prfaas_low: int, extra: int, budget: float
 ) -> None:
@@ -195,7 +185,15 @@ def test_a_negative_fixed_threshold_is_refused() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(profiles(), workloads(), st.integers(2, 6), st.integers(0, 3), budgets, st.floats(1, 50), steps)
+@given(
+    profiles(),
+    workloads(max_length=20_000, max_points=12),
+    st.integers(2, 6),
+    st.integers(0, 3),
+    budgets,
+    st.floats(1, 50),
+    steps,
+)
 def test_more_bandwidth_never_lowers_the_optimum(
     profile: SystemProfile, workload: Workload, pd: int, prfaas: int, budget: float, factor: float, step: int
 ) -> None:
@@ -205,7 +203,14 @@ def test_more_bandwidth_never_lowers_the_optimum(
 
 
 @settings(max_examples=60, deadline=None)
-@given(profiles(), workloads(), st.integers(1, 6), st.integers(0, 3), budgets, steps)
+@given(
+    profiles(),
+    workloads(max_length=20_000, max_points=12),
+    st.integers(1, 6),
+    st.integers(0, 3),
+    budgets,
+    steps,
+)
 def test_more_instances_never_lower_the_optimum(
     profile: SystemProfile, workload: Workload, pd: int, prfaas: int, budget: float, step: int
 ) -> None:
@@ -221,7 +226,7 @@ def test_more_instances_never_lower_the_optimum(
 
 
 @settings(max_examples=60, deadline=None)
-@given(profiles(), workloads(), st.integers(2, 12))
+@given(profiles(), workloads(max_length=20_000, max_points=12), st.integers(2, 12))
 def test_homogeneous_pd_is_the_best_split(profile: SystemProfile, workload: Workload, instances: int) -> None:
     plan = solve_homogeneous_pd(profile, workload, instances=instances)
     best = max(
@@ -235,7 +240,7 @@ def test_homogeneous_pd_is_the_best_split(profile: SystemProfile, workload: Work
 
 
 @settings(max_examples=60, deadline=None)
-@given(profiles(), workloads(), st.integers(1, 8), st.integers(1, 8), budgets)
+@given(profiles(), workloads(max_length=20_000, max_points=12), st.integers(1, 8), st.integers(1, 8), budgets)
 def test_naive_heterogeneous_offloads_everything(
     profile: SystemProfile, workload: Workload, prfaas: int, pd: int, budget: float
 ) -> None:
