@@ -14,59 +14,10 @@ import yaml
 from prfaas_operator.cli import main
 from prfaas_operator.planner import ProfileFileError, Stage, parse_profile
 
-# The paper's case study (data/profiles/case-study.yaml), as test input.
-CASE_STUDY: dict[str, Any] = {
-    "model": {
-        "name": "internal-1T-hybrid",
-        "kv_cache_points": [
-            {"tokens": 1024, "mib": 190.8},
-            {"tokens": 8192, "mib": 308.9},
-            {"tokens": 32768, "mib": 701.3},
-            {"tokens": 131072, "mib": 2316.3},
-        ],
-    },
-    "hardware": {
-        "h200": {
-            "gpus_per_instance": 8,
-            "prefill_seconds_points": [
-                {"tokens": 1024, "seconds": 0.44},
-                {"tokens": 8192, "seconds": 0.72},
-                {"tokens": 32768, "seconds": 1.84},
-                {"tokens": 131072, "seconds": 7.40},
-            ],
-        },
-        "h20": {
-            "gpus_per_instance": 8,
-            "prefill_seconds_points": [
-                {"tokens": 1024, "seconds": 0.690},
-                {"tokens": 8192, "seconds": 1.571},
-                {"tokens": 32768, "seconds": 5.086},
-                {"tokens": 131072, "seconds": 26.814},
-            ],
-            "decode": {"max_batch": 20, "step_seconds": 0.025},
-        },
-    },
-    "deployments": {
-        "prfaas_pd": {"prfaas": {"gpu": "h200", "instances": 4}, "pd": {"gpu": "h20", "instances": 8}},
-        "homogeneous_pd": {"pd": {"gpu": "h20", "instances": 12}},
-        "naive_hetero": {
-            "prfaas": {"gpu": "h200", "instances": 4, "all_prefill": True},
-            "pd": {"gpu": "h20", "instances": 8, "decode_only": True},
-        },
-    },
-    "link": {"bandwidth_gbps": 100},
-    "workload": {
-        "input_length": {
-            "distribution": "truncated_lognormal",
-            "mu": 9.90,
-            "sigma": 1.00,
-            "min": 128,
-            "max": 131072,
-        },
-        "output_length": {"fixed": 1024},
-        "prefix_cache_hits": "none",
-    },
-}
+# The paper's case study, as shipped with the repository.
+CASE_STUDY: dict[str, Any] = yaml.safe_load(
+    (Path(__file__).resolve().parents[2] / "data/profiles/case-study.yaml").read_text()
+)
 
 
 def _write_profile(directory: Path, document: dict[str, Any] | str) -> Path:
