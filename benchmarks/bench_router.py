@@ -575,7 +575,8 @@ DECISION_CASES = (
 def decision_benchmark(samples: int) -> dict[str, dict[str, float]]:
     """Median and p99 (seconds) of what the router does to decide a 128K-token request.
 
-    A decision = the prompt's key, the lookups in both clusters' prefix indexes and
+    A decision = the prompt's keys (`prompt_keys` over the parsed request: token ids as the uint64
+    buffers `payloads.parse` decodes), the lookups in both clusters' prefix indexes and
     `policy.decide`, as `Dispatcher.serve` does them. Keys hash lazily, so a fresh prompt costs
     one block; the worst case is a prompt whose every block but the last is held in both
     clusters, which walks (and hashes) the whole prompt. Shown apart, as not part of the
@@ -583,9 +584,9 @@ def decision_benchmark(samples: int) -> dict[str, dict[str, float]]:
     a 128K-id JSON body.
     """
     from prfaas_core.router_config import Pool, RouterConfig
-    from prfaas_router.payloads import Kind, parse
+    from prfaas_router.payloads import Kind, ParsedRequest, parse, prompt_keys
     from prfaas_router.policy import PolicyModel, Pools, Rejection, RequestView, decide
-    from prfaas_router.prefix_index import PrefixIndex, PromptKey, key_for_text, key_for_tokens
+    from prfaas_router.prefix_index import PrefixIndex
     from prfaas_router.workers import Fleet
 
     config = RouterConfig.model_validate(
@@ -610,22 +611,32 @@ def decision_benchmark(samples: int) -> dict[str, dict[str, float]]:
     tokens = 131072
     block = config.block_size_tokens
     ids = [rng.randrange(150000) for _ in range(tokens)]
-    fresh_ids = [rng.randrange(150000) for _ in range(tokens)]
     text = "".join(f"w{i:06d} " for i in range(tokens // 2))[: int(tokens * CHARS_PER_TOKEN)]
-    fresh_text = "x" + text[1:]
-    index_local, index_prfaas = PrefixIndex(262144, 65536), PrefixIndex(262144, 65536)
     block_chars = int(block * CHARS_PER_TOKEN)
-    for index, holder in ((index_local, "local-0"), (index_prfaas, "prfaas-0")):
-        index.learn(key_for_tokens(ids[:-block] + [(i + 1) % 150000 for i in ids[-block:]], block), holder)
-        index.learn(key_for_text(text[:-block_chars] + "z" * block_chars, block, CHARS_PER_TOKEN), holder)
     body = json.dumps({"model": MODEL, "prompt": ids, "max_tokens": 16}).encode()
 
-    def decision(key_of: Callable[[], PromptKey], cached: bool) -> Callable[[], object]:
+    def request(prompt: object) -> ParsedRequest:
+        raw = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 16}).encode()
+        return parse(Kind.COMPLETION, raw)[1]
+
+    by_ids, by_text = request(ids), request(text)
+    fresh_ids, fresh_text = request([rng.randrange(150000) for _ in range(tokens)]), request("x" + text[1:])
+    index_local, index_prfaas = PrefixIndex(262144, 65536), PrefixIndex(262144, 65536)
+    held = (
+        request(ids[:-block] + [(i + 1) % 150000 for i in ids[-block:]]),
+        request(text[:-block_chars] + "z" * block_chars),
+    )
+    for index, holder in ((index_local, "local-0"), (index_prfaas, "prfaas-0")):
+        for held_request in held:
+            (key,) = prompt_keys(held_request, block, CHARS_PER_TOKEN)
+            index.learn(key, holder)
+
+    def decision(parsed: ParsedRequest, cached: bool) -> Callable[[], object]:
         def once() -> None:
-            keys = [key_of()]
+            keys = prompt_keys(parsed, block, CHARS_PER_TOKEN)
             view = RequestView(
-                total_tokens=keys[0].tokens,
-                sequences=1,
+                total_tokens=sum(key.tokens for key in keys),
+                sequences=len(keys),
                 hit_local=index_local.lookup_all(keys),
                 hit_prfaas=index_prfaas.lookup_all(keys),
             )
@@ -636,11 +647,13 @@ def decision_benchmark(samples: int) -> dict[str, dict[str, float]]:
         return once
 
     steps: dict[str, Callable[[], object]] = {
-        DECISION_CASES[0]: decision(lambda: key_for_tokens(fresh_ids, block), cached=False),
-        DECISION_CASES[1]: decision(lambda: key_for_tokens(ids, block), cached=True),
-        DECISION_CASES[2]: decision(lambda: key_for_text(fresh_text, block, CHARS_PER_TOKEN), cached=False),
-        DECISION_CASES[3]: decision(lambda: key_for_text(text, block, CHARS_PER_TOKEN), cached=True),
-        "not decision: all block hashes of 128K ids": lambda: key_for_tokens(ids, block).block_hashes,
+        DECISION_CASES[0]: decision(fresh_ids, cached=False),
+        DECISION_CASES[1]: decision(by_ids, cached=True),
+        DECISION_CASES[2]: decision(fresh_text, cached=False),
+        DECISION_CASES[3]: decision(by_text, cached=True),
+        "not decision: all block hashes of 128K ids": lambda: (
+            prompt_keys(by_ids, block, CHARS_PER_TOKEN)[0].block_hashes
+        ),
         "not decision: json-decode a 128K-id body": lambda: parse(Kind.COMPLETION, body),
     }
     out = {}

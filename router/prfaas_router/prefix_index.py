@@ -14,18 +14,29 @@ only the attention over the prefix (the quadratic term) counts as saved. `uncach
 (compared with the threshold and recorded for the planner) still counts the block prefix as
 cached: the threshold is about attention-dominated work and the KV a prefill emits.
 
-Hashes use Python's `hash`, salted per process: the index lives and dies with one router.
+Blocks hash with xxh3-64, each seeded with the hash before it: token ids as uint64 bytes (the
+request's decoded arrays, or `token_buffer`), text as UTF-8 per block of characters. That hashes
+in C without a Python object per token, which keeps a 128K-token decision well under a
+millisecond. xxh3 is not a keyed hash; that is fine here: the index is a routing hint that lives
+and dies with one router (nothing persisted), and a collision, accidental or crafted, only
+misroutes the requests that collide (the engines match cached tokens exactly). The seeds are drawn per process
+all the same, which costs nothing and makes crafting one harder.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
+from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-_TOKEN_SEED = hash(("prfaas-token-blocks",))
-_TEXT_SEED = hash(("prfaas-text-blocks",))
+from xxhash import xxh3_64_intdigest
+
+_TOKEN_SEED = secrets.randbits(64)
+_TEXT_SEED = secrets.randbits(64)
+_ID_BYTES = 8  # token ids are uint64
 
 
 class PromptKey:
@@ -34,13 +45,12 @@ class PromptKey:
     Hashed block by block as they are asked for: a lookup stops at the first block a cluster
     lacks, so a fresh 128K-token prompt costs one block before its route is chosen; learning it
     afterwards takes the rest. Built from given hashes (the simulator's traces) it holds just those.
-    Hashing can raise TypeError (an array where a token id belongs) wherever it happens.
     """
 
     __slots__ = (
         "_block_count",
+        "_blocks",
         "_chain",
-        "_contents",
         "_full_hash",
         "_hashes",
         "_tail",
@@ -51,9 +61,9 @@ class PromptKey:
     def __init__(self, block_hashes: Sequence[int], full_hash: int, tokens: int, block_tokens: int) -> None:
         self._hashes = list(block_hashes)
         self._block_count = len(self._hashes)
-        self._contents: Iterator[Hashable] = iter(())
+        self._blocks: Iterator[bytes | memoryview] = iter(())
         self._chain = 0
-        self._tail: Callable[[], Hashable] | None = None
+        self._tail: Callable[[], bytes] | None = None
         self._full_hash: int | None = full_hash
         self.tokens = tokens
         self.block_tokens = block_tokens
@@ -62,17 +72,17 @@ class PromptKey:
     def chained(
         cls,
         seed: int,
-        contents: Iterator[Hashable],
+        blocks: Iterator[bytes | memoryview],
         block_count: int,
-        tail: Callable[[], Hashable],
+        tail: Callable[[], bytes],
         tokens: int,
         block_tokens: int,
     ) -> PromptKey:
-        """Hashes to compute: block i is hash((hash of block i-1, its contents)), the whole one
-        hash((last block's hash, tail())), both as the eager form always had them."""
+        """Hashes to compute: block i is xxh3(its bytes, seeded with block i-1's hash, block 0's
+        with `seed`); the whole prompt's is xxh3(tail(), seeded with the last block's)."""
         key = cls((), 0, tokens, block_tokens)
         key._block_count = block_count
-        key._contents = contents
+        key._blocks = blocks
         key._chain = seed
         key._tail = tail
         key._full_hash = None
@@ -83,7 +93,7 @@ class PromptKey:
         hashes = self._hashes
         for index in range(self._block_count):
             if index == len(hashes):
-                self._chain = hash((self._chain, next(self._contents)))
+                self._chain = xxh3_64_intdigest(next(self._blocks), seed=self._chain)
                 hashes.append(self._chain)
             yield hashes[index]
 
@@ -96,7 +106,7 @@ class PromptKey:
         if self._full_hash is None:
             self.all_hashes()
             assert self._tail is not None
-            self._full_hash = hash((self._chain, self._tail()))
+            self._full_hash = xxh3_64_intdigest(self._tail(), seed=self._chain)
         return self._full_hash
 
     def all_hashes(self) -> Sequence[int]:
@@ -119,32 +129,53 @@ class PrefixHit:
 NO_HIT = PrefixHit(tokens=0, exact=False, holder=None)
 
 
-def key_for_tokens(token_ids: Sequence[int], block_size_tokens: int) -> PromptKey:
-    """Key of a prompt given as token ids; blocks of `block_size_tokens` tokens."""
+def token_buffer(ids: Sequence[int]) -> memoryview:
+    """Token ids as `key_for_tokens` takes them: uint64s; TypeError or ValueError says what is wrong."""
+    if not all(type(token) is int for token in ids):
+        raise TypeError("token ids must be integers")
+    try:
+        return memoryview(array("Q", ids))
+    except OverflowError as err:
+        raise ValueError("token ids must be between 0 and 2**64 - 1") from err
+
+
+def key_for_tokens(token_ids: memoryview, block_size_tokens: int) -> PromptKey:
+    """Key of a prompt given as uint64 token ids (`token_buffer`); blocks of `block_size_tokens` ids."""
+    if not isinstance(token_ids, memoryview) or token_ids.itemsize != _ID_BYTES:
+        raise TypeError(
+            f"token ids must be a memoryview of uint64s (see token_buffer), got {type(token_ids).__name__}"
+        )
+    data = token_ids.cast("B")
     length = len(token_ids)
     full_blocks = length // block_size_tokens
-    # zip over one iterator cuts it into tuples of block_size_tokens ids, dropping the remainder
-    blocks = zip(*[iter(token_ids)] * block_size_tokens, strict=False)
+    block_bytes = block_size_tokens * _ID_BYTES
+    end = full_blocks * block_bytes
     return PromptKey.chained(
         _TOKEN_SEED,
-        blocks,
+        (data[start : start + block_bytes] for start in range(0, end, block_bytes)),
         full_blocks,
-        lambda: (tuple(token_ids[full_blocks * block_size_tokens :]), length),
+        lambda: bytes(data[end:]) + length.to_bytes(8, "little"),
         length,
         block_size_tokens,
     )
 
 
 def key_for_text(text: str, block_size_tokens: int, chars_per_token: float) -> PromptKey:
-    """Key of a prompt given as text; tokens and block boundaries estimated from characters."""
+    """Key of a prompt given as text; tokens and block boundaries estimated from characters.
+
+    Blocks are hashed as UTF-8; "surrogatepass" keeps the lone surrogates json lets through.
+    """
     block_chars = max(1, round(block_size_tokens * chars_per_token))
     full_blocks = len(text) // block_chars
-    blocks = (text[start : start + block_chars] for start in range(0, full_blocks * block_chars, block_chars))
+    end = full_blocks * block_chars
     return PromptKey.chained(
         _TEXT_SEED,
-        blocks,
+        (
+            text[start : start + block_chars].encode(errors="surrogatepass")
+            for start in range(0, end, block_chars)
+        ),
         full_blocks,
-        lambda: (text[full_blocks * block_chars :], len(text)),
+        lambda: text[end:].encode(errors="surrogatepass") + len(text).to_bytes(8, "little"),
         math.ceil(len(text) / chars_per_token),
         block_size_tokens,
     )
@@ -206,7 +237,7 @@ class PrefixIndex:
         takes tails before the prefixes they extend, which keeps what remains a usable prefix.
         """
         blocks = self._blocks
-        hashes = key.all_hashes()  # first: a TypeError leaves the index untouched
+        hashes = key.all_hashes()
         if holder is None:
             for block_hash in reversed(hashes):
                 blocks.setdefault(block_hash, "")

@@ -35,7 +35,6 @@ from prfaas_router.payloads import (
     ParsedRequest,
     completion_tokens,
     last_completion_tokens,
-    unhashable_token_ids,
     with_bootstrap,
 )
 from prfaas_router.policy import (
@@ -135,12 +134,8 @@ class Dispatcher:
         keys = exchange.keys
         metrics = self._metrics
         pin = self._sessions.get(exchange.session_key) if exchange.session_key else None
-        try:
-            hit_local = snapshot.index_local.lookup_all(keys)
-            hit_prfaas = snapshot.index_prfaas.lookup_all(keys)
-        except TypeError:  # the keys hash lazily: an array or object where a token id belongs
-            metrics.requests.labels(NO_ROUTE, "bad_request").inc()
-            return error_response(unhashable_token_ids(), exchange.request_id)
+        hit_local = snapshot.index_local.lookup_all(keys)
+        hit_prfaas = snapshot.index_prfaas.lookup_all(keys)
         view = RequestView(
             total_tokens=sum(key.tokens for key in keys),
             sequences=len(keys),

@@ -14,10 +14,8 @@ from prfaas_router.payloads import (
     last_completion_tokens,
     parse,
     prompt_keys,
-    unhashable_token_ids,
     with_bootstrap,
 )
-from prfaas_router.prefix_index import PrefixIndex
 
 
 def error_of(kind: Kind, raw: bytes) -> ApiError:
@@ -77,14 +75,127 @@ def test_bad_bodies_get_an_openai_error_naming_the_field(
     assert set(body) == {"message", "type", "param", "code"} and body["type"] == "invalid_request_error"
 
 
-def test_unhashable_token_ids_fail_where_they_are_hashed_and_are_a_400() -> None:
-    _, parsed = parse(Kind.GENERATE, b'{"input_ids": [1, [2], 3]}')
-    (key,) = prompt_keys(parsed, 4, 4.0)  # keys hash lazily: nothing is hashed yet
-    with pytest.raises(TypeError):
-        PrefixIndex(8, 8).lookup(key)
-    error = unhashable_token_ids()
-    assert (error.status, error.param, error.code) == (400, "input_ids", "invalid_type")
-    assert "integers" in error.message
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"{not json",
+        b'{"prompt": [1, 2]',
+        b'{"prompt": [1]} and more',
+        b"",
+        b"\xff",
+        b'{"prompt": "\xc3"}',
+        b"[" * 5000,
+    ],
+)
+def test_what_is_not_utf8_json_is_invalid_json(raw: bytes) -> None:
+    error = error_of(Kind.COMPLETION, raw)
+    assert (error.status, error.code, error.param) == (400, "invalid_json", None)
+    assert "not valid JSON" in error.message
+
+
+# besides the ids: nothing else; another array (as_buffer's fast path); a '[' in a string (the exact check)
+OTHER_FIELDS = ["", ', "stop": ["\\n", "."]', ', "stop": "[", "n": 1']
+
+
+@pytest.mark.parametrize(("kind", "field"), [(Kind.COMPLETION, "prompt"), (Kind.GENERATE, "input_ids")])
+@pytest.mark.parametrize(
+    "ids",
+    [
+        "[1, 2.5]",
+        "[1, 2.0]",
+        '[1, "2"]',
+        "[1, true]",
+        "[1, null]",
+        '[1, {"a": 2}]',
+        "[1, -1]",
+        "[1, -9223372036854775809]",  # past int64: json decodes it, not simdjson
+        "[1, 18446744073709551616]",  # past uint64
+        "[1, [2], 3]",
+        "[1, [2]]",  # as many ids as elements, nested all the same
+        "[[1], 2]",
+        "[[1], []]",
+        "[[1], [[2]]]",
+        "[[1], [2, 2.5]]",
+    ],
+)
+@pytest.mark.parametrize("others", OTHER_FIELDS)
+def test_token_ids_that_are_not_uint64s_are_refused_naming_the_field(
+    kind: Kind, field: str, ids: str, others: str
+) -> None:
+    error = error_of(kind, f'{{"{field}": {ids}{others}}}'.encode())
+    assert (error.status, error.param, error.code) == (400, field, "invalid_type")
+    assert "token id" in error.message
+
+
+@pytest.mark.parametrize("others", OTHER_FIELDS)
+def test_token_ids_are_decoded_as_uint64_buffers(others: str) -> None:
+    body, parsed = parse(Kind.COMPLETION, f'{{"prompt": [0, 7, {2**63}, {2**64 - 1}]{others}}}'.encode())
+    (ids,) = parsed.token_ids
+    assert ids.format == "Q" and ids.tolist() == [0, 7, 2**63, 2**64 - 1] and body["prompt"] is ids
+    body, parsed = parse(Kind.GENERATE, f'{{"input_ids": [[1, 2], [3]]{others}}}'.encode())
+    assert [ids.tolist() for ids in parsed.token_ids] == [[1, 2], [3]] and parsed.batch == 2
+    assert body["input_ids"] == list(parsed.token_ids)
+
+
+def test_later_duplicate_keys_win_as_in_json() -> None:
+    raw = b'{"prompt": "text", "max_tokens": "x", "prompt": [1, 2], "max_tokens": 3, "stream": true}'
+    body, parsed = parse(Kind.COMPLETION, raw)
+    assert parsed.token_ids[0].tolist() == [1, 2] and not parsed.texts and body["max_tokens"] == 3
+    assert list(body) == ["prompt", "max_tokens", "stream"]
+    assert error_of(Kind.COMPLETION, b'{"prompt": [1], "prompt": [1, 2.5]}').param == "prompt"
+    assert error_of(Kind.COMPLETION, b'{"prompt": [1], "n": 2, "n": 0}').param == "n"
+    body, _ = parse(Kind.COMPLETION, b'{"n": 1, "n\\u0000": 2, "prompt": [1]}')  # no C-string lookups
+    assert (body["n"], body["n\0"]) == (1, 2)
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False)
+    | st.text(alphabet=st.characters(), max_size=4),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=3), children, max_size=3)
+    ),
+    max_leaves=8,
+)
+token_ids = st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=12)
+
+
+@given(
+    prompt=token_ids | st.lists(token_ids, min_size=1, max_size=3),
+    others=st.dictionaries(st.text(max_size=4).filter(lambda name: name != "n"), json_values, max_size=4),
+    earlier_prompt=st.none() | token_ids,
+    ensure_ascii=st.booleans(),
+)
+def test_the_body_is_what_json_decodes_but_token_ids_are_buffers(
+    prompt: list[int] | list[list[int]],
+    others: dict[str, object],
+    earlier_prompt: list[int] | None,
+    ensure_ascii: bool,
+) -> None:
+    fields = [*([("prompt", earlier_prompt)] if earlier_prompt else []), *others.items(), ("prompt", prompt)]
+    raw = (
+        "{"
+        + ",".join(
+            f"{json.dumps(k, ensure_ascii=ensure_ascii)}:{json.dumps(v, ensure_ascii=ensure_ascii)}"
+            for k, v in fields
+        )
+        + "}"
+    ).encode(errors="surrogatepass")
+    try:
+        expected = json.loads(raw)
+    except ValueError:  # a lone surrogate, unescaped: not UTF-8
+        assert error_of(Kind.COMPLETION, raw).code == "invalid_json"
+        return
+    body, parsed = parse(Kind.COMPLETION, raw)
+    rows = [prompt] if isinstance(prompt[0], int) else prompt
+    assert [ids.tolist() for ids in parsed.token_ids] == rows
+    decoded = body["prompt"]
+    body["prompt"] = (
+        decoded.tolist() if isinstance(decoded, memoryview) else [ids.tolist() for ids in decoded]
+    )
+    assert body == expected
 
 
 def test_chat_prompt_is_the_text_of_every_message() -> None:
@@ -154,6 +265,15 @@ def test_a_body_that_is_not_plain_utf8_json_is_re_encoded() -> None:
     body, parsed = parse(Kind.GENERATE, raw)
     out = json.loads(with_bootstrap(raw, body, "h", 2, [3], parsed.batch))
     assert out == {"text": "hé", "bootstrap_host": "h", "bootstrap_port": 2, "bootstrap_room": 3}
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-8-sig"])
+def test_a_re_encoded_body_carries_its_token_ids_as_arrays(encoding: str) -> None:
+    for ids, rooms in (([1, 2**64 - 1], [3]), ([[1, 2**64 - 1], [5]], [3, 4])):
+        raw = json.dumps({"input_ids": ids, "stream": False}).encode(encoding)
+        body, parsed = parse(Kind.GENERATE, raw)
+        out = json.loads(with_bootstrap(raw, body, "h", 2, rooms, parsed.batch))
+        assert out["input_ids"] == ids and out["bootstrap_room"] == (rooms if parsed.batch else rooms[0])
 
 
 @given(

@@ -5,9 +5,20 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from prfaas_router.prefix_index import NO_HIT, PrefixIndex, key_for_text, key_for_tokens
+from prfaas_router.prefix_index import (
+    NO_HIT,
+    PrefixIndex,
+    PromptKey,
+    key_for_text,
+    key_for_tokens,
+    token_buffer,
+)
 
 B = 4  # block size in tokens
+
+
+def token_key(ids: list[int], block: int = B) -> PromptKey:
+    return key_for_tokens(token_buffer(ids), block)
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -20,8 +31,8 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def test_block_hashes_are_chained_to_their_prefix() -> None:
-    a = key_for_tokens([1, 2, 3, 4, 5, 6, 7, 8, 9], B)
-    b = key_for_tokens([0, 2, 3, 4, 5, 6, 7, 8], B)
+    a = token_key([1, 2, 3, 4, 5, 6, 7, 8, 9])
+    b = token_key([0, 2, 3, 4, 5, 6, 7, 8])
     assert len(a.block_hashes) == 2 and a.tokens == 9
     # the second block's tokens are equal, but its hash covers the first block too
     assert a.block_hashes[1] != b.block_hashes[1]
@@ -29,49 +40,49 @@ def test_block_hashes_are_chained_to_their_prefix() -> None:
 
 def test_a_lookup_hashes_no_further_than_the_first_block_a_cluster_lacks() -> None:
     index = PrefixIndex(max_blocks=100, max_prompts=100)
-    index.learn(key_for_tokens(list(range(8)), B), "p0")
-    # block 3 holds an array: hashing it would raise, so a lookup that reached it would fail
-    held_then_fresh = key_for_tokens([*range(4), 9, 9, 9, 9, 1, [2], 3, 4], B)  # type: ignore[list-item]
-    assert index.lookup(held_then_fresh).tokens == 4
-    with pytest.raises(TypeError):  # learning needs every block
-        index.learn(held_then_fresh, "p0")
-    assert index.lookup(key_for_tokens(list(range(8)), B)).exact  # a failed learn changed nothing
+    index.learn(token_key(list(range(8))), "p0")
+    ids = token_buffer([*range(4), 9, 9, 9, 9, 1, 2, 3, 4])
+    held_then_fresh = key_for_tokens(ids, B)
+    assert index.lookup(held_then_fresh).tokens == 4  # block 0 held, block 1 not: block 2 never hashed
+    ids[8] = 7  # so block 2 is hashed from what the buffer holds when the key is learnt
+    index.learn(held_then_fresh, "p0")
+    assert held_then_fresh.block_hashes == token_key([*range(4), 9, 9, 9, 9, 7, 2, 3, 4]).block_hashes
 
 
 def test_lookup_counts_whole_leading_blocks_only() -> None:
     index = PrefixIndex(max_blocks=100, max_prompts=100)
-    index.learn(key_for_tokens(list(range(12)), B), "p0")
-    assert index.lookup(key_for_tokens([*range(10), 99, 98], B)).tokens == 8  # diverges in block 3
-    assert index.lookup(key_for_tokens([*range(3), 99, *range(4, 12)], B)) == NO_HIT
+    index.learn(token_key(list(range(12))), "p0")
+    assert index.lookup(token_key([*range(10), 99, 98])).tokens == 8  # diverges in block 3
+    assert index.lookup(token_key([*range(3), 99, *range(4, 12)])) == NO_HIT
 
 
 def test_a_whole_prompt_seen_before_is_an_exact_hit_and_a_longer_one_is_not() -> None:
     index = PrefixIndex(max_blocks=100, max_prompts=100)
     prompt = list(range(10))
-    index.learn(key_for_tokens(prompt, B), "l1")
-    same = index.lookup(key_for_tokens(prompt, B))
+    index.learn(token_key(prompt), "l1")
+    same = index.lookup(token_key(prompt))
     assert (same.tokens, same.exact, same.holder) == (10, True, "l1")
-    longer = index.lookup(key_for_tokens([*prompt, 10, 11], B))
+    longer = index.lookup(token_key([*prompt, 10, 11]))
     assert (longer.tokens, longer.exact) == (8, False)  # blocks only: the linear state is not reusable
 
 
 def test_the_holder_of_the_deepest_block_is_reported_and_none_does_not_overwrite_it() -> None:
     index = PrefixIndex(max_blocks=100, max_prompts=100)
-    index.learn(key_for_tokens(list(range(8)), B), "l0")
-    index.learn(key_for_tokens(list(range(16)), B), None)
-    found = index.lookup(key_for_tokens([*range(16), 1], B))
+    index.learn(token_key(list(range(8))), "l0")
+    index.learn(token_key(list(range(16))), None)
+    found = index.lookup(token_key([*range(16), 1]))
     assert found.tokens == 16 and found.holder == "l0"  # the blocks l0 computed keep their holder
-    assert index.lookup(key_for_tokens([*range(8), 5], B)).holder == "l0"
+    assert index.lookup(token_key([*range(8), 5])).holder == "l0"
 
 
 def test_memory_is_bounded_and_tails_are_evicted_before_their_prefixes() -> None:
     index = PrefixIndex(max_blocks=6, max_prompts=2)
-    index.learn(key_for_tokens(list(range(16)), B), "a")  # 4 blocks
-    index.learn(key_for_tokens(list(range(100, 116)), B), "b")  # 4 more: 2 of the first evicted
+    index.learn(token_key(list(range(16))), "a")  # 4 blocks
+    index.learn(token_key(list(range(100, 116))), "b")  # 4 more: 2 of the first evicted
     assert len(index) == 6
-    first = index.lookup(key_for_tokens(list(range(16)), B))
+    first = index.lookup(token_key(list(range(16))))
     assert (first.tokens, first.exact) == (8, False)  # its two leading blocks survive, not the tail
-    assert index.lookup(key_for_tokens(list(range(100, 116)), B)).exact
+    assert index.lookup(token_key(list(range(100, 116)))).exact
 
 
 def test_text_blocks_use_the_calibrated_characters_per_token() -> None:
@@ -85,13 +96,51 @@ def test_text_blocks_use_the_calibrated_characters_per_token() -> None:
 def test_text_and_token_keys_never_share_blocks() -> None:
     index = PrefixIndex(max_blocks=100, max_prompts=10)
     index.learn(key_for_text("abcdabcd", 4, 1.0), None)
-    assert index.lookup(key_for_tokens([97, 98, 99, 100, 97, 98, 99, 100], 4)) == NO_HIT
+    assert index.lookup(token_key([97, 98, 99, 100, 97, 98, 99, 100], 4)) == NO_HIT
+
+
+def test_the_whole_prompt_hash_covers_the_tail_and_its_length() -> None:
+    tails = [token_key(ids) for ids in ([1, 2, 3, 4], [1, 2, 3, 4, 0], [1, 2, 3, 4, 0, 0], [1, 2, 3, 4, 1])]
+    assert len({key.block_hashes for key in tails}) == 1 and len({key.full_hash for key in tails}) == 4
+    texts = [key_for_text(text, 4, 1.0) for text in ("abcd", "abcd\0", "abcd\0\0", "abcde")]
+    assert len({key.block_hashes for key in texts}) == 1 and len({key.full_hash for key in texts}) == 4
+
+
+def test_text_blocks_hash_any_string_by_characters() -> None:
+    index = PrefixIndex(max_blocks=100, max_prompts=10)
+    prompt = "é" * 6 + "\U0001f600\ud800"  # beyond ASCII, and a lone surrogate (json lets those through)
+    index.learn(key_for_text(prompt, 4, 1.0), "p0")
+    assert index.lookup(key_for_text(prompt, 4, 1.0)).exact
+    assert index.lookup(key_for_text("é" * 6 + "\U0001f600\ud801", 4, 1.0)).tokens == 4
+    assert index.lookup(key_for_text("é" * 7 + "\ud800", 4, 1.0)).tokens == 4  # no emoji in block 2
+
+
+def test_ids_past_2_to_the_63_hash_like_any_other() -> None:
+    big = [2**64 - 1, 2**63, 2**63 + 1, 5]
+    index = PrefixIndex(max_blocks=100, max_prompts=10)
+    index.learn(token_key(big * 2), None)
+    assert index.lookup(token_key(big * 2)).exact
+    assert index.lookup(token_key([*big, 2**64 - 2, *big[1:]])).tokens == 4
+    assert index.lookup(token_key([2**63 - 1, *big[1:]])) == NO_HIT
+
+
+def test_token_buffers_hold_uint64_ids_only() -> None:
+    assert token_buffer([0, 2**63, 2**64 - 1]).tolist() == [0, 2**63, 2**64 - 1]
+    for not_ints in ([1, True], [1, 2.0], [1, [2]], [1, None], [1, "2"]):
+        with pytest.raises(TypeError, match="integers"):
+            token_buffer(not_ints)  # type: ignore[arg-type]
+    for out_of_range in ([1, -1], [2**64]):
+        with pytest.raises(ValueError, match=r"2\*\*64"):
+            token_buffer(out_of_range)
+    for not_a_buffer in ([1, 2, 3, 4], memoryview(b"12345678")):
+        with pytest.raises(TypeError, match="token_buffer"):
+            key_for_tokens(not_a_buffer, B)  # type: ignore[arg-type]
 
 
 def test_lookup_all_adds_up_a_batch() -> None:
     index = PrefixIndex(max_blocks=100, max_prompts=10)
-    index.learn(key_for_tokens(list(range(8)), B), "p0")
-    keys = [key_for_tokens([*range(8), 1], B), key_for_tokens(list(range(8)), B), key_for_tokens([7] * 9, B)]
+    index.learn(token_key(list(range(8))), "p0")
+    keys = [token_key([*range(8), 1]), token_key(list(range(8))), token_key([7] * 9)]
     total = index.lookup_all(keys)
     assert (total.tokens, total.exact, total.holder) == (16, False, "p0")
 
@@ -107,8 +156,8 @@ def test_capacities_must_be_positive() -> None:
 )
 def test_a_hit_is_the_common_prefix_rounded_down_to_blocks(a: list[int], b: list[int]) -> None:
     index = PrefixIndex(max_blocks=1000, max_prompts=1000)
-    index.learn(key_for_tokens(a, B), "x")
-    found = index.lookup(key_for_tokens(b, B))
+    index.learn(token_key(a), "x")
+    found = index.lookup(token_key(b))
     if a == b:
         assert found.exact and found.tokens == len(b)
     else:
@@ -121,5 +170,5 @@ def test_a_hit_is_the_common_prefix_rounded_down_to_blocks(a: list[int], b: list
 def test_the_index_never_outgrows_its_bounds(prompts: list[list[int]]) -> None:
     index = PrefixIndex(max_blocks=7, max_prompts=3)
     for prompt in prompts:
-        index.learn(key_for_tokens(prompt, B), None)
+        index.learn(token_key(prompt), None)
         assert len(index) <= 7
