@@ -34,9 +34,8 @@ steadier than requests/s. Then an in-process micro-benchmark of the decision for
 
 Every number is measured in this run. The machine is shared: each phase prints the CPU that
 processes outside the benchmark used meanwhile; ratios taken side by side mean more than the
-absolute figures. Our router runs with SMG's health-check tolerance (5 s timeout, 3 failures)
-instead of its own fail-fast defaults, so that an engine slowed by a busy machine is not
-ejected from one router and kept by the other.
+absolute figures. Our router runs with its own defaults (health checks every 0.5 s, 0.5 s
+timeout, one failure; a late answer from an engine that is streaming to us does not count).
 """
 
 from __future__ import annotations
@@ -80,7 +79,7 @@ CHARS_PER_TOKEN = 4.0
 KV_SCALE = "1e-6"  # a few hundred KV bytes per request really cross from prefill to decode
 STREAM_STEP_SECONDS = 0.05  # the streams-256 decode's token step
 STREAM_TOKENS = 64
-OUR_FLAGS = ["--health-timeout-seconds", "5", "--health-failure-threshold", "3", "--log-level", "WARNING"]
+OUR_FLAGS = ["--log-level", "WARNING"]
 
 
 # ----------------------------------------------------------------------------- processes

@@ -33,6 +33,12 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterOptions:
     parser.add_argument("--breaker-cooldown-seconds", type=float, default=defaults.breaker_cooldown_seconds)
     parser.add_argument("--connect-timeout-seconds", type=float, default=defaults.connect_timeout_seconds)
     parser.add_argument("--read-timeout-seconds", type=float, default=defaults.read_timeout_seconds)
+    parser.add_argument(
+        "--upstream-keepalive-seconds",
+        type=float,
+        default=defaults.upstream_keepalive_seconds,
+        help="close idle engine connections after this long (under uvicorn's 5 s, so SGLang never closes one first)",
+    )
     parser.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
     parser.add_argument("--max-attempts", type=int, default=defaults.max_attempts)
     parser.add_argument("--prefix-index-blocks", type=int, default=defaults.prefix_index_blocks)
@@ -62,6 +68,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterOptions:
         breaker_cooldown_seconds=args.breaker_cooldown_seconds,
         connect_timeout_seconds=args.connect_timeout_seconds,
         read_timeout_seconds=args.read_timeout_seconds,
+        upstream_keepalive_seconds=args.upstream_keepalive_seconds,
         max_body_bytes=args.max_body_bytes,
         max_attempts=args.max_attempts,
         prefix_index_blocks=args.prefix_index_blocks,

@@ -1,7 +1,7 @@
 """The router's HTTP service: OpenAI and SGLang endpoints in, PD pairs out, probes and metrics.
 
 Thin on purpose: validation lives in `payloads`, the choice in `policy`, the two legs in `proxy`.
-One pooled aiohttp ClientSession carries all upstream traffic.
+One pooled upstream client (`upstream.Upstream`) carries all traffic to the engines.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 from prfaas_core.router_config import Pool, RouterConfig
 
@@ -26,6 +25,7 @@ from prfaas_router.payloads import ApiError, Kind, parse, prompt_keys
 from prfaas_router.policy import PolicyModel, SessionTable
 from prfaas_router.prefix_index import PrefixIndex
 from prfaas_router.proxy import REQUEST_ID_HEADER, Dispatcher, Exchange, Snapshot, error_response
+from prfaas_router.upstream import Upstream
 from prfaas_router.workers import Fleet
 
 log = logging.getLogger("prfaas_router")
@@ -49,6 +49,7 @@ class RouterOptions:
     breaker_cooldown_seconds: float = 5.0
     connect_timeout_seconds: float = 1.0
     read_timeout_seconds: float = 600.0
+    upstream_keepalive_seconds: float = 4.0
     max_body_bytes: int = 32 * 1024 * 1024
     max_attempts: int = 3
     prefix_index_blocks: int = 262144
@@ -67,32 +68,27 @@ class RouterService:
         self.watcher = ConfigWatcher(
             options.config_path, self._apply, self.metrics, options.config_poll_seconds
         )
-        self._session: aiohttp.ClientSession | None = None
+        self._upstream: Upstream | None = None
         self._dispatcher: Dispatcher | None = None
         self._health: HealthChecker | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         options = self.options
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30.0, ttl_dns_cache=60)
-        timeout = aiohttp.ClientTimeout(
-            total=None, connect=options.connect_timeout_seconds, sock_read=options.read_timeout_seconds
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=timeout,
-            auto_decompress=False,  # bodies pass through as they are
-            cookie_jar=aiohttp.DummyCookieJar(),  # engines set no cookies: skip the per-request filtering
+        self._upstream = Upstream(
+            connect_timeout_seconds=options.connect_timeout_seconds,
+            read_timeout_seconds=options.read_timeout_seconds,
+            keepalive_seconds=options.upstream_keepalive_seconds,
         )
         self._dispatcher = Dispatcher(
-            self._session,
+            self._upstream,
             self.fleet,
             self.metrics,
             SessionTable(options.session_capacity),
             options.max_attempts,
         )
         self._health = HealthChecker(
-            self._session,
+            self._upstream,
             self.fleet,
             self.metrics,
             path=options.health_path,
@@ -111,8 +107,8 @@ class RouterService:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._dispatcher is not None:
             await self._dispatcher.close()
-        if self._session is not None:
-            await self._session.close()
+        if self._upstream is not None:
+            await self._upstream.close()
 
     def build_app(self) -> web.Application:
         app = web.Application(client_max_size=self.options.max_body_bytes, middlewares=[_json_errors])

@@ -6,6 +6,11 @@ dead PrfaaS pool, or a cut link that drops packets, takes traffic local within a
 even when no request has hit it yet; a request that meets a refused connection first ejects the
 worker itself (circuit breaker) and is retried. New workers from a reloaded config are checked
 at once (`poke`).
+
+A check that only timed out does not count against an engine that sent us bytes within the
+last interval and timeout: a busy engine streaming tokens answers its health check late but is
+alive, and ejecting it would move its load onto the others. A cut link sends nothing, so it is
+still caught by the first timeout; a refused or reset connection always counts.
 """
 
 from __future__ import annotations
@@ -15,9 +20,8 @@ import contextlib
 import logging
 import time
 
-import aiohttp
-
 from prfaas_router.metrics import RouterMetrics
+from prfaas_router.upstream import Upstream, UpstreamError, target
 from prfaas_router.workers import Fleet, Worker
 
 log = logging.getLogger("prfaas_router.health")
@@ -26,7 +30,7 @@ log = logging.getLogger("prfaas_router.health")
 class HealthChecker:
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        upstream: Upstream,
         fleet: Fleet,
         metrics: RouterMetrics,
         *,
@@ -35,12 +39,12 @@ class HealthChecker:
         timeout_seconds: float,
         failure_threshold: int,
     ) -> None:
-        self._session = session
+        self._upstream = upstream
         self._fleet = fleet
         self._metrics = metrics
         self._path = path
         self._interval = interval_seconds
-        self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        self._timeout = timeout_seconds
         self._failure_threshold = failure_threshold
         self._wake = asyncio.Event()
 
@@ -62,13 +66,22 @@ class HealthChecker:
             self._metrics.worker_available.labels(worker.pool.value, worker.name).set(worker.available(now))
 
     async def _check(self, worker: Worker) -> None:
+        where = target(worker.url, self._path)
         error = ""
         try:
-            async with self._session.get(worker.url + self._path, timeout=self._timeout) as reply:
-                await reply.read()
-                ok = reply.status == 200
-                error = "" if ok else f"HTTP {reply.status}"
-        except (aiohttp.ClientError, TimeoutError) as err:
+            status, _ = await self._upstream.get(where, self._timeout)
+            ok = status == 200
+            error = "" if ok else f"HTTP {status}"
+        except TimeoutError as err:
+            if self._upstream.seconds_since_heard(where) < self._interval + self._timeout:
+                log.debug(
+                    "worker %s/%s: health check timed out while it streams; kept",
+                    worker.pool.value,
+                    worker.name,
+                )
+                return
+            ok, error = False, repr(err)
+        except UpstreamError as err:
             ok, error = False, repr(err)
         if worker.record_health(ok, self._failure_threshold):
             if ok:

@@ -1,4 +1,4 @@
-"""SGLang's PD protocol over one pooled HTTP client: both legs at once, the decode's answer back.
+"""SGLang's PD protocol over the one pooled upstream client: both legs at once, the decode's answer back.
 
 As SGLang's own router does it: the same JSON body, with `bootstrap_host` (the prefill's host),
 `bootstrap_port` (its bootstrap port) and a random `bootstrap_room`, is POSTed to the prefill
@@ -7,13 +7,13 @@ prefill and answers; the prefill's answer is drained. An attempt that fails befo
 reached the client is repeated on other workers (a new decision that excludes the failed one);
 once bytes have been streamed, an upstream failure ends the stream with an SSE error event.
 When the client goes away, both legs are cancelled, which closes their connections and makes
-the engines abort the request.
+the engines abort the request. A streamed answer is relayed chunk by chunk from the decode's
+socket to the client's without a coroutine in between (`_Relay`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import random
@@ -23,11 +23,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 from aiohttp import web
+from aiohttp.http_writer import HttpVersion11
 from prfaas_core.metrics_contract import ROUTE_PRFAAS
 from prfaas_core.router_config import Pool, RouterConfig
-from yarl import URL
 
 from prfaas_router.metrics import RouterMetrics
 from prfaas_router.payloads import (
@@ -48,6 +47,7 @@ from prfaas_router.policy import (
     decide,
 )
 from prfaas_router.prefix_index import PrefixIndex, PromptKey
+from prfaas_router.upstream import Reply, Target, Upstream, UpstreamError, target
 from prfaas_router.workers import Fleet, Worker
 
 log = logging.getLogger("prfaas_router.proxy")
@@ -57,7 +57,10 @@ REASON_HEADER = "X-Prfaas-Reason"
 REQUEST_ID_HEADER = "X-Request-Id"
 NO_ROUTE = "none"
 _BLAME_GRACE_SECONDS = 0.05  # how long a failed decode waits to learn whether its prefill died first
-_PASSED_HEADERS = ("Content-Type", "Cache-Control")
+_PASSED_HEADERS = {"content-type": "Content-Type", "cache-control": "Cache-Control"}
+_RELAY_HIGH_WATER = 256 * 1024  # bytes waiting for a slow client before the decode's socket is paused
+_RELAY_LOW_WATER = 64 * 1024
+_RELAY_DRAIN_POLL_SECONDS = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,13 +111,13 @@ class Dispatcher:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        upstream: Upstream,
         fleet: Fleet,
         metrics: RouterMetrics,
         sessions: SessionTable,
         max_attempts: int,
     ) -> None:
-        self._session = session
+        self._upstream = upstream
         self._fleet = fleet
         self._metrics = metrics
         self._sessions = sessions
@@ -204,14 +207,12 @@ class Dispatcher:
         headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: exchange.request_id}
         path = parsed.kind.value
         lease = _Lease(self, decision, time.monotonic())
-        prefill_task = asyncio.create_task(
-            self._prefill_leg(_upstream_url(prefill.url, path), payload, headers)
-        )
+        prefill_task = asyncio.create_task(self._prefill_leg(target(prefill.url, path), payload, headers))
         prefill_task.add_done_callback(lambda task: self._prefill_done(task, exchange, snapshot, lease))
         decode_task = asyncio.create_task(
-            self._open_decode(_upstream_url(decode.url, path), payload, headers, parsed.stream)
+            self._open_decode(target(decode.url, path), payload, headers, parsed.stream)
         )
-        response: aiohttp.ClientResponse | None = None
+        response: Reply | None = None
         delivered = False
         try:
             await asyncio.wait((prefill_task, decode_task), return_when=asyncio.FIRST_COMPLETED)
@@ -224,6 +225,7 @@ class Dispatcher:
                 await self._blame(failure, prefill_task, prefill)
                 raise
             decode.breaker.record_success()
+            self._learn(exchange, snapshot, lease)  # the decode answered: the KV reached it
             if parsed.stream:
                 out, delivered = await self._stream(exchange, decision, response, first)
                 return out
@@ -241,7 +243,7 @@ class Dispatcher:
             if not decode_task.done():
                 decode_task.cancel()
             if response is not None:
-                if delivered:
+                if delivered:  # a reply read to its end keeps its connection
                     response.release()
                 else:  # closing the connection makes the engine abort the request
                     response.close()
@@ -271,21 +273,26 @@ class Dispatcher:
             raise LegFailure(prefill, f"its decode failed while the prefill was still out ({failure})")
         failure.worker.breaker.record_failure(time.monotonic(), fatal=failure.unreachable)
 
-    async def _prefill_leg(self, url: URL, payload: bytes, headers: dict[str, str]) -> tuple[int, bytes, str]:
-        async with self._session.post(url, data=payload, headers=headers) as reply:
+    async def _prefill_leg(
+        self, where: Target, payload: bytes, headers: dict[str, str]
+    ) -> tuple[int, bytes, str]:
+        reply = await self._upstream.request("POST", where, headers, payload)
+        try:
             body = await reply.read()  # drained whether streamed or not
-            return reply.status, body, reply.content_type
+        except BaseException:
+            reply.close()
+            raise
+        return reply.status, body, reply.content_type
 
     async def _open_decode(
-        self, url: URL, payload: bytes, headers: dict[str, str], stream: bool
-    ) -> tuple[aiohttp.ClientResponse, bytes]:
+        self, where: Target, payload: bytes, headers: dict[str, str], stream: bool
+    ) -> tuple[Reply, bytes]:
         """The decode's reply and its first bytes (the whole body when not streaming)."""
-        reply = await self._session.post(url, data=payload, headers=headers)
+        reply = await self._upstream.request("POST", where, headers, payload)
         try:
             if reply.status >= 400 or not stream:
                 return reply, await reply.read()
-            first = await reply.content.readany()
-            return reply, first
+            return reply, await reply.first()
         except BaseException:
             reply.close()  # cancelled or broken: drop the connection, the engine aborts
             raise
@@ -304,52 +311,61 @@ class Dispatcher:
             return
         error = task.exception()
         if error is not None:
-            worker.breaker.record_failure(
-                time.monotonic(), fatal=isinstance(error, aiohttp.ClientConnectionError)
-            )
+            worker.breaker.record_failure(time.monotonic(), fatal=_unreachable(error))
             return
         status = task.result()[0]
         if status >= 500:
             worker.breaker.record_failure(time.monotonic())
             return
         worker.breaker.record_success()
-        if status >= 400:
+        if status < 400:
+            self._learn(exchange, snapshot, lease)
+
+    def _learn(self, exchange: Exchange, snapshot: Snapshot, lease: _Lease) -> None:
+        """The prefill holds the prompt and the local decode received it; once per attempt.
+
+        Whichever leg ends well first tells: the prefill answers once its KV is delivered, and the
+        decode answers only after it arrived, so a follow-up is routed on what is already known.
+        """
+        if lease.learned:
             return
-        # the prefill cluster now holds the prompt; the local decode received it too
+        lease.learned = True
+        decision = lease.decision
         if decision.route == ROUTE_PRFAAS:
             self._metrics.kv_egress_bytes.inc(decision.egress_bytes)
             for key in exchange.keys:
-                snapshot.index_prfaas.learn(key, worker.name)
+                snapshot.index_prfaas.learn(key, decision.prefill.name)
                 snapshot.index_local.learn(key, None)
         else:
             for key in exchange.keys:
-                snapshot.index_local.learn(key, worker.name)
+                snapshot.index_local.learn(key, decision.prefill.name)
 
     async def _stream(
-        self, exchange: Exchange, decision: Decision, reply: aiohttp.ClientResponse, first: bytes
+        self, exchange: Exchange, decision: Decision, reply: Reply, first: bytes
     ) -> tuple[web.StreamResponse, bool]:
         """Streams the decode's reply; False when the client went away before the end."""
         metrics = self._metrics
+        request = exchange.http
         out = web.StreamResponse(status=reply.status, headers=_reply_headers(reply, exchange, decision))
+        chunked = request.version >= HttpVersion11
+        if chunked:  # framed by us from the second chunk on (`_Relay`), so fixed before prepare
+            out.enable_chunked_encoding()
         counter = _EventCounter()
         outcome = "ok"
         try:
-            await out.prepare(exchange.http)
-            await out.write(first)
+            await out.prepare(request)
+            await out.write(first)  # the headers and the first bytes, through aiohttp
             metrics.ttft.labels(decision.route).observe(time.monotonic() - exchange.started)
             counter.feed(first)
-            upstream = reply.content
-            while True:
-                try:
-                    chunk = await upstream.readany()
-                except (aiohttp.ClientError, TimeoutError) as err:  # reading only: client errors are apart
+            relay = _Relay(request.transport, reply, counter, chunked)
+            try:
+                await reply.relay(relay.send)
+            except UpstreamError as err:
+                if not relay.client_gone:
                     outcome = "stream_error"
                     await out.write(self._stream_failed(exchange, decision, err))
-                    break
-                if not chunk:
-                    break
-                await out.write(chunk)
-                counter.feed(chunk)
+            if relay.client_gone:
+                raise ConnectionResetError("the client went away")
             await out.write_eof()
         except ConnectionResetError:
             metrics.requests.labels(decision.route, "client_disconnected").inc()
@@ -362,16 +378,12 @@ class Dispatcher:
         log.warning(
             "request %s: decode %s broke mid-stream: %r", exchange.request_id, decision.decode.name, err
         )
-        decision.decode.breaker.record_failure(
-            time.monotonic(), fatal=isinstance(err, aiohttp.ClientConnectionError)
-        )
+        decision.decode.breaker.record_failure(time.monotonic(), fatal=_unreachable(err))
         message = f"the decode engine failed after the stream had started: {err!r}"
         event = {"error": {"message": message, "type": "upstream_error", "param": None, "code": 502}}
         return b"data: " + json.dumps(event).encode() + b"\n\n"
 
-    def _complete(
-        self, exchange: Exchange, decision: Decision, reply: aiohttp.ClientResponse, body: bytes
-    ) -> web.Response:
+    def _complete(self, exchange: Exchange, decision: Decision, reply: Reply, body: bytes) -> web.Response:
         out = web.Response(status=reply.status, body=body, headers=_reply_headers(reply, exchange, decision))
         self._finish(exchange, decision, "ok", completion_tokens(body))
         return out
@@ -398,7 +410,7 @@ class _Lease:
     SGLang's prefill answers once its KV has been delivered. The decode part ends with the attempt.
     """
 
-    __slots__ = ("_decode_held", "_dispatcher", "_prefill_held", "decision")
+    __slots__ = ("_decode_held", "_dispatcher", "_prefill_held", "decision", "learned")
 
     def __init__(self, dispatcher: Dispatcher, decision: Decision, now: float) -> None:
         self._dispatcher = dispatcher
@@ -411,6 +423,7 @@ class _Lease:
         inflight[Pool.DECODE] += decision.total_tokens
         self._prefill_held = True
         self._decode_held = True
+        self.learned = False
 
     def release_prefill(self) -> None:
         if not self._prefill_held:
@@ -428,6 +441,48 @@ class _Lease:
         decision = self.decision
         decision.decode.end(decision.total_tokens, 0.0)
         self._dispatcher.inflight_tokens[Pool.DECODE] -= decision.total_tokens
+
+
+class _Relay:
+    """Writes each chunk of the decode's streamed body straight to the client's socket.
+
+    Runs inside the upstream connection's read callback, so it must not raise. A client that
+    reads slowly pauses the decode's socket until its buffer drains; a client that went away
+    closes the decode leg (the engine aborts).
+    """
+
+    __slots__ = ("_chunked", "_counter", "_drainer", "_reply", "_transport", "client_gone")
+
+    def __init__(
+        self, transport: asyncio.Transport | None, reply: Reply, counter: _EventCounter, chunked: bool
+    ) -> None:
+        self._transport = transport
+        self._reply = reply
+        self._counter = counter
+        self._chunked = chunked
+        self._drainer: asyncio.Task[None] | None = None
+        self.client_gone = False
+
+    def send(self, data: bytes) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            if not self.client_gone:
+                self.client_gone = True
+                self._reply.close()
+            return
+        self._counter.feed(data)
+        transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
+        if self._drainer is None and transport.get_write_buffer_size() > _RELAY_HIGH_WATER:
+            self._reply.pause_reading()
+            self._drainer = asyncio.get_running_loop().create_task(self._resume_when_drained(transport))
+
+    async def _resume_when_drained(self, transport: asyncio.Transport) -> None:
+        try:
+            while not transport.is_closing() and transport.get_write_buffer_size() > _RELAY_LOW_WATER:
+                await asyncio.sleep(_RELAY_DRAIN_POLL_SECONDS)
+        finally:
+            self._drainer = None
+            self._reply.resume_reading()
 
 
 class _EventCounter:
@@ -475,13 +530,10 @@ def _raise_for_prefill(task: asyncio.Task[tuple[int, bytes, str]], worker: Worke
         raise _PassThrough(status, body, content_type)
 
 
-def _decode_result(
-    task: asyncio.Task[tuple[aiohttp.ClientResponse, bytes]], worker: Worker
-) -> tuple[aiohttp.ClientResponse, bytes]:
+def _decode_result(task: asyncio.Task[tuple[Reply, bytes]], worker: Worker) -> tuple[Reply, bytes]:
     error = task.exception()
     if error is not None:
-        unreachable = isinstance(error, aiohttp.ClientConnectionError)
-        raise LegFailure(worker, f"decode leg failed: {error!r}", unreachable=unreachable) from error
+        raise LegFailure(worker, f"decode leg failed: {error!r}", unreachable=_unreachable(error)) from error
     reply, first = task.result()
     if reply.status >= 500:
         reply.release()
@@ -492,14 +544,13 @@ def _decode_result(
     return reply, first
 
 
-@functools.lru_cache(maxsize=1024)
-def _upstream_url(base: str, path: str) -> URL:
-    """Parsed once per worker and path: aiohttp would parse the string on every request."""
-    return URL(base + path)
+def _unreachable(error: BaseException) -> bool:
+    """No connection, or one that broke before any answer: the worker is gone, not just failing."""
+    return isinstance(error, UpstreamError) and error.unreachable
 
 
-def _reply_headers(reply: aiohttp.ClientResponse, exchange: Exchange, decision: Decision) -> dict[str, str]:
-    headers = {name: reply.headers[name] for name in _PASSED_HEADERS if name in reply.headers}
+def _reply_headers(reply: Reply, exchange: Exchange, decision: Decision) -> dict[str, str]:
+    headers = {name: reply.headers[key] for key, name in _PASSED_HEADERS.items() if key in reply.headers}
     headers[REQUEST_ID_HEADER] = exchange.request_id
     headers[ROUTE_HEADER] = decision.route
     headers[REASON_HEADER] = decision.reason.value

@@ -1,0 +1,429 @@
+"""The router's one pooled HTTP/1.1 client for the engines, on asyncio protocols.
+
+Why not aiohttp's client: every PD request makes two upstream requests, and a streamed answer
+relays one small SSE chunk per token. Measured in the 256-stream benchmark, aiohttp's client
+layer (request objects, a StreamReader and a coroutine wake-up per chunk, a timer rescheduled per
+read) cost as much CPU as the socket calls themselves. Here a request is one write of ready-made
+bytes, the response is parsed by httptools (llhttp, as uvicorn), and once a reply is relayed
+every body chunk goes from the engine's socket to the client's in one callback (`Reply.relay`).
+
+Connections are kept alive per (scheme, host, port) and reused most recent first; one that the
+engine closes while idle leaves the pool at once, idle ones are closed after
+`keepalive_seconds`, and a connection serves one request at a time. A reply that receives
+nothing for `read_timeout_seconds` fails (one sweep a second checks, instead of a timer per read).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+
+Sink = Callable[[bytes], None]
+
+
+class UpstreamError(Exception):
+    """An upstream request failed; `unreachable` when it failed before any answer arrived."""
+
+    def __init__(self, message: str, *, unreachable: bool) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where one request goes: parsed once per worker URL and path."""
+
+    scheme: str
+    host: str
+    port: int
+    path: str
+    authority: str  # the Host header
+
+    @property
+    def pool_key(self) -> tuple[str, str, int]:
+        return (self.scheme, self.host, self.port)
+
+
+@lru_cache(maxsize=4096)
+def target(base_url: str, path: str) -> Target:
+    """The request target for `path` on a worker's base URL (http or https, host and port)."""
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) base URL: {base_url!r}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return Target(parts.scheme, parts.hostname, port, parts.path.rstrip("/") + path, parts.netloc)
+
+
+class Reply:
+    """An engine's answer: status and headers first, then the body, read whole or relayed."""
+
+    __slots__ = (
+        "_connection",
+        "_ended",
+        "_first",
+        "_header_list",
+        "_headers_ready",
+        "_pieces",
+        "_sink",
+        "headers",
+        "status",
+    )
+
+    def __init__(self, connection: _Connection) -> None:
+        loop = asyncio.get_running_loop()
+        self._connection: _Connection | None = connection
+        self._headers_ready: asyncio.Future[None] = loop.create_future()
+        self._ended: asyncio.Future[None] = loop.create_future()
+        self._first: asyncio.Future[None] | None = None
+        self._header_list: list[tuple[bytes, bytes]] = []
+        self._pieces: list[bytes] = []
+        self._sink: Sink | None = None
+        self.status = 0
+        self.headers: dict[str, str] = {}
+
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("content-type", "application/octet-stream").split(";", 1)[0].strip()
+
+    @property
+    def complete(self) -> bool:
+        return self._ended.done() and self._ended.exception() is None
+
+    async def read(self) -> bytes:
+        """The whole body; the connection goes back to the pool."""
+        await self._ended
+        body = b"".join(self._pieces)
+        self._pieces = []
+        self.release()
+        return body
+
+    async def first(self) -> bytes:
+        """The body's first bytes as soon as they arrive (b"" for an empty body)."""
+        if not self._pieces and not self._ended.done():
+            self._first = asyncio.get_running_loop().create_future()
+            await asyncio.wait((self._first, self._ended), return_when=asyncio.FIRST_COMPLETED)
+        if not self._pieces:
+            self._ended.result()  # raises the failure, if any
+        data = b"".join(self._pieces)
+        self._pieces = []
+        return data
+
+    def relay(self, sink: Sink) -> asyncio.Future[None]:
+        """From now on each body chunk goes to `sink` as it arrives; the future ends with the body."""
+        self._sink = sink
+        if self._pieces:
+            pieces, self._pieces = self._pieces, []
+            for piece in pieces:
+                sink(piece)
+        return self._ended
+
+    def pause_reading(self) -> None:
+        """Stop reading the engine's socket (a slow client); TCP then slows the engine down."""
+        if self._connection is not None:
+            self._connection.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._connection is not None:
+            self._connection.resume_reading()
+
+    def release(self) -> None:
+        """Done with this reply: a complete one's connection is reused, any other is closed."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.finished(self, reusable=self.complete)
+
+    def close(self) -> None:
+        """Drop the connection now: the engine sees the client go and aborts the request."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.finished(self, reusable=False)
+        self._fail(UpstreamError("closed by the router", unreachable=False))
+
+    # ---- fed by the connection
+
+    def _header(self, name: bytes, value: bytes) -> None:
+        self._header_list.append((name, value))
+
+    def _headers_complete(self, status: int) -> None:
+        self.status = status
+        self.headers = {
+            name.decode("latin-1").lower(): value.decode("latin-1") for name, value in self._header_list
+        }
+        if not self._headers_ready.done():
+            self._headers_ready.set_result(None)
+
+    def _body(self, data: bytes) -> None:
+        sink = self._sink
+        if sink is not None:
+            sink(data)
+            return
+        self._pieces.append(data)
+        first = self._first
+        if first is not None and not first.done():
+            first.set_result(None)
+
+    def _complete(self) -> None:
+        if not self._ended.done():
+            self._ended.set_result(None)
+
+    def _fail(self, error: UpstreamError) -> None:
+        for future in (self._headers_ready, self._ended):
+            if not future.done():
+                future.set_exception(error)
+                future.exception()  # retrieved: a reply nobody waits on any more must not log it
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection to an engine; it carries one reply at a time."""
+
+    def __init__(self, pool: Upstream, key: tuple[str, str, int]) -> None:
+        self._pool = pool
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self.reply: Reply | None = None
+        self.answered = False  # the current reply has received bytes
+        self.keep_alive = False  # what the current reply's headers said (llhttp forgets it after the message)
+        self.probe = False  # the current request is a health check: its answer is no sign of work
+        self.paused = False
+        self.last_read = 0.0
+        self.idle_since = 0.0
+        self.closed = False
+
+    def send(self, reply: Reply, data: bytes, body: bytes, probe: bool) -> None:
+        assert self.transport is not None
+        self.reply, self.answered, self.keep_alive, self.probe = reply, False, False, probe
+        self.last_read = time.monotonic()
+        if len(body) < 65536:
+            self.transport.write(data + body)
+        else:
+            self.transport.writelines((data, body))
+
+    def finished(self, reply: Reply, *, reusable: bool) -> None:
+        if self.reply is not reply:
+            return
+        self.reply = None
+        if reusable and not self.closed and self.keep_alive:
+            self.resume_reading()  # a reply may end while its reader is paused; the next one must be read
+            self._pool.put_back(self)
+        else:
+            self.abort()
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self.paused:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and self.paused:
+            self.paused = False
+            self.transport.resume_reading()
+
+    def abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    # ---- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is one without subclassing it
+
+    def data_received(self, data: bytes) -> None:
+        reply = self.reply
+        if reply is None:  # nothing was asked: an engine talking out of turn is not to be trusted
+            self.abort()
+            return
+        self.answered = True
+        self.last_read = now = time.monotonic()
+        if not self.probe:
+            self._pool.heard[self.key] = now
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as err:
+            self.abort()
+            reply._fail(UpstreamError(f"the engine sent invalid HTTP: {err}", unreachable=False))
+
+    def eof_received(self) -> bool:
+        return False  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._pool.forget(self)
+        reply, self.reply = self.reply, None
+        if reply is not None and not reply.complete:
+            cause = f": {exc!r}" if exc is not None else ""
+            where = "while answering" if self.answered else "before answering"
+            reply._fail(
+                UpstreamError(
+                    f"the engine closed the connection {where}{cause}", unreachable=not self.answered
+                )
+            )
+
+    # ---- httptools callbacks
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self.reply is not None:
+            self.reply._header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self.keep_alive = self._parser.should_keep_alive()
+        if self.reply is not None:
+            self.reply._headers_complete(self._parser.get_status_code())
+
+    def on_body(self, body: bytes) -> None:
+        if self.reply is not None:
+            self.reply._body(body)
+
+    def on_message_complete(self) -> None:
+        if self.reply is not None:
+            self.reply._complete()
+
+
+class Upstream:
+    """Pooled keep-alive connections to the engines, shared by every request and health check."""
+
+    def __init__(
+        self, *, connect_timeout_seconds: float, read_timeout_seconds: float, keepalive_seconds: float = 30.0
+    ) -> None:
+        self._connect_timeout = connect_timeout_seconds
+        self._read_timeout = read_timeout_seconds
+        self._keepalive = keepalive_seconds
+        self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
+        self._open: set[_Connection] = set()
+        self._ssl: ssl.SSLContext | None = None
+        self.heard: dict[tuple[str, str, int], float] = {}  # when each engine last sent us anything
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def request(
+        self,
+        method: str,
+        where: Target,
+        headers: dict[str, str] | None = None,
+        body: bytes = b"",
+        *,
+        probe: bool = False,
+    ) -> Reply:
+        """Sends the request and returns once the status and headers are in."""
+        if self._sweeper is None:
+            self._sweeper = asyncio.create_task(self._sweep(), name="upstream-sweeper")
+        connection = self._take(where.pool_key) or await self._connect(where)
+        lines = [f"{method} {where.path} HTTP/1.1", f"Host: {where.authority}"]
+        if body or method not in ("GET", "HEAD"):
+            lines.append(f"Content-Length: {len(body)}")
+        if headers:
+            lines.extend(f"{name}: {value}" for name, value in headers.items())
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        reply = Reply(connection)
+        connection.send(reply, head, body, probe)
+        try:
+            await reply._headers_ready
+        except BaseException:
+            reply.close()
+            raise
+        return reply
+
+    async def get(self, where: Target, timeout_seconds: float) -> tuple[int, bytes]:
+        """A whole GET within `timeout_seconds` (health checks)."""
+        reply: Reply | None = None
+
+        async def whole() -> tuple[int, bytes]:
+            nonlocal reply
+            reply = await self.request("GET", where, probe=True)
+            return reply.status, await reply.read()
+
+        try:
+            return await asyncio.wait_for(whole(), timeout_seconds)
+        finally:
+            if reply is not None:
+                reply.release()
+
+    def seconds_since_heard(self, where: Target) -> float:
+        """How long ago the engine last sent bytes answering a request, not a health check (inf: never)."""
+        heard = self.heard.get(where.pool_key)
+        return float("inf") if heard is None else time.monotonic() - heard
+
+    async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        for connection in list(self._open):
+            connection.abort()
+        self._idle.clear()
+
+    def put_back(self, connection: _Connection) -> None:
+        connection.idle_since = time.monotonic()
+        self._idle.setdefault(connection.key, []).append(connection)
+
+    def forget(self, connection: _Connection) -> None:
+        self._open.discard(connection)
+        idle = self._idle.get(connection.key)
+        if idle and connection in idle:
+            idle.remove(connection)
+
+    def _take(self, key: tuple[str, str, int]) -> _Connection | None:
+        idle = self._idle.get(key)
+        while idle:
+            connection = idle.pop()
+            if (
+                not connection.closed
+                and connection.transport is not None
+                and not connection.transport.is_closing()
+            ):
+                return connection
+        return None
+
+    async def _connect(self, where: Target) -> _Connection:
+        loop = asyncio.get_running_loop()
+        context = self._ssl_context() if where.scheme == "https" else None
+        try:
+            _, protocol = await asyncio.wait_for(
+                loop.create_connection(
+                    lambda: _Connection(self, where.pool_key), where.host, where.port, ssl=context
+                ),
+                self._connect_timeout,
+            )
+        except TimeoutError as err:
+            raise UpstreamError(
+                f"connecting to {where.authority} timed out after {self._connect_timeout} s", unreachable=True
+            ) from err
+        except OSError as err:
+            raise UpstreamError(f"cannot connect to {where.authority}: {err}", unreachable=True) from err
+        self._open.add(protocol)
+        return protocol
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        return self._ssl
+
+    async def _sweep(self) -> None:
+        """Once a second: close idle connections past keep-alive, fail replies silent past the read timeout."""
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            for key, idle in list(self._idle.items()):
+                for connection in [c for c in idle if now - c.idle_since > self._keepalive]:
+                    idle.remove(connection)
+                    connection.abort()
+                if not idle:
+                    del self._idle[key]
+            for connection in list(self._open):
+                reply = connection.reply
+                if reply is not None and now - connection.last_read > self._read_timeout:
+                    reply._fail(
+                        UpstreamError(
+                            f"no data from the engine for {self._read_timeout} s", unreachable=False
+                        )
+                    )
+                    connection.abort()
