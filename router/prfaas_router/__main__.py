@@ -14,6 +14,7 @@ from aiohttp import web
 from prometheus_client import disable_created_metrics
 
 from prfaas_router.app import RouterOptions, RouterService
+from prfaas_router.tokenizer import TokenizerError
 
 log = logging.getLogger("prfaas_router")
 
@@ -44,6 +45,12 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterOptions:
     parser.add_argument("--prefix-index-blocks", type=int, default=defaults.prefix_index_blocks)
     parser.add_argument("--prefix-index-prompts", type=int, default=defaults.prefix_index_prompts)
     parser.add_argument("--session-capacity", type=int, default=defaults.session_capacity)
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        help="the model's tokenizer.json: count and hash text prompts in real tokens (default: estimate)",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -74,6 +81,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterOptions:
         prefix_index_blocks=args.prefix_index_blocks,
         prefix_index_prompts=args.prefix_index_prompts,
         session_capacity=args.session_capacity,
+        tokenizer_path=args.tokenizer,
     )
 
 
@@ -124,7 +132,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
     disable_created_metrics()  # no *_created series: half the exposition, nothing the planner reads
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(serve(options))
+        try:
+            runner.run(serve(options))
+        except TokenizerError as err:
+            log.error("%s", err)
+            return 2
     return 0
 
 

@@ -11,7 +11,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from prfaas_router.payloads import ApiError, Kind, parse, prompt_keys
 from prfaas_router.policy import PolicyModel, SessionTable
 from prfaas_router.prefix_index import PrefixIndex
 from prfaas_router.proxy import REQUEST_ID_HEADER, Dispatcher, Exchange, Snapshot, error_response
+from prfaas_router.tokenizer import PromptTokenizer
 from prfaas_router.upstream import Upstream
 from prfaas_router.workers import Fleet
 
@@ -55,6 +56,7 @@ class RouterOptions:
     prefix_index_blocks: int = 262144
     prefix_index_prompts: int = 65536
     session_capacity: int = 65536
+    tokenizer_path: Path | None = None  # count and hash text prompts in real tokens (`tokenizer`)
 
 
 class RouterService:
@@ -63,6 +65,7 @@ class RouterService:
     def __init__(self, options: RouterOptions) -> None:
         self.options = options
         self.metrics = RouterMetrics()
+        self.tokenizer = PromptTokenizer(options.tokenizer_path) if options.tokenizer_path else None
         self.fleet = Fleet(options.breaker_failure_threshold, options.breaker_cooldown_seconds)
         self.snapshot: Snapshot | None = None
         self.watcher = ConfigWatcher(
@@ -189,6 +192,9 @@ class RouterService:
                     param="model",
                     code="model_not_found",
                 )
+            if self.tokenizer is not None and parsed.texts:
+                token_ids = await self.tokenizer.token_buffers_off_loop(parsed.texts)
+                parsed = replace(parsed, texts=(), token_ids=tuple(token_ids))
             keys = prompt_keys(parsed, config.block_size_tokens, config.chars_per_token)
         except ApiError as error:
             self.metrics.requests.labels("none", "bad_request").inc()
@@ -257,6 +263,7 @@ class RouterService:
             "config_path": str(self.options.config_path),
             "loaded_at": self.watcher.loaded_at,
             "last_error": self.watcher.last_error,
+            "tokenizer": str(self.tokenizer.path) if self.tokenizer else None,
             "version": None,
         }
         if snapshot is not None:

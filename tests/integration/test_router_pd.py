@@ -611,3 +611,47 @@ async def test_hot_reload_applies_a_changed_config_and_refuses_an_invalid_one(
     assert sample(samples, "prfaas_router_config_reload_errors_total") == 3
     assert sample(samples, "prfaas_router_config_version") == 2
     assert "refused" in router.process.log()
+
+
+async def test_a_configured_tokenizer_counts_and_hashes_text_prompts_in_real_tokens(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """LONG is 5600 characters: 1400 tokens estimated (over the 1000 threshold), 800 real words."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = sorted(set(LONG.split()) | {"and", "one", "more", "question"})
+    vocabulary = {"[UNK]": 0} | {word: index + 1 for index, word in enumerate(words)}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocabulary, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer_path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(tokenizer_path))
+
+    estimating = start_router(config_doc(cluster.prfaas, cluster.local, cluster.decode))
+    estimated = await post(client, estimating.url + "/v1/chat/completions", chat(fresh_long("est")))
+    assert estimated.headers["x-prfaas-route"] == "prfaas"  # the character estimate is over the threshold
+
+    counting = start_router(
+        config_doc(cluster.prfaas, cluster.local, cluster.decode), "--tokenizer", str(tokenizer_path)
+    )
+    assert counting.config_page()["tokenizer"] == str(tokenizer_path)
+    first = await post(client, counting.url + "/v1/chat/completions", chat(LONG))
+    follow_up = await post(
+        client, counting.url + "/v1/chat/completions", chat(LONG + " and one more question")
+    )
+    assert (first.status, follow_up.status) == (200, 200)
+    routes = [(a.headers["x-prfaas-route"], a.headers["x-prfaas-reason"]) for a in (first, follow_up)]
+    assert routes == [("local", "short_uncached")] * 2  # 800 and 804 real tokens, under 1000
+    samples = await metric_samples(client, counting.url)
+    assert sample(samples, "prfaas_router_prompt_tokens_sum") == 800 + 804
+    # the follow-up found the first 12 token blocks of 64 cached: 804 - 768 uncached
+    assert sample(samples, "prfaas_router_uncached_tokens_sum", route="local") == 800 + 36
+    assert counting.config_page()["prefix_blocks"]["local"] == 800 // 64
+
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not a tokenizer")
+    refused = Process(
+        ["-m", "prfaas_router", "--config", str(counting.config_path), "--tokenizer", str(broken)],
+        tmp_path / "refused.log",
+    ).start()
+    assert refused.popen is not None and refused.popen.wait(30) == 2
+    assert "cannot load tokenizer" in refused.log()
