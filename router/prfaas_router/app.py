@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -314,4 +314,4 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
 def _request_id(sent: str | None) -> str:
     if sent and len(sent) <= _MAX_REQUEST_ID and sent.isprintable():
         return sent
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()  # 32 hex digits like a uuid4, a sixth of its cost
