@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import httptools
 
 Sink = Callable[[bytes], None]
+_FORGET_HEARD_SECONDS = 300.0
 
 
 class UpstreamError(Exception):
@@ -408,7 +409,8 @@ class Upstream:
         return self._ssl
 
     async def _sweep(self) -> None:
-        """Once a second: close idle connections past keep-alive, fail replies silent past the read timeout."""
+        """Once a second: close idle connections past keep-alive, fail replies silent past the read
+        timeout, forget engines not heard from for minutes."""
         while True:
             await asyncio.sleep(1.0)
             now = time.monotonic()
@@ -427,3 +429,5 @@ class Upstream:
                         )
                     )
                     connection.abort()
+            for key in [key for key, heard in self.heard.items() if now - heard > _FORGET_HEARD_SECONDS]:
+                del self.heard[key]  # engines come and go with their pods
