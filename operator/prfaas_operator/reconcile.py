@@ -401,9 +401,10 @@ class Reconciler:
             )
         )
         outcome = await self._write_status(owner, metadata, previous, status, mem)
-        if drain_delay is not None and drain_delay < outcome.next_delay:
-            outcome = dataclasses.replace(outcome, next_delay=drain_delay)
-        return outcome
+        listing = prefill_seen.listing or pd_seen.listing  # the router config waits for their first lists
+        soon = (drain_delay, self.options.converge_seconds if listing else None)
+        next_delay = min([outcome.next_delay, *(delay for delay in soon if delay is not None)])
+        return dataclasses.replace(outcome, next_delay=next_delay)
 
     # ---- scale-down with a drain (drain.py) -----------------------------------------------------
 
@@ -530,8 +531,8 @@ class Reconciler:
         if isinstance(remote, Problem):
             return ClusterObservation(remote)
         _, cache = remote
-        if not cache.synced:  # still listing: nothing observed yet, which is not a problem
-            return ClusterObservation()
+        if not cache.synced:
+            return ClusterObservation(listing=True)
         namespace, name = spec.prefill_cluster.namespace, Names.of(owner.name).prfaas_prefill
         selector = {**selector_labels(owner, ROLE_PRFAAS_PREFILL), LABEL_OWNER: label_value(owner.key)}
         return ClusterObservation(
@@ -625,7 +626,7 @@ class Reconciler:
         if cache.problem is not None:
             return ClusterObservation(cache.problem)
         if not cache.synced:
-            return ClusterObservation()
+            return ClusterObservation(listing=True)
         names = Names.of(owner.name)
         ready = {
             ROLE_PD_PREFILL: _ready_replicas(cache["StatefulSet"].get(owner.namespace, names.pd_prefill)),
@@ -671,9 +672,12 @@ class Reconciler:
     ) -> tuple[RouterConfigOutcome, RouterConfig | None, Problem | None]:
         """The config to serve, or the last good one (with the problem) when a profile fit is refused.
 
-        Endpoints of a PrfaaS cluster that could not be observed are left out.
+        Endpoints of a PrfaaS cluster that failed are left out, so traffic stays local. While a
+        cache is still listing (just after a restart) the last config is kept: one built from it
+        would drop endpoints that are working.
         """
         last = mem.router_config
+        min_version = previous.allocation.router_config_version if previous.allocation is not None else 0
         if last is None and previous.allocation is not None:  # restarted: continue the router's versions
             try:
                 found = await self.clusters.local.get(
@@ -682,17 +686,16 @@ class Reconciler:
             except ClusterError as err:
                 return RouterConfigOutcome(0, {}), None, err.problem
             last = _parse_router_config(found)
+        if prefill_seen.listing or pd_seen.listing:
+            return _kept(last, min_version), last, None
         remote_pods = _leaving(prefill_seen.pods, mem.drains) if prefill_seen.observed else None
         choice = choose_pools(spec, fingerprint, remote_pods, _leaving(pd_seen.pods, mem.drains))
-        min_version = previous.allocation.router_config_version if previous.allocation is not None else 0
         try:
             config = build_router_config(spec, allocation, choice, last, min_version=min_version)
         except ProfileError as err:
             kept = f"the router keeps config v{last.version}" if last is not None else "no router config yet"
             problem = Problem(INVALID_PROFILE, f"prefill profile refused ({err}); {kept}")
-            counts = endpoint_counts(last) if last is not None else {}
-            version = last.version if last is not None else min_version
-            return RouterConfigOutcome(version, counts, problem), last, None
+            return _kept(last, min_version, problem), last, None
         return RouterConfigOutcome(config.version, endpoint_counts(config), note=choice.note), config, None
 
     # ---- status ---------------------------------------------------------------------------------
@@ -809,6 +812,13 @@ def _leaving(pods: Sequence[PodInfo], drains: Mapping[str, Drain]) -> list[PodIn
         else pod
         for pod in pods
     ]
+
+
+def _kept(last: RouterConfig | None, min_version: int, problem: Problem | None = None) -> RouterConfigOutcome:
+    """The outcome when the router keeps the config it has (or still has none)."""
+    if last is None:
+        return RouterConfigOutcome(min_version, {}, problem)
+    return RouterConfigOutcome(last.version, endpoint_counts(last), problem)
 
 
 def _condition_true(conditions: Sequence[Condition], kind: ConditionType) -> bool:

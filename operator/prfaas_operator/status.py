@@ -95,15 +95,18 @@ class ClusterObservation:
     """What one reconcile saw in one cluster, or the problem that kept it from looking.
 
     `ready` maps a role to the ready count its workload reported (absent: not observed).
+    `listing`: the cluster's cache has not finished its first list, so nothing is known yet;
+    that is no problem, and no reason to believe the cluster is empty either.
     """
 
     problem: Problem | None = None
     ready: Mapping[str, int] = field(default_factory=dict)
     pods: Sequence[PodInfo] = ()
+    listing: bool = False
 
     @property
     def observed(self) -> bool:
-        return self.problem is None
+        return self.problem is None and not self.listing
 
 
 @dataclass(frozen=True)

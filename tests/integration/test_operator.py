@@ -7,7 +7,8 @@ its whole life (children in the right
 clusters, pods on the right GPUs, router config with every pool's pod IPs, Ready with the
 printer columns filled, a replica change, deleted and edited children restored, deletion
 emptying both clusters); then bad input (a missing Secret, an unreachable cluster) degrades
-those CRs with the cause named while the operator keeps serving a healthy one.
+those CRs with the cause named while the operator keeps serving a healthy one; and an operator
+restart leaves the router config's PrfaaS endpoints alone.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import copy
 import shutil
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from lightkube import Client
+from lightkube import Client, KubeConfig
 from lightkube.resources.apps_v1 import Deployment, StatefulSet
 from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Node, Pod, Service
 from operator_harness import OperatorProcess, free_loopback_port, run_operator
@@ -51,6 +53,11 @@ HALF = {
     "prefillCluster": {"replicas": 2},
     "pdCluster": {"instances": 4, "prefillInstances": 2, "decodeInstances": 2},
 }
+
+
+OPERATOR_OPTIONS = (
+    "--resync-seconds", "2", "--remote-backoff-max-seconds", "4", "--remote-cleanup-timeout-seconds", "10",
+)  # fmt: skip
 
 
 def must(client: Client, resource: Any, name: str, namespace: str | None = None) -> Any:
@@ -147,23 +154,23 @@ def namespaces(
 
 
 @pytest.fixture(scope="module")
-def operator(
-    testbed: Testbed, namespaces: dict[str, tuple[str, str]], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorProcess]:
-    """The generated CRD installed in the PD cluster and the operator running against it."""
+def crd(testbed: Testbed) -> None:
+    """The generated CRD installed in the PD cluster."""
     kubectl(testbed, "apply", "--server-side", "--force-conflicts", "--field-manager=prfaas-tests",
             "-f", str(ROOT / CRD_OUTPUTS[0]))  # fmt: skip
     kubectl(testbed, "wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+
+
+@pytest.fixture(scope="module")
+def operator(
+    testbed: Testbed,
+    crd: None,
+    namespaces: dict[str, tuple[str, str]],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[OperatorProcess]:
+    """The operator running against the PD cluster, watching the `op-*` namespaces."""
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    options = (
-        "--resync-seconds",
-        "2",
-        "--remote-backoff-max-seconds",
-        "4",
-        "--remote-cleanup-timeout-seconds",
-        "10",
-    )
-    with run_operator(testbed.pd_kubeconfig, log, f"{NAMESPACE_PREFIX}*", *options) as running:
+    with run_operator(testbed.pd_kubeconfig, log, f"{NAMESPACE_PREFIX}*", *OPERATOR_OPTIONS) as running:
         yield running
         print(f"operator log (last lines):\n{running.log_tail()}")  # shown when a test failed
         assert "Traceback" not in running.log_text(), running.log_tail()
@@ -460,3 +467,84 @@ def test_bad_clusters_degrade_with_the_cause_while_others_are_served(
     assert 'prfaas_operator_cluster_errors_total{cluster="prfaas",reason="Unreachable"}' in metrics
     assert get_or_none(prfaas_client, StatefulSet, "healthy-prfaas-prefill", remote_ns) is None
     assert operator.alive()
+
+
+def reconciles(operator: OperatorProcess) -> float:
+    """Reconcile passes the operator has made (all triggers and results)."""
+    lines = operator.metrics().splitlines()
+    return sum(
+        float(line.split()[-1]) for line in lines if line.startswith("prfaas_operator_reconciles_total{")
+    )
+
+
+def test_restart_keeps_the_prfaas_endpoints_in_the_router_config(
+    testbed: Testbed, crd: None, pd_client: Client, prfaas_client: Client, tmp_path: Path
+) -> None:
+    """No router config is published from a cache that is still listing after a restart.
+
+    The PrfaaS cluster's cache starts listing in the first pass after the restart; a config
+    built from it then lists no PrfaaS endpoint and sends all traffic local for a moment.
+    Its own operator and namespaces (not `op-*`): it stops and starts the operator.
+    """
+    from prfaas_testbed.clusters import store_kubeconfig_secret
+
+    tag = uuid.uuid4().hex[:6]
+    ns, remote_ns, name = f"restart-{tag}", f"restart-{tag}-prefill", "restarted"
+    store_kubeconfig_secret(
+        pd_client, testbed.prfaas_kubeconfig, name="prfaas-cluster-kubeconfig", namespace=ns
+    )
+
+    def serving_remote() -> bool:
+        config = router_config(pd_client, name, ns)
+        return config is not None and bool(config.pools.prfaas_prefill)
+
+    seen: list[RouterConfig | None] = []
+    stop = threading.Event()
+    reader = Client(config=KubeConfig.from_file(testbed.pd_kubeconfig))  # its own: used from another thread
+
+    def sample() -> None:
+        while not stop.is_set() and len(seen) < 2000:
+            seen.append(router_config(reader, name, ns))
+            stop.wait(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    try:
+        with run_operator(testbed.pd_kubeconfig, tmp_path / "first.log", ns, *OPERATOR_OPTIONS):
+            cr = small(deployment_manifest(name, ns, remote_ns, "prfaas-cluster-kubeconfig"))
+            kubectl(testbed, "apply", "-f", "-", stdin=yaml.safe_dump(cr))
+            wait_until(
+                lambda: condition(cr_status(pd_client, name, ns), "Ready").get("status") == "True",
+                timeout_s=60,
+                what="Ready",
+            )
+            assert serving_remote(), "Ready without the PrfaaS endpoint in the router config"
+        sampler.start()  # from before the restart until the new operator has made a few passes
+        with run_operator(testbed.pd_kubeconfig, tmp_path / "second.log", ns, *OPERATOR_OPTIONS) as second:
+            started = time.monotonic()
+            try:
+                wait_until(
+                    lambda: reconciles(second) >= 3 and time.monotonic() - started > 3,
+                    timeout_s=30,
+                    what="three passes of the restarted operator",
+                )
+            finally:
+                stop.set()
+                sampler.join(timeout=10)
+                pd_client.delete(PrfaasDeploymentResource, name, namespace=ns)
+                wait_until(
+                    lambda: get_or_none(pd_client, PrfaasDeploymentResource, name, ns) is None,
+                    timeout_s=60,
+                    what="the CR deleted",
+                )
+            assert "Traceback" not in second.log_text(), second.log_tail()
+    finally:
+        stop.set()
+        for client, namespace in ((pd_client, ns), (prfaas_client, remote_ns)):
+            if get_or_none(client, Namespace, namespace) is not None:
+                client.delete(Namespace, namespace)
+    dropped = [c.version if c else None for c in seen if c is None or not c.pools.prfaas_prefill]
+    assert len(seen) > 40, f"only {len(seen)} samples of the router config"
+    assert not dropped, f"the restart published router configs without the PrfaaS endpoint: {dropped}"
+    assert seen[0] is not None and seen[-1] is not None and seen[-1].version == seen[0].version, (
+        "the restart changed a config nothing else changed"
+    )
