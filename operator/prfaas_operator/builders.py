@@ -130,6 +130,21 @@ class Names:
         )
 
 
+# Kubernetes labels each pod of a StatefulSet with controller-revision-hash "<statefulset>-<hash>",
+# the hash a uint32 in decimal (up to 10 digits), and a label value stops at 63 characters: a
+# longer StatefulSet name is accepted, but its pods are never created. So the longest child
+# StatefulSet name bounds the CR's name (the CRD enforces it, see crd.py); the 63-character
+# limits of Service names and pod hostnames are then met too.
+_REVISION_HASH_MAX = 10
+_SUFFIXES = Names.of("")
+MAX_CR_NAME_LENGTH = (
+    _LABEL_VALUE_MAX
+    - len("-")
+    - _REVISION_HASH_MAX
+    - max(len(_SUFFIXES.prfaas_prefill), len(_SUFFIXES.pd_prefill), len(_SUFFIXES.pd_decode))
+)
+
+
 # ---- allocation -----------------------------------------------------------------------------
 
 

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from prfaas_operator import api, crd
+from prfaas_operator import api, builders, crd
+from prfaas_operator.fingerprint import kv_fingerprint
 
 if TYPE_CHECKING:
     from prfaas_testbed.clusters import Testbed
@@ -300,6 +301,64 @@ def test_invalid_cr_is_rejected_at_admission_naming_the_field(
     for fragment in expected:
         assert fragment in done.stderr, f"{case}: {fragment!r} not in the apiserver's answer:\n{done.stderr}"
     assert kubectl.run("get", "prfaasdeployment", f"bad-{case}", "-n", namespace).returncode != 0
+
+
+BAD_NAMES = [
+    ("n" * (builders.MAX_CR_NAME_LENGTH + 1), f"may have at most {builders.MAX_CR_NAME_LENGTH} characters"),
+    ("dotted.name", "must start with a letter and hold only lowercase letters, digits and '-'"),
+    ("7-starts-with-a-digit", "must start with a letter and hold only lowercase letters, digits and '-'"),
+]
+
+
+@pytest.mark.parametrize(("name", "expected"), BAD_NAMES, ids=["too-long", "dotted", "leading-digit"])
+def test_name_its_children_cannot_carry_is_rejected(
+    kubectl: Kubectl, namespace: str, name: str, expected: str
+) -> None:
+    done = kubectl.run("create", "-f", "-", stdin=yaml.safe_dump(manifest(namespace, name)))
+    assert done.returncode != 0, f"{name} was accepted: {done.stdout}"
+    assert expected in done.stderr, done.stderr
+
+
+def test_longest_allowed_name_is_accepted_and_its_children_are_valid(
+    kubectl: Kubectl, namespace: str
+) -> None:
+    name = "longest-" + "n" * (builders.MAX_CR_NAME_LENGTH - len("longest-"))
+    kubectl.ok("create", "-f", "-", stdin=yaml.safe_dump(manifest(namespace, name)))
+    stored = json.loads(kubectl.ok("get", "prfaasdeployment", name, "-n", namespace, "-o", "json"))
+    spec = api.PrfaasDeploymentSpec.model_validate(stored["spec"])
+    here = spec.prefill_cluster.model_copy(update={"namespace": namespace})  # one cluster holds all
+    spec = spec.model_copy(update={"prefill_cluster": here})
+    owner = builders.Owner.of(stored["metadata"])
+    allocation = builders.effective_allocation(spec, None).allocation
+    fingerprint = kv_fingerprint(spec.model)
+    config = builders.build_router_config(
+        spec, allocation, builders.choose_pools(spec, fingerprint, [], []), None
+    )
+    children = [
+        *builders.prefill_cluster_objects(spec, owner, allocation, fingerprint),
+        *builders.pd_cluster_engine_objects(spec, owner, allocation, fingerprint),
+        builders.router_service(spec, owner),
+        builders.router_deployment(spec, owner, config.to_json()),
+        builders.router_configmap(owner, config),
+    ]
+    kubectl.ok("apply", "--server-side", "--dry-run=server", "--field-manager=prfaas-tests", "-f", "-",
+               stdin=yaml.safe_dump_all(children))  # fmt: skip
+    # What admission cannot check: the StatefulSet controller creates pods labelled
+    # controller-revision-hash=<statefulset>-<hash>. The longest StatefulSet gets its first pod.
+    longest = max(
+        (c for c in children if c["kind"] == "StatefulSet"), key=lambda c: len(c["metadata"]["name"])
+    )
+    assert longest["metadata"]["name"] == f"{name}-prfaas-prefill"
+    longest["spec"]["replicas"] = 1
+    kubectl.ok(
+        "apply", "--server-side", "--field-manager=prfaas-tests", "-f", "-", stdin=yaml.safe_dump(longest)
+    )
+    pod = f"{longest['metadata']['name']}-0"
+    wait_for(lambda: kubectl.run("get", "pod", pod, "-n", namespace).returncode == 0, timeout_s=60,
+             what=f"pod {pod} created by the StatefulSet controller")  # fmt: skip
+    labels = json.loads(kubectl.ok("get", "pod", pod, "-n", namespace, "-o", "json"))["metadata"]["labels"]
+    assert labels["controller-revision-hash"].startswith(f"{longest['metadata']['name']}-")
+    kubectl.ok("delete", "statefulset", longest["metadata"]["name"], "-n", namespace, "--wait=false")
 
 
 def test_bare_yaml_off_is_rejected_as_a_boolean(kubectl: Kubectl, namespace: str) -> None:
