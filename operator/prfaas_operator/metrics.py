@@ -8,7 +8,7 @@ RECONCILE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 class OperatorMetrics:
-    """Reconcile counts, durations and errors by reason; one instance per registry."""
+    """Reconcile counts, durations and errors by reason, and the planner's decisions; one per registry."""
 
     def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
         self.reconciles = Counter(
@@ -44,5 +44,23 @@ class OperatorMetrics:
         self.deployments = Gauge(
             "prfaas_operator_deployments",
             "PrfaasDeployments this operator reconciles.",
+            registry=registry,
+        )
+        self.planner_decisions = Counter(
+            "prfaas_operator_planner_decisions_total",
+            "Planner decisions by action (Apply, Advise, Hold) and reason code.",
+            ["action", "reason"],
+            registry=registry,
+        )
+        self.planner_predicted_rps = Gauge(
+            "prfaas_operator_planner_predicted_throughput_rps",
+            "Λ_max the model predicts at the planner's last proposal (requests/s).",
+            ["namespace", "name"],
+            registry=registry,
+        )
+        self.planner_current_rps = Gauge(
+            "prfaas_operator_planner_current_throughput_rps",
+            "Λ_max the model predicts for the allocation in force at the last decision (requests/s).",
+            ["namespace", "name"],
             registry=registry,
         )

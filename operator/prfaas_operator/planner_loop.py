@@ -19,7 +19,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import kopf
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 from pydantic import ValidationError
 
 from prfaas_operator.api import KIND, PlannerDecision, PrfaasDeploymentSpec, PrfaasDeploymentStatus
@@ -49,36 +48,6 @@ STATUS_WRITE_ATTEMPTS = 3
 Observe = Callable[[str, SeriesSelector, int], Observation | NoData]
 
 
-class PlannerMetrics:
-    """Decision counts by action and reason, and the throughput the model predicts."""
-
-    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
-        self.decisions = Counter(
-            "prfaas_operator_planner_decisions_total",
-            "Planner decisions by action (Apply, Advise, Hold) and reason code.",
-            ["action", "reason"],
-            registry=registry,
-        )
-        self.predicted_rps = Gauge(
-            "prfaas_operator_planner_predicted_throughput_rps",
-            "Λ_max the model predicts at the planner's last proposal (requests/s).",
-            ["namespace", "name"],
-            registry=registry,
-        )
-        self.current_rps = Gauge(
-            "prfaas_operator_planner_current_throughput_rps",
-            "Λ_max the model predicts for the allocation in force at the last decision (requests/s).",
-            ["namespace", "name"],
-            registry=registry,
-        )
-
-
-@functools.cache
-def default_planner_metrics() -> PlannerMetrics:
-    """The process's planner metrics on the default registry (which __main__ serves)."""
-    return PlannerMetrics(REGISTRY)
-
-
 def observe_prometheus(url: str, selector: SeriesSelector, window_seconds: int) -> Observation | NoData:
     """One observation with a client of its own (blocking: run it in a thread)."""
     observer = PrometheusObserver(url)
@@ -94,13 +63,11 @@ class PlannerLoop:
     def __init__(
         self,
         reconciler: Reconciler,
-        metrics: PlannerMetrics,
         *,
         observe: Observe = observe_prometheus,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.reconciler = reconciler
-        self.metrics = metrics
         self._observe = observe
         self._wall_clock = wall_clock
         # status in kopf's body may lag our own writes by a watch event: remember them too
@@ -112,8 +79,7 @@ class PlannerLoop:
         """The loop kept in kopf's memo, made on first use from the reconciler the startup handler made."""
         loop: PlannerLoop | None = memo.get("planner_loop")
         if loop is None:
-            metrics = memo.get("planner_metrics") or default_planner_metrics()
-            loop = memo["planner_loop"] = cls(memo["reconciler"], metrics)
+            loop = memo["planner_loop"] = cls(memo["reconciler"])
         return loop
 
     async def tick(self, body: kopf.Body) -> Decision | None:
@@ -215,11 +181,12 @@ class PlannerLoop:
         return None
 
     def _record(self, namespace: str, name: str, decision: Decision) -> None:
-        self.metrics.decisions.labels(action=decision.action.value, reason=decision.code.value).inc()
+        metrics = self.reconciler.metrics  # the operator's, on its registry
+        metrics.planner_decisions.labels(action=decision.action.value, reason=decision.code.value).inc()
         if decision.predicted_rps is not None:
-            self.metrics.predicted_rps.labels(namespace=namespace, name=name).set(decision.predicted_rps)
+            metrics.planner_predicted_rps.labels(namespace=namespace, name=name).set(decision.predicted_rps)
         if decision.current_rps is not None:
-            self.metrics.current_rps.labels(namespace=namespace, name=name).set(decision.current_rps)
+            metrics.planner_current_rps.labels(namespace=namespace, name=name).set(decision.current_rps)
 
 
 def _status(raw: Any) -> PrfaasDeploymentStatus:

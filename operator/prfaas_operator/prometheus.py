@@ -3,7 +3,8 @@
 It reads only names of `prfaas_core.metrics_contract`: the router's uncached-token histogram
 (summed over routes: the uncached distribution the model needs), its output-token histogram,
 requests_total, kv_egress_bytes_total, and the engines' sglang:num_queue_reqs. Histograms are
-turned into a Workload with increase() over the window on their _bucket series.
+read with increase() over the window on their _bucket series; planning.observe_histograms turns
+them into the Observation, as it does for the simulator.
 
 Anything that keeps a faithful picture from being drawn is NoData with the cause, never zeros:
 Prometheus unreachable or answering errors, the router's series missing or stale, too few
@@ -29,11 +30,8 @@ from requests.adapters import Retry
 
 from prfaas_operator.builders import Names
 from prfaas_operator.kube import redacted_server
-from prfaas_operator.planner import Workload, WorkloadError
-from prfaas_operator.planning import NoData, Observation, Reason
+from prfaas_operator.planning import DEFAULT_MIN_REQUESTS, NoData, Observation, Reason, observe_histograms
 
-DEFAULT_MIN_REQUESTS = 50
-"""Fewer requests than this in the window say too little about the length distribution to act on."""
 DEFAULT_MAX_STALENESS_SECONDS = 120.0
 """The router's newest sample may be at most this old; older means it is no longer scraped."""
 REQUEST_TIMEOUT_SECONDS = 10.0
@@ -100,7 +98,7 @@ class PrometheusObserver:
         except _Unusable as err:
             return err.no_data
 
-    def _observe(self, selector: SeriesSelector, window_seconds: int) -> Observation:
+    def _observe(self, selector: SeriesSelector, window_seconds: int) -> Observation | NoData:
         window = f"{window_seconds}s"
         router = selector.router
         count_name = f"{contract.UNCACHED_TOKENS}_count"
@@ -122,28 +120,18 @@ class PrometheusObserver:
             series["metric"].get("route", ""): _sample(series)[1]
             for series in self._query(f"sum by (route) (increase({count_name}{{{router}}}[{window}]))", at)
         }
-        requests_seen = sum(by_route.values())
-        if not requests_seen >= self.min_requests:
-            raise _Unusable(
-                Reason.TOO_FEW_REQUESTS,
-                f"{requests_seen:.0f} request(s) in the last {window} (at least {self.min_requests:g} needed)",
-            )
-        uncached = self._buckets(contract.UNCACHED_TOKENS, router, window, at)
-        outputs = self._buckets(contract.OUTPUT_TOKENS, router, window, at)
-        try:
-            workload = Workload.from_histograms(uncached, outputs, source=f"Prometheus, last {window}")
-        except WorkloadError as err:
-            raise _Unusable(Reason.BAD_HISTOGRAM, str(err)) from None
-        return Observation(
-            workload=workload,
+        return observe_histograms(
+            self._buckets(contract.UNCACHED_TOKENS, router, window, at),
+            self._buckets(contract.OUTPUT_TOKENS, router, window, at),
+            requests_by_route=by_route,
             window_seconds=window_seconds,
-            requests=requests_seen,
-            offloaded_fraction=by_route.get(contract.ROUTE_PRFAAS, 0.0) / requests_seen,
             arrival_rps=self._scalar(f"sum(rate({contract.REQUESTS_TOTAL}{{{router}}}[{window}]))", at),
             egress_bytes_per_second=self._scalar(
                 f"sum(rate({contract.KV_EGRESS_BYTES_TOTAL}{{{router}}}[{window}]))", at
             ),
             queue_depths=self._queue_depths(selector, window, at),
+            min_requests=self.min_requests,
+            source=f"Prometheus, last {window}",
         )
 
     def _buckets(self, name: str, router: str, window: str, at: float) -> list[tuple[float, float]]:
