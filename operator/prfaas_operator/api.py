@@ -368,6 +368,41 @@ class ServiceSpec(_Model):
     port: int = Field(default=8000, ge=1, le=65535, description="Service port for the OpenAI-compatible API.")
 
 
+class TokenizerSource(_Model):
+    """Where the router reads the model's tokenizer.json (Hugging Face `tokenizers` format)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.configMap) != has(self.persistentVolumeClaim)",
+                    "give exactly one of configMap or persistentVolumeClaim",
+                ),
+                cel("!self.path.contains('..')", "path must stay inside the volume", ".path"),
+            ]
+        }
+    )
+
+    config_map: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="ConfigMap in this namespace holding the file (ConfigMaps hold at most 1 MiB).",
+    )
+    persistent_volume_claim: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="PersistentVolumeClaim in this namespace holding the file; mounted read-only.",
+    )
+    path: str = Field(
+        default="tokenizer.json",
+        max_length=1024,
+        pattern=r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$",
+        description="The file's key in the ConfigMap, or its path inside the volume.",
+    )
+
+
 class RouterSpec(_Model):
     """The PrfaaS router Deployment in the PD cluster."""
 
@@ -378,6 +413,11 @@ class RouterSpec(_Model):
     )
     service: ServiceSpec = Field(default_factory=ServiceSpec, description="Router Service.")
     port: int = Field(default=8000, ge=1, le=65535, description="Router container port.")
+    tokenizer: TokenizerSource | None = Field(
+        default=None,
+        description="The model's tokenizer: text prompts are counted and prefix-hashed in real tokens. "
+        "Unset: estimated from characters (4 per token).",
+    )
 
 
 class PrfaasDeploymentSpec(_Model):

@@ -44,6 +44,7 @@ from prfaas_operator.api import (
     ProfilePoint,
     ResourceRequirements,
     RoutingMode,
+    TokenizerSource,
 )
 from prfaas_operator.status import (
     GPU_RESOURCE,
@@ -73,6 +74,7 @@ ANNOTATION_BOOTSTRAP_PORT = "sglang.ai/bootstrap-port"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 ROUTER_CONFIG_DIR = "/etc/prfaas"
+ROUTER_TOKENIZER_DIR = "/etc/prfaas-tokenizer"
 ROUTER_CONFIG_KEY = CONFIG_FILE_NAME
 ROUTER_METRICS_SERVICE_PORT = 9090  # the router serves /metrics on its HTTP port; the Service names it
 SHM_VOLUME = "dshm"
@@ -480,21 +482,31 @@ def router_deployment(spec: PrfaasDeploymentSpec, owner: Owner, config_json: str
     metadata = _metadata(names.router, owner.namespace, owner, ROLE_ROUTER, remote=False)
     if config_json is not None:
         metadata["annotations"] = {ANNOTATION_CONFIG_CHECKSUM: config_checksum(config_json)}
+    args = [
+        "--config",
+        f"{ROUTER_CONFIG_DIR}/{ROUTER_CONFIG_KEY}",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(router.port),
+    ]
+    mounts: list[dict[str, Any]] = [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}]
+    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": names.router_config}}]
+    if router.tokenizer is not None:
+        args += ["--tokenizer", f"{ROUTER_TOKENIZER_DIR}/{router.tokenizer.path}"]
+        mounts.append({"name": "tokenizer", "mountPath": ROUTER_TOKENIZER_DIR, "readOnly": True})
+        volumes.append(_tokenizer_volume(router.tokenizer))
     container = {
         "name": "router",
         "image": router.image,
         "command": ["prfaas-router"],
-        "args": [
-            "--config", f"{ROUTER_CONFIG_DIR}/{ROUTER_CONFIG_KEY}",
-            "--host", "0.0.0.0",
-            "--port", str(router.port),
-        ],
+        "args": args,
         "ports": [{"name": "http", "containerPort": router.port, "protocol": "TCP"}],
         "resources": router.resources.model_dump(by_alias=True),
-        "volumeMounts": [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}],
+        "volumeMounts": mounts,
         "readinessProbe": _http_probe("/readiness", period=5, timeout=3, failures=3),
         "livenessProbe": _http_probe("/liveness", period=10, timeout=5, failures=3),
-    }  # fmt: skip
+    }
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -506,11 +518,20 @@ def router_deployment(spec: PrfaasDeploymentSpec, owner: Owner, config_json: str
                 "metadata": {"labels": child_labels(owner, ROLE_ROUTER, remote=False)},
                 "spec": {
                     "containers": [container],
-                    "volumes": [{"name": "config", "configMap": {"name": names.router_config}}],
+                    "volumes": volumes,
                     "enableServiceLinks": False,
                 },
             },
         },
+    }
+
+
+def _tokenizer_volume(source: TokenizerSource) -> dict[str, Any]:
+    if source.config_map is not None:
+        return {"name": "tokenizer", "configMap": {"name": source.config_map}}
+    return {
+        "name": "tokenizer",
+        "persistentVolumeClaim": {"claimName": source.persistent_volume_claim, "readOnly": True},
     }
 
 

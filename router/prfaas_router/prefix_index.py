@@ -3,7 +3,7 @@
 A prompt is cut into fixed-size blocks; each block's hash covers the block and the hash of
 everything before it, so equal hashes mean equal prefixes (Mooncake's scheme). Blocks are token
 blocks when the request carries token ids, otherwise text blocks of `block_size_tokens *
-chars_per_token` characters, an estimate calibrated by the operator.
+chars_per_token` characters, an estimate (the operator writes 4).
 
 Hybrid models (paper 3.2): the full-attention KV is block-level and reusable on any block
 prefix, but the linear-attention state is request-level and reusable only on an exact length

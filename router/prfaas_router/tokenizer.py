@@ -1,8 +1,9 @@
 """Optional: the model's own tokenizer, so text prompts are counted and hashed in real tokens.
 
-Without it a text prompt's tokens are estimated from its characters (`chars_per_token`, which the
-operator calibrates) and its prefix blocks are blocks of characters. With `--tokenizer
-tokenizer.json` (a Hugging Face `tokenizers` file, read from disk: nothing is downloaded) the
+Without it a text prompt's tokens are estimated from its characters (`chars_per_token` of the
+config) and its prefix blocks are blocks of characters. With `--tokenizer tokenizer.json` (a
+Hugging Face `tokenizers` file, read from disk: nothing is downloaded; the operator mounts the
+one `spec.router.tokenizer` names) the
 threshold sees the exact count and the prefix index hashes token blocks, as for requests that
 carry token ids. Chat messages are tokenized as their joined text, without the chat template,
 whose few tokens per message the engine adds.

@@ -284,6 +284,26 @@ INVALID: list[tuple[str, Callable[[dict[str, Any]], None], tuple[str, ...]]] = [
         _set("pdCluster.maxDecodeBatch", 0),
         ("spec.pdCluster.maxDecodeBatch", "greater than or equal to 1"),
     ),
+    (
+        "tokenizer-two-sources",
+        _set("router.tokenizer", {"configMap": "tok", "persistentVolumeClaim": "models"}),
+        ("spec.router.tokenizer", "give exactly one of configMap or persistentVolumeClaim"),
+    ),
+    (
+        "tokenizer-no-source",
+        _set("router.tokenizer", {"path": "tokenizer.json"}),
+        ("spec.router.tokenizer", "give exactly one of configMap or persistentVolumeClaim"),
+    ),
+    (
+        "tokenizer-path-escapes",
+        _set("router.tokenizer", {"persistentVolumeClaim": "models", "path": "kimi/../../etc/passwd"}),
+        ("spec.router.tokenizer.path", "path must stay inside the volume"),
+    ),
+    (
+        "tokenizer-path-absolute",
+        _set("router.tokenizer", {"configMap": "tok", "path": "/tokenizer.json"}),
+        ("spec.router.tokenizer.path", "should match"),
+    ),
 ]
 
 

@@ -224,6 +224,26 @@ class TestPdClusterObjects:
         another = builders.router_deployment(spec(), OWNER, '{"version": 2}')
         assert another["spec"] == deployment["spec"], "a new config must not roll the router pods"
 
+    def test_router_reads_the_tokenizer_from_the_volume_the_cr_names(self) -> None:
+        for source, volume in (
+            ({"configMap": "kimi-tokenizer"}, {"configMap": {"name": "kimi-tokenizer"}}),
+            (
+                {"persistentVolumeClaim": "models", "path": "kimi/tokenizer.json"},
+                {"persistentVolumeClaim": {"claimName": "models", "readOnly": True}},
+            ),
+        ):
+            deployment = builders.router_deployment(spec(**{"router.tokenizer": source}), OWNER, None)
+            pod = deployment["spec"]["template"]["spec"]
+            (router,) = pod["containers"]
+            path = source.get("path", "tokenizer.json")
+            assert router["args"][-2:] == ["--tokenizer", f"/etc/prfaas-tokenizer/{path}"]
+            assert {"name": "tokenizer", **volume} in pod["volumes"]
+            assert {"name": "tokenizer", "mountPath": "/etc/prfaas-tokenizer", "readOnly": True} in router[
+                "volumeMounts"
+            ]
+        plain = builders.router_deployment(spec(), OWNER, None)["spec"]["template"]["spec"]
+        assert "--tokenizer" not in plain["containers"][0]["args"] and len(plain["volumes"]) == 1
+
     def test_router_service_exposes_api_and_metrics(self) -> None:
         service = builders.router_service(
             spec(**{"router.service": {"type": "NodePort", "port": 9090}}), OWNER
