@@ -58,7 +58,7 @@ class GpuPool:
 
 @dataclass(frozen=True)
 class ClusterInfo:
-    """One cluster: where its kubeconfig is and which loopback ranges it owns."""
+    """One cluster: where its kubeconfig is and which address ranges it owns (loopback; PrfaaS pods: see Testbed.link)."""
 
     cluster: Cluster
     kubeconfig: Path
@@ -66,6 +66,14 @@ class ClusterInfo:
     node_cidr: ipaddress.IPv4Network
     service_cidr: ipaddress.IPv4Network
     gpu_pool: GpuPool
+
+
+@dataclass(frozen=True)
+class LinkNamespace:
+    """The network namespace the PrfaaS cluster's pods live in, and the veth pair that is the link."""
+
+    netns: str
+    netns_device: str  # the veth end inside `netns`: its egress carries PrfaaS -> PD (the KV)
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,8 @@ class Testbed:
     node_label: str
     """The label key every testbed node carries, with value ``gpu`` or ``cpu``."""
     clusters: Mapping[Cluster, ClusterInfo]
+    link: LinkNamespace | None = None
+    """Where the PrfaaS pods run when the machine allows namespaces; None: on loopback, like the rest."""
 
     @property
     def prfaas_kubeconfig(self) -> Path:
@@ -100,7 +110,7 @@ class Testbed:
         return self.clusters[Cluster(cluster)].kubeconfig
 
     def pod_cidr(self, cluster: Cluster | str) -> ipaddress.IPv4Network:
-        """The loopback range the cluster's pod IPs come from."""
+        """The range the cluster's pod IPs come from (loopback, or private inside `link`'s namespace)."""
         return self.clusters[Cluster(cluster)].pod_cidr
 
     def node_cidr(self, cluster: Cluster | str) -> ipaddress.IPv4Network:
@@ -193,15 +203,25 @@ def parse_testbed_env(text: str) -> Testbed:
                 cpu_only_nodes=int(get("CPU_NODES")),
             ),
         )
+    link = None
+    if values.get("PRFAAS_TESTBED_LINK") == "netns":
+        link = LinkNamespace(
+            netns=_required(values, "PRFAAS_TESTBED_LINK_NETNS"),
+            netns_device=_required(values, "PRFAAS_TESTBED_LINK_NS_DEV"),
+        )
     for info in clusters.values():
         for network in (info.pod_cidr, info.node_cidr, info.service_cidr):
-            if not network.is_loopback:
-                raise TestbedError(f"{info.cluster.value}: {network} is not a loopback range")
+            in_link_namespace = (
+                link is not None and info.cluster is Cluster.PRFAAS and network == info.pod_cidr
+            )
+            if not (network.is_loopback or (in_link_namespace and network.is_private)):
+                raise TestbedError(f"{info.cluster.value}: {network} is not a range the testbed owns")
     return Testbed(
         state_dir=Path(_required(values, "PRFAAS_TESTBED_DIR")),
         bin_dir=Path(_required(values, "PRFAAS_TESTBED_BIN")),
         node_label=_required(values, "PRFAAS_TESTBED_NODE_LABEL"),
         clusters=clusters,
+        link=link,
     )
 
 

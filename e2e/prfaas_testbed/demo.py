@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prfaas_testbed.clusters import Testbed, TestbedError, ensure_testbed, is_testbed_up, teardown_testbed
-from prfaas_testbed.link import LinkMode, LinkShape, describe
+from prfaas_testbed.link import LinkShape, describe
 from prfaas_testbed.pod_workloads import Scales
 from prfaas_testbed.prometheus import PrometheusError
 from prfaas_testbed.system import (
@@ -144,9 +144,7 @@ class Demo:
         if stopped:
             say(f"stopped {len(stopped)} process(es) a killed earlier demo left running")
         shutil.rmtree(work, ignore_errors=True)
-        system = self.system = LiveSystem(
-            self.testbed, work, scales=self.scales, link_mode=LinkMode.ENGINE_TOKEN_BUCKET
-        )
+        system = self.system = LiveSystem(self.testbed, work, scales=self.scales)
         t0 = time.monotonic()
         system.start()
         assert system.prometheus is not None
@@ -183,9 +181,7 @@ class Demo:
             f"local prefill {status.get('pdPrefill', {}).get('ready')}, decode {status.get('pdDecode', {}).get('ready')}; "
             f"router at {system.router_url()}"
         )
-        say(
-            f"link emulation: {describe(LinkMode.ENGINE_TOKEN_BUCKET, LinkShape.of_spec(ready_cr['spec']), self.scales)}"
-        )
+        say(f"link emulation: {describe(system.link_mode, LinkShape.of_spec(ready_cr['spec']), self.scales)}")
         return system
 
     # ---- traffic ----------------------------------------------------------------------------------
@@ -286,7 +282,7 @@ class Demo:
         print(f"  pod processes: {len(system.runner_status()['pods'])}, restarts {restarts}")
         cr = system.cr() or {}
         print(
-            f"  link: {describe(LinkMode.ENGINE_TOKEN_BUCKET, LinkShape.of_spec(cr['spec']), self.scales) if cr else 'n/a'}"
+            f"  link: {describe(system.link_mode, LinkShape.of_spec(cr['spec']), self.scales) if cr else 'n/a'}"
         )
         if self.scales.time_scale != 1:
             print(

@@ -1,20 +1,22 @@
 """The emulated cross-cluster link: which emulation runs, and the numbers it runs with (pure).
 
-DESIGN.md asks for each cluster's pods in their own network namespace, joined by a veth pair
-shaped with ``tc``. This testbed's pod addresses are loopback addresses (127.100/16 and
-127.200/16), which do not route between namespaces, so that mode needs pod ranges private to
-the testbed's namespaces and is not built yet. What runs is the fallback DESIGN.md names: the
-KV sender of every PrfaaS prefill engine paces its sends with a token bucket
-(``fake_engine --link-rate-bytes-per-second``); local prefill -> decode transfers stay inside
-the PD cluster and are not shaped.
+Where the machine allows network namespaces, the PrfaaS cluster's pods live in one of their own
+(testbed.sh: a private pod range that exists only there), joined to the PD cluster's side by a
+veth pair; ``tc_commands`` rate-shapes it with a token bucket filter from the CR's link spec.
+Every byte between the clusters crosses it (KV, requests, health checks, scrapes), and the KV
+direction has one queue for the whole link, as on a real one. Delay would need netem, which
+this machine's kernel lacks (``tc qdisc ... netem``: "Specified qdisc kind is unknown"), so the
+CR's latency is not emulated and the summary says so.
 
-The rate keeps the ratios of the real system. Engines send ``kv_scale`` of the real KV bytes
-and compute in ``time_scale`` of the real time, so a link of B bytes/s becomes
-``B * kv_scale / time_scale`` bytes/s of what is really sent. A token bucket cannot be shared
-between processes, so the link is split evenly between the PrfaaS prefill instances: together
-they never exceed it, though one busy instance cannot borrow an idle one's share. The CR's
-one-way latency is not emulated in this mode (the engines have no delay knob); the summary
-says so whenever the latency is not zero.
+Elsewhere the fallback DESIGN.md names runs: the KV sender of every PrfaaS prefill engine paces
+its sends with a token bucket (``fake_engine --link-rate-bytes-per-second``).
+
+In both, the rate keeps the ratios of the real system. Engines send ``kv_scale`` of the real KV
+bytes and compute in ``time_scale`` of the real time, so a link of B bytes/s becomes
+``B * kv_scale / time_scale`` bytes/s of what is really sent. A token bucket cannot be shared between processes, so in the fallback the
+link is split evenly between the PrfaaS prefill instances: together they never exceed it,
+though one busy instance cannot borrow an idle one's share. The fallback does not emulate the
+latency (the engines have no delay knob); the summary says so whenever it is not zero.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ BITS_PER_BYTE = 8
 
 
 class LinkMode(enum.StrEnum):
+    NETNS_TC = "netns-tc"
+    """The PrfaaS pods in their own network namespace behind a veth pair rate-shaped with tc."""
     ENGINE_TOKEN_BUCKET = "engine-token-bucket"
     """Fallback: a token bucket in each PrfaaS prefill engine's KV sender."""
     UNSHAPED = "unshaped"
@@ -67,6 +71,35 @@ def engine_link_rate(shape: LinkShape, scales: Scales, prfaas_instances: int) ->
     return shape.bandwidth_bytes_per_second * scales.kv_scale / scales.time_scale / prfaas_instances
 
 
+def scaled_rate_bits(shape: LinkShape, scales: Scales) -> int:
+    """The whole link's rate in bits/s of what the engines really send."""
+    return max(
+        8, round(shape.bandwidth_bytes_per_second * scales.kv_scale / scales.time_scale * BITS_PER_BYTE)
+    )
+
+
+_TBF_MIN_BURST_BYTES = 256 * 1024  # above a veth's 64 KiB GSO packets: tbf drops any packet over its burst
+_TBF_QUEUE_SECONDS = 2.0  # KV may wait this long on the link before packets are dropped
+
+
+def tc_commands(shape: LinkShape | None, scales: Scales, *, netns: str, netns_device: str) -> list[list[str]]:
+    """The tc command that makes the veth pair the CR's link (None: unshaped, as fast as it goes).
+
+    PrfaaS -> PD (the KV) leaves by the namespace's end of the pair: a token bucket filter there
+    is one queue for the whole link. `replace` makes it idempotent. Only the rate is emulated:
+    delay needs netem, which the kernels this testbed runs on do not ship (see `describe`).
+    """
+    if shape is None:
+        return [["tc", "-n", netns, "qdisc", "replace", "dev", netns_device, "root", "pfifo_fast"]]
+    rate = scaled_rate_bits(shape, scales)
+    burst = max(_TBF_MIN_BURST_BYTES, rate // BITS_PER_BYTE // 100)
+    limit = burst + round(rate / BITS_PER_BYTE * _TBF_QUEUE_SECONDS)
+    return [
+        ["tc", "-n", netns, "qdisc", "replace", "dev", netns_device, "root", "tbf",
+         "rate", f"{rate}bit", "burst", str(burst), "limit", str(limit)],
+    ]  # fmt: skip
+
+
 def prfaas_instances_of(spec: Mapping[str, Any], status: Mapping[str, Any] | None) -> int:
     """PrfaaS prefill instances in force: the planner's allocation when it has one, else the spec's."""
     allocation = (status or {}).get("allocation") or {}
@@ -85,6 +118,15 @@ def describe(mode: LinkMode, shape: LinkShape | None, scales: Scales) -> str:
         return "unshaped: KV crosses loopback at memory speed (no link emulation)"
     gbps = shape.bandwidth_bytes_per_second * BITS_PER_BYTE / 1e9
     scaled = shape.bandwidth_bytes_per_second * scales.kv_scale / scales.time_scale
+    if mode is LinkMode.NETNS_TC:
+        text = (
+            f"veth pair into the PrfaaS pods' network namespace, rate-shaped with tc (tbf): {gbps:g} Gbit/s "
+            f"= {scaled * BITS_PER_BYTE / 1e6:.3g} Mbit/s of scaled KV (kv-scale {scales.kv_scale:g}, "
+            f"time-scale {scales.time_scale:g}), one queue for the whole link"
+        )
+        if shape.latency_seconds > 0:
+            text += f"; the CR's {shape.latency_seconds * 1000:g} ms latency is NOT emulated (no netem in this kernel)"
+        return text
     text = (
         f"in-engine token bucket (fallback; netns+veth+tc not used): {gbps:g} Gbit/s link = "
         f"{scaled / 1e6:.3g} MB/s of scaled KV (kv-scale {scales.kv_scale:g}, time-scale {scales.time_scale:g}), "

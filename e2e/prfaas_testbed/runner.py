@@ -35,13 +35,14 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,14 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod, ServiceAccount
 
 from prfaas_testbed.clusters import Cluster, Testbed, describe_testbed
-from prfaas_testbed.link import LinkMode, LinkShape, LinkSpecError, engine_link_rate, prfaas_instances_of
+from prfaas_testbed.link import (
+    LinkMode,
+    LinkShape,
+    LinkSpecError,
+    engine_link_rate,
+    prfaas_instances_of,
+    tc_commands,
+)
 from prfaas_testbed.pod_workloads import (
     LocalProcess,
     PodFacts,
@@ -83,6 +91,9 @@ PrfaasDeploymentResource = create_namespaced_resource(
 )
 
 
+IP_COMMAND = shutil.which("ip") or "ip"  # iproute2, for the PrfaaS pods' network namespace
+
+
 def scrape_jobs() -> tuple[ScrapeJob, ...]:
     """The Prometheus jobs the runner writes targets for (pass them to start_prometheus)."""
     return tuple(ScrapeJob(role) for role in SCRAPE_ROLES)
@@ -93,7 +104,8 @@ class RunnerSettings:
     state_dir: Path
     namespaces: Mapping[Cluster, tuple[str, ...]]
     scales: Scales = field(default_factory=Scales)
-    link_mode: LinkMode = LinkMode.ENGINE_TOKEN_BUCKET
+    link_mode: LinkMode | None = None
+    """None: netns-tc when the testbed has its link namespace, else the engines' token bucket."""
     targets_dir: Path | None = None
     poll_seconds: float = 0.5
     probe_seconds: float = 0.5
@@ -345,11 +357,25 @@ class PodSupervisor:
         await self.runner.patch_pod_readiness(self, ready)
 
 
+def resolve_link_mode(requested: LinkMode | None, testbed: Testbed) -> LinkMode:
+    """The link emulation that runs: the one asked for, else the best the testbed allows."""
+    if requested is None:
+        return LinkMode.NETNS_TC if testbed.link is not None else LinkMode.ENGINE_TOKEN_BUCKET
+    if requested is LinkMode.NETNS_TC and testbed.link is None:
+        raise ValueError(
+            "link mode netns-tc needs the testbed's link namespace; this testbed runs on loopback "
+            "(testbed.sh up as root, with iproute2, makes one)"
+        )
+    return requested
+
+
 class Runner:
     """Supervises the local processes of every Running pod in the watched namespaces of both clusters."""
 
     def __init__(self, testbed: Testbed, settings: RunnerSettings, programs: Programs | None = None) -> None:
         self.testbed = testbed
+        self.link_mode = resolve_link_mode(settings.link_mode, testbed)
+        self._link_applied: tuple[LinkShape | None] | None = None  # None: not shaped by this runner yet
         self.settings = settings
         self.programs = programs or Programs(
             python=sys.executable, router=str(Path(sys.executable).with_name("prfaas-router"))
@@ -485,7 +511,7 @@ class Runner:
         self, cluster: Cluster, pod: Mapping[str, Any], facts: PodFacts
     ) -> float | None:
         """The KV pacing of a PrfaaS prefill engine (fallback link emulation), from its CR's link spec."""
-        if self.settings.link_mode is not LinkMode.ENGINE_TOKEN_BUCKET or cluster is not Cluster.PRFAAS:
+        if self.link_mode is not LinkMode.ENGINE_TOKEN_BUCKET or cluster is not Cluster.PRFAAS:
             return None
         if (
             flag_value([str(a) for a in facts.container.get("args") or []], "--disaggregation-mode")
@@ -559,6 +585,10 @@ class Runner:
             self._refused[key] = str(err)
             log.warning("%s", err)
             return
+        link = self.testbed.link
+        if process is not None and cluster is Cluster.PRFAAS and link is not None:
+            # its pod IP exists only inside the link namespace: the process runs there
+            process = replace(process, argv=(IP_COMMAND, "netns", "exec", link.netns, *process.argv))
         if process is None:
             self._refused[key] = "not a known workload"
             log.info(
@@ -604,8 +634,50 @@ class Runner:
             else:
                 supervisor.held_down = self._held_down(control, supervisor.cluster, supervisor.facts)
         self._refused = {key: why for key, why in self._refused.items() if key in seen}
+        if self.link_mode is LinkMode.NETNS_TC:
+            await self._shape_link()
         self._write_targets()
         self._write_status()
+
+    async def _shape_link(self) -> None:
+        """Shape the veth pair as the newest PrfaasDeployment's link spec says (unshaped when none)."""
+        link = self.testbed.link
+        assert link is not None
+        newest: tuple[str, dict[str, Any]] | None = None
+        try:
+            for namespace in self.settings.namespaces.get(Cluster.PD, ()):
+                async for found in self.clients[Cluster.PD].list(
+                    PrfaasDeploymentResource, namespace=namespace
+                ):
+                    cr = _as_dict(found)
+                    created = str((cr.get("metadata") or {}).get("creationTimestamp") or "")
+                    if newest is None or created > newest[0]:
+                        newest = (created, cr)
+        except (ApiError, httpx2.TransportError) as err:
+            log.warning("link: cannot list PrfaasDeployments, shaping unchanged: %s", err)
+            return
+        try:
+            shape = LinkShape.of_spec(newest[1].get("spec") or {}) if newest is not None else None
+        except LinkSpecError as err:
+            log.warning("link: %s; left unshaped", err)
+            shape = None
+        if self._link_applied == (shape,):
+            return
+        for command in tc_commands(
+            shape,
+            self.settings.scales,
+            netns=link.netns,
+            netns_device=link.netns_device,
+        ):
+            process = await asyncio.create_subprocess_exec(
+                *command, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+            )
+            _, error = await process.communicate()
+            if process.returncode != 0:
+                log.warning("link: %s failed: %s", " ".join(command), error.decode(errors="replace").strip())
+                return
+        self._link_applied = (shape,)
+        log.info("link shaped: %s", "unshaped" if shape is None else f"{shape}")
 
     def _write_targets(self) -> None:
         if self.settings.targets_dir is None:
@@ -633,7 +705,7 @@ class Runner:
         document = {
             "updated": _now(),
             "pid": os.getpid(),
-            "link_mode": self.settings.link_mode.value,
+            "link_mode": self.link_mode.value,
             "scales": {
                 "time_scale": self.settings.scales.time_scale,
                 "kv_scale": self.settings.scales.kv_scale,
@@ -653,7 +725,7 @@ class Runner:
             {c.value: list(ns) for c, ns in self.settings.namespaces.items()},
             self.settings.scales.time_scale,
             self.settings.scales.kv_scale,
-            self.settings.link_mode.value,
+            self.link_mode.value,
         )
         try:
             while not self._stopping.is_set():
@@ -712,7 +784,10 @@ def parse_args(argv: Sequence[str] | None = None) -> RunnerSettings:
     parser.add_argument("--time-scale", type=float, default=1.0, help="fake engines' compute time factor")
     parser.add_argument("--kv-scale", type=float, default=1e-3, help="fraction of the real KV bytes sent")
     parser.add_argument(
-        "--link", choices=[m.value for m in LinkMode], default=LinkMode.ENGINE_TOKEN_BUCKET.value
+        "--link",
+        choices=[m.value for m in LinkMode],
+        default=None,
+        help="default: netns-tc when the testbed has its link namespace, else engine-token-bucket",
     )
     parser.add_argument("--targets-dir", type=Path, default=None, help="Prometheus file_sd directory")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -725,7 +800,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunnerSettings:
             state_dir=args.state_dir,
             namespaces=_namespaces(args.namespace),
             scales=Scales(time_scale=args.time_scale, kv_scale=args.kv_scale),
-            link_mode=LinkMode(args.link),
+            link_mode=LinkMode(args.link) if args.link else None,
             targets_dir=args.targets_dir,
         )
     except (ValueError, argparse.ArgumentTypeError) as err:

@@ -36,7 +36,7 @@ from prfaas_testbed.clusters import KUBECONFIG_SECRET_KEY, Cluster, Testbed, sto
 from prfaas_testbed.link import LinkMode
 from prfaas_testbed.pod_workloads import Scales
 from prfaas_testbed.prometheus import PrometheusServer, start_prometheus
-from prfaas_testbed.runner import CONTROL_FILE, STATUS_FILE, scrape_jobs
+from prfaas_testbed.runner import CONTROL_FILE, STATUS_FILE, resolve_link_mode, scrape_jobs
 
 log = logging.getLogger("prfaas_testbed.system")
 
@@ -175,14 +175,14 @@ class LiveSystem:
         *,
         layout: Layout | None = None,
         scales: Scales | None = None,
-        link_mode: LinkMode = LinkMode.ENGINE_TOKEN_BUCKET,
+        link_mode: LinkMode | None = None,
         operator_values: Sequence[str] = (),
     ) -> None:
         self.testbed = testbed
         self.work_dir = work_dir
         self.layout = layout or Layout()
         self.scales = scales or Scales()
-        self.link_mode = link_mode
+        self.link_mode = resolve_link_mode(link_mode, testbed)
         self.operator_values = tuple(operator_values)
         self.pd = _client(testbed, Cluster.PD)
         self.prfaas = _client(testbed, Cluster.PRFAAS)

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Installs the system packages the testbed needs from Debian, once: Prometheus (with promtool).
+# Installs the system packages the testbed needs from Debian, once: Prometheus (with promtool),
+# and iproute2 (ip, tc) for the emulated link when running as root (without root the testbed
+# cannot make network namespaces and falls back to the engines' token bucket anyway).
 # Idempotent: does nothing when the binaries are already on PATH. kubectl is expected on the
 # machine already; the Kubernetes binaries are built by build-binaries.sh, not installed here.
 set -euo pipefail
@@ -7,6 +9,9 @@ log() { echo "[install-deps] $*" >&2; }
 
 missing=()
 command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+if [ "$(id -u)" -eq 0 ]; then
+  command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || missing+=(iproute2)
+fi
 command -v kubectl >/dev/null 2>&1 || log "warning: kubectl not on PATH (kwokctl waits for clusters with it)"
 
 if [ ${#missing[@]} -eq 0 ]; then
@@ -28,4 +33,4 @@ fi
 log "installing: ${missing[*]}"
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 command -v prometheus >/dev/null && command -v promtool >/dev/null
-log "installed: $(prometheus --version 2>&1 | head -1)"
+log "installed: ${missing[*]}"

@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
-# The PrfaaS testbed: two local kwok clusters on loopback with fake GPU nodes.
-#   prfaas : the PrfaaS cluster (H200 nodes), pods in 127.100.0.0/16, nodes in 127.101.0.0/24
+# The PrfaaS testbed: two local kwok clusters with fake GPU nodes and an emulated link.
+#   prfaas : the PrfaaS cluster (H200 nodes), pods in 10.231.0.0/16 inside the testbed's own
+#            network namespace (or 127.100.0.0/16 where namespaces are not allowed), nodes in
+#            127.101.0.0/24
 #   pd     : the local PD cluster (H20 nodes, operator and router), pods in 127.200.0.0/16,
 #            nodes in 127.201.0.0/24
-# Pod addresses are loopback addresses the testbed owns, so a runner can start each pod's
-# workload as a local process bound to its pod IP. Nothing binds or points off loopback.
+# Pod addresses are addresses the testbed owns, so a runner can start each pod's workload as a
+# local process bound to its pod IP. The emulated cross-cluster link (DESIGN.md): the PrfaaS
+# cluster's pod range exists only inside the network namespace prfaas-<id>, joined to this one
+# by a veth pair (10.230.255.1 here, .2 there) that the runner shapes with tc from the CR's link
+# spec. Where the machine does not allow namespaces (not root, no iproute2) the PrfaaS pods use
+# loopback too and the engines pace their KV sends instead; PRFAAS_TESTBED_LINK=loopback forces
+# that. The choice is made at the first `up` of a state dir and kept. Nothing points elsewhere.
 #
 # Usage: testbed.sh up | down | status | env
 #   up     build or reuse the binaries, create the clusters (reusing healthy ones, recreating
@@ -30,7 +37,32 @@ declare -A GPU_PRODUCT=([prfaas]=NVIDIA-H200 [pd]=NVIDIA-H20)
 declare -A GPU_NODES=([prfaas]=5 [pd]=10)
 declare -A GPUS_PER_NODE=([prfaas]=8 [pd]=8)
 declare -A CPU_NODES=([prfaas]=2 [pd]=2)
-declare -A POD_NET=([prfaas]=127.100 [pd]=127.200)
+ID=$(printf '%s' "$STATE_DIR" | md5sum | cut -c1-6)
+LINK_NETNS=prfaas-$ID
+LINK_HOST_DEV=pf${ID}h
+LINK_NS_DEV=pf${ID}n
+LINK_HOST_IP=10.230.255.1
+LINK_NS_IP=10.230.255.2
+NETNS_POD_NET=10.231
+
+link_mode() { # netns or loopback: recorded by the first `up` of this state dir, else what would run
+  if [ -f "$STATE_DIR/link-mode" ]; then
+    cat "$STATE_DIR/link-mode"
+  elif [ "${PRFAAS_TESTBED_LINK:-}" = loopback ]; then
+    echo loopback
+  elif [ "$(id -u)" = 0 ] && command -v ip >/dev/null && command -v tc >/dev/null \
+    && ip netns add "$LINK_NETNS-probe" 2>/dev/null && ip netns del "$LINK_NETNS-probe" 2>/dev/null; then
+    echo netns
+  else
+    echo loopback
+  fi
+}
+LINK_MODE=$(link_mode)
+if [ "$LINK_MODE" = netns ]; then
+  declare -A POD_NET=([prfaas]=$NETNS_POD_NET [pd]=127.200)
+else
+  declare -A POD_NET=([prfaas]=127.100 [pd]=127.200)
+fi
 declare -A NODE_NET=([prfaas]=127.101.0 [pd]=127.201.0)
 declare -A SERVICE_CIDR=([prfaas]=127.102.0.0/24 [pd]=127.202.0.0/24)
 # Every testbed node carries this label with value gpu or cpu; other nodes (tests and
@@ -216,6 +248,29 @@ ensure_nodes() { # cluster: nodes exist with their GPU capacity and are Ready
   fi
 }
 
+ensure_link() { # the PrfaaS pods' namespace and the veth pair to it (netns mode), idempotently
+  [ "$LINK_MODE" = netns ] || return 0
+  ip netns list | grep -qx "$LINK_NETNS\( .*\)\?" || ip netns add "$LINK_NETNS"
+  if ! ip link show "$LINK_HOST_DEV" >/dev/null 2>&1; then
+    ip link add "$LINK_HOST_DEV" type veth peer name "$LINK_NS_DEV" netns "$LINK_NETNS"
+  fi
+  ip addr replace "$LINK_HOST_IP/30" dev "$LINK_HOST_DEV"
+  ip link set "$LINK_HOST_DEV" up
+  ip -n "$LINK_NETNS" link set lo up
+  ip -n "$LINK_NETNS" addr replace "$LINK_NS_IP/30" dev "$LINK_NS_DEV"
+  ip -n "$LINK_NETNS" link set "$LINK_NS_DEV" up
+  # every PrfaaS pod address is local inside the namespace (bind works without adding each one)
+  ip -n "$LINK_NETNS" route replace local "$NETNS_POD_NET.0.0/16" dev lo
+  ip -n "$LINK_NETNS" route replace default via "$LINK_HOST_IP" dev "$LINK_NS_DEV"
+  ip route replace "$NETNS_POD_NET.0.0/16" via "$LINK_NS_IP" dev "$LINK_HOST_DEV"
+}
+
+delete_link() {
+  ip route del "$NETNS_POD_NET.0.0/16" via "$LINK_NS_IP" 2>/dev/null || true
+  ip link del "$LINK_HOST_DEV" 2>/dev/null || true # its peer goes with it
+  ip netns del "$LINK_NETNS" 2>/dev/null || true
+}
+
 write_flat_kubeconfig() { # cluster: self-contained kubeconfig (inline certs) at a known path
   local cluster=$1 tmp
   mkdir -p "$KUBECONFIG_DIR"
@@ -229,6 +284,8 @@ up() {
   [ -n "$KUBECTL" ] || die "kubectl not found on PATH (set KUBECTL=/path/to/kubectl)"
   local bin cluster
   mkdir -p "$KWOK_DIR"
+  echo "$LINK_MODE" >"$STATE_DIR/link-mode"
+  ensure_link
   bin=$(build_bin_dir)
   for cluster in "${CLUSTERS[@]}"; do
     if cluster_healthy "$cluster" "$bin"; then
@@ -260,6 +317,11 @@ down() {
     delete_cluster "$cluster" "$kwokctl"
     log "$cluster: deleted"
   done
+  if [ -f "$STATE_DIR/link-mode" ] && [ "$(cat "$STATE_DIR/link-mode")" = netns ]; then
+    delete_link
+    log "link namespace $LINK_NETNS: deleted"
+  fi
+  rm -f "$STATE_DIR/link-mode"
 }
 
 status() {
@@ -283,6 +345,12 @@ env_exports() {
   echo "export PRFAAS_TESTBED_DIR=$STATE_DIR"
   echo "export PRFAAS_TESTBED_BIN=$bin"
   echo "export PRFAAS_TESTBED_NODE_LABEL=$NODE_LABEL"
+  echo "export PRFAAS_TESTBED_LINK=$LINK_MODE"
+  if [ "$LINK_MODE" = netns ]; then
+    echo "export PRFAAS_TESTBED_LINK_NETNS=$LINK_NETNS"
+    echo "export PRFAAS_TESTBED_LINK_HOST_DEV=$LINK_HOST_DEV"
+    echo "export PRFAAS_TESTBED_LINK_NS_DEV=$LINK_NS_DEV"
+  fi
   for cluster in "${CLUSTERS[@]}"; do
     upper=$(echo "$cluster" | tr '[:lower:]' '[:upper:]')
     echo "export ${upper}_KUBECONFIG=$(flat_kubeconfig "$cluster")"

@@ -3,7 +3,9 @@
 One PrfaasDeployment (2 PrfaaS prefill instances, 4 PD instances split 2/2, time scale 0.5)
 serves every scenario, in this order, each starting from the state the previous one left:
 
-0. Prometheus scrapes every pod the runner runs, through the runner's file_sd targets;
+0. Prometheus scrapes every pod the runner runs, through the runner's file_sd targets, and
+   the KV of offloaded prefills crosses the emulated link (the veth into the PrfaaS pods'
+   network namespace, rate-shaped as the CR says);
 1. the operator restarts mid-traffic: no duplicate object, no rollout, no failed request;
 2. the PrfaaS cluster's engines die: traffic goes local with no failed request among those
    sent after the outage began, PrefillClusterReady turns False, and all recovers;
@@ -15,14 +17,19 @@ serves every scenario, in this order, each starting from the state the previous 
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
 import time
+import urllib.request
 from typing import Any
 
 import pytest
 from lightkube.resources.apps_v1 import Deployment, ReplicaSet, StatefulSet
 from lightkube.resources.core_v1 import ConfigMap, Pod, Service
 from live_traffic import E2E_TIME_SCALE, BackgroundTraffic, logs_hint
-from prfaas_testbed.clusters import Cluster
+from prfaas_testbed.clusters import Cluster, LinkNamespace
+from prfaas_testbed.link import LinkMode, LinkShape
 from prfaas_testbed.system import LiveSystem, customise_cr, load_sample_cr, wait_until
 from prfaas_testbed.traffic import PlannedRequest, lognormal_requests
 
@@ -136,6 +143,56 @@ def test_prometheus_scrapes_every_pod_the_runner_runs(deployment: LiveSystem) ->
     wait_until(f"Prometheus to scrape {expected}", lambda: scraped() == expected, 30)
     clusters = {s["metric"]["job"]: s["metric"]["cluster"] for s in system.prometheus.query("up == 1")}
     assert clusters["prfaas-prefill"] == "prfaas" and clusters["pd-decode"] == "pd"
+
+
+def link_counters(link: LinkNamespace) -> dict[str, Any]:
+    """The KV direction's qdisc, as `tc -j -s` shows it: kind, options (rate in bytes/s), bytes sent."""
+    shown = subprocess.run(
+        ["tc", "-j", "-s", "-n", link.netns, "qdisc", "show", "dev", link.netns_device],
+        capture_output=True, text=True, check=True, timeout=10,
+    )  # fmt: skip
+    (root,) = [qdisc for qdisc in json.loads(shown.stdout) if qdisc.get("root")]
+    return dict(root)
+
+
+def router_kv_egress_bytes(system: LiveSystem) -> float:
+    url = system.router_url()
+    assert url is not None
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    found = re.search(r"^prfaas_router_kv_egress_bytes_total (\S+)$", text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_the_kv_of_offloads_crosses_the_shaped_link(deployment: LiveSystem) -> None:
+    """PrfaaS engines run inside the link namespace, and their KV leaves through its rate-shaped veth."""
+    system = deployment
+    link = system.testbed.link
+    if link is None:
+        assert system.link_mode is LinkMode.ENGINE_TOKEN_BUCKET
+        pytest.skip("this machine gives the testbed no network namespace: the engines pace their KV instead")
+    assert system.link_mode is LinkMode.NETNS_TC
+    for pod in system.runner_pods(cluster="prfaas"):
+        namespace = subprocess.run(
+            ["ip", "netns", "identify", str(pod["pid"])], capture_output=True, text=True, check=True
+        )
+        assert namespace.stdout.strip() == link.netns, pod
+    cr = system.cr()
+    assert cr is not None
+    shape = LinkShape.of_spec(cr["spec"])
+    scales = system.scales
+    before = link_counters(link)
+    assert before["kind"] == "tbf"
+    expected_rate = shape.bandwidth_bytes_per_second * scales.kv_scale / scales.time_scale
+    assert before["options"]["rate"] == pytest.approx(expected_rate, rel=0.01)
+    egress_before = router_kv_egress_bytes(system)
+    with start_traffic(system, medium_traffic(12, seed=5)) as traffic:
+        driver = traffic.wait()
+    offloaded = [r for r in driver.results if r.outcome == "ok" and r.route == "prfaas"]
+    assert offloaded, "nothing was offloaded"
+    kv_sent = (router_kv_egress_bytes(system) - egress_before) * scales.kv_scale  # what engines really send
+    crossed = link_counters(link)["bytes"] - before["bytes"]
+    assert crossed >= 0.9 * kv_sent > 0, (crossed, kv_sent)
 
 
 def test_operator_restart_mid_traffic_duplicates_nothing_and_drops_nothing(deployment: LiveSystem) -> None:

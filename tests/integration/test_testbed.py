@@ -164,8 +164,23 @@ def test_exports_describe_both_clusters() -> None:
 
 
 def test_exports_refuse_a_range_off_loopback() -> None:
-    with pytest.raises(TestbedError, match=r"10\.0\.0\.0/16 is not a loopback range"):
+    with pytest.raises(TestbedError, match=r"10\.0\.0\.0/16 is not a range the testbed owns"):
         parse_testbed_env(EXPORTS.replace("127.200.0.0/16", "10.0.0.0/16"))
+
+
+def test_exports_with_a_link_namespace_put_only_prfaas_pods_in_a_private_range() -> None:
+    link = (
+        "export PRFAAS_TESTBED_LINK=netns\nexport PRFAAS_TESTBED_LINK_NETNS=prfaas-abc123\n"
+        "export PRFAAS_TESTBED_LINK_HOST_DEV=pfabc123h\nexport PRFAAS_TESTBED_LINK_NS_DEV=pfabc123n\n"
+    )
+    bed = parse_testbed_env(link + EXPORTS.replace("127.100.0.0/16", "10.231.0.0/16"))
+    assert bed.link is not None and (bed.link.netns, bed.link.netns_device) == ("prfaas-abc123", "pfabc123n")
+    assert bed.cluster_of_pod_ip("10.231.4.2") is Cluster.PRFAAS
+    assert parse_testbed_env(EXPORTS).link is None
+    with pytest.raises(TestbedError, match="not a range the testbed owns"):  # private only with the namespace
+        parse_testbed_env(EXPORTS.replace("127.100.0.0/16", "10.231.0.0/16"))
+    with pytest.raises(TestbedError, match="not a range the testbed owns"):  # and only for PrfaaS pods
+        parse_testbed_env(link + EXPORTS.replace("127.200.0.0/16", "10.232.0.0/16"))
 
 
 def test_exports_name_a_missing_variable() -> None:
@@ -193,9 +208,10 @@ def test_kubeconfig_secret_refuses_file_references(tmp_path: Path) -> None:
         kubeconfig_secret(path, name="s", namespace="n")
 
 
-def test_scrape_targets_must_be_loopback() -> None:
-    with pytest.raises(ValueError, match="outside loopback"):
+def test_scrape_targets_must_be_the_testbeds() -> None:
+    with pytest.raises(ValueError, match="outside the testbed"):
         TargetGroup(["192.0.2.1:9000"])
+    TargetGroup(["10.231.0.5:30000"])  # a PrfaaS pod inside the link namespace
     with pytest.raises(ValueError, match="not host:port"):
         TargetGroup(["127.0.0.1"])
 
@@ -295,7 +311,10 @@ def test_whole_node_gpu_pod_runs_on_its_product_with_a_pod_ip_in_range(
     assert node.metadata.labels[PRODUCT_LABEL] == pool.product
     assert pod.status.podIP is not None and pod.status.hostIP is not None
     pod_ip = ipaddress.ip_address(pod.status.podIP)
-    assert pod_ip.is_loopback
+    # loopback, or (the PrfaaS cluster with a link namespace) a private range that exists only there
+    assert pod_ip.is_loopback or (
+        testbed.link is not None and cluster is Cluster.PRFAAS and pod_ip.is_private
+    )
     assert testbed.cluster_of_pod_ip(pod.status.podIP) is cluster
     assert node.spec.podCIDR is not None and pod_ip in ipaddress.ip_network(node.spec.podCIDR)
     assert pod.status.hostIP == internal_ip(node)

@@ -29,6 +29,7 @@ from prfaas_testbed.link import (
     describe,
     engine_link_rate,
     prfaas_instances_of,
+    tc_commands,
 )
 from prfaas_testbed.pod_workloads import (
     PodFacts,
@@ -259,6 +260,21 @@ def test_the_link_description_says_what_ran_and_what_did_not() -> None:
     text = describe(LinkMode.ENGINE_TOKEN_BUCKET, LinkShape(12.5e9, 0.005), Scales())
     assert "token bucket" in text and "100 Gbit/s" in text and "5 ms latency is NOT emulated" in text
     assert "unshaped" in describe(LinkMode.UNSHAPED, None, Scales())
+    veth = describe(LinkMode.NETNS_TC, LinkShape(12.5e9, 0.005), Scales(time_scale=1, kv_scale=1e-3))
+    assert "veth" in veth and "100 Mbit/s of scaled KV" in veth and "5 ms latency is NOT emulated" in veth
+
+
+def test_the_veth_is_one_token_bucket_for_the_whole_scaled_link() -> None:
+    (command,) = tc_commands(
+        LinkShape(12.5e9, 0.0), Scales(time_scale=0.5, kv_scale=1e-3), netns="ns", netns_device="dev"
+    )
+    assert command[:9] == ["tc", "-n", "ns", "qdisc", "replace", "dev", "dev", "root", "tbf"]
+    options = dict(zip(command[9::2], command[10::2], strict=True))
+    assert options["rate"] == f"{round(12.5e9 * 1e-3 / 0.5 * 8)}bit"  # 200 Mbit/s: bytes and time scaled
+    assert int(options["burst"]) >= 256 * 1024  # never under a veth's 64 KiB GSO packets
+    assert int(options["limit"]) >= 2 * 12.5e9 * 1e-3 / 0.5  # two seconds of KV may queue
+    (unshaped,) = tc_commands(None, Scales(), netns="ns", netns_device="dev")
+    assert unshaped[-1] == "pfifo_fast"
 
 
 # ---- traffic plans ------------------------------------------------------------------------------
