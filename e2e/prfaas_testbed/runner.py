@@ -653,6 +653,11 @@ class Runner:
                     created = str((cr.get("metadata") or {}).get("creationTimestamp") or "")
                     if newest is None or created > newest[0]:
                         newest = (created, cr)
+        except httpx2.HTTPStatusError as err:
+            if err.response.status_code != 404:
+                log.warning("link: cannot list PrfaasDeployments, shaping unchanged: %s", err)
+                return
+            newest = None  # the CRD is not installed (yet): no CR, so no link spec
         except (ApiError, httpx2.TransportError) as err:
             log.warning("link: cannot list PrfaasDeployments, shaping unchanged: %s", err)
             return
