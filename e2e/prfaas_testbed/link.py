@@ -13,9 +13,10 @@ its sends with a token bucket (``fake_engine --link-rate-bytes-per-second``).
 
 In both, the rate keeps the ratios of the real system. Engines send ``kv_scale`` of the real KV
 bytes and compute in ``time_scale`` of the real time, so a link of B bytes/s becomes
-``B * kv_scale / time_scale`` bytes/s of what is really sent. A token bucket cannot be shared between processes, so in the fallback the
-link is split evenly between the PrfaaS prefill instances: together they never exceed it,
-though one busy instance cannot borrow an idle one's share. The fallback does not emulate the
+``B * kv_scale / time_scale`` bytes/s of what is really sent. A token bucket cannot be shared
+between processes, so in the fallback the link is split evenly between the PrfaaS prefill
+instances: together they never exceed it, though one busy instance cannot borrow an idle one's
+share. The fallback does not emulate the
 latency (the engines have no delay knob); the summary says so whenever it is not zero.
 """
 
@@ -64,18 +65,21 @@ class LinkShape:
         return cls(bandwidth_bytes_per_second=gbps * 1e9 / BITS_PER_BYTE, latency_seconds=latency_ms / 1000)
 
 
+def scaled_bytes_per_second(shape: LinkShape, scales: Scales) -> float:
+    """The whole link in bytes/s of what the engines really send (kv_scale of the bytes, in time_scale)."""
+    return shape.bandwidth_bytes_per_second * scales.kv_scale / scales.time_scale
+
+
 def engine_link_rate(shape: LinkShape, scales: Scales, prfaas_instances: int) -> float:
     """Bytes/s one PrfaaS prefill engine may send: its share of the scaled link."""
     if prfaas_instances < 1:
         raise LinkSpecError(f"the link is shared by at least one PrfaaS instance, got {prfaas_instances}")
-    return shape.bandwidth_bytes_per_second * scales.kv_scale / scales.time_scale / prfaas_instances
+    return scaled_bytes_per_second(shape, scales) / prfaas_instances
 
 
 def scaled_rate_bits(shape: LinkShape, scales: Scales) -> int:
     """The whole link's rate in bits/s of what the engines really send."""
-    return max(
-        8, round(shape.bandwidth_bytes_per_second * scales.kv_scale / scales.time_scale * BITS_PER_BYTE)
-    )
+    return max(8, round(scaled_bytes_per_second(shape, scales) * BITS_PER_BYTE))
 
 
 _TBF_MIN_BURST_BYTES = 256 * 1024  # above a veth's 64 KiB GSO packets: tbf drops any packet over its burst
@@ -117,7 +121,7 @@ def describe(mode: LinkMode, shape: LinkShape | None, scales: Scales) -> str:
     if mode is LinkMode.UNSHAPED or shape is None:
         return "unshaped: KV crosses loopback at memory speed (no link emulation)"
     gbps = shape.bandwidth_bytes_per_second * BITS_PER_BYTE / 1e9
-    scaled = shape.bandwidth_bytes_per_second * scales.kv_scale / scales.time_scale
+    scaled = scaled_bytes_per_second(shape, scales)
     if mode is LinkMode.NETNS_TC:
         text = (
             f"veth pair into the PrfaaS pods' network namespace, rate-shaped with tc (tbf): {gbps:g} Gbit/s "

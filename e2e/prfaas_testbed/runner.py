@@ -91,6 +91,7 @@ PrfaasDeploymentResource = create_namespaced_resource(
 )
 
 
+_NOT_SHAPED = object()  # the link as this runner found it: shaped by nobody it knows of
 IP_COMMAND = shutil.which("ip") or "ip"  # iproute2, for the PrfaaS pods' network namespace
 
 
@@ -375,7 +376,7 @@ class Runner:
     def __init__(self, testbed: Testbed, settings: RunnerSettings, programs: Programs | None = None) -> None:
         self.testbed = testbed
         self.link_mode = resolve_link_mode(settings.link_mode, testbed)
-        self._link_applied: tuple[LinkShape | None] | None = None  # None: not shaped by this runner yet
+        self._link_applied: LinkShape | object | None = _NOT_SHAPED
         self.settings = settings
         self.programs = programs or Programs(
             python=sys.executable, router=str(Path(sys.executable).with_name("prfaas-router"))
@@ -666,7 +667,7 @@ class Runner:
         except LinkSpecError as err:
             log.warning("link: %s; left unshaped", err)
             shape = None
-        if self._link_applied == (shape,):
+        if self._link_applied == shape:
             return
         for command in tc_commands(
             shape,
@@ -681,7 +682,7 @@ class Runner:
             if process.returncode != 0:
                 log.warning("link: %s failed: %s", " ".join(command), error.decode(errors="replace").strip())
                 return
-        self._link_applied = (shape,)
+        self._link_applied = shape
         log.info("link shaped: %s", "unshaped" if shape is None else f"{shape}")
 
     def _write_targets(self) -> None:

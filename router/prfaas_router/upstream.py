@@ -319,7 +319,7 @@ class Upstream:
             self._sweeper = asyncio.create_task(self._sweep(), name="upstream-sweeper")
         connection = self._take(where.pool_key) or await self._connect(where)
         lines = [f"{method} {where.path} HTTP/1.1", f"Host: {where.authority}"]
-        if body or method not in ("GET", "HEAD"):
+        if body or method != "GET":
             lines.append(f"Content-Length: {len(body)}")
         if headers:
             lines.extend(f"{name}: {value}" for name, value in headers.items())
