@@ -297,6 +297,7 @@ def test_the_loop_follows_a_workload_shift_advises_and_holds_without_prometheus(
         lambda: (s := auto()).allocation.get("source") == "Planner" and s,
         timeout_s=60,
         what="the planner's first allocation",
+        seen=lambda: f"status.planner {auto().planner}\noperator log:\n{operator.log_tail()}",
     )
     print(f"{elapsed()} applied: {applied.allocation} ({applied.planner['reason']})")
     assert (
