@@ -41,6 +41,7 @@ from prfaas_operator.planner import (
     solve_prfaas_pd,
 )
 from prfaas_operator.planner.solver import explain
+from prfaas_operator.status import rfc3339
 
 LAST_APPLIED_INPUT = "lastApplied"
 """Key of status.planner.inputs that carries the time of the last applied change (for the cooldown)."""
@@ -175,10 +176,6 @@ class Decision:
             source="Planner",
             router_config_version=current.router_config_version,
         )
-
-
-def rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_time(text: str | None) -> datetime | None:

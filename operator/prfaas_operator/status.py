@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from prfaas_operator.api import Allocation, Condition, ConditionType, PrfaasDeploymentStatus, RoleCounts
@@ -135,6 +136,11 @@ class StatusInputs:
     previous: PrfaasDeploymentStatus
     now: str  # RFC 3339, passed in
     extra_problems: Sequence[Problem] = ()
+
+
+def rfc3339(moment: datetime) -> str:
+    """A status time: RFC 3339 in UTC, whole seconds (as Kubernetes writes its own)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _counts(desired: int, role: str, seen: ClusterObservation, previous: RoleCounts) -> RoleCounts:

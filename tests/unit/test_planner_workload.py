@@ -149,6 +149,14 @@ def test_histograms_refuse_what_they_cannot_place(uncached: list[tuple[float, fl
         Workload.from_histograms(uncached, [(100.0, 1.0)])
 
 
+def test_histograms_repair_a_small_dip_from_extrapolation() -> None:
+    """increase() extrapolates each bucket on its own: 10.4 then 10.0 is noise, read as 10.4 then 10.4."""
+    uncached = [(1024.0, 2.0), (2048.0, 10.4), (4096.0, 10.0), (math.inf, 10.0)]
+    workload = Workload.from_histograms(uncached, [(100.0, 1.0)])
+    assert list(workload.lengths) == [512, 1536]
+    assert list(workload.weights) == pytest.approx([2.0 / 10.4, 8.4 / 10.4])
+
+
 def test_histograms_refuse_an_empty_output_histogram() -> None:
     with pytest.raises(WorkloadError, match="output-token histogram: no buckets"):
         Workload.from_histograms([(1024.0, 1.0)], [])

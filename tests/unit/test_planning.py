@@ -27,9 +27,9 @@ from prfaas_operator.planning import (
     link_budget,
     observe_histograms,
     parse_time,
-    rfc3339,
     system_profile,
 )
+from prfaas_operator.status import rfc3339
 
 SAMPLE: dict[str, Any] = yaml.safe_load(
     (crd.repository_root() / "examples/prfaasdeployment.yaml").read_text()

@@ -27,6 +27,14 @@ TRACE_BLOCK_TOKENS = 512
 
 _STANDARD_NORMAL = NormalDist()
 
+HISTOGRAM_DIP_TOLERANCE = 0.1
+"""The largest dip in cumulative bucket counts (a fraction of all observations) that is repaired.
+
+PromQL's increase() extrapolates every bucket series on its own, near the start of a series
+by how far its counter is from zero, so a window's cumulative counts can dip although the
+router's never do (histogram_quantile repairs the same dips). Larger dips are not that: refused.
+"""
+
 
 class WorkloadError(ValueError):
     """A workload cannot be built: no data, or data that is not a length distribution."""
@@ -319,9 +327,13 @@ def _histogram_points(buckets: Sequence[tuple[float, float]], what: str) -> tupl
         raise WorkloadError(f"{what}: bucket bounds must ascend and counts must be finite")
     if bounds[0] <= 0 or np.any(np.isinf(bounds[:-1])):
         raise WorkloadError(f"{what}: bucket bounds must be positive with +Inf, if any, last")
-    if np.any(cumulative < 0) or np.any(np.diff(cumulative) < -1e-9 * max(float(cumulative[-1]), 1.0)):
-        raise WorkloadError(f"{what}: cumulative counts must be non-negative and non-decreasing")
-    counts = np.maximum(np.diff(cumulative, prepend=0.0), 0.0)
+    repaired = np.maximum.accumulate(cumulative)
+    if np.any(cumulative < 0) or np.any(repaired - cumulative > HISTOGRAM_DIP_TOLERANCE * repaired[-1]):
+        raise WorkloadError(
+            f"{what}: cumulative counts must be non-negative and non-decreasing "
+            f"(dips up to {HISTOGRAM_DIP_TOLERANCE:.0%} of the total are taken for extrapolation noise)"
+        )
+    counts = np.diff(repaired, prepend=0.0)
     if math.isinf(bounds[-1]):
         overflow = counts[-1]
         if overflow > 0:
