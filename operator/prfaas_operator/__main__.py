@@ -28,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="NS",
-        help="watch this namespace, or a glob such as 'team-*' (repeatable; a glob watches cluster-wide)",
+        help="watch this namespace, or a glob such as 'team-*' (repeatable)",
     )
     scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace (default)")
     parser.add_argument(
@@ -74,13 +74,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    for name in args.namespace:
-        if not name or "," in name or name.startswith("!"):
-            parser.error(
-                f"--namespace {name!r}: give one name or glob per --namespace (no lists, no negation)"
-            )
+    args = _parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -98,11 +92,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         drain_seconds=args.drain_seconds,
         watch_namespaces=tuple(args.namespace),
     )
-    clusterwide = options.needs_cluster_wide_watch
     kopf.run(
         standalone=True,
-        clusterwide=clusterwide,
-        namespaces=[] if clusterwide else args.namespace,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
         liveness_endpoint=args.liveness or f"http://{args.bind_address}:{args.liveness_port}/healthz",
         memo=kopf.Memo(options=options, metrics=OperatorMetrics()),
     )

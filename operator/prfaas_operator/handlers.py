@@ -53,12 +53,6 @@ def _post_warnings(body: kopf.Body, outcome: ReconcileOutcome) -> None:
         kopf.warn(body, reason=warning.reason, message=warning.message)
 
 
-def _watched(namespace: str | None, memo: kopf.Memo, **_: Any) -> bool:
-    """kopf's filter: with a glob the watch is cluster-wide, and only matching namespaces are ours."""
-    options: ReconcileOptions | None = memo.get("options")
-    return options is None or options.watches(namespace)
-
-
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     configure(settings)
@@ -79,15 +73,15 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
-@kopf.on.resume(*RESOURCE, when=_watched)
-@kopf.on.create(*RESOURCE, when=_watched)
-@kopf.on.update(*RESOURCE, field="spec", when=_watched)
+@kopf.on.resume(*RESOURCE)
+@kopf.on.create(*RESOURCE)
+@kopf.on.update(*RESOURCE, field="spec")
 async def reconcile_now(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     outcome = await _reconciler(memo).reconcile(body, trigger="event")
     _post_warnings(body, outcome)
 
 
-@kopf.daemon(*RESOURCE, cancellation_backoff=5.0, cancellation_timeout=10.0, when=_watched)
+@kopf.daemon(*RESOURCE, cancellation_backoff=5.0, cancellation_timeout=10.0)
 async def keep_reconciled(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped, **_: Any) -> None:
     """The periodic, level-based loop; `body` is kopf's live view of the CR. Exits when kopf says so."""
     reconciler = _reconciler(memo)
@@ -97,13 +91,13 @@ async def keep_reconciled(body: kopf.Body, memo: kopf.Memo, stopped: kopf.Daemon
             _post_warnings(body, await reconciler.reconcile(body, trigger="timer"))
 
 
-@kopf.timer(*RESOURCE, interval=PLANNER_TICK_SECONDS, when=_watched)
+@kopf.timer(*RESOURCE, interval=PLANNER_TICK_SECONDS)
 async def run_planner(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """The long-timescale planner (planner_loop): acts every spec.planner.intervalSeconds."""
     await PlannerLoop.of(memo).tick(body)
 
 
-@kopf.on.delete(*RESOURCE, when=_watched)
+@kopf.on.delete(*RESOURCE)
 async def release(
     body: kopf.Body, memo: kopf.Memo, runtime: datetime.timedelta, retry: int, **_: Any
 ) -> None:

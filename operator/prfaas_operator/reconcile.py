@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import copy
 import dataclasses
-import fnmatch
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -118,25 +117,7 @@ class ReconcileOptions:
     drain_seconds: float = 30.0
     """How long an engine being scaled away stays out of the router config before its pod goes."""
     watch_namespaces: tuple[str, ...] = ()
-    """The namespaces the operator watches, names or globs (empty: all); the PD caches watch only these."""
-
-    def watches(self, namespace: str | None) -> bool:
-        """Whether a PrfaasDeployment in `namespace` is this operator's."""
-        names = self.watch_namespaces
-        return not names or (namespace is not None and any(fnmatch.fnmatchcase(namespace, n) for n in names))
-
-    @property
-    def needs_cluster_wide_watch(self) -> bool:
-        """All namespaces, or a glob: served from one cluster-wide watch, filtered by `watches`.
-
-        kopf's own glob support watches namespaces and misses one created while the operator
-        starts (its first list and its namespace watch leave a gap), until the next restart.
-        """
-        return not self.watch_namespaces or any(is_namespace_glob(n) for n in self.watch_namespaces)
-
-
-def is_namespace_glob(name: str) -> bool:
-    return any(c in name for c in "*?[")
+    """The namespaces the operator watches (empty: all); the PD cluster's caches watch only these."""
 
 
 @dataclass
@@ -279,7 +260,10 @@ class Reconciler:
 
     def _local_scope(self) -> tuple[str, ...] | None:
         """The watched namespaces when they are plain names (a glob needs the cluster-wide watch)."""
-        return None if self.options.needs_cluster_wide_watch else self.options.watch_namespaces
+        names = self.options.watch_namespaces
+        if not names or any(c in name for name in names for c in "*?["):
+            return None
+        return names
 
     def _child_changed(self, child: Mapping[str, Any]) -> None:
         """A cache saw a child change: bring its CR's next pass forward."""
