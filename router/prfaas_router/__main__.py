@@ -14,6 +14,7 @@ from aiohttp import web
 from prometheus_client import disable_created_metrics
 
 from prfaas_router.app import RouterOptions, RouterService
+from prfaas_router.configmap_source import ConfigMapRef, NotInCluster
 from prfaas_router.tokenizer import TokenizerError
 
 log = logging.getLogger("prfaas_router")
@@ -51,9 +52,21 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterOptions:
         default=None,
         help="the model's tokenizer.json: count and hash text prompts in real tokens (default: estimate)",
     )
+    parser.add_argument(
+        "--config-map",
+        default=None,
+        metavar="NAMESPACE/NAME",
+        help="also watch the config's ConfigMap through the API with the pod's ServiceAccount "
+        "(seconds, where the kubelet refreshes the mounted file in a minute or more)",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.config_map is not None:
+        try:
+            ConfigMapRef.parse(args.config_map, key=args.config.name)
+        except ValueError as err:
+            parser.error(str(err))
     for name, value in (
         ("--max-attempts", args.max_attempts),
         ("--max-body-bytes", args.max_body_bytes),
@@ -82,6 +95,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterOptions:
         prefix_index_prompts=args.prefix_index_prompts,
         session_capacity=args.session_capacity,
         tokenizer_path=args.tokenizer,
+        config_map=args.config_map,
     )
 
 
@@ -134,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         try:
             runner.run(serve(options))
-        except TokenizerError as err:
+        except (TokenizerError, NotInCluster) as err:
             log.error("%s", err)
             return 2
     return 0

@@ -19,6 +19,7 @@ from aiohttp import web
 from prfaas_core.router_config import Pool, RouterConfig
 
 from prfaas_router.config_watch import ConfigWatcher
+from prfaas_router.configmap_source import ConfigMapRef, ConfigMapSource, InCluster
 from prfaas_router.health import HealthChecker
 from prfaas_router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
 from prfaas_router.payloads import ApiError, Kind, parse, prompt_keys
@@ -57,6 +58,8 @@ class RouterOptions:
     prefix_index_prompts: int = 65536
     session_capacity: int = 65536
     tokenizer_path: Path | None = None  # count and hash text prompts in real tokens (`tokenizer`)
+    config_map: str | None = None
+    """``NAMESPACE/NAME``: also watch the config's ConfigMap through the API (configmap_source)."""
 
 
 class RouterService:
@@ -75,6 +78,11 @@ class RouterService:
         self._dispatcher: Dispatcher | None = None
         self._health: HealthChecker | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self.config_map: ConfigMapSource | None = None
+        if options.config_map is not None:
+            ref = ConfigMapRef.parse(options.config_map, key=options.config_path.name)
+            self.config_map = ConfigMapSource(ref, InCluster.from_environment(), self.watcher.offer)
+            self.watcher.api_source = True
 
     async def start(self) -> None:
         options = self.options
@@ -103,6 +111,8 @@ class RouterService:
         if self.watcher.current is None:
             log.error("starting without a valid config; not ready until %s is valid", options.config_path)
         self._tasks = [asyncio.create_task(self.watcher.run()), asyncio.create_task(self._health.run())]
+        if self.config_map is not None:
+            self._tasks.append(asyncio.create_task(self.config_map.run()))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -261,6 +271,10 @@ class RouterService:
         now = time.monotonic()
         body: dict[str, Any] = {
             "config_path": str(self.options.config_path),
+            "config_source": self.watcher.source,
+            "config_map": None
+            if self.config_map is None
+            else {"watching": self.config_map.connected, "last_error": self.config_map.last_error},
             "loaded_at": self.watcher.loaded_at,
             "last_error": self.watcher.last_error,
             "tokenizer": str(self.tokenizer.path) if self.tokenizer else None,

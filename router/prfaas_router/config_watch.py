@@ -1,10 +1,11 @@
-"""Hot reload of the router config file written by the operator.
+"""Hot reload of the router config written by the operator: the mounted file, and the API.
 
 The file is polled (stat, then content) about once a second: a ConfigMap volume swaps its files
 behind a symlink, which inotify on the path would miss. A file that fails validation is refused
 and the last good config stays; so is one with an older `version`. The router says so in its
 log, in `/config` (`last_error`) and in a counter. In-flight requests keep the config snapshot
-they started with, so a reload drops nothing.
+they started with, so a reload drops nothing. ``offer`` is the one way in, also for the
+ConfigMap watch (configmap_source.py), which sees a change long before the kubelet's copy.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ class ConfigWatcher:
         self._seen: tuple[int, int, int] | None = None
         self._content: bytes | None = None
         self.current: RouterConfig | None = None
+        self.source: str | None = None
+        """Where the config in force came from: the file's path, or ``configmap NS/NAME``."""
+        self.api_source = False
+        """Set when a ConfigMapSource also offers configs (the file then lags behind it)."""
         self.loaded_at: float | None = None  # wall clock, for people reading /config
         self.last_error: str | None = None
 
@@ -48,28 +53,39 @@ class ConfigWatcher:
                 return False
             content = self.path.read_bytes()
         except OSError as err:
-            self._refuse(f"cannot read {self.path}: {err.strerror or err}", content=None)
+            self._refuse(
+                f"cannot read {self.path}: {err.strerror or err}", content=None, origin=str(self.path)
+            )
             return False
         self._seen = signature
+        # With an API source the kubelet's copy lags behind: an older file is expected, not an error.
+        return self.offer(content, str(self.path), older_is_stale=self.api_source)
+
+    def offer(self, content: bytes, origin: str, *, older_is_stale: bool = False) -> bool:
+        """Validate and apply a config document from ``origin``; True when it was applied."""
         if content == self._content:
             return False
-        self._content = content
         try:
             config = RouterConfig.from_json(content)
             model = PolicyModel.from_config(config)
         except ValidationError as err:
-            self._refuse(_summary(err), content)
+            self._refuse(_summary(err), content, origin)
             return False
         except (ConfigRefused, ValueError) as err:
-            self._refuse(str(err), content)
+            self._refuse(str(err), content, origin)
             return False
-        if self.current is not None and config.version < self.current.version:
-            self._refuse(
-                f"version {config.version} is older than the current {self.current.version}", content
-            )
+        if self.current is not None and config.version <= self.current.version:
+            if config.version < self.current.version and not older_is_stale:
+                self._refuse(
+                    f"version {config.version} is older than the current {self.current.version}",
+                    content,
+                    origin,
+                )
             return False
+        self._content = content
         self._apply(config, model)
         self.current = config
+        self.source = origin
         self.loaded_at = time.time()
         self.last_error = None
         return True
@@ -82,13 +98,15 @@ class ConfigWatcher:
             except Exception:  # a bug in applying must not stop reloading
                 log.exception("config reload failed")
 
-    def _refuse(self, why: str, content: bytes | None) -> None:
+    def _refuse(self, why: str, content: bytes | None, origin: str) -> None:
         if content is None:  # unreadable: look again next poll, but say it once
             self._seen = None
             if self.last_error and self.last_error.endswith(why):
                 return
+        else:
+            self._content = content  # the same refused document is not refused again
         kept = f"keeping version {self.current.version}" if self.current else "no config loaded yet"
-        self.last_error = f"config {self.path} refused ({kept}): {why}"
+        self.last_error = f"config {origin} refused ({kept}): {why}"
         self._metrics.config_errors.inc()
         log.warning("%s", self.last_error)
 
