@@ -474,6 +474,21 @@ def router_configmap(owner: Owner, config: RouterConfig) -> Manifest:
     }
 
 
+ROUTER_TMP_SIZE = "64Mi"
+RESTRICTED_POD: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": 65532,
+    "runAsGroup": 65532,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+"""The image's own non-root user, as the restricted Pod Security Standard asks."""
+RESTRICTED_CONTAINER: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
 def router_deployment(spec: PrfaasDeploymentSpec, owner: Owner, config_json: str | None) -> Manifest:
     """The router Deployment. The config checksum sits on the Deployment, not the pod template:
     the router hot-reloads its mounted config, so a new config must not roll the pods."""
@@ -485,13 +500,21 @@ def router_deployment(spec: PrfaasDeploymentSpec, owner: Owner, config_json: str
     args = [
         "--config",
         f"{ROUTER_CONFIG_DIR}/{ROUTER_CONFIG_KEY}",
+        "--config-map",
+        f"{owner.namespace}/{names.router_config}",
         "--host",
         "0.0.0.0",
         "--port",
         str(router.port),
     ]
-    mounts: list[dict[str, Any]] = [{"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True}]
-    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": names.router_config}}]
+    mounts: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": names.router_config}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": ROUTER_TMP_SIZE}},
+    ]
     if router.tokenizer is not None:
         args += ["--tokenizer", f"{ROUTER_TOKENIZER_DIR}/{router.tokenizer.path}"]
         mounts.append({"name": "tokenizer", "mountPath": ROUTER_TOKENIZER_DIR, "readOnly": True})
@@ -506,6 +529,7 @@ def router_deployment(spec: PrfaasDeploymentSpec, owner: Owner, config_json: str
         "volumeMounts": mounts,
         "readinessProbe": _http_probe("/readiness", period=5, timeout=3, failures=3),
         "livenessProbe": _http_probe("/liveness", period=10, timeout=5, failures=3),
+        "securityContext": RESTRICTED_CONTAINER,
     }
     return {
         "apiVersion": "apps/v1",
@@ -520,10 +544,49 @@ def router_deployment(spec: PrfaasDeploymentSpec, owner: Owner, config_json: str
                     "containers": [container],
                     "volumes": volumes,
                     "enableServiceLinks": False,
+                    # its token may read its own config ConfigMap and nothing else (router_access)
+                    "serviceAccountName": names.router,
+                    "automountServiceAccountToken": True,
+                    "securityContext": RESTRICTED_POD,
                 },
             },
         },
     }
+
+
+def router_access(owner: Owner) -> list[Manifest]:
+    """The router's identity: a ServiceAccount that may read its one config ConfigMap, nothing else.
+
+    The kubelet refreshes a mounted ConfigMap in a minute or more; through the API the router
+    sees a new config in about a second (it watches it with ``fieldSelector=metadata.name``,
+    which RBAC's resourceNames allows for list and watch too).
+    """
+    names = Names.of(owner.name)
+    metadata = _metadata(names.router, owner.namespace, owner, ROLE_ROUTER, remote=False)
+    rbac = "rbac.authorization.k8s.io"
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata},
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "Role",
+            "metadata": metadata,
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["configmaps"],
+                    "resourceNames": [names.router_config],
+                    "verbs": ["get", "list", "watch"],
+                }
+            ],
+        },
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "RoleBinding",
+            "metadata": metadata,
+            "roleRef": {"apiGroup": rbac, "kind": "Role", "name": names.router},
+            "subjects": [{"kind": "ServiceAccount", "name": names.router, "namespace": owner.namespace}],
+        },
+    ]
 
 
 def _tokenizer_volume(source: TokenizerSource) -> dict[str, Any]:

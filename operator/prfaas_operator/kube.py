@@ -32,7 +32,8 @@ from lightkube import ApiError, AsyncClient, ConfigError, KubeConfig
 from lightkube.core.resource import NamespacedResource
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.apps_v1 import Deployment, StatefulSet
-from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod, Secret, Service
+from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod, Secret, Service, ServiceAccount
+from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 from lightkube.types import PatchType
 
 from prfaas_operator.api import GROUP, KIND, PLURAL, VERSION, SecretKeyRef
@@ -65,6 +66,9 @@ _KINDS: dict[str, Any] = {
     "ConfigMap": ConfigMap,
     "Deployment": Deployment,
     "Pod": Pod,
+    "ServiceAccount": ServiceAccount,
+    "Role": Role,
+    "RoleBinding": RoleBinding,
     KIND: PrfaasDeploymentResource,
 }
 

@@ -61,6 +61,7 @@ from prfaas_operator.builders import (
     pd_cluster_engine_objects,
     prefill_cluster_namespace,
     prefill_cluster_objects,
+    router_access,
     router_configmap,
     router_deployment,
     router_service,
@@ -95,7 +96,16 @@ log = logging.getLogger(__name__)
 Manifest = dict[str, Any]
 # What the caches watch: every kind of child in the PD cluster; in a PrfaaS cluster only what
 # the operator keeps there, so its kubeconfig needs no rights on anything else.
-PD_KINDS = ("StatefulSet", "Service", "Deployment", "ConfigMap", "Pod")
+PD_KINDS = (
+    "StatefulSet",
+    "Service",
+    "Deployment",
+    "ConfigMap",
+    "Pod",
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+)
 PRFAAS_KINDS = ("StatefulSet", "Service", "Pod")
 EVENT_DEBOUNCE_SECONDS = 0.1  # a burst of child events (pods of one StatefulSet) makes one pass
 
@@ -338,6 +348,7 @@ class Reconciler:
         engines = [
             *_held(pd_cluster_engine_objects(spec, owner, choice.allocation, fingerprint), mem.drains),
             router_service(spec, owner),
+            *router_access(owner),
         ]
         engines_applied = asyncio.ensure_future(self._apply_local(owner, engines, local_cache, mem))
         try:

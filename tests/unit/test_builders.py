@@ -214,9 +214,10 @@ class TestPdClusterObjects:
         (router,) = template["spec"]["containers"]
         assert router["command"] == ["prfaas-router"]
         assert router["args"] == [
-            "--config", "/etc/prfaas/router-config.json", "--host", "0.0.0.0", "--port", "8000",
+            "--config", "/etc/prfaas/router-config.json", "--config-map", "prfaas-demo/kimi-linear-router-config",
+            "--host", "0.0.0.0", "--port", "8000",
         ]  # fmt: skip
-        (volume,) = template["spec"]["volumes"]
+        volume = next(v for v in template["spec"]["volumes"] if v["name"] == "config")
         assert volume["configMap"]["name"] == "kimi-linear-router-config"
         assert router["volumeMounts"][0]["mountPath"] == "/etc/prfaas"
         assert router["readinessProbe"]["httpGet"]["path"] == "/readiness"
@@ -242,7 +243,35 @@ class TestPdClusterObjects:
                 "volumeMounts"
             ]
         plain = builders.router_deployment(spec(), OWNER, None)["spec"]["template"]["spec"]
-        assert "--tokenizer" not in plain["containers"][0]["args"] and len(plain["volumes"]) == 1
+        assert "--tokenizer" not in plain["containers"][0]["args"]
+        assert "tokenizer" not in {volume["name"] for volume in plain["volumes"]}
+
+    def test_router_runs_restricted_with_a_writable_tmp(self) -> None:
+        pod = builders.router_deployment(spec(), OWNER, None)["spec"]["template"]["spec"]
+        (router,) = pod["containers"]
+        assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 65532
+        assert router["securityContext"]["readOnlyRootFilesystem"] is True
+        assert router["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        tmp = next(volume for volume in pod["volumes"] if volume["name"] == "tmp")
+        assert "emptyDir" in tmp and {"name": "tmp", "mountPath": "/tmp"} in router["volumeMounts"]
+
+    def test_router_identity_may_read_only_its_config(self) -> None:
+        account, role, binding = builders.router_access(OWNER)
+        pod = builders.router_deployment(spec(), OWNER, None)["spec"]["template"]["spec"]
+        assert pod["serviceAccountName"] == account["metadata"]["name"] == "kimi-linear-router"
+        assert role["rules"] == [
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "resourceNames": ["kimi-linear-router-config"],
+                "verbs": ["get", "list", "watch"],
+            }
+        ]
+        assert binding["roleRef"]["name"] == role["metadata"]["name"]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "kimi-linear-router", "namespace": "prfaas-demo"}
+        ]
+        assert all(m["metadata"]["ownerReferences"] for m in (account, role, binding))
 
     def test_router_service_exposes_api_and_metrics(self) -> None:
         service = builders.router_service(

@@ -60,6 +60,14 @@ watched namespace; never a wildcard.
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
+# Each router's identity: a ServiceAccount whose Role reads only its config ConfigMap (the
+# operator can grant that because it reads ConfigMaps itself).
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  verbs: [get, list, watch, create, patch, update, delete]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [get, list, watch, create, patch, update, delete]
 # Only to read the PrfaaS cluster's kubeconfig Secret a PrfaasDeployment names.
 - apiGroups: [""]
   resources: [secrets]
