@@ -13,7 +13,7 @@ import os
 import shlex
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,8 +57,24 @@ class GpuPool:
 
 
 @dataclass(frozen=True)
+class RealNode:
+    """A kubelet node of a cluster (containerd, runc, CNI): the operator and the router run there as containers."""
+
+    name: str
+    ip: ipaddress.IPv4Address
+    """The node's address (its bridge, the pods' gateway); its apiserver answers here too."""
+    containerd_socket: Path
+    """Its containerd (``ctr --address SOCKET -n k8s.io ...``): the containers' processes, the images."""
+
+
+@dataclass(frozen=True)
 class ClusterInfo:
-    """One cluster: where its kubeconfig is and which address ranges it owns (loopback; PrfaaS pods: see Testbed.link)."""
+    """One cluster: where its kubeconfig is and which address ranges it owns.
+
+    Loopback ranges, except: the kwok pods of a cluster with ``pod_netns`` live in that network
+    namespace, and with a ``real_node`` the service range and the node's pods are private
+    ranges of the testbed's own bridge.
+    """
 
     cluster: Cluster
     kubeconfig: Path
@@ -66,6 +82,9 @@ class ClusterInfo:
     node_cidr: ipaddress.IPv4Network
     service_cidr: ipaddress.IPv4Network
     gpu_pool: GpuPool
+    pod_netns: str | None = None
+    """The network namespace the runner starts this cluster's pod processes in (None: this one)."""
+    real_node: RealNode | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +108,13 @@ class Testbed:
     clusters: Mapping[Cluster, ClusterInfo]
     link: LinkNamespace | None = None
     """Where the PrfaaS pods run when the machine allows namespaces; None: on loopback, like the rest."""
+    image_dir: Path | None = None
+    """The project's image archives (scripts/build-images.sh) the real nodes were given; None: no real nodes."""
+
+    @property
+    def real_nodes(self) -> bool:
+        """Whether the operator and the router run as containers on kubelet nodes (else as the runner's processes)."""
+        return all(info.real_node is not None for info in self.clusters.values())
 
     @property
     def prfaas_kubeconfig(self) -> Path:
@@ -209,12 +235,27 @@ def parse_testbed_env(text: str) -> Testbed:
             netns=_required(values, "PRFAAS_TESTBED_LINK_NETNS"),
             netns_device=_required(values, "PRFAAS_TESTBED_LINK_NS_DEV"),
         )
-    for info in clusters.values():
-        for network in (info.pod_cidr, info.node_cidr, info.service_cidr):
-            in_link_namespace = (
-                link is not None and info.cluster is Cluster.PRFAAS and network == info.pod_cidr
+        clusters[Cluster.PRFAAS] = replace(clusters[Cluster.PRFAAS], pod_netns=link.netns)
+    image_dir = None
+    if values.get("PRFAAS_TESTBED_NODES") == "real":
+        image_dir = Path(_required(values, "PRFAAS_TESTBED_IMAGE_DIR"))
+        clusters[Cluster.PD] = replace(
+            clusters[Cluster.PD], pod_netns=_required(values, "PD_TESTBED_POD_NETNS")
+        )
+        for cluster, info in clusters.items():
+            prefix = cluster.value.upper()
+            node = RealNode(
+                name=_required(values, f"{prefix}_REAL_NODE"),
+                ip=ipaddress.IPv4Address(_required(values, f"{prefix}_REAL_NODE_IP")),
+                containerd_socket=Path(_required(values, f"{prefix}_REAL_NODE_CONTAINERD")),
             )
-            if not (network.is_loopback or (in_link_namespace and network.is_private)):
+            clusters[cluster] = replace(info, real_node=node)
+    for info in clusters.values():
+        owned_private = {info.service_cidr} if info.real_node is not None else set()
+        if info.pod_netns is not None:
+            owned_private.add(info.pod_cidr)
+        for network in (info.pod_cidr, info.node_cidr, info.service_cidr):
+            if not (network.is_loopback or (network in owned_private and network.is_private)):
                 raise TestbedError(f"{info.cluster.value}: {network} is not a range the testbed owns")
     return Testbed(
         state_dir=Path(_required(values, "PRFAAS_TESTBED_DIR")),
@@ -222,6 +263,7 @@ def parse_testbed_env(text: str) -> Testbed:
         node_label=_required(values, "PRFAAS_TESTBED_NODE_LABEL"),
         clusters=clusters,
         link=link,
+        image_dir=image_dir,
     )
 
 

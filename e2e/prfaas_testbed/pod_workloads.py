@@ -325,6 +325,15 @@ def _metrics_port(facts: PodFacts, kind: WorkloadKind, args: Sequence[str]) -> i
     return int(port) if port is not None and port.isdigit() else None
 
 
+def observed_role(facts: PodFacts) -> tuple[WorkloadKind, str, int | None] | None:
+    """Kind, role and metrics port of a pod a real kubelet runs (the runner only reports it); None: unknown."""
+    kind = classify(facts.container)
+    if kind is None:
+        return None
+    args = [str(arg) for arg in facts.container.get("args") or []]
+    return kind, facts.labels.get(ROLE_LABEL) or kind.value, _metrics_port(facts, kind, args)
+
+
 def flag_value(args: Sequence[str], flag: str) -> str | None:
     """The value of ``--flag V`` or ``--flag=V`` (the last one wins, as with argparse)."""
     value = None

@@ -157,12 +157,19 @@ def backfill_openmetrics(openmetrics: str, tsdb_dir: Path) -> None:
 class PrometheusServer:
     """A running Prometheus process; stop it with ``stop()`` or use it as a context manager."""
 
-    def __init__(self, process: subprocess.Popen[bytes], port: int, workdir: Path, tsdb_dir: Path) -> None:
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes],
+        port: int,
+        workdir: Path,
+        tsdb_dir: Path,
+        host: str = "127.0.0.1",
+    ) -> None:
         self.process = process
         self.port = port
         self.workdir = workdir
         self.tsdb_dir = tsdb_dir
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"http://{host}:{port}"
         self.targets_dir = workdir / "targets"
         self.log_path = workdir / "prometheus.log"
 
@@ -261,8 +268,9 @@ def start_prometheus(
     tsdb_dir: Path | None = None,
     retention: str = "30d",
     ready_timeout_s: float = 60.0,
+    host: str = "127.0.0.1",
 ) -> PrometheusServer:
-    """Start Prometheus on a free 127.0.0.1 port and wait until it is ready.
+    """Start Prometheus on a free port of ``host`` (a testbed address) and wait until it is ready.
 
     ``tsdb_dir`` may hold blocks written by ``backfill_openmetrics``; by default it is
     ``workdir/data``. Every job starts with no targets (see ``PrometheusServer.write_targets``).
@@ -288,7 +296,7 @@ def start_prometheus(
                     f"--config.file={config_path}",
                     f"--storage.tsdb.path={data}",
                     f"--storage.tsdb.retention.time={retention}",
-                    f"--web.listen-address=127.0.0.1:{port}",
+                    f"--web.listen-address={host}:{port}",
                     "--web.enable-lifecycle",
                     "--web.enable-admin-api",
                     "--web.enable-remote-write-receiver",
@@ -298,7 +306,7 @@ def start_prometheus(
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # a terminal's Ctrl-C reaches its owner, which stops it in order
             )
-        server = PrometheusServer(process, port, workdir, data)
+        server = PrometheusServer(process, port, workdir, data, host)
         try:
             server.wait_ready(ready_timeout_s)
             return server

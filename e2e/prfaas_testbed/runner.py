@@ -72,6 +72,7 @@ from prfaas_testbed.pod_workloads import (
     Scales,
     flag_value,
     local_process,
+    observed_role,
 )
 from prfaas_testbed.prometheus import ScrapeJob, TargetGroup, write_file_sd
 
@@ -84,6 +85,7 @@ PROBE_TIMEOUT_MAX_SECONDS = 3.0
 STATUS_FILE = "status.json"
 CONTROL_FILE = "control.json"
 OWNER_UID_LABEL = "prfaas.io/owner-uid"
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 FIELD_MANAGER = "prfaas-testbed-runner"
 
 PrfaasDeploymentResource = create_namespaced_resource(
@@ -143,6 +145,59 @@ def _probe(url: str, timeout_s: float) -> bool:
 def _as_dict(obj: Any) -> dict[str, Any]:
     result: dict[str, Any] = obj if isinstance(obj, dict) else obj.to_dict()
     return result
+
+
+@dataclass(frozen=True)
+class KubeletPod:
+    """A pod on a real node: its kubelet runs it as a container; the runner only reports it.
+
+    It stands in the status file beside the runner's own pods (so the demo and the tests find
+    the router and the operator the same way) and gets Prometheus scrape targets.
+    """
+
+    cluster: Cluster
+    facts: PodFacts
+    kind: str
+    role: str
+    metrics_port: int | None
+    ready: bool
+    restarts: int
+    node: str
+
+    @classmethod
+    def of(cls, cluster: Cluster, pod: Mapping[str, Any], facts: PodFacts) -> KubeletPod | None:
+        known = observed_role(facts)
+        if known is None:
+            return None
+        kind, role, metrics_port = known
+        status = pod.get("status") or {}
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
+        )
+        restarts = sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or [])
+        return cls(cluster, facts, kind.value, role, metrics_port, ready, restarts, facts.node_name)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "cluster": self.cluster.value,
+            "namespace": self.facts.namespace,
+            "pod": self.facts.name,
+            "uid": self.facts.uid,
+            "ip": self.facts.ip,
+            "kind": self.kind,
+            "role": self.role,
+            "pid": None,
+            "state": "container",
+            "ready": self.ready,
+            "restarts": self.restarts,
+            "node": self.node,
+        }
+
+
+def is_real_node(node: Mapping[str, Any] | None) -> bool:
+    """A node a real kubelet runs (kwok's fake nodes carry the kwok.x-k8s.io/node annotation)."""
+    annotations = ((node or {}).get("metadata") or {}).get("annotations") or {}
+    return node is not None and KWOK_NODE_ANNOTATION not in annotations
 
 
 class PodSupervisor:
@@ -393,6 +448,7 @@ class Runner:
         self._by_ip: dict[str, PodSupervisor] = {}
         self._nodes: dict[tuple[Cluster, str], dict[str, Any]] = {}
         self._refused: dict[tuple[Cluster, str], str] = {}
+        self.kubelet_pods: dict[tuple[Cluster, str], KubeletPod] = {}
         self._targets: dict[str, list[TargetGroup]] | None = None
         self._stopping = asyncio.Event()
 
@@ -564,6 +620,12 @@ class Runner:
         if key in self.supervisors or key in self._refused:
             return
         node = await self._node(cluster, str((pod.get("spec") or {}).get("nodeName")))
+        if is_real_node(node):
+            with contextlib.suppress(PodWorkloadError):
+                observed = KubeletPod.of(cluster, pod, PodFacts.of(pod, node))
+                if observed is not None:
+                    self.kubelet_pods[key] = observed
+            return
         try:
             facts = PodFacts.of(pod, node)
             pod_dir = (
@@ -586,10 +648,10 @@ class Runner:
             self._refused[key] = str(err)
             log.warning("%s", err)
             return
-        link = self.testbed.link
-        if process is not None and cluster is Cluster.PRFAAS and link is not None:
-            # its pod IP exists only inside the link namespace: the process runs there
-            process = replace(process, argv=(IP_COMMAND, "netns", "exec", link.netns, *process.argv))
+        netns = self.testbed.clusters[cluster].pod_netns
+        if process is not None and netns is not None:
+            # its pod IP exists only inside the cluster's pod namespace: the process runs there
+            process = replace(process, argv=(IP_COMMAND, "netns", "exec", netns, *process.argv))
         if process is None:
             self._refused[key] = "not a known workload"
             log.info(
@@ -607,6 +669,7 @@ class Runner:
     async def poll_once(self) -> None:
         control = self._control()
         seen: set[tuple[Cluster, str]] = set()
+        self.kubelet_pods = {}
         for cluster in Cluster:
             try:
                 pods = await self._pods(cluster)
@@ -700,6 +763,16 @@ class Runner:
                 "role": supervisor.spec.role,
             }
             groups[supervisor.spec.role].append(TargetGroup([f"{supervisor.facts.ip}:{port}"], labels))
+        for pod in self.kubelet_pods.values():
+            if pod.metrics_port is None or pod.role not in groups:
+                continue
+            labels = {
+                "cluster": pod.cluster.value,
+                "namespace": pod.facts.namespace,
+                "pod": pod.facts.name,
+                "role": pod.role,
+            }
+            groups[pod.role].append(TargetGroup([f"{pod.facts.ip}:{pod.metrics_port}"], labels))
         for role_groups in groups.values():
             role_groups.sort(key=lambda group: group.targets[0])
         if groups != self._targets:
@@ -717,7 +790,10 @@ class Runner:
                 "kv_scale": self.settings.scales.kv_scale,
             },
             "pods": sorted(
-                (s.status() for s in self.supervisors.values()),
+                [
+                    *(s.status() for s in self.supervisors.values()),
+                    *(p.status() for p in self.kubelet_pods.values()),
+                ],
                 key=lambda p: (p["cluster"], p["namespace"], p["pod"]),
             ),
         }

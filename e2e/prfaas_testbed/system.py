@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,8 +197,13 @@ class LiveSystem:
     def start(self) -> None:
         """Prometheus, the runner, the namespaces, both releases and the kubeconfig Secret."""
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        pd_node = self.testbed.clusters[Cluster.PD].real_node
         self.prometheus = start_prometheus(
-            self.work_dir / "prometheus", jobs=scrape_jobs(), scrape_interval_s=1.0
+            self.work_dir / "prometheus",
+            jobs=scrape_jobs(),
+            scrape_interval_s=1.0,
+            # the operator's planner reads it from a container on the PD node: its bridge address
+            host=str(pd_node.ip) if pd_node is not None else "127.0.0.1",
         )
         self.start_runner()
         layout = self.layout
@@ -215,12 +221,14 @@ class LiveSystem:
             ],
         )  # fmt: skip
         self.store_prefill_cluster_secret()
+        images = ["--set", "image.pullPolicy=Never"] if self.testbed.real_nodes else []
         self._helm(
             Cluster.PD,
             layout.operator_release,
-            ["--set", f"watchNamespaces={{{layout.deployment_namespace}}}", *self.operator_values],
+            ["--set", f"watchNamespaces={{{layout.deployment_namespace}}}", *images, *self.operator_values],
         )
-        wait_until("the operator pod to be Ready (run by the runner)", self.operator_ready, 120)
+        how = "its container on the real node" if self.testbed.real_nodes else "run by the runner"
+        wait_until(f"the operator pod to be Ready ({how})", self.operator_ready, 120)
 
     def start_runner(self) -> None:
         self.runner_dir.mkdir(parents=True, exist_ok=True)
@@ -278,11 +286,16 @@ class LiveSystem:
                 f"no token for ServiceAccount {layout.system_namespace}/{layout.access_service_account}"
             )
         admin = yaml.safe_load(self.testbed.prfaas_kubeconfig.read_text())
+        server = admin["clusters"][0]["cluster"]
+        prfaas_node = self.testbed.clusters[Cluster.PRFAAS].real_node
+        if prfaas_node is not None:  # the operator's container reaches the PrfaaS apiserver at its node
+            port = urllib.parse.urlsplit(server["server"]).port
+            server = {**server, "server": f"https://{prfaas_node.ip}:{port}"}
         user = f"system:serviceaccount:{layout.system_namespace}:{layout.access_service_account}"
         kubeconfig = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "prfaas", "cluster": admin["clusters"][0]["cluster"]}],
+            "clusters": [{"name": "prfaas", "cluster": server}],
             "users": [{"name": user, "user": {"token": token}}],
             "contexts": [{"name": "prfaas", "context": {"cluster": "prfaas", "user": user}}],
             "current-context": "prfaas",

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the pinned testbed binaries from the Go module proxy into a cache, once.
-# kube-apiserver, kube-controller-manager, kube-scheduler (v1.36.1), etcd (v3.6.14),
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy (v1.36.1), etcd (v3.6.14),
 # kwok and kwokctl (v0.8.0), helm (v3.21.4). Reused when present; never committed.
 # Prints the binary directory on its last line.
 set -euo pipefail
@@ -34,6 +34,8 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 )
 GO
     go mod tidy >/dev/null 2>&1 || go mod tidy
@@ -45,7 +47,9 @@ GO
     go build -trimpath -ldflags "$ld" -o "$BIN/" \
       k8s.io/kubernetes/cmd/kube-apiserver \
       k8s.io/kubernetes/cmd/kube-controller-manager \
-      k8s.io/kubernetes/cmd/kube-scheduler
+      k8s.io/kubernetes/cmd/kube-scheduler \
+      k8s.io/kubernetes/cmd/kubelet \
+      k8s.io/kubernetes/cmd/kube-proxy
   )
 }
 
@@ -73,7 +77,7 @@ build_helm() {
 }
 
 need() { for b in "$@"; do [ -x "$BIN/$b" ] || return 0; done; return 1; }
-if need kube-apiserver kube-controller-manager kube-scheduler; then log "building Kubernetes $K8S_VERSION (first run: 10-25 min)"; build_kubernetes; fi
+if need kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy; then log "building Kubernetes $K8S_VERSION (first run: 10-25 min)"; build_kubernetes; fi
 if need etcd; then log "building etcd $ETCD_VERSION"; build_etcd; fi
 if need kwok kwokctl; then log "building kwok $KWOK_VERSION"; build_kwok; fi
 if need helm; then log "building helm $HELM_VERSION"; build_helm; fi

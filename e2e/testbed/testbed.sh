@@ -58,13 +58,39 @@ link_mode() { # netns or loopback: recorded by the first `up` of this state dir,
   fi
 }
 LINK_MODE=$(link_mode)
-if [ "$LINK_MODE" = netns ]; then
+# shellcheck source=real-node.sh
+. "$HERE/real-node.sh"
+IMAGE_DIR=""
+node_mode() { # real (a kubelet node per cluster runs our containers) or process: recorded like link-mode
+  if [ -f "$STATE_DIR/node-mode" ]; then
+    cat "$STATE_DIR/node-mode"
+  elif [ "${PRFAAS_TESTBED_NODES:-}" = process ] || [ "$LINK_MODE" != netns ] || ! real_nodes_possible; then
+    echo process
+  else
+    echo real
+  fi
+}
+NODE_MODE=$(node_mode)
+# With real nodes the PD cluster's kwok pods live in a namespace of their own too (pd-<id>), so
+# the containers on the real nodes can reach them (loopback addresses do not route between
+# namespaces).
+PD_NETNS=pd-$ID
+PD_HOST_DEV=pd${ID}h
+PD_NS_DEV=pd${ID}n
+PD_HOST_IP=10.230.254.1
+PD_NS_IP=10.230.254.2
+PD_NETNS_POD_NET=10.233
+if [ "$NODE_MODE" = real ]; then
+  declare -A POD_NET=([prfaas]=$NETNS_POD_NET [pd]=$PD_NETNS_POD_NET)
+  declare -A SERVICE_CIDR=([prfaas]=${NODE_SERVICE_CIDR[prfaas]} [pd]=${NODE_SERVICE_CIDR[pd]})
+elif [ "$LINK_MODE" = netns ]; then
   declare -A POD_NET=([prfaas]=$NETNS_POD_NET [pd]=127.200)
+  declare -A SERVICE_CIDR=([prfaas]=127.102.0.0/24 [pd]=127.202.0.0/24)
 else
   declare -A POD_NET=([prfaas]=127.100 [pd]=127.200)
+  declare -A SERVICE_CIDR=([prfaas]=127.102.0.0/24 [pd]=127.202.0.0/24)
 fi
 declare -A NODE_NET=([prfaas]=127.101.0 [pd]=127.201.0)
-declare -A SERVICE_CIDR=([prfaas]=127.102.0.0/24 [pd]=127.202.0.0/24)
 # Every testbed node carries this label with value gpu or cpu; other nodes (tests and
 # benchmarks add their own) are left alone.
 NODE_LABEL=prfaas.io/testbed-pool
@@ -97,15 +123,35 @@ kwok_kubeconfig() { echo "$(cluster_workdir "$1")/kubeconfig.yaml"; }
 flat_kubeconfig() { echo "$KUBECONFIG_DIR/$1.yaml"; }
 
 render_config() { # cluster bin_dir -> kwokctl config on stdout
+  # With a real node the apiserver also answers on the node's bridge (its containers reach it
+  # there, and through the `kubernetes` Service), advertises that address and signs for it.
+  local advertise=127.0.0.1 bind=127.0.0.1 reconciler=none sans="[]"
+  if [ "$NODE_MODE" = real ]; then
+    advertise=${NODE_IP[$1]} bind=0.0.0.0 reconciler=lease
+    sans="[${NODE_IP[$1]}, ${SERVICE_CIDR[$1]%.0/24}.1]"
+  fi
   sed -e "s#@BIN_DIR@#$2#g" -e "s#@KUBECTL@#$KUBECTL#g" \
     -e "s#@SERVICE_CIDR@#${SERVICE_CIDR[$1]}#g" \
     -e "s#@FALLBACK_POD_CIDR@#${POD_NET[$1]}.0.0/24#g" \
+    -e "s#@ADVERTISE_ADDRESS@#$advertise#g" -e "s#@BIND_ADDRESS@#$bind#g" \
+    -e "s#@ENDPOINT_RECONCILER@#$reconciler#g" -e "s#@CERT_SANS@#$sans#g" \
+    -e "s#@PKI_DIR@#$(cluster_workdir "$1")/pki#g" \
     "$HERE/kwokctl.yaml.in"
 }
 
 render_node() { # name index pool(gpu|cpu) cluster -> one Node manifest on stdout
   local name=$1 index=$2 pool=$3 cluster=$4 labels resources
   local pod_cidr="${POD_NET[$cluster]}.$index.0/24" node_ip="${NODE_NET[$cluster]}.$index"
+  # With a real node, the fake nodes are tainted, as GPU nodes are in production: what asks for
+  # no GPU (the operator, the router) lands on the real node; a test pod may still tolerate cpu.
+  local taints=""
+  if [ "$NODE_MODE" = real ] && [ "$pool" = gpu ]; then
+    taints="
+  taints: [{key: nvidia.com/gpu, value: present, effect: NoSchedule}]"
+  elif [ "$NODE_MODE" = real ]; then
+    taints="
+  taints: [{key: $NODE_LABEL, value: cpu, effect: NoSchedule}]"
+  fi
   if [ "$pool" = gpu ]; then
     labels="
     nvidia.com/gpu.present: \"true\"
@@ -134,7 +180,7 @@ metadata:
     kubernetes.io/arch: amd64$labels
 spec:
   podCIDR: $pod_cidr
-  podCIDRs: [$pod_cidr]
+  podCIDRs: [$pod_cidr]$taints
 status:
   addresses:
     - {type: InternalIP, address: $node_ip}
@@ -265,6 +311,37 @@ ensure_link() { # the PrfaaS pods' namespace and the veth pair to it (netns mode
   ip route replace "$NETNS_POD_NET.0.0/16" via "$LINK_NS_IP" dev "$LINK_HOST_DEV"
 }
 
+ensure_pd_netns() { # real-node mode: the PD cluster's kwok pods in their own namespace, routed from here
+  [ "$NODE_MODE" = real ] || return 0
+  ip netns list | grep -qx "$PD_NETNS\( .*\)\?" || ip netns add "$PD_NETNS"
+  if ! ip link show "$PD_HOST_DEV" >/dev/null 2>&1; then
+    ip link add "$PD_HOST_DEV" type veth peer name "$PD_NS_DEV" netns "$PD_NETNS"
+  fi
+  ip addr replace "$PD_HOST_IP/30" dev "$PD_HOST_DEV"
+  ip link set "$PD_HOST_DEV" up
+  ip -n "$PD_NETNS" link set lo up
+  ip -n "$PD_NETNS" addr replace "$PD_NS_IP/30" dev "$PD_NS_DEV"
+  ip -n "$PD_NETNS" link set "$PD_NS_DEV" up
+  ip -n "$PD_NETNS" route replace local "$PD_NETNS_POD_NET.0.0/16" dev lo
+  ip -n "$PD_NETNS" route replace default via "$PD_HOST_IP" dev "$PD_NS_DEV"
+  ip route replace "$PD_NETNS_POD_NET.0.0/16" via "$PD_NS_IP" dev "$PD_HOST_DEV"
+  sysctl -qw net.ipv4.ip_forward=1 # PD <-> PrfaaS pods and containers -> kwok pods go through here
+}
+
+delete_pd_netns() {
+  ip route del "$PD_NETNS_POD_NET.0.0/16" via "$PD_NS_IP" 2>/dev/null || true
+  ip link del "$PD_HOST_DEV" 2>/dev/null || true
+  ip netns del "$PD_NETNS" 2>/dev/null || true
+}
+
+build_images() { # the project's images as archives (scripts/build-images.sh caches them); prints the dir
+  local out
+  out=$(bash "$HERE/../../scripts/build-images.sh") || die "building the images failed (see above)"
+  out=$(printf '%s\n' "$out" | tail -n 1)
+  [ -d "$out" ] || die "build-images.sh did not print its image directory (got '$out')"
+  echo "$out"
+}
+
 delete_link() {
   ip route del "$NETNS_POD_NET.0.0/16" via "$LINK_NS_IP" 2>/dev/null || true
   ip link del "$LINK_HOST_DEV" 2>/dev/null || true # its peer goes with it
@@ -285,8 +362,14 @@ up() {
   local bin cluster
   mkdir -p "$KWOK_DIR"
   echo "$LINK_MODE" >"$STATE_DIR/link-mode"
+  echo "$NODE_MODE" >"$STATE_DIR/node-mode"
   ensure_link
+  ensure_pd_netns
   bin=$(build_bin_dir)
+  if [ "$NODE_MODE" = real ]; then
+    IMAGE_DIR=$(build_images)
+    echo "$IMAGE_DIR" >"$STATE_DIR/image-dir"
+  fi
   for cluster in "${CLUSTERS[@]}"; do
     if cluster_healthy "$cluster" "$bin"; then
       log "$cluster: reusing the running cluster"
@@ -294,6 +377,7 @@ up() {
       if [ -d "$(cluster_workdir "$cluster")" ]; then
         log "$cluster: not healthy or configured differently; recreating"
       fi
+      node_down "$cluster" "$bin" # its kubelet knew the old cluster's CA and node
       delete_cluster "$cluster" "$bin/kwokctl"
       render_config "$cluster" "$bin" >"$STATE_DIR/$cluster.kwokctl.yaml"
       log "$cluster: creating"
@@ -306,22 +390,27 @@ up() {
     fi
     ensure_nodes "$cluster"
     write_flat_kubeconfig "$cluster"
+    if [ "$NODE_MODE" = real ]; then
+      node_up "$cluster" "$bin"
+    fi
   done
-  log "up: $(flat_kubeconfig prfaas) $(flat_kubeconfig pd)"
+  log "up ($NODE_MODE nodes): $(flat_kubeconfig prfaas) $(flat_kubeconfig pd)"
 }
 
 down() {
   local cluster kwokctl=true
   [ -f "$STATE_DIR/bin-dir" ] && kwokctl="$(cat "$STATE_DIR/bin-dir")/kwokctl"
   for cluster in "${CLUSTERS[@]}"; do
+    node_down "$cluster" "$(dirname "$kwokctl")"
     delete_cluster "$cluster" "$kwokctl"
     log "$cluster: deleted"
   done
+  delete_pd_netns
   if [ -f "$STATE_DIR/link-mode" ] && [ "$(cat "$STATE_DIR/link-mode")" = netns ]; then
     delete_link
     log "link namespace $LINK_NETNS: deleted"
   fi
-  rm -f "$STATE_DIR/link-mode"
+  rm -f "$STATE_DIR/link-mode" "$STATE_DIR/node-mode" "$STATE_DIR/image-dir"
 }
 
 status() {
@@ -346,6 +435,11 @@ env_exports() {
   echo "export PRFAAS_TESTBED_BIN=$bin"
   echo "export PRFAAS_TESTBED_NODE_LABEL=$NODE_LABEL"
   echo "export PRFAAS_TESTBED_LINK=$LINK_MODE"
+  echo "export PRFAAS_TESTBED_NODES=$NODE_MODE"
+  if [ "$NODE_MODE" = real ]; then
+    echo "export PD_TESTBED_POD_NETNS=$PD_NETNS"
+    echo "export PRFAAS_TESTBED_IMAGE_DIR=$(cat "$STATE_DIR/image-dir" 2>/dev/null)"
+  fi
   if [ "$LINK_MODE" = netns ]; then
     echo "export PRFAAS_TESTBED_LINK_NETNS=$LINK_NETNS"
     echo "export PRFAAS_TESTBED_LINK_HOST_DEV=$LINK_HOST_DEV"
@@ -361,6 +455,11 @@ env_exports() {
     echo "export ${upper}_GPU_NODES=${GPU_NODES[$cluster]}"
     echo "export ${upper}_GPUS_PER_NODE=${GPUS_PER_NODE[$cluster]}"
     echo "export ${upper}_CPU_NODES=${CPU_NODES[$cluster]}"
+    if [ "$NODE_MODE" = real ]; then
+      echo "export ${upper}_REAL_NODE=$(node_name "$cluster")"
+      echo "export ${upper}_REAL_NODE_IP=${NODE_IP[$cluster]}"
+      echo "export ${upper}_REAL_NODE_CONTAINERD=$(node_socket "$cluster")"
+    fi
   done
 }
 

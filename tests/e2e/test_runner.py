@@ -162,6 +162,15 @@ def test_router_config_follows_its_configmap(runner: Path, pd_client: lightkube.
                 "metadata": {"name": "router-a", "namespace": NAMESPACE},
                 "spec": {
                     "nodeSelector": {"prfaas.io/testbed-pool": "cpu"},
+                    # the runner's own router process: on a kwok node, also where the testbed has real nodes
+                    "tolerations": [
+                        {
+                            "key": "prfaas.io/testbed-pool",
+                            "operator": "Equal",
+                            "value": "cpu",
+                            "effect": "NoSchedule",
+                        }
+                    ],
                     "containers": [
                         {
                             "name": "router",

@@ -43,6 +43,7 @@ from prfaas_testbed.prometheus import (
 
 GPU = "nvidia.com/gpu"
 PRODUCT_LABEL = "nvidia.com/gpu.product"
+TESTBED_POOL_LABEL = "prfaas.io/testbed-pool"
 
 
 def namespace_deleted(client: Client, name: str) -> bool | None:
@@ -88,9 +89,23 @@ def delete_namespace(client: Client, name: str) -> None:
 
 
 def deployment(name: str, namespace: str, *, product: str | None, gpus: int, replicas: int = 1) -> Deployment:
-    """A Deployment of pods that each ask for ``gpus`` GPUs of ``product`` (None: a CPU-only pod)."""
+    """A Deployment of pods that each ask for ``gpus`` GPUs of ``product`` (None: a CPU-only pod).
+
+    Every pod stays on kwok's fake nodes (a CPU-only one on the ``cpu`` pool, tolerating its
+    taint where the testbed has real nodes): its image does not exist, so a kubelet could not run it.
+    """
     labels = {"app": name}
     resources = {"limits": {GPU: str(gpus)}, "requests": {GPU: str(gpus)}} if gpus else {}
+    placement: dict[str, object] = (
+        {"nodeSelector": {PRODUCT_LABEL: product}}
+        if product
+        else {
+            "nodeSelector": {TESTBED_POOL_LABEL: "cpu"},
+            "tolerations": [
+                {"key": TESTBED_POOL_LABEL, "operator": "Equal", "value": "cpu", "effect": "NoSchedule"}
+            ],
+        }
+    )
     return from_dict(
         {
             "apiVersion": "apps/v1",
@@ -102,7 +117,7 @@ def deployment(name: str, namespace: str, *, product: str | None, gpus: int, rep
                 "template": {
                     "metadata": {"labels": labels},
                     "spec": {
-                        "nodeSelector": {PRODUCT_LABEL: product} if product else {},
+                        **placement,
                         "terminationGracePeriodSeconds": 0,  # nothing to drain in a test pod
                         "containers": [
                             {"name": "main", "image": "example.invalid/fake-engine:0", "resources": resources}
@@ -311,10 +326,8 @@ def test_whole_node_gpu_pod_runs_on_its_product_with_a_pod_ip_in_range(
     assert node.metadata.labels[PRODUCT_LABEL] == pool.product
     assert pod.status.podIP is not None and pod.status.hostIP is not None
     pod_ip = ipaddress.ip_address(pod.status.podIP)
-    # loopback, or (the PrfaaS cluster with a link namespace) a private range that exists only there
-    assert pod_ip.is_loopback or (
-        testbed.link is not None and cluster is Cluster.PRFAAS and pod_ip.is_private
-    )
+    # loopback, or (a cluster whose pods live in a namespace of their own) a private range that exists only there
+    assert pod_ip.is_loopback or (testbed.clusters[cluster].pod_netns is not None and pod_ip.is_private)
     assert testbed.cluster_of_pod_ip(pod.status.podIP) is cluster
     assert node.spec.podCIDR is not None and pod_ip in ipaddress.ip_network(node.spec.podCIDR)
     assert pod.status.hostIP == internal_ip(node)
