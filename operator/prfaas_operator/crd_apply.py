@@ -119,6 +119,8 @@ def refusal(code: int, message: str) -> str:
             f"forbidden: {message} (the hook's ClusterRole grants get, create and patch on "
             f"customresourcedefinitions/{crd.CRD_NAME}; was rbac.create=false?)"
         )
+    if code == 401:
+        return f"the apiserver rejected the credentials (HTTP 401: {message})"
     if code == 422:
         return f"the apiserver rejected the CRD: {message}"
     return f"HTTP {code}: {message}"

@@ -95,6 +95,7 @@ def test_refusals_say_what_to_do() -> None:
     forbidden = crd_apply.refusal(403, 'customresourcedefinitions "x" is forbidden')
     assert "forbidden" in forbidden and crd.CRD_NAME in forbidden and "rbac.create" in forbidden
     assert crd_apply.refusal(422, "spec.versions: Invalid").startswith("the apiserver rejected the CRD")
+    assert crd_apply.refusal(401, "Unauthorized").startswith("the apiserver rejected the credentials")
     assert crd_apply.refusal(500, "boom") == "HTTP 500: boom"
 
 
