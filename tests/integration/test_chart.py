@@ -867,3 +867,90 @@ def test_a_create_limited_by_resource_names_works_through_server_side_apply_only
     finally:
         kubectl(admin, "delete", "crd", name, "--ignore-not-found", "--wait=false")
         kubectl(admin, "delete", "--ignore-not-found", "-f", "-", stdin=yaml.safe_dump_all(grant))
+
+
+def real_node(admin: Path) -> str | None:
+    """A node a kubelet runs (kwok's report kubelet version kwok-*), where the hook pod really runs."""
+    done = kubectl(admin, "get", "nodes", "-o", "json")
+    assert done.returncode == 0, done.stderr
+    for node in json.loads(done.stdout)["items"]:
+        if not node["status"].get("nodeInfo", {}).get("kubeletVersion", "kwok").startswith("kwok"):
+            name: str = node["metadata"]["name"]
+            return name
+    return None
+
+
+@pytest.mark.testbed
+def test_helm_install_and_upgrade_bring_the_crd_to_the_image_models_and_uninstall_keeps_it(
+    helm: Path, testbed: Testbed
+) -> None:
+    """The hook Job for real: the product image under a kubelet. kwok would only fake the pod's
+    completion, so this needs a real node in the PD cluster, with the product image on it."""
+    admin = testbed.pd_kubeconfig
+    node = real_node(admin)
+    if node is None:
+        pytest.skip("no real node in the PD cluster: kwok would fake the hook pod's completion")
+    suffix = uuid.uuid4().hex[:6]
+    release, namespace = f"hook-{suffix}", f"prfaas-hook-{suffix}"
+    hook_objects = [
+        f"{kind}/{release}-prfaas-operator-crd-upgrade"
+        for kind in ("job", "serviceaccount", "clusterrole", "clusterrolebinding")
+    ]
+    desired = crd.crd_manifest()
+
+    def write_an_older_crd() -> None:
+        older = json.loads(json.dumps(desired))
+        schema = older["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        schema["properties"]["obsoleteField"] = {"type": "string", "description": "an older chart's"}
+        written = kubectl(
+            admin, "apply", "--server-side", "--force-conflicts", "--field-manager=older-chart", "-f", "-",
+            stdin=json.dumps(older),
+        )  # fmt: skip
+        assert written.returncode == 0, written.stderr
+
+    def assert_the_hook_applied_the_models() -> None:
+        live = live_crd(admin)
+        assert live["spec"]["versions"] == desired["spec"]["versions"]
+        managers = {entry["manager"]: entry["operation"] for entry in live["metadata"]["managedFields"]}
+        assert managers.get(crd_apply.FIELD_MANAGER) == "Apply", managers
+        for name in hook_objects:  # hook-succeeded: nothing of the hook is left
+            found = kubectl(admin, "-n", namespace, "get", name, "--ignore-not-found", "-o", "name")
+            assert found.stdout.strip() == "", f"{name} was left behind"
+
+    values = [
+        "--set", "replicas=0",  # the hook only: no second operator on the testbed
+        "--set", f"watchNamespaces={{{namespace}}}",
+        "--set", "image.pullPolicy=Never",  # the image the testbed built
+        "--set", f"nodeSelector.kubernetes\\.io/hostname={node}",
+        "--set", "tolerations[0].operator=Exists",
+        "--wait", "--timeout", "180s",
+    ]  # fmt: skip
+    try:
+        write_an_older_crd()
+        installed = run_helm(
+            helm,
+            "install",
+            release,
+            str(CHART),
+            "-n",
+            namespace,
+            "--create-namespace",
+            *values,
+            kubeconfig=admin,
+        )
+        assert installed.returncode == 0, installed.stdout + installed.stderr
+        assert_the_hook_applied_the_models()
+
+        write_an_older_crd()
+        upgraded = run_helm(helm, "upgrade", release, str(CHART), "-n", namespace, *values, kubeconfig=admin)
+        assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
+        assert_the_hook_applied_the_models()
+
+        removed = run_helm(helm, "uninstall", release, "-n", namespace, "--wait", kubeconfig=admin)
+        assert removed.returncode == 0, removed.stderr
+        assert live_crd(admin)["metadata"]["name"] == crd.CRD_NAME  # Helm never deletes crds/
+    finally:
+        run_helm(helm, "uninstall", release, "-n", namespace, "--ignore-not-found", kubeconfig=admin)
+        kubectl(admin, "delete", "--ignore-not-found", *hook_objects[2:])  # the cluster-scoped ones
+        kubectl(admin, "delete", "namespace", namespace, "--wait=false")
+        kubectl(admin, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
