@@ -406,7 +406,13 @@ class TokenizerSource(_Model):
 class RouterSpec(_Model):
     """The PrfaaS router Deployment in the PD cluster."""
 
-    image: str = Field(min_length=1, description="Router container image.")
+    image: str = Field(
+        min_length=1,
+        description=(
+            "Router container image: the product image, ghcr.io/prfaas/prfaas:<version> of the operator's "
+            "release, whose prfaas-router command the router pods run."
+        ),
+    )
     replicas: int = Field(default=1, ge=1, le=64, description="Router replicas.")
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements, description="Router resources."

@@ -174,7 +174,7 @@ def test_router_config_follows_its_configmap(runner: Path, pd_client: lightkube.
                     "containers": [
                         {
                             "name": "router",
-                            "image": "ghcr.io/prfaas/prfaas-router:0.1.0",
+                            "image": "ghcr.io/prfaas/prfaas:0.1.0",
                             "command": ["prfaas-router"],
                             "args": [
                                 "--config",

@@ -1,8 +1,9 @@
 """The Helm chart: lint, render, values schema, and its RBAC checked by a real apiserver.
 
 helm is the pinned v3.21.4 the testbed builds (or one on PATH). Rendering needs no cluster;
-the two tests marked `testbed` ask the apiserver itself what the rendered RBAC allows, and
-follow NOTES.txt to build the PrfaaS-cluster kubeconfig exactly as a user would.
+the tests marked `testbed` ask the apiserver itself what the rendered RBAC allows, follow
+NOTES.txt to build the PrfaaS-cluster kubeconfig exactly as a user would, and run the
+CRD-upgrade hook's command with the hook's own ServiceAccount.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from prfaas_operator import crd
+from prfaas_operator import crd, crd_apply
 
 if TYPE_CHECKING:
     from prfaas_testbed.clusters import Testbed
@@ -32,6 +34,8 @@ RELEASE = "prfaas"
 NAMESPACE = "prfaas-system"
 ACCESS_MODE = ("operator.enabled=false", "prefillClusterAccess.enabled=true")
 RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"}
+HOOK = "helm.sh/hook"
+PRODUCT_IMAGE = "ghcr.io/prfaas/prfaas:0.1.0"
 
 # Exactly what the operator may do in its own cluster: (apiGroup, resource, verb).
 OPERATOR_CLUSTER_SCOPED = {("", "namespaces", verb) for verb in ("get", "list", "watch")} | {
@@ -81,12 +85,15 @@ def run_helm(helm: Path, *args: str, kubeconfig: Path | None = None) -> subproce
     )
 
 
-def render(helm: Path, *sets: str, include_crds: bool = False) -> list[dict[str, Any]]:
+def render(helm: Path, *sets: str, include_crds: bool = False, hooks: bool = False) -> list[dict[str, Any]]:
+    """The chart's objects; its hooks (the CRD-upgrade Job and its RBAC) only with hooks=True."""
     args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE]
     for value in sets:
         args += ["--set", value]
     if include_crds:
         args.append("--include-crds")
+    if not hooks:
+        args.append("--no-hooks")
     done = run_helm(helm, *args)
     assert done.returncode == 0, done.stderr
     return [document for document in yaml.safe_load_all(done.stdout) if document]
@@ -115,8 +122,13 @@ def granted(objects: list[dict[str, Any]], kind: str) -> set[tuple[str, str, str
 
 @pytest.mark.parametrize(
     "sets",
-    [(), ACCESS_MODE, ("watchNamespaces={team-a,team-b}", "prefillClusterAccess.enabled=true")],
-    ids=["operator", "prefill-cluster-access", "both-namespaced"],
+    [
+        (),
+        ACCESS_MODE,
+        ("watchNamespaces={team-a,team-b}", "prefillClusterAccess.enabled=true"),
+        ("crds.upgradeJob.enabled=false", "rbac.create=false"),
+    ],
+    ids=["operator", "prefill-cluster-access", "both-namespaced", "no-crd-upgrade-hook"],
 )
 def test_helm_lint_passes(helm: Path, sets: tuple[str, ...]) -> None:
     args = ["lint", "--strict", str(CHART)]
@@ -139,6 +151,10 @@ def test_helm_lint_passes(helm: Path, sets: tuple[str, ...]) -> None:
         ("watchNamespaces={Team_A}", "watchNamespaces"),
         ("replica=1", "replica"),
         ("prefillClusterAccess.serviceAccount.name=", "name"),
+        ("crds.upgradeJob.enabled=yes", "enabled"),
+        ("crds.upgradeJob.backoffLimit=-1", "backoffLimit"),
+        ("crds.upgradeJob.establishedTimeoutSeconds=0", "establishedTimeoutSeconds"),
+        ("crds.upgradeJob.enable=false", "enable"),
     ],
 )
 def test_values_schema_rejects_bad_values_naming_the_key(helm: Path, value: str, named: str) -> None:
@@ -192,7 +208,7 @@ def test_deployment_runs_the_operator_non_root_with_probes(helm: Path) -> None:
     (container,) = pod["containers"]
     assert deployment["spec"]["replicas"] == 1
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
-    assert container["image"] == "ghcr.io/prfaas/prfaas-operator:0.1.0"
+    assert container["image"] == PRODUCT_IMAGE
     assert container["command"] == ["python", "-m", "prfaas_operator"]
     assert container["args"] == [
         "--all-namespaces",
@@ -294,11 +310,124 @@ def test_prefill_cluster_access_mode_renders_only_its_identity(helm: Path) -> No
     ],
 )
 def test_no_rbac_rule_uses_a_wildcard(helm: Path, sets: tuple[str, ...]) -> None:
-    for role in (o for o in render(helm, *sets) if o["kind"] in {"Role", "ClusterRole"}):
+    for role in (o for o in render(helm, *sets, hooks=True) if o["kind"] in {"Role", "ClusterRole"}):
         for rule in role["rules"]:
-            assert "nonResourceURLs" not in rule and "resourceNames" not in rule, rule
+            assert "nonResourceURLs" not in rule, rule
+            if HOOK in role["metadata"].get("annotations", {}):
+                assert rule["resourceNames"] == [crd.CRD_NAME], rule  # narrower still, see below
+            else:
+                assert "resourceNames" not in rule, rule
             for field in ("apiGroups", "resources", "verbs"):
                 assert not any("*" in item for item in rule[field]), f"{role['metadata']['name']}: {rule}"
+
+
+# ---- the CRD-upgrade hook ------------------------------------------------------------------------
+
+
+def hooks_of(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o for o in objects if HOOK in o["metadata"].get("annotations", {})]
+
+
+def test_crd_upgrade_hook_is_on_by_default_and_runs_before_install_and_upgrade(helm: Path) -> None:
+    objects = render(helm, hooks=True)
+    hooks = hooks_of(objects)
+    assert sorted(o["kind"] for o in hooks) == ["ClusterRole", "ClusterRoleBinding", "Job", "ServiceAccount"]
+    weights = {}
+    for hook in hooks:
+        annotations = hook["metadata"]["annotations"]
+        assert annotations[HOOK] == "pre-install,pre-upgrade"
+        assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+        weights[hook["kind"]] = int(annotations["helm.sh/hook-weight"])
+        assert hook["metadata"]["name"] == f"{RELEASE}-prfaas-operator-crd-upgrade"
+    # its identity exists before the Job starts
+    assert weights["ServiceAccount"] < weights["ClusterRoleBinding"] < weights["Job"]
+    assert weights["ClusterRole"] < weights["ClusterRoleBinding"]
+    # nothing but the hooks changed: the chart's own objects render as before
+    assert [o for o in objects if o not in hooks] == render(helm)
+
+
+def test_crd_upgrade_hook_runs_the_product_image_as_locked_down_as_the_operator(helm: Path) -> None:
+    objects = render(helm, hooks=True)
+    (job,) = [o for o in hooks_of(objects) if o["kind"] == "Job"]
+    operator_pod = only(render(helm), "Deployment")["spec"]["template"]["spec"]
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (operator,) = operator_pod["containers"]
+    assert job["metadata"]["namespace"] == NAMESPACE
+    assert container["image"] == operator["image"] == PRODUCT_IMAGE
+    assert container["command"] == ["python", "-m", "prfaas_operator.crd_apply"]
+    parsed = crd_apply._parser().parse_args(container["args"])  # the chart and the CLI agree
+    assert parsed.timeout == 60 and not parsed.dry_run
+    assert pod["restartPolicy"] == "Never"
+    assert job["spec"]["backoffLimit"] == 2 and job["spec"]["activeDeadlineSeconds"] == 300
+    assert pod["securityContext"] == operator_pod["securityContext"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["securityContext"] == operator["securityContext"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["resources"]["limits"]["memory"] == "256Mi"
+    assert container["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert pod["volumes"] == [{"name": "tmp", "emptyDir": {"sizeLimit": "16Mi"}}]
+    # its own short-lived identity, never the operator's
+    account = pod["serviceAccountName"]
+    assert account == f"{RELEASE}-prfaas-operator-crd-upgrade" != operator_pod["serviceAccountName"]
+
+
+def test_crd_upgrade_hook_may_get_create_and_patch_this_crd_only(helm: Path) -> None:
+    hooks = hooks_of(render(helm, hooks=True))
+    role = only(hooks, "ClusterRole")
+    assert role["rules"] == [
+        {
+            "apiGroups": ["apiextensions.k8s.io"],
+            "resources": ["customresourcedefinitions"],
+            "resourceNames": [crd.CRD_NAME],
+            "verbs": ["get", "create", "patch"],
+        }
+    ]
+    binding = only(hooks, "ClusterRoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    account = only(hooks, "ServiceAccount")["metadata"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["name"], "namespace": NAMESPACE}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("sets", "kinds"),
+    [
+        (("crds.upgradeJob.enabled=false",), []),
+        (ACCESS_MODE, []),  # the PrfaaS cluster needs no CRD (installed there with --skip-crds)
+        (("rbac.create=false",), ["Job", "ServiceAccount"]),  # bind the hook's account yourself
+    ],
+    ids=["off", "prefill-cluster-access", "no-rbac"],
+)
+def test_crd_upgrade_hook_follows_its_values(helm: Path, sets: tuple[str, ...], kinds: list[str]) -> None:
+    assert sorted(o["kind"] for o in hooks_of(render(helm, *sets, hooks=True))) == kinds
+
+
+def test_crd_upgrade_hook_values_reach_the_job(helm: Path) -> None:
+    objects = render(
+        helm,
+        "crds.upgradeJob.establishedTimeoutSeconds=120",
+        "crds.upgradeJob.backoffLimit=0",
+        "crds.upgradeJob.podAnnotations.example\\.com/note=hook",
+        "image.tag=1.2.3",
+        "nodeSelector.kubernetes\\.io/os=linux",
+        hooks=True,
+    )
+    (job,) = [o for o in hooks_of(objects) if o["kind"] == "Job"]
+    template = job["spec"]["template"]
+    assert job["spec"]["backoffLimit"] == 0
+    assert template["metadata"]["annotations"] == {"example.com/note": "hook"}
+    assert template["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    (container,) = template["spec"]["containers"]
+    assert container["args"] == ["--timeout=120"]
+    assert container["image"] == "ghcr.io/prfaas/prfaas:1.2.3"
 
 
 # ---- against the real apiserver -----------------------------------------------------------------
@@ -352,6 +481,7 @@ def rbac_release(helm: Path, testbed: Testbed) -> Iterator[tuple[str, str]]:
         namespace,
         "--set",
         f"watchNamespaces={{{watched}}}",
+        "--no-hooks",
     )
     assert done.returncode == 0, done.stderr
     objects = [o for o in yaml.safe_load_all(done.stdout) if o and o["kind"] in RBAC_KINDS]
@@ -500,3 +630,327 @@ def test_notes_build_a_working_least_privilege_kubeconfig_for_the_prefill_cluste
             kubeconfig=admin,
         )
         kubectl(admin, "delete", "namespace", namespace, "--wait=false")
+
+
+# ---- the CRD-upgrade hook's command against the real apiserver, with the hook's own identity ------
+
+
+def token_kubeconfig(admin: Path, token: str, target: Path) -> Path:
+    """A kubeconfig for `admin`'s cluster that authenticates with `token` only."""
+    done = kubectl(admin, "config", "view", "--minify", "--flatten", "--raw", "-o", "json")
+    assert done.returncode == 0, done.stderr
+    cluster = json.loads(done.stdout)["clusters"][0]["cluster"]
+    document = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "pd", "cluster": cluster}],
+        "users": [{"name": "hook", "user": {"token": token}}],
+        "contexts": [{"name": "hook", "context": {"cluster": "pd", "user": "hook"}}],
+        "current-context": "hook",
+    }
+    target.write_text(yaml.safe_dump(document))
+    return target
+
+
+def wait_for_grant(kubeconfig: Path, verb: str, resource: str, user: str) -> None:
+    """The authorizer learns new bindings from a watch: wait (bounded) until it has."""
+    deadline = time.monotonic() + 20
+    while not can_i(kubeconfig, verb, resource, namespace=None, user=user):
+        assert time.monotonic() < deadline, f"{user} still may not {verb} {resource}"
+        time.sleep(0.5)
+
+
+@pytest.fixture
+def crd_upgrade_identity(helm: Path, testbed: Testbed, tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """The hook's ServiceAccount and RBAC as the chart renders them, and a kubeconfig with its token."""
+    suffix = uuid.uuid4().hex[:6]
+    release, namespace = f"crd-{suffix}", f"prfaas-crd-{suffix}"
+    admin = testbed.pd_kubeconfig
+    done = run_helm(
+        helm, "template", release, str(CHART), "--namespace", namespace,
+        "--show-only", "templates/crd-upgrade-job.yaml",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    objects = [o for o in yaml.safe_load_all(done.stdout) if o and o["kind"] in RBAC_KINDS]
+    assert sorted(o["kind"] for o in objects) == ["ClusterRole", "ClusterRoleBinding", "ServiceAccount"]
+    account = only(objects, "ServiceAccount")["metadata"]["name"]
+    assert kubectl(admin, "create", "namespace", namespace).returncode == 0
+    # the CRD must be there and served (as Helm's crds/ leaves it on a first install)
+    crd_applied = kubectl(admin, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+    assert crd_applied.returncode == 0, crd_applied.stderr
+    assert kubectl(admin, "wait", "--for=condition=Established", "crd/" + crd.CRD_NAME).returncode == 0
+    try:
+        applied = kubectl(admin, "apply", "-f", "-", stdin=yaml.safe_dump_all(objects))
+        assert applied.returncode == 0, applied.stderr
+        token = kubectl(admin, "-n", namespace, "create", "token", account, "--duration=10m")
+        assert token.returncode == 0, token.stderr
+        user = f"system:serviceaccount:{namespace}:{account}"
+        wait_for_grant(admin, "patch", f"customresourcedefinitions/{crd.CRD_NAME}", user)
+        yield token_kubeconfig(admin, token.stdout.strip(), tmp_path / "hook.kubeconfig"), user
+    finally:
+        kubectl(
+            admin,
+            "delete",
+            "--ignore-not-found",
+            "--wait=false",
+            "-f",
+            "-",
+            stdin=yaml.safe_dump_all(objects),
+        )
+        kubectl(admin, "delete", "namespace", namespace, "--wait=false")
+
+
+def run_crd_apply(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith("KUBERNETES_")}
+    return subprocess.run(
+        [sys.executable, "-m", "prfaas_operator.crd_apply", *args],
+        env={**env, "KUBECONFIG": str(kubeconfig)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def live_crd(admin: Path) -> dict[str, Any]:
+    done = kubectl(admin, "get", "crd", crd.CRD_NAME, "--show-managed-fields", "-o", "json")
+    assert done.returncode == 0, done.stderr
+    found: dict[str, Any] = json.loads(done.stdout)
+    return found
+
+
+@pytest.mark.testbed
+def test_crd_upgrade_hook_brings_an_older_crd_to_the_models_with_only_its_rights(
+    testbed: Testbed, crd_upgrade_identity: tuple[Path, str]
+) -> None:
+    kubeconfig, _ = crd_upgrade_identity
+    admin = testbed.pd_kubeconfig
+    desired = crd.crd_manifest()
+    # a CRD another chart version wrote: a field the models no longer have, a printer column less
+    older = json.loads(json.dumps(desired))
+    (version,) = older["spec"]["versions"]
+    spec_schema = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec_schema["properties"]["obsoleteField"] = {"type": "string", "description": "gone in this version"}
+    version["additionalPrinterColumns"] = [
+        c for c in version["additionalPrinterColumns"] if c["name"] != "Reason"
+    ]
+    written = kubectl(
+        admin, "apply", "--server-side", "--force-conflicts", "--field-manager=older-chart", "-f", "-",
+        stdin=json.dumps(older),
+    )  # fmt: skip
+    assert written.returncode == 0, written.stderr
+    try:
+        dry = run_crd_apply(kubeconfig, "--dry-run")
+        assert dry.returncode == 0, dry.stderr
+        assert "updated" in dry.stdout and "dry run" in dry.stdout
+        assert "obsoleteField" in json.dumps(live_crd(admin)), "a dry run wrote the CRD"
+
+        done = run_crd_apply(kubeconfig, "--timeout", "30")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"{crd.CRD_NAME}: updated" in done.stdout and "Established" in done.stdout
+        assert "v1alpha1:.spec.obsoleteField" in done.stderr  # the warning of a field removal
+        live = live_crd(admin)
+        (served,) = live["spec"]["versions"]
+        # spec.versions is atomic: the schema and the columns are the models', whole
+        assert served == desired["spec"]["versions"][0]
+        assert live["spec"]["names"] == desired["spec"]["names"]
+        managers = {
+            entry["manager"]: entry
+            for entry in live["metadata"]["managedFields"]
+            if not entry.get("subresource")
+        }
+        assert managers[crd_apply.FIELD_MANAGER]["operation"] == "Apply"
+        assert "f:versions" in json.dumps(managers[crd_apply.FIELD_MANAGER]["fieldsV1"])
+        assert "f:versions" not in json.dumps(managers.get("older-chart", {}).get("fieldsV1", {}))
+
+        again = run_crd_apply(kubeconfig)
+        assert again.returncode == 0, again.stderr
+        assert f"{crd.CRD_NAME}: unchanged" in again.stdout and not again.stderr
+    finally:
+        kubectl(admin, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+
+
+@pytest.mark.testbed
+def test_crd_upgrade_hook_identity_may_touch_no_other_crd(
+    testbed: Testbed, crd_upgrade_identity: tuple[Path, str]
+) -> None:
+    _, user = crd_upgrade_identity
+    admin = testbed.pd_kubeconfig
+
+    def allowed(verb: str, resource: str) -> bool:
+        return can_i(admin, verb, resource, namespace=None, user=user)
+
+    ours = f"customresourcedefinitions/{crd.CRD_NAME}"
+    for verb in ("get", "create", "patch"):
+        assert allowed(verb, ours), f"the hook may not {verb} {ours}"
+    for verb in ("delete", "update", "list", "watch"):
+        assert not allowed(verb, ours), f"the hook may {verb} {ours}"
+    for verb in ("get", "create", "patch", "delete"):
+        assert not allowed(verb, "customresourcedefinitions/others.example.com"), verb
+    assert not allowed("create", "customresourcedefinitions"), "a nameless create (POST) must be refused"
+    for verb, resource in [("get", "secrets"), ("list", "pods"), ("create", "clusterroles")]:
+        assert not allowed(verb, resource), f"the hook may {verb} {resource}"
+
+
+@pytest.mark.testbed
+def test_a_create_limited_by_resource_names_works_through_server_side_apply_only(
+    testbed: Testbed, crd_upgrade_identity: tuple[Path, str]
+) -> None:
+    """Why the hook's rule may list create under resourceNames: the apiserver authorizes the
+    create an apply does with the object's name, and a POST without one. Checked on a scratch
+    CRD with the same rule, so the project's own CRD (and its objects) are never deleted."""
+    kubeconfig, user = crd_upgrade_identity
+    admin = testbed.pd_kubeconfig
+    group = f"t{uuid.uuid4().hex[:6]}.prfaas-test.io"
+    name = f"things.{group}"
+    scratch = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": name},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"kind": "Thing", "plural": "things", "singular": "thing", "listKind": "ThingList"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": {"type": "object"}},
+                }
+            ],
+        },
+    }
+    namespace, account = user.split(":")[2:]
+    grant = [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": f"scratch-{group}"},
+            "rules": [
+                {
+                    "apiGroups": ["apiextensions.k8s.io"],
+                    "resources": ["customresourcedefinitions"],
+                    "resourceNames": [name],
+                    "verbs": ["get", "create", "patch"],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": f"scratch-{group}"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": f"scratch-{group}",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+        },
+    ]
+    assert kubectl(admin, "apply", "-f", "-", stdin=yaml.safe_dump_all(grant)).returncode == 0
+    try:
+        wait_for_grant(admin, "patch", f"customresourcedefinitions/{name}", user)
+        posted = kubectl(kubeconfig, "create", "-f", "-", stdin=json.dumps(scratch))
+        assert posted.returncode != 0 and "forbidden" in posted.stderr.lower(), posted.stdout + posted.stderr
+        applied = kubectl(
+            kubeconfig,
+            "apply",
+            "--server-side",
+            "--field-manager=scratch",
+            "-f",
+            "-",
+            stdin=json.dumps(scratch),
+        )
+        assert applied.returncode == 0, applied.stderr
+        assert "serverside-applied" in applied.stdout
+    finally:
+        kubectl(admin, "delete", "crd", name, "--ignore-not-found", "--wait=false")
+        kubectl(admin, "delete", "--ignore-not-found", "-f", "-", stdin=yaml.safe_dump_all(grant))
+
+
+def real_node(admin: Path) -> str | None:
+    """A node a kubelet runs (kwok's report kubelet version kwok-*), where the hook pod really runs."""
+    done = kubectl(admin, "get", "nodes", "-o", "json")
+    assert done.returncode == 0, done.stderr
+    for node in json.loads(done.stdout)["items"]:
+        if not node["status"].get("nodeInfo", {}).get("kubeletVersion", "kwok").startswith("kwok"):
+            name: str = node["metadata"]["name"]
+            return name
+    return None
+
+
+@pytest.mark.testbed
+def test_helm_install_and_upgrade_bring_the_crd_to_the_image_models_and_uninstall_keeps_it(
+    helm: Path, testbed: Testbed
+) -> None:
+    """The hook Job for real: the product image under a kubelet. kwok would only fake the pod's
+    completion, so this needs a real node in the PD cluster, with the product image on it."""
+    admin = testbed.pd_kubeconfig
+    node = real_node(admin)
+    if node is None:
+        pytest.skip("no real node in the PD cluster: kwok would fake the hook pod's completion")
+    suffix = uuid.uuid4().hex[:6]
+    release, namespace = f"hook-{suffix}", f"prfaas-hook-{suffix}"
+    hook_objects = [
+        f"{kind}/{release}-prfaas-operator-crd-upgrade"
+        for kind in ("job", "serviceaccount", "clusterrole", "clusterrolebinding")
+    ]
+    desired = crd.crd_manifest()
+
+    def write_an_older_crd() -> None:
+        older = json.loads(json.dumps(desired))
+        schema = older["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        schema["properties"]["obsoleteField"] = {"type": "string", "description": "an older chart's"}
+        written = kubectl(
+            admin, "apply", "--server-side", "--force-conflicts", "--field-manager=older-chart", "-f", "-",
+            stdin=json.dumps(older),
+        )  # fmt: skip
+        assert written.returncode == 0, written.stderr
+
+    def assert_the_hook_applied_the_models() -> None:
+        live = live_crd(admin)
+        assert live["spec"]["versions"] == desired["spec"]["versions"]
+        managers = {entry["manager"]: entry["operation"] for entry in live["metadata"]["managedFields"]}
+        assert managers.get(crd_apply.FIELD_MANAGER) == "Apply", managers
+        for name in hook_objects:  # hook-succeeded: nothing of the hook is left
+            found = kubectl(admin, "-n", namespace, "get", name, "--ignore-not-found", "-o", "name")
+            assert found.stdout.strip() == "", f"{name} was left behind"
+
+    values = [
+        "--set", "replicas=0",  # the hook only: no second operator on the testbed
+        "--set", f"watchNamespaces={{{namespace}}}",
+        "--set", "image.pullPolicy=Never",  # the image the testbed built
+        "--set", f"nodeSelector.kubernetes\\.io/hostname={node}",
+        "--set", "tolerations[0].operator=Exists",
+        "--wait", "--timeout", "180s",
+    ]  # fmt: skip
+    try:
+        write_an_older_crd()
+        installed = run_helm(
+            helm,
+            "install",
+            release,
+            str(CHART),
+            "-n",
+            namespace,
+            "--create-namespace",
+            *values,
+            kubeconfig=admin,
+        )
+        assert installed.returncode == 0, installed.stdout + installed.stderr
+        assert_the_hook_applied_the_models()
+
+        write_an_older_crd()
+        upgraded = run_helm(helm, "upgrade", release, str(CHART), "-n", namespace, *values, kubeconfig=admin)
+        assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
+        assert_the_hook_applied_the_models()
+
+        removed = run_helm(helm, "uninstall", release, "-n", namespace, "--wait", kubeconfig=admin)
+        assert removed.returncode == 0, removed.stderr
+        assert live_crd(admin)["metadata"]["name"] == crd.CRD_NAME  # Helm never deletes crds/
+    finally:
+        run_helm(helm, "uninstall", release, "-n", namespace, "--ignore-not-found", kubeconfig=admin)
+        kubectl(admin, "delete", "--ignore-not-found", *hook_objects[2:])  # the cluster-scoped ones
+        kubectl(admin, "delete", "namespace", namespace, "--wait=false")
+        kubectl(admin, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))

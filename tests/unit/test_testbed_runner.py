@@ -149,7 +149,7 @@ def test_router_pod_reads_its_config_from_a_local_copy_of_the_configmap(tmp_path
 
 OPERATOR_CONTAINER = {
     "name": "operator",
-    "image": "ghcr.io/prfaas/prfaas-operator:0.1.0",
+    "image": "ghcr.io/prfaas/prfaas:0.1.0",
     "command": ["python", "-m", "prfaas_operator"],
     "args": ["--namespace=prfaas-demo", "--liveness=http://0.0.0.0:8080/healthz", "--metrics-port=9090"],
     "env": [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],

@@ -86,3 +86,13 @@ watched namespace; never a wildcard.
   resources: [customresourcedefinitions]
   verbs: [get, list, watch]
 {{- end -}}
+
+{{/* Name of the CRD-upgrade hook's Job, ServiceAccount, ClusterRole and binding (a Job name must fit a label). */}}
+{{- define "prfaas-operator.crdUpgradeName" -}}
+{{- printf "%s-crd-upgrade" (include "prfaas-operator.fullname" . | trunc 51 | trimSuffix "-") -}}
+{{- end -}}
+
+{{/* The CRD this chart owns; the hook may touch no other. */}}
+{{- define "prfaas-operator.crdName" -}}
+prfaasdeployments.prfaas.io
+{{- end -}}
