@@ -15,3 +15,4 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
 fi
 bash e2e/testbed/install-deps.sh
 bash e2e/testbed/build-binaries.sh >/dev/null
+bash scripts/build-tools.sh >/dev/null

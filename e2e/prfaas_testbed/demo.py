@@ -182,6 +182,12 @@ class Demo:
             f"router at {system.router_url()}"
         )
         say(f"link emulation: {describe(system.link_mode, LinkShape.of_spec(ready_cr['spec']), self.scales)}")
+        say(
+            "nodes: the operator and the router run as containers on a real kubelet node in the PD "
+            "cluster, from the project's images"
+            if self.testbed.real_nodes
+            else "nodes: kwok only (this machine cannot run containers); the runner starts every pod as a process"
+        )
         return system
 
     # ---- traffic ----------------------------------------------------------------------------------
@@ -278,8 +284,17 @@ class Demo:
         print(f"  PlannerApplied events: {len(applied)}")
         for event in applied:
             print(f"    {event.get('lastTimestamp') or event.get('eventTime')}: {event.get('message')}")
-        restarts = sum(p["restarts"] for p in system.runner_status()["pods"])
-        print(f"  pod processes: {len(system.runner_status()['pods'])}, restarts {restarts}")
+        pods = system.runner_status()["pods"]
+        processes = [p for p in pods if p.get("state") != "container"]
+        print(
+            f"  engine pods as processes on kwok's GPU nodes: {len(processes)}, "
+            f"restarts {sum(p['restarts'] for p in processes)}"
+        )
+        for pod in (p for p in pods if p.get("state") == "container"):
+            print(
+                f"  {pod['kind']} pod {pod['namespace']}/{pod['pod']}: a container on {pod['node']} "
+                f"(kubelet, containerd, image {pod.get('image')}), ready {pod['ready']}, restarts {pod['restarts']}"
+            )
         cr = system.cr() or {}
         print(
             f"  link: {describe(system.link_mode, LinkShape.of_spec(cr['spec']), self.scales) if cr else 'n/a'}"

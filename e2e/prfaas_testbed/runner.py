@@ -191,6 +191,7 @@ class KubeletPod:
             "ready": self.ready,
             "restarts": self.restarts,
             "node": self.node,
+            "image": self.facts.container.get("image"),
         }
 
 
