@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the system packages the testbed needs from Debian, once: Prometheus (with promtool),
-# and iproute2 (ip, tc) for the emulated link when running as root (without root the testbed
-# cannot make network namespaces and falls back to the engines' token bucket anyway).
+# and, when running as root, iproute2 (ip, tc) for the emulated link and containerd, runc, the
+# CNI plugins, iptables and conntrack for the real nodes (without root the testbed cannot make
+# network namespaces or run containers, and falls back to processes and the engines' token bucket).
 # Idempotent: does nothing when the binaries are already on PATH. kubectl is expected on the
 # machine already; the Kubernetes binaries are built by build-binaries.sh, not installed here.
 set -euo pipefail
@@ -11,6 +12,12 @@ missing=()
 command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 if [ "$(id -u)" -eq 0 ]; then
   command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || missing+=(iproute2)
+  # the real node of each cluster (real-node.sh): the runtime, CNI, kube-proxy's iptables
+  command -v containerd >/dev/null 2>&1 && command -v ctr >/dev/null 2>&1 || missing+=(containerd)
+  command -v runc >/dev/null 2>&1 || missing+=(runc)
+  [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
+  command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+  command -v conntrack >/dev/null 2>&1 || missing+=(conntrack)
 fi
 command -v kubectl >/dev/null 2>&1 || log "warning: kubectl not on PATH (kwokctl waits for clusters with it)"
 
