@@ -34,11 +34,12 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -165,6 +166,12 @@ class EngineSettings:
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model_path
+
+
+def advertised_host(bind_host: str, environ: Mapping[str, str]) -> str:
+    """The address decode engines dial for this prefill's KV: ``SGLANG_HOST_IP`` when set (SGLang
+    reads it too; the operator sets it to the pod IP), else the address the engine binds."""
+    return environ.get("SGLANG_HOST_IP", "").strip() or bind_host
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -495,7 +502,7 @@ class FakeEngine:
         )
         self._bootstrap = (
             KvBootstrapServer(
-                advertised_host=settings.host,
+                advertised_host=advertised_host(settings.host, os.environ),
                 page_size=settings.page_size,
                 kv_cache_dtype=settings.kv_cache_dtype,
                 tp_size=settings.tp_size,

@@ -23,10 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import requests
+import httpx2
 from prfaas_core import metrics_contract as contract
-from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
-from requests.adapters import Retry
 
 from prfaas_operator.builders import Names
 from prfaas_operator.kube import redacted_server
@@ -61,6 +59,50 @@ class SeriesSelector:
         )
 
 
+class QueryError(Exception):
+    """Prometheus answered a query with something other than HTTP 200 and a result."""
+
+
+# Prometheus could not be talked to: no connection, or it dropped before an answer (a read
+# timeout is told apart: "did not answer in time").
+_UNREACHABLE = (
+    httpx2.ConnectError,
+    httpx2.ConnectTimeout,
+    httpx2.NetworkError,
+    httpx2.ProxyError,
+    httpx2.RemoteProtocolError,
+)
+
+
+class _QueryClient:
+    """Prometheus' instant-query API (GET /api/v1/query) on one HTTP connection pool.
+
+    Credentials in the URL go out as basic auth; HTTP(S)_PROXY, NO_PROXY and SSL_CERT_FILE are
+    honoured. A failed connection is tried once more at once: a dead Prometheus must not stall
+    the loop for long.
+    """
+
+    def __init__(self, url: str, timeout_seconds: float) -> None:
+        self._query_url = f"{url}/api/v1/query"
+        self._http = httpx2.Client(
+            timeout=timeout_seconds, transport=httpx2.HTTPTransport(retries=1), follow_redirects=False
+        )
+
+    def query(self, promql: str, params: Mapping[str, str] | None = None) -> Any:
+        """The ``data.result`` of an instant query; raises httpx2 errors, QueryError or ValueError."""
+        response = self._http.get(self._query_url, params={"query": promql, **(params or {})})
+        if response.status_code != 200:
+            raise QueryError(f"HTTP Status Code {response.status_code} ({response.content!r})")
+        body = response.json()  # a ValueError when it is not JSON
+        try:
+            return body["data"]["result"]
+        except (KeyError, TypeError):
+            raise QueryError(f"no data.result in the answer: {response.text!r:.200}") from None
+
+    def close(self) -> None:
+        self._http.close()
+
+
 class _Unusable(Exception):
     """An observation that cannot be made; carries the NoData to return."""
 
@@ -84,10 +126,7 @@ class PrometheusObserver:
         self.where = redacted_server(self.url)
         self.min_requests = min_requests
         self.max_staleness_seconds = max_staleness_seconds
-        # one quick retry: a dead Prometheus must not stall the loop for long
-        self._client = PrometheusConnect(
-            self.url, retry=Retry(total=1, backoff_factor=0.2), timeout=timeout_seconds
-        )
+        self._client = _QueryClient(self.url, timeout_seconds)
 
     def close(self) -> None:
         self._client.close()
@@ -168,16 +207,16 @@ class PrometheusObserver:
     def _query(self, promql: str, at: float | None) -> Sequence[Mapping[str, Any]]:
         params = {"time": f"{at:.3f}"} if at is not None else None
         try:
-            result = self._client.custom_query(promql, params=params)
-        except requests.exceptions.ConnectionError as err:
+            result = self._client.query(promql, params=params)
+        except _UNREACHABLE as err:
             raise _Unusable(
                 Reason.PROMETHEUS_UNREACHABLE, f"Prometheus at {self.where} is unreachable: {_cause(err)}"
             ) from None
-        except requests.exceptions.Timeout:
+        except httpx2.TimeoutException:
             raise _Unusable(
                 Reason.PROMETHEUS_UNREACHABLE, f"Prometheus at {self.where} did not answer in time"
             ) from None
-        except (PrometheusApiClientException, requests.exceptions.RequestException, ValueError) as err:
+        except (QueryError, httpx2.HTTPError, httpx2.InvalidURL, ValueError) as err:
             raise _Unusable(
                 Reason.PROMETHEUS_ERROR, f"Prometheus at {self.where} refused {promql!r}: {_short(err)}"
             ) from None
@@ -208,7 +247,7 @@ def _promql_string(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def _cause(err: requests.exceptions.ConnectionError) -> str:
+def _cause(err: Exception) -> str:
     text = str(err).lower()
     if "refused" in text:
         return "connection refused"

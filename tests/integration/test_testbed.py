@@ -490,16 +490,13 @@ def exporter() -> Iterator[tuple[int, Any]]:
 def test_prometheus_scrapes_file_sd_targets_and_answers_queries(
     prometheus: Callable[..., PrometheusServer], exporter: tuple[int, Any]
 ) -> None:
-    from prometheus_api_client import PrometheusConnect
-
     port, gauge = exporter
     gauge.labels("decode").set(42)
     prom = prometheus(jobs=[ScrapeJob("engines"), ScrapeJob("router")])
     prom.write_targets("engines", [TargetGroup([f"127.0.0.1:{port}"], {"cluster": "pd"})])
-    connection = PrometheusConnect(url=prom.url, disable_ssl=True)
 
     def value_is(expected: float) -> list[dict[str, Any]] | None:
-        result = connection.custom_query("testbed_probe_value")
+        result = prom.query("testbed_probe_value")
         return result if result and float(result[0]["value"][1]) == expected else None
 
     (sample,) = wait_until(lambda: value_is(42), timeout_s=30, what="the first scrape")
@@ -514,7 +511,7 @@ def test_prometheus_scrapes_file_sd_targets_and_answers_queries(
     wait_until(lambda: value_is(7), timeout_s=30, what="the changed value")
     prom.write_targets("engines", [])
     wait_until(
-        lambda: connection.custom_query('up{job="engines"}') == [] or None,
+        lambda: prom.query('up{job="engines"}') == [] or None,
         timeout_s=30,
         what="the target to go",
     )
@@ -533,8 +530,6 @@ def test_prometheus_refuses_targets_for_an_unknown_job(prometheus: Callable[...,
 def test_backfilled_history_is_queryable_at_once(
     prometheus: Callable[..., PrometheusServer], tmp_path: Path
 ) -> None:
-    from prometheus_api_client import PrometheusConnect
-
     now = int(time.time())
     start = now - 1800
     lines = ["# TYPE prfaas_router_requests counter"]
@@ -546,9 +541,8 @@ def test_backfilled_history_is_queryable_at_once(
     tsdb = tmp_path / "tsdb"
     backfill_openmetrics("\n".join(lines) + "\n", tsdb)
     prom = prometheus(tsdb_dir=tsdb)
-    connection = PrometheusConnect(url=prom.url, disable_ssl=True)
-    early = connection.custom_query(f"rate(prfaas_router_requests_total[5m] @ {start + 600})")
-    late = connection.custom_query(f"rate(prfaas_router_requests_total[5m] @ {now - 60})")
+    early = prom.query(f"rate(prfaas_router_requests_total[5m] @ {start + 600})")
+    late = prom.query(f"rate(prfaas_router_requests_total[5m] @ {now - 60})")
     assert float(early[0]["value"][1]) == pytest.approx(2.0, rel=1e-6)
     assert float(late[0]["value"][1]) == pytest.approx(5.0, rel=1e-6)
 

@@ -1,0 +1,111 @@
+"""The three distributions of the repository, and what each may depend on.
+
+`prfaas` (pyproject.toml: core, operator, router) is the product the image installs; the
+testbed with its fake engine (e2e/pyproject.toml) and the simulator (sim/pyproject.toml) are
+distributions of their own. Every third-party module a distribution's code imports must come
+from a dependency it declares (the product: its own list; the others: theirs or the product's
+they pin), and every product dependency must be used by product code at runtime.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+import tomllib
+from importlib.metadata import packages_distributions
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PRODUCT_DIRS = ("core", "operator", "router")
+FIRST_PARTY = ("prfaas_core", "prfaas_operator", "prfaas_router", "prfaas_testbed", "prfaas_sim", "sglang")
+USED_WITHOUT_IMPORT = {"h2": "HTTP/2 to the API servers: kube.py looks it up with find_spec"}
+COMES_WITH = {"pydantic-core": "pydantic", "lightkube-models": "lightkube"}
+"""Imported directly, but versioned by the dependency that pins it (pydantic pins pydantic-core exactly)."""
+NOT_IN_PRODUCT = ("matplotlib", "scipy", "prometheus-api-client", "requests", "pytest")
+
+
+def project(path: str) -> dict[str, Any]:
+    with (REPO / path).open("rb") as file:
+        data: dict[str, Any] = tomllib.load(file)["project"]
+        return data
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requirement_names(requirements: list[str]) -> set[str]:
+    return {canonical(re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0]) for r in requirements}
+
+
+def imported_distributions(directories: list[Path]) -> dict[str, set[str]]:
+    """Third-party distribution -> the files importing it, for every .py under the directories.
+
+    A top-level name several distributions install (lightkube and lightkube-models) counts for each.
+    """
+    providers = packages_distributions()
+    found: dict[str, set[str]] = {}
+    for directory in directories:
+        for source in directory.rglob("*.py"):
+            for node in ast.walk(ast.parse(source.read_text(), str(source))):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for name in names:
+                    top = name.split(".")[0]
+                    if top in sys.stdlib_module_names or top in FIRST_PARTY:
+                        continue
+                    for distribution in providers.get(top, [top]):
+                        found.setdefault(canonical(distribution), set()).add(str(source.relative_to(REPO)))
+    return found
+
+
+PRODUCT = project("pyproject.toml")
+TESTBED = project("e2e/pyproject.toml")
+SIM = project("sim/pyproject.toml")
+
+
+def test_the_three_distributions_share_one_version_with_the_chart() -> None:
+    chart = (REPO / "charts" / "prfaas-operator" / "Chart.yaml").read_text()
+    (app_version,) = re.findall(r'^appVersion:\s*"?([^"\s]+)"?', chart, re.MULTILINE)
+    assert PRODUCT["version"] == TESTBED["version"] == SIM["version"] == app_version
+    for other in (TESTBED, SIM):
+        assert f"prfaas=={PRODUCT['version']}" in other["dependencies"]
+
+
+def test_the_product_declares_what_it_imports_and_nothing_else() -> None:
+    declared = requirement_names(PRODUCT["dependencies"])
+    imported = imported_distributions([REPO / d for d in PRODUCT_DIRS])
+    undeclared = {
+        name: sorted(files) for name, files in imported.items() if COMES_WITH.get(name, name) not in declared
+    }
+    assert undeclared == {}
+    unused = declared - set(imported) - set(USED_WITHOUT_IMPORT)
+    assert unused == set(), "a product dependency no product module imports"
+    assert not declared & {canonical(n) for n in NOT_IN_PRODUCT}
+
+
+@pytest.mark.parametrize(("meta", "directory"), [(TESTBED, "e2e"), (SIM, "sim")])
+def test_the_testbed_and_the_simulator_declare_what_they_import(meta: dict[str, Any], directory: str) -> None:
+    declared = requirement_names(meta["dependencies"]) | requirement_names(PRODUCT["dependencies"])
+    imported = imported_distributions([p for p in (REPO / directory).iterdir() if p.is_dir()])
+    undeclared = {
+        name: sorted(files) for name, files in imported.items() if COMES_WITH.get(name, name) not in declared
+    }
+    assert undeclared == {}
+
+
+def test_the_product_ships_no_testbed_or_simulator_package() -> None:
+    find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert sorted(find["where"]) == sorted(PRODUCT_DIRS)
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert set(scripts) == {"prfaas", "prfaas-router"}
+    assert TESTBED["scripts"] == {"prfaas-fake-engine": "prfaas_testbed.fake_engine:main"}
+    assert SIM["scripts"] == {"prfaas-sim": "prfaas_sim.cli:main"}
