@@ -72,6 +72,14 @@ node_cgroups() { # cluster mkdir|rmdir: the node's cgroup parent in every v1 hie
   done
 }
 
+write_if_changed() { # file < content: replaced atomically, and only when it differs (containerd
+  # watches its CNI directory and would read a half-written file)
+  local tmp
+  tmp=$(mktemp "$(dirname "$1")/.tmp.XXXXXX")
+  cat >"$tmp"
+  if cmp -s "$tmp" "$1"; then rm -f "$tmp"; else mv -f "$tmp" "$1"; fi
+}
+
 node_write_configs() { # cluster: containerd, CNI and kubelet configuration files
   local cluster=$1 dir run bridge kubeconfig
   dir=$(node_dir "$cluster")
@@ -79,7 +87,7 @@ node_write_configs() { # cluster: containerd, CNI and kubelet configuration file
   bridge=$(node_bridge "$cluster")
   kubeconfig=$(flat_kubeconfig "$cluster")
   mkdir -p "$dir/cni/net.d" "$dir/cni/ipam" "$dir/containerd" "$dir/kubelet" "$run"
-  cat >"$dir/containerd/config.toml" <<EOF
+  write_if_changed "$dir/containerd/config.toml" <<EOF
 version = 2
 root = "$dir/containerd/root"
 state = "$run/state"
@@ -104,7 +112,7 @@ state = "$run/state"
     bin_dir = "/usr/lib/cni"
     conf_dir = "$dir/cni/net.d"
 EOF
-  cat >"$dir/cni/net.d/10-prfaas-testbed.conflist" <<EOF
+  write_if_changed "$dir/cni/net.d/10-prfaas-testbed.conflist" <<EOF
 {
   "cniVersion": "1.0.0",
   "name": "prfaas-testbed-$cluster",
@@ -126,7 +134,7 @@ EOF
   ]
 }
 EOF
-  cat >"$dir/kubelet/config.yaml" <<EOF
+  write_if_changed "$dir/kubelet/config.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 # cgroup v1 with cgroupfs on this kind of machine (Kubernetes 1.36 refuses v1 unless told)

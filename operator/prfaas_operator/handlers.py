@@ -12,8 +12,10 @@ structural and belongs to the operator and the planner).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
+import os
 from typing import Any
 
 import kopf
@@ -69,8 +71,18 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """Pinned: the in-cluster service account, else KUBECONFIG; never another library's config."""
-    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    """Pinned: the in-cluster service account, else KUBECONFIG; never another library's config.
+
+    In a pod, the apiserver is the address the kubelet puts in KUBERNETES_SERVICE_HOST/PORT, as
+    client-go and lightkube (our own clients) find it: kopf's own choice, the name
+    kubernetes.default.svc, needs cluster DNS, which a cluster need not run.
+    """
+    in_cluster = kopf.login_with_service_account(**kwargs)
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    if in_cluster is not None and host and port:
+        host = f"[{host}]" if ":" in host else host
+        return dataclasses.replace(in_cluster, server=f"https://{host}:{port}")
+    return in_cluster or kopf.login_with_kubeconfig(**kwargs)
 
 
 @kopf.on.resume(*RESOURCE)

@@ -5,7 +5,10 @@ serves every scenario, in this order, each starting from the state the previous 
 
 0. Prometheus scrapes every pod the runner runs, through the runner's file_sd targets, and
    the KV of offloaded prefills crosses the emulated link (the veth into the PrfaaS pods'
-   network namespace, rate-shaped as the CR says);
+   network namespace, rate-shaped as the CR says); with real nodes, the operator and the router
+   are containers of the product image (non-root, read-only root, logs and exec work), a config
+   change reaches the router through its ConfigMap watch in seconds, and a killed operator
+   container is restarted by the kubelet with nothing changed;
 1. the operator restarts mid-traffic: no duplicate object, no rollout, no failed request;
 2. the PrfaaS cluster's engines die: traffic goes local with no failed request among those
    sent after the outage began, PrefillClusterReady turns False, and all recovers;
@@ -18,7 +21,9 @@ serves every scenario, in this order, each starting from the state the previous 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import time
 import urllib.request
@@ -193,6 +198,168 @@ def test_the_kv_of_offloads_crosses_the_shaped_link(deployment: LiveSystem) -> N
     kv_sent = (router_kv_egress_bytes(system) - egress_before) * scales.kv_scale  # what engines really send
     crossed = link_counters(link)["bytes"] - before["bytes"]
     assert crossed >= 0.9 * kv_sent > 0, (crossed, kv_sent)
+
+
+def kubectl(system: LiveSystem, *args: str, timeout_s: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["kubectl", "--kubeconfig", str(system.testbed.pd_kubeconfig), *args],
+        capture_output=True, text=True, timeout=timeout_s, check=False,
+    )  # fmt: skip
+
+
+def container_pod(system: LiveSystem, kind: str) -> dict[str, Any]:
+    """The one pod of this kind the PD node's kubelet runs, as the runner reports it."""
+    pods = [p for p in system.runner_pods(kind=kind) if p.get("state") == "container"]
+    assert len(pods) == 1, f"expected one {kind} container pod, got {pods}"
+    return pods[0]
+
+
+def needs_real_nodes(system: LiveSystem) -> None:
+    if not system.testbed.real_nodes:
+        pytest.skip("this machine cannot run containers: the testbed runs every pod as a process")
+
+
+def test_operator_and_router_are_containers_of_the_product_image_on_the_real_node(
+    deployment: LiveSystem,
+) -> None:
+    """Under the kubelet: the image, non-root, a read-only root, the router's only token, logs and exec."""
+    system = deployment
+    needs_real_nodes(system)
+    node = system.testbed.clusters[Cluster.PD].real_node
+    assert node is not None
+    for kind, namespace in (
+        ("operator", system.layout.system_namespace),
+        ("router", system.layout.deployment_namespace),
+    ):
+        pod = container_pod(system, kind)
+        assert pod["node"] == node.name and pod["ready"], pod
+        live = system.pd.get(Pod, pod["pod"], namespace=namespace)
+        assert live.status is not None and live.status.containerStatuses is not None
+        (status,) = live.status.containerStatuses
+        assert status.image == "ghcr.io/prfaas/prfaas:0.1.0" and status.containerID.startswith(
+            "containerd://"
+        )
+        identity = kubectl(system, "-n", namespace, "exec", pod["pod"], "--", "id", "-u")
+        assert identity.returncode == 0 and identity.stdout.strip() == "65532", identity
+        write = kubectl(system, "-n", namespace, "exec", pod["pod"], "--", "touch", "/opt/written")
+        assert write.returncode != 0 and "Read-only file system" in write.stderr, write
+        scratch = kubectl(system, "-n", namespace, "exec", pod["pod"], "--", "touch", "/tmp/written")
+        assert scratch.returncode == 0, scratch
+        logs = kubectl(system, "-n", namespace, "logs", pod["pod"], "--tail", "200")
+        assert logs.returncode == 0 and logs.stdout.strip(), logs
+        if kind == "router":
+            assert "watching through the API" in logs.stdout, logs.stdout[-2000:]
+        # the router's token reads its config ConfigMap; the operator's is the chart's RBAC
+        token = kubectl(
+            system, "-n", namespace, "exec", pod["pod"], "--", "cat",
+            "/var/run/secrets/kubernetes.io/serviceaccount/token",
+        )  # fmt: skip
+        assert token.returncode == 0 and token.stdout.count(".") == 2, "no projected token"
+        assert token.stdout.strip() not in logs.stdout, "a token in the log"
+
+
+def router_config_page(system: LiveSystem) -> dict[str, Any]:
+    url = system.router_url()
+    assert url is not None
+    with urllib.request.urlopen(url + "/config", timeout=5) as reply:
+        page: dict[str, Any] = json.loads(reply.read())
+    return page
+
+
+def test_a_config_change_reaches_the_router_in_seconds_not_at_the_kubelets_pace(
+    deployment: LiveSystem,
+) -> None:
+    """The operator writes a new threshold; the router applies it from the API watch, long before
+    the kubelet refreshes the mounted file. Both delays are measured and printed."""
+    system = deployment
+    needs_real_nodes(system)
+    router = container_pod(system, "router")
+    namespace = system.layout.deployment_namespace
+    cr = system.cr()
+    assert cr is not None
+    before = (system.router_config() or {})["version"]
+    threshold = int(cr["spec"]["routing"]["thresholdTokens"]) + 64
+    changed_at = time.monotonic()
+    system.patch_spec({"routing": {"thresholdTokens": threshold}})
+    wait_until(
+        "the operator to write the new threshold",
+        lambda: (system.router_config() or {}).get("threshold_tokens") == threshold,
+        30,
+        poll_s=0.1,
+    )
+    written = (system.router_config() or {})["version"]
+    assert written > before
+    wait_until(
+        "the router to apply it",
+        lambda: router_config_page(system).get("version") == written,
+        30,
+        poll_s=0.1,
+    )
+    api_delay = time.monotonic() - changed_at
+    page = router_config_page(system)
+    assert page["config_source"] == f"configmap {namespace}/{CR_NAME}-router-config", page
+    assert page["config_map"] == {"watching": True, "last_error": None}, page
+
+    def mounted_version() -> int | None:
+        shown = kubectl(
+            system, "-n", namespace, "exec", router["pod"], "--", "cat", "/etc/prfaas/router-config.json"
+        )
+        return json.loads(shown.stdout)["version"] if shown.returncode == 0 else None
+
+    wait_until(
+        "the kubelet to refresh the mounted file", lambda: (mounted_version() or 0) >= written, 180, 1.0
+    )
+    file_delay = time.monotonic() - changed_at
+    print(
+        f"spec change -> router config: API watch {api_delay:.1f} s, kubelet's mounted file {file_delay:.1f} s"
+    )
+    assert api_delay < file_delay
+    system.patch_spec({"routing": {"thresholdTokens": threshold - 64}})
+
+
+def test_a_killed_operator_container_is_restarted_by_the_kubelet_and_changes_nothing(
+    deployment: LiveSystem,
+) -> None:
+    system = deployment
+    needs_real_nodes(system)
+    node = system.testbed.clusters[Cluster.PD].real_node
+    assert node is not None
+    before = children(system)
+    operator = container_pod(system, "operator")
+    namespace = system.layout.system_namespace
+    live = system.pd.get(Pod, operator["pod"], namespace=namespace)
+    assert live.status is not None and live.status.containerStatuses is not None
+    (status,) = live.status.containerStatuses
+    container_id = status.containerID.removeprefix("containerd://")
+    tasks = subprocess.run(
+        ["ctr", "--address", str(node.containerd_socket), "-n", "k8s.io", "tasks", "ls"],
+        capture_output=True, text=True, check=True, timeout=10,
+    )  # fmt: skip
+    (pid,) = [
+        int(line.split()[1]) for line in tasks.stdout.splitlines()[1:] if line.split()[0] == container_id
+    ]
+    with start_traffic(system, medium_traffic(20, seed=7)) as traffic:
+        time.sleep(3)
+        os.kill(pid, signal.SIGKILL)
+        restarted = wait_until(
+            "the kubelet to restart the operator container in its pod",
+            lambda: (
+                (p := container_pod(system, "operator"))
+                and p["restarts"] == operator["restarts"] + 1
+                and p["ready"]
+                and p["uid"] == operator["uid"]
+                and p
+            ),
+            90,
+        )
+        driver = traffic.wait()
+    assert restarted["pod"] == operator["pod"]
+    time.sleep(3)  # the restarted operator's first passes
+    after = children(system)
+    assert after == before, f"objects changed across the restart: {set(after.items()) ^ set(before.items())}"
+    summary = driver.summary()
+    assert summary.outcomes.get("ok", 0) == summary.sent > 10, f"{summary.line()} {summary.errors}"
+    assert system.is_ready()
 
 
 def test_operator_restart_mid_traffic_duplicates_nothing_and_drops_nothing(deployment: LiveSystem) -> None:
