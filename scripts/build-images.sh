@@ -9,6 +9,9 @@
 # cache directory, for `ctr -n k8s.io images import FILE` (images.txt there lists FILE IMAGE).
 # An image is rebuilt only when a hash of its inputs changed: its Dockerfile, the files it
 # copies, the pyproject files, its base image, version and revision.
+# The cache directory is this checkout's own (~/.cache/prfaas/images/CHECKOUT-PATHHASH): two
+# checkouts on one machine share the storage's tags but never an archive. When the other one
+# has re-tagged an image in storage since, it is put back from this checkout's archive.
 #
 # No registry can be pulled from here: when local storage has no
 # docker.io/library/python:3.11-slim-bookworm, an equivalent is made with debootstrap and given
@@ -18,7 +21,8 @@
 # PRFAAS_DEBIAN_MIRROR. Prints the cache directory on its last line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CACHE=${PRFAAS_IMAGE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/prfaas/images}
+IMAGES_ROOT=${XDG_CACHE_HOME:-$HOME/.cache}/prfaas/images
+CACHE=${PRFAAS_IMAGE_DIR:-$IMAGES_ROOT/$(basename "$PWD")-$(printf %s "$PWD" | sha256sum | cut -c1-8)}
 BASE=docker.io/library/python:3.11-slim-bookworm
 REGISTRY=ghcr.io/prfaas
 PAUSE_IMAGE=localhost/prfaas-testbed/pause:3.10
@@ -34,9 +38,9 @@ fi
 VERSION=$(sed -n 's/^appVersion:[[:space:]]*"\{0,1\}\([^"[:space:]]*\)"\{0,1\}[[:space:]]*$/\1/p' \
   charts/prfaas-operator/Chart.yaml)
 [ -n "$VERSION" ] || { log "no appVersion in charts/prfaas-operator/Chart.yaml"; exit 1; }
-mkdir -p "$CACHE"
-exec 9>"$CACHE/.lock"
-flock 9  # one build at a time per cache
+mkdir -p "$CACHE" "$IMAGES_ROOT"
+exec 9>"$IMAGES_ROOT/.lock"
+flock 9  # one build at a time on this machine: checkouts share the storage's tags
 
 # ---- tools --------------------------------------------------------------------------------
 missing=()
@@ -192,8 +196,20 @@ build() {
   local archive="$CACHE/${name}_${image##*:}.oci.tar" stamp="$CACHE/$name.inputs"
   local hash started
   hash=$(inputs_hash "$extra ${args[*]}" "${paths[@]}")
+  local want
+  want=$(cat "$CACHE/$name.id" 2>/dev/null || true)
+  if [ -f "$archive" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$hash" ] && [ -n "$want" ] \
+    && [ "$(image_id "$image")" != "$want" ]; then
+    # another checkout re-tagged it: ours comes back from our archive (its layers are in storage)
+    local restored
+    restored=$("${B[@]}" pull --quiet "oci-archive:$archive" 2>/dev/null | tail -1 || true)
+    if [ "$restored" = "$want" ]; then
+      "${B[@]}" tag "$restored" "$image"
+      log "$image: restored from this checkout's archive"
+    fi
+  fi
   if [ -f "$archive" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$hash" ] \
-    && [ "$(image_id "$image")" = "$(cat "$CACHE/$name.id" 2>/dev/null)" ]; then
+    && [ "$(image_id "$image")" = "$want" ]; then
     log "$image: up to date ($(image_size "$image"), archive $(du -h "$archive" | cut -f1))"
   else
     started=$(now)
