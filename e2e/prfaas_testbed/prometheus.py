@@ -28,7 +28,16 @@ from typing import Any
 import yaml
 
 INSTALL_HINT = "install it with e2e/testbed/install-deps.sh (Debian package 'prometheus')"
-LINK_POD_NETWORK = ipaddress.IPv4Network("10.231.0.0/16")  # testbed.sh's PrfaaS pods in their namespace
+TESTBED_PRIVATE_NETWORKS = tuple(
+    ipaddress.IPv4Network(network)
+    for network in (
+        "10.231.0.0/16",  # testbed.sh's PrfaaS pods, inside their link namespace
+        "10.233.0.0/16",  # the PD cluster's kwok pods, inside their namespace (with real nodes)
+        "10.232.0.0/24",  # the PD real node's bridge and its containers (real-node.sh)
+        "10.234.0.0/24",  # the PrfaaS real node's bridge and its containers
+    )
+)
+"""The only non-loopback ranges a target may be in: ranges of devices the testbed makes itself."""
 _START_ATTEMPTS = 3  # a free port can be taken between probing and binding
 
 
@@ -50,13 +59,13 @@ class TargetGroup:
                 raise ValueError(f"scrape target {target!r} is not host:port")
             try:
                 address = ipaddress.ip_address(host)
-                ours = address.is_loopback or address in LINK_POD_NETWORK
+                ours = address.is_loopback or any(address in network for network in TESTBED_PRIVATE_NETWORKS)
             except ValueError:
                 ours = host == "localhost"
             if not ours:
                 raise ValueError(
                     f"scrape target {target!r} is outside the testbed; it scrapes only 127/8 and "
-                    f"{LINK_POD_NETWORK} (the PrfaaS pods inside its link namespace)"
+                    f"{', '.join(map(str, TESTBED_PRIVATE_NETWORKS))} (its own namespaces and bridges)"
                 )
 
 
