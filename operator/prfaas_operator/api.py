@@ -404,7 +404,8 @@ class TokenizerSource(_Model):
 
 
 class RouterSpec(_Model):
-    """The PrfaaS router Deployment in the PD cluster."""
+    """The PrfaaS router Deployment in the PD cluster. Its pods run as the ServiceAccount
+    <name>-router, which may only read the router's config ConfigMap (watched through the API)."""
 
     image: str = Field(
         min_length=1,

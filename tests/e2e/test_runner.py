@@ -6,6 +6,7 @@ the demo runs it: an engine pod on an H200 node, a router pod whose config is a 
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ import lightkube
 import pytest
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod
-from prfaas_testbed.clusters import Testbed
+from prfaas_testbed.clusters import Cluster, Testbed
 from prfaas_testbed.system import wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.testbed, pytest.mark.timeout(240)]
@@ -116,7 +117,7 @@ def alive(pid: int) -> bool:
 
 
 def test_engine_pod_runs_on_its_ip_restarts_after_a_crash_and_stops_with_its_pod(
-    runner: Path, pd_client: lightkube.Client
+    runner: Path, pd_client: lightkube.Client, testbed: Testbed
 ) -> None:
     pd_client.create(engine_pod("engine-a"))
     first = wait_until(
@@ -124,7 +125,7 @@ def test_engine_pod_runs_on_its_ip_restarts_after_a_crash_and_stops_with_its_pod
         lambda: (p := pod_status(runner, "engine-a")) and p["ready"] and p,
         60,
     )
-    assert first["ip"].startswith("127.200.") and first["kind"] == "engine"
+    assert ipaddress.ip_address(first["ip"]) in testbed.pod_cidr(Cluster.PD) and first["kind"] == "engine"
     assert "--profile" in first["argv"] and first["argv"][first["argv"].index("--profile") + 1] == "h20"
     wait_until(
         "the pod's Ready condition to follow the process",
