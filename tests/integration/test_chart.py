@@ -49,6 +49,9 @@ OPERATOR_NAMESPACED = (
     | {("apps", resource, verb) for resource in ("statefulsets", "deployments") for verb in WRITE}
     | {("", resource, verb) for resource in ("services", "configmaps") for verb in WRITE}
     | {("", "pods", verb) for verb in ("get", "list", "watch")}
+    # each router's ServiceAccount, and the Role and RoleBinding that let it read its config
+    | {("", "serviceaccounts", verb) for verb in WRITE}
+    | {("rbac.authorization.k8s.io", resource, verb) for resource in ("roles", "rolebindings") for verb in WRITE}
     | {("", "secrets", "get"), ("", "events", "create"), ("", "events", "patch")}
 )
 # What the operator's identity may do inside the PrfaaS cluster.
