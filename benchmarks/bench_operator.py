@@ -38,7 +38,7 @@ from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, Service
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
-from operator_harness import OperatorProcess, run_operator  # noqa: E402
+from operator_harness import OperatorProcess, router_on_kwok, run_operator  # noqa: E402
 from prfaas_operator.crd import CRD_OUTPUTS  # noqa: E402
 from prfaas_operator.kube import PrfaasDeploymentResource  # noqa: E402
 from prfaas_testbed.clusters import Testbed, ensure_testbed, store_kubeconfig_secret  # noqa: E402
@@ -98,7 +98,7 @@ def bench_cr(name: str, namespace: str) -> dict[str, Any]:
     }
     spec["prefillCluster"].update(placement, namespace=namespace, replicas=1, minReplicas=1, maxReplicas=2)
     spec["pdCluster"].update(placement, instances=2, prefillInstances=1, decodeInstances=1)
-    return document
+    return router_on_kwok(document)
 
 
 def children(name: str) -> dict[str, list[tuple[str, str]]]:

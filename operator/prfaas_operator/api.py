@@ -420,6 +420,10 @@ class RouterSpec(_Model):
     )
     service: ServiceSpec = Field(default_factory=ServiceSpec, description="Router Service.")
     port: int = Field(default=8000, ge=1, le=65535, description="Router container port.")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels the router pods must run on (a CPU node pool, say)."
+    )
+    tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations of the router pods.")
     tokenizer: TokenizerSource | None = Field(
         default=None,
         description="The model's tokenizer: text prompts are counted and prefix-hashed in real tokens. "

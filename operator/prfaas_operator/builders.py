@@ -544,6 +544,10 @@ def router_deployment(spec: PrfaasDeploymentSpec, owner: Owner, config_json: str
                     "containers": [container],
                     "volumes": volumes,
                     "enableServiceLinks": False,
+                    "nodeSelector": dict(router.node_selector),
+                    "tolerations": [
+                        t.model_dump(by_alias=True, exclude_none=True) for t in router.tolerations
+                    ],
                     # its token may read its own config ConfigMap and nothing else (router_access)
                     "serviceAccountName": names.router,
                     "automountServiceAccountToken": True,

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 
 def free_loopback_port() -> int:
@@ -105,3 +105,18 @@ def run_operator(
             process.kill()
             process.wait(timeout=10)
         log.close()
+
+
+def router_on_kwok(document: dict[str, Any]) -> dict[str, Any]:
+    """Keep a CR's router pods on kwok's CPU-only nodes, where kwok reports them Ready.
+
+    These tests run the operator and no engine: on the testbed's real node the router would
+    really run, find no engine and stay unready (and an image it cannot find would be pulled).
+    """
+    document["spec"]["router"].update(
+        nodeSelector={"prfaas.io/testbed-pool": "cpu"},
+        tolerations=[
+            {"key": "prfaas.io/testbed-pool", "operator": "Equal", "value": "cpu", "effect": "NoSchedule"}
+        ],
+    )
+    return document

@@ -51,7 +51,11 @@ OPERATOR_NAMESPACED = (
     | {("", "pods", verb) for verb in ("get", "list", "watch")}
     # each router's ServiceAccount, and the Role and RoleBinding that let it read its config
     | {("", "serviceaccounts", verb) for verb in WRITE}
-    | {("rbac.authorization.k8s.io", resource, verb) for resource in ("roles", "rolebindings") for verb in WRITE}
+    | {
+        ("rbac.authorization.k8s.io", resource, verb)
+        for resource in ("roles", "rolebindings")
+        for verb in WRITE
+    }
     | {("", "secrets", "get"), ("", "events", "create"), ("", "events", "patch")}
 )
 # What the operator's identity may do inside the PrfaaS cluster.
@@ -545,7 +549,11 @@ def test_apiserver_grants_the_operator_what_it_needs_and_nothing_more(
         ("delete", "prfaasdeployments.prfaas.io"),
         ("create", "prfaasdeployments.prfaas.io"),
         ("deletecollection", "statefulsets.apps"),
-        ("create", "roles.rbac.authorization.k8s.io"),
+        # it writes each router's Role, but may neither escalate nor bind what it does not hold
+        ("escalate", "roles.rbac.authorization.k8s.io"),
+        ("bind", "roles.rbac.authorization.k8s.io"),
+        ("create", "clusterroles.rbac.authorization.k8s.io"),
+        ("create", "clusterrolebindings.rbac.authorization.k8s.io"),
         ("create", "namespaces"),
         ("get", "nodes"),
     ]
@@ -555,6 +563,7 @@ def test_apiserver_grants_the_operator_what_it_needs_and_nothing_more(
         "namespaced grants leaked outside watched namespaces"
     )
     assert not allowed("get", "secrets", "kube-system")
+    assert not allowed("create", "roles.rbac.authorization.k8s.io", "kube-system")
 
 
 def notes_commands(notes: str) -> str:

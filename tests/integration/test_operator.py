@@ -29,7 +29,7 @@ import yaml
 from lightkube import Client, KubeConfig
 from lightkube.resources.apps_v1 import Deployment, StatefulSet
 from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Node, Pod, Service
-from operator_harness import OperatorProcess, free_loopback_port, run_operator
+from operator_harness import OperatorProcess, free_loopback_port, router_on_kwok, run_operator
 from polling import get_or_none, wait_until
 from prfaas_core.router_config import RouterConfig
 from prfaas_operator.crd import CRD_NAME, CRD_OUTPUTS, repository_root
@@ -91,7 +91,7 @@ def deployment_manifest(
         cluster.pop("kubeconfigSecretRef")
     else:
         cluster["kubeconfigSecretRef"] = {"name": secret, "key": "kubeconfig"}
-    return document
+    return router_on_kwok(document)
 
 
 def half(document: dict[str, Any]) -> dict[str, Any]:

@@ -32,7 +32,7 @@ import yaml
 from lightkube import Client
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import ConfigMap, Event, Namespace
-from operator_harness import OperatorProcess, free_loopback_port, run_operator
+from operator_harness import OperatorProcess, free_loopback_port, router_on_kwok, run_operator
 from polling import get_or_none, wait_until
 from prfaas_core import metrics_contract as contract
 from prfaas_core.router_config import RouterConfig
@@ -201,7 +201,7 @@ def manifest(name: str, namespace: str, remote: str, mode: str, prometheus_url: 
         "cooldownSeconds": 10,
         "scalePrefillCluster": True,
     }
-    return document
+    return router_on_kwok(document)
 
 
 @dataclass(frozen=True)

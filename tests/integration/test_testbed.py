@@ -292,7 +292,13 @@ def test_gpu_nodes_carry_product_label_capacity_and_loopback_addresses(
         addresses.add(ip)
         assert node.spec is not None and node.spec.podCIDR is not None
         assert ipaddress.IPv4Network(node.spec.podCIDR).subnet_of(testbed.pod_cidr(cluster))
-        assert not (node.spec.taints or []), "testbed nodes carry no taint, so pods need no toleration"
+        taints = [(t.key, t.value, t.effect) for t in node.spec.taints or []]
+        if testbed.real_nodes:  # as GPU nodes are in production; what asks for no GPU goes to the real node
+            pool_value = "gpu" if node in gpu_nodes else "cpu"
+            expected = {"gpu": ("nvidia.com/gpu", "present"), "cpu": (testbed.node_label, "cpu")}[pool_value]
+            assert taints == [(*expected, "NoSchedule")], taints
+        else:
+            assert not taints, "without real nodes the testbed's nodes carry no taint"
     assert len(addresses) == len(nodes)
     for node in gpu_nodes:
         assert node.metadata is not None and node.metadata.labels is not None and node.status is not None

@@ -255,6 +255,14 @@ class TestPdClusterObjects:
         tmp = next(volume for volume in pod["volumes"] if volume["name"] == "tmp")
         assert "emptyDir" in tmp and {"name": "tmp", "mountPath": "/tmp"} in router["volumeMounts"]
 
+    def test_router_pods_go_where_the_cr_places_them(self) -> None:
+        toleration = {"key": "pool", "operator": "Equal", "value": "cpu", "effect": "NoSchedule"}
+        placed = spec(**{"router.nodeSelector": {"pool": "cpu"}, "router.tolerations": [toleration]})
+        pod = builders.router_deployment(placed, OWNER, None)["spec"]["template"]["spec"]
+        assert pod["nodeSelector"] == {"pool": "cpu"} and pod["tolerations"] == [toleration]
+        plain = builders.router_deployment(spec(), OWNER, None)["spec"]["template"]["spec"]
+        assert plain["nodeSelector"] == {} and plain["tolerations"] == []
+
     def test_router_identity_may_read_only_its_config(self) -> None:
         account, role, binding = builders.router_access(OWNER)
         pod = builders.router_deployment(spec(), OWNER, None)["spec"]["template"]["spec"]
