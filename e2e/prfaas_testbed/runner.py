@@ -179,13 +179,7 @@ class KubeletPod:
 
     def status(self) -> dict[str, Any]:
         return {
-            "cluster": self.cluster.value,
-            "namespace": self.facts.namespace,
-            "pod": self.facts.name,
-            "uid": self.facts.uid,
-            "ip": self.facts.ip,
-            "kind": self.kind,
-            "role": self.role,
+            **_pod_identity(self.cluster, self.facts, self.kind, self.role),
             "pid": None,
             "state": "container",
             "ready": self.ready,
@@ -193,6 +187,19 @@ class KubeletPod:
             "node": self.node,
             "image": self.facts.container.get("image"),
         }
+
+
+def _pod_identity(cluster: Cluster, facts: PodFacts, kind: str, role: str) -> dict[str, Any]:
+    """The keys every pod of the status file has, whoever runs it."""
+    return {
+        "cluster": cluster.value,
+        "namespace": facts.namespace,
+        "pod": facts.name,
+        "uid": facts.uid,
+        "ip": facts.ip,
+        "kind": kind,
+        "role": role,
+    }
 
 
 def is_real_node(node: Mapping[str, Any] | None) -> bool:
@@ -241,13 +248,7 @@ class PodSupervisor:
 
     def status(self) -> dict[str, Any]:
         return {
-            "cluster": self.cluster.value,
-            "namespace": self.facts.namespace,
-            "pod": self.facts.name,
-            "uid": self.facts.uid,
-            "ip": self.facts.ip,
-            "kind": self.spec.kind.value,
-            "role": self.spec.role,
+            **_pod_identity(self.cluster, self.facts, self.spec.kind.value, self.spec.role),
             "pid": self.process.pid if self.process is not None and self.process.returncode is None else None,
             "state": self.state,
             "ready": bool(self.ready),

@@ -294,44 +294,38 @@ ensure_nodes() { # cluster: nodes exist with their GPU capacity and are Ready
   fi
 }
 
+ensure_pod_netns() { # netns host_dev ns_dev host_ip ns_ip pod_net: a namespace whose pod range
+  # (pod_net.0.0/16) is local inside it, joined to this namespace by a veth pair and routed
+  ip netns list | grep -qx "$1\( .*\)\?" || ip netns add "$1"
+  if ! ip link show "$2" >/dev/null 2>&1; then
+    ip link add "$2" type veth peer name "$3" netns "$1"
+  fi
+  ip addr replace "$4/30" dev "$2"
+  ip link set "$2" up
+  ip -n "$1" link set lo up
+  ip -n "$1" addr replace "$5/30" dev "$3"
+  ip -n "$1" link set "$3" up
+  # every pod address is local inside the namespace (bind works without adding each one)
+  ip -n "$1" route replace local "$6.0.0/16" dev lo
+  ip -n "$1" route replace default via "$4" dev "$3"
+  ip route replace "$6.0.0/16" via "$5" dev "$2"
+}
+
+delete_pod_netns() { # netns host_dev ns_ip pod_net
+  ip route del "$4.0.0/16" via "$3" 2>/dev/null || true
+  ip link del "$2" 2>/dev/null || true # its peer goes with it
+  ip netns del "$1" 2>/dev/null || true
+}
+
 ensure_link() { # the PrfaaS pods' namespace and the veth pair to it (netns mode), idempotently
   [ "$LINK_MODE" = netns ] || return 0
-  ip netns list | grep -qx "$LINK_NETNS\( .*\)\?" || ip netns add "$LINK_NETNS"
-  if ! ip link show "$LINK_HOST_DEV" >/dev/null 2>&1; then
-    ip link add "$LINK_HOST_DEV" type veth peer name "$LINK_NS_DEV" netns "$LINK_NETNS"
-  fi
-  ip addr replace "$LINK_HOST_IP/30" dev "$LINK_HOST_DEV"
-  ip link set "$LINK_HOST_DEV" up
-  ip -n "$LINK_NETNS" link set lo up
-  ip -n "$LINK_NETNS" addr replace "$LINK_NS_IP/30" dev "$LINK_NS_DEV"
-  ip -n "$LINK_NETNS" link set "$LINK_NS_DEV" up
-  # every PrfaaS pod address is local inside the namespace (bind works without adding each one)
-  ip -n "$LINK_NETNS" route replace local "$NETNS_POD_NET.0.0/16" dev lo
-  ip -n "$LINK_NETNS" route replace default via "$LINK_HOST_IP" dev "$LINK_NS_DEV"
-  ip route replace "$NETNS_POD_NET.0.0/16" via "$LINK_NS_IP" dev "$LINK_HOST_DEV"
+  ensure_pod_netns "$LINK_NETNS" "$LINK_HOST_DEV" "$LINK_NS_DEV" "$LINK_HOST_IP" "$LINK_NS_IP" "$NETNS_POD_NET"
 }
 
 ensure_pd_netns() { # real-node mode: the PD cluster's kwok pods in their own namespace, routed from here
   [ "$NODE_MODE" = real ] || return 0
-  ip netns list | grep -qx "$PD_NETNS\( .*\)\?" || ip netns add "$PD_NETNS"
-  if ! ip link show "$PD_HOST_DEV" >/dev/null 2>&1; then
-    ip link add "$PD_HOST_DEV" type veth peer name "$PD_NS_DEV" netns "$PD_NETNS"
-  fi
-  ip addr replace "$PD_HOST_IP/30" dev "$PD_HOST_DEV"
-  ip link set "$PD_HOST_DEV" up
-  ip -n "$PD_NETNS" link set lo up
-  ip -n "$PD_NETNS" addr replace "$PD_NS_IP/30" dev "$PD_NS_DEV"
-  ip -n "$PD_NETNS" link set "$PD_NS_DEV" up
-  ip -n "$PD_NETNS" route replace local "$PD_NETNS_POD_NET.0.0/16" dev lo
-  ip -n "$PD_NETNS" route replace default via "$PD_HOST_IP" dev "$PD_NS_DEV"
-  ip route replace "$PD_NETNS_POD_NET.0.0/16" via "$PD_NS_IP" dev "$PD_HOST_DEV"
+  ensure_pod_netns "$PD_NETNS" "$PD_HOST_DEV" "$PD_NS_DEV" "$PD_HOST_IP" "$PD_NS_IP" "$PD_NETNS_POD_NET"
   sysctl -qw net.ipv4.ip_forward=1 # PD <-> PrfaaS pods and containers -> kwok pods go through here
-}
-
-delete_pd_netns() {
-  ip route del "$PD_NETNS_POD_NET.0.0/16" via "$PD_NS_IP" 2>/dev/null || true
-  ip link del "$PD_HOST_DEV" 2>/dev/null || true
-  ip netns del "$PD_NETNS" 2>/dev/null || true
 }
 
 build_images() { # the project's images as archives (scripts/build-images.sh caches them); prints the dir
@@ -343,9 +337,7 @@ build_images() { # the project's images as archives (scripts/build-images.sh cac
 }
 
 delete_link() {
-  ip route del "$NETNS_POD_NET.0.0/16" via "$LINK_NS_IP" 2>/dev/null || true
-  ip link del "$LINK_HOST_DEV" 2>/dev/null || true # its peer goes with it
-  ip netns del "$LINK_NETNS" 2>/dev/null || true
+  delete_pod_netns "$LINK_NETNS" "$LINK_HOST_DEV" "$LINK_NS_IP" "$NETNS_POD_NET"
 }
 
 write_flat_kubeconfig() { # cluster: self-contained kubeconfig (inline certs) at a known path
@@ -405,7 +397,7 @@ down() {
     delete_cluster "$cluster" "$kwokctl"
     log "$cluster: deleted"
   done
-  delete_pd_netns
+  delete_pod_netns "$PD_NETNS" "$PD_HOST_DEV" "$PD_NS_IP" "$PD_NETNS_POD_NET"
   if [ -f "$STATE_DIR/link-mode" ] && [ "$(cat "$STATE_DIR/link-mode")" = netns ]; then
     delete_link
     log "link namespace $LINK_NETNS: deleted"

@@ -33,7 +33,7 @@ import pytest
 from lightkube.resources.apps_v1 import Deployment, ReplicaSet, StatefulSet
 from lightkube.resources.core_v1 import ConfigMap, Pod, Service
 from live_traffic import E2E_TIME_SCALE, BackgroundTraffic, logs_hint
-from prfaas_testbed.clusters import Cluster, LinkNamespace
+from prfaas_testbed.clusters import Cluster, LinkNamespace, RealNode
 from prfaas_testbed.link import LinkMode, LinkShape
 from prfaas_testbed.system import LiveSystem, customise_cr, load_sample_cr, wait_until
 from prfaas_testbed.traffic import PlannedRequest, lognormal_requests
@@ -214,9 +214,12 @@ def container_pod(system: LiveSystem, kind: str) -> dict[str, Any]:
     return pods[0]
 
 
-def needs_real_nodes(system: LiveSystem) -> None:
-    if not system.testbed.real_nodes:
+def pd_real_node(system: LiveSystem) -> RealNode:
+    """The PD cluster's kubelet node (the scenario is skipped where the machine cannot run containers)."""
+    node = system.testbed.clusters[Cluster.PD].real_node
+    if node is None:
         pytest.skip("this machine cannot run containers: the testbed runs every pod as a process")
+    return node
 
 
 def test_operator_and_router_are_containers_of_the_product_image_on_the_real_node(
@@ -224,9 +227,7 @@ def test_operator_and_router_are_containers_of_the_product_image_on_the_real_nod
 ) -> None:
     """Under the kubelet: the image, non-root, a read-only root, the router's only token, logs and exec."""
     system = deployment
-    needs_real_nodes(system)
-    node = system.testbed.clusters[Cluster.PD].real_node
-    assert node is not None
+    node = pd_real_node(system)
     for kind, namespace in (
         ("operator", system.layout.system_namespace),
         ("router", system.layout.deployment_namespace),
@@ -272,7 +273,7 @@ def test_a_config_change_reaches_the_router_in_seconds_not_at_the_kubelets_pace(
     """The operator writes a new threshold; the router applies it from the API watch, long before
     the kubelet refreshes the mounted file. Both delays are measured and printed."""
     system = deployment
-    needs_real_nodes(system)
+    pd_real_node(system)
     router = container_pod(system, "router")
     namespace = system.layout.deployment_namespace
     cr = system.cr()
@@ -321,9 +322,7 @@ def test_a_killed_operator_container_is_restarted_by_the_kubelet_and_changes_not
     deployment: LiveSystem,
 ) -> None:
     system = deployment
-    needs_real_nodes(system)
-    node = system.testbed.clusters[Cluster.PD].real_node
-    assert node is not None
+    node = pd_real_node(system)
     before = children(system)
     operator = container_pod(system, "operator")
     namespace = system.layout.system_namespace
