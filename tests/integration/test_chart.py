@@ -494,13 +494,9 @@ def rbac_release(helm: Path, testbed: Testbed) -> Iterator[tuple[str, str]]:
     objects = [o for o in yaml.safe_load_all(done.stdout) if o and o["kind"] in RBAC_KINDS]
     for name in (namespace, watched):
         assert kubectl(kubeconfig, "create", "namespace", name).returncode == 0
-    # can-i resolves resource names through discovery: the CRD must be served
-    crd_applied = kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-    assert crd_applied.returncode == 0, crd_applied.stderr
-    assert kubectl(kubeconfig, "wait", "--for=condition=Established", "crd/" + crd.CRD_NAME).returncode == 0
     try:
-        applied = kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump_all(objects))
-        assert applied.returncode == 0, applied.stderr
+        # can-i resolves resource names through discovery: the CRD must be served
+        apply_served_crd_and(kubeconfig, objects)
         yield f"system:serviceaccount:{namespace}:{release}-prfaas-operator", watched
     finally:
         kubectl(
@@ -564,6 +560,15 @@ def test_apiserver_grants_the_operator_what_it_needs_and_nothing_more(
     )
     assert not allowed("get", "secrets", "kube-system")
     assert not allowed("create", "roles.rbac.authorization.k8s.io", "kube-system")
+
+
+def apply_served_crd_and(kubeconfig: Path, objects: list[dict[str, Any]]) -> None:
+    """The repository's CRD, applied and Established, then ``objects``."""
+    crd_applied = kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+    assert crd_applied.returncode == 0, crd_applied.stderr
+    assert kubectl(kubeconfig, "wait", "--for=condition=Established", "crd/" + crd.CRD_NAME).returncode == 0
+    applied = kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump_all(objects))
+    assert applied.returncode == 0, applied.stderr
 
 
 def notes_commands(notes: str) -> str:
@@ -687,13 +692,9 @@ def crd_upgrade_identity(helm: Path, testbed: Testbed, tmp_path: Path) -> Iterat
     assert sorted(o["kind"] for o in objects) == ["ClusterRole", "ClusterRoleBinding", "ServiceAccount"]
     account = only(objects, "ServiceAccount")["metadata"]["name"]
     assert kubectl(admin, "create", "namespace", namespace).returncode == 0
-    # the CRD must be there and served (as Helm's crds/ leaves it on a first install)
-    crd_applied = kubectl(admin, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-    assert crd_applied.returncode == 0, crd_applied.stderr
-    assert kubectl(admin, "wait", "--for=condition=Established", "crd/" + crd.CRD_NAME).returncode == 0
     try:
-        applied = kubectl(admin, "apply", "-f", "-", stdin=yaml.safe_dump_all(objects))
-        assert applied.returncode == 0, applied.stderr
+        # the CRD must be there and served (as Helm's crds/ leaves it on a first install)
+        apply_served_crd_and(admin, objects)
         token = kubectl(admin, "-n", namespace, "create", "token", account, "--duration=10m")
         assert token.returncode == 0, token.stderr
         user = f"system:serviceaccount:{namespace}:{account}"
