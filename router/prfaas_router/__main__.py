@@ -14,7 +14,7 @@ from aiohttp import web
 from prometheus_client import disable_created_metrics
 
 from prfaas_router.app import RouterOptions, RouterService
-from prfaas_router.configmap_source import ConfigMapRef, NotInCluster
+from prfaas_router.configmap_source import ConfigMapRef
 from prfaas_router.tokenizer import TokenizerError
 
 log = logging.getLogger("prfaas_router")
@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         try:
             runner.run(serve(options))
-        except (TokenizerError, NotInCluster) as err:
+        except TokenizerError as err:
             log.error("%s", err)
             return 2
     return 0

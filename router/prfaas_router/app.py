@@ -19,7 +19,7 @@ from aiohttp import web
 from prfaas_core.router_config import Pool, RouterConfig
 
 from prfaas_router.config_watch import ConfigWatcher
-from prfaas_router.configmap_source import ConfigMapRef, ConfigMapSource, InCluster
+from prfaas_router.configmap_source import ConfigMapRef, ConfigMapSource, InCluster, NotInCluster
 from prfaas_router.health import HealthChecker
 from prfaas_router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
 from prfaas_router.payloads import ApiError, Kind, parse, prompt_keys
@@ -79,10 +79,17 @@ class RouterService:
         self._health: HealthChecker | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.config_map: ConfigMapSource | None = None
+        self.config_map_problem: str | None = None
         if options.config_map is not None:
             ref = ConfigMapRef.parse(options.config_map, key=options.config_path.name)
-            self.config_map = ConfigMapSource(ref, InCluster.from_environment(), self.watcher.offer)
-            self.watcher.api_source = True
+            try:
+                credentials = InCluster.from_environment()
+            except NotInCluster as err:  # the file still works: serve from it, and say why loudly
+                self.config_map_problem = f"{err}; only the mounted file is watched"
+                log.error("%s", self.config_map_problem)
+            else:
+                self.config_map = ConfigMapSource(ref, credentials, self.watcher.offer)
+                self.watcher.api_source = True
 
     async def start(self) -> None:
         options = self.options
@@ -273,8 +280,11 @@ class RouterService:
             "config_path": str(self.options.config_path),
             "config_source": self.watcher.source,
             "config_map": None
-            if self.config_map is None
-            else {"watching": self.config_map.connected, "last_error": self.config_map.last_error},
+            if self.options.config_map is None
+            else {
+                "watching": self.config_map is not None and self.config_map.connected,
+                "last_error": self.config_map.last_error if self.config_map else self.config_map_problem,
+            },
             "loaded_at": self.watcher.loaded_at,
             "last_error": self.watcher.last_error,
             "tokenizer": str(self.tokenizer.path) if self.tokenizer else None,

@@ -6,7 +6,9 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 from prfaas_core.router_config import RouterConfig
+from prfaas_router.app import RouterOptions, RouterService
 from prfaas_router.config_watch import ConfigWatcher
 from prfaas_router.metrics import RouterMetrics
 from prfaas_router.policy import PolicyModel
@@ -68,3 +70,35 @@ def test_reload_applies_refuses_and_keeps_the_last_good(tmp_path: Path) -> None:
     assert watcher.check() and watcher.current.threshold_tokens == 100 and watcher.last_error is None
     assert [c.version for c in applied.applied] == [3, 7]
     assert errors(metrics) == 5
+
+
+def test_with_an_api_source_the_lagging_file_is_no_error(tmp_path: Path) -> None:
+    """The ConfigMap watch is ahead of the kubelet's copy: an older file is expected, not refused."""
+    path = tmp_path / "router-config.json"
+    metrics, applied = RouterMetrics(), Recorder()
+    watcher = ConfigWatcher(path, applied, metrics, poll_seconds=1.0)
+    watcher.api_source = True
+    assert watcher.offer(json.dumps(config_doc(version=3)).encode(), "configmap ns/cm")
+    write(path, config_doc(version=2), bump=1)
+    assert not watcher.check()
+    assert watcher.last_error is None and errors(metrics) == 0
+    assert (
+        watcher.current is not None and watcher.current.version == 3 and watcher.source == "configmap ns/cm"
+    )
+    write(path, config_doc(version=3), bump=2)  # caught up: the same version, nothing to do
+    assert not watcher.check() and [c.version for c in applied.applied] == [3]
+    # an older document from the API itself is refused as before
+    assert not watcher.offer(json.dumps(config_doc(version=1)).encode(), "configmap ns/cm")
+    assert "older than the current 3" in str(watcher.last_error) and errors(metrics) == 1
+
+
+def test_without_in_cluster_credentials_the_router_serves_from_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    options = RouterOptions(config_path=tmp_path / "router-config.json", config_map="ns/cm")
+    service = RouterService(options)
+    assert service.config_map is None and not service.watcher.api_source
+    assert "KUBERNETES_SERVICE_HOST is not set; only the mounted file is watched" in str(
+        service.config_map_problem
+    )
