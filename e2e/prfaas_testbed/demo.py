@@ -186,7 +186,8 @@ class Demo:
             "nodes: the operator and the router run as containers on a real kubelet node in the PD "
             "cluster, from the project's images"
             if self.testbed.real_nodes
-            else "nodes: kwok only (this machine cannot run containers); the runner starts every pod as a process"
+            else "nodes: kwok only (this machine cannot run containers, or PRFAAS_TESTBED_NODES=process); "
+            "the runner starts every pod as a process"
         )
         return system
 
@@ -287,7 +288,7 @@ class Demo:
         pods = system.runner_status()["pods"]
         processes = [p for p in pods if p.get("state") != "container"]
         print(
-            f"  engine pods as processes on kwok's GPU nodes: {len(processes)}, "
+            f"  pods the runner runs as processes on kwok's nodes: {len(processes)}, "
             f"restarts {sum(p['restarts'] for p in processes)}"
         )
         for pod in (p for p in pods if p.get("state") == "container"):
