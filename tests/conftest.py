@@ -66,6 +66,22 @@ def pd_client(testbed: Testbed) -> lightkube.Client:
 
 
 @pytest.fixture
+def pd_namespace(pd_client: lightkube.Client) -> Iterator[str]:
+    """A throw-away namespace in the PD cluster, deleted after the test."""
+    import uuid
+
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Namespace
+
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    pd_client.create(Namespace(metadata=ObjectMeta(name=name)))
+    try:
+        yield name
+    finally:
+        pd_client.delete(Namespace, name)
+
+
+@pytest.fixture
 def prometheus(tmp_path: Path) -> Iterator[Callable[..., PrometheusServer]]:
     """Start Prometheus servers (``prometheus(jobs=..., tsdb_dir=...)``); all stop after the test."""
     from prfaas_testbed.prometheus import start_prometheus

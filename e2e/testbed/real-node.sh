@@ -171,12 +171,16 @@ EOF
     -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >"$dir/kubelet/ca.crt"
 }
 
-node_import_images() { # cluster: the pause, product and engine-sim images into containerd's k8s.io namespace
-  local cluster=$1 archive
+node_import_images() { # cluster: the pause, product and engine-sim images into containerd's k8s.io
+  # namespace; an archive already imported unchanged (same path, size and time) is skipped
+  local cluster=$1 archive stamp
   for archive in "$IMAGE_DIR"/*.oci.tar; do
     [ -f "$archive" ] || continue
+    stamp="$(node_dir "$cluster")/imported.$(basename "$archive")"
+    [ "$(cat "$stamp" 2>/dev/null)" = "$(stat -c '%n %s %Y' "$archive")" ] && continue
     ctr --address "$(node_socket "$cluster")" -n k8s.io images import "$archive" >/dev/null \
       || die "$cluster node: importing $(basename "$archive") into containerd failed"
+    stat -c '%n %s %Y' "$archive" >"$stamp"
   done
 }
 

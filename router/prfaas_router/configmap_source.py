@@ -118,7 +118,8 @@ class ConfigMapSource:
         while True:
             try:
                 async with aiohttp.ClientSession(
-                    timeout=aiohttp.ClientTimeout(sock_connect=5, sock_read=WATCH_SECONDS + 30)
+                    timeout=aiohttp.ClientTimeout(sock_connect=5, sock_read=WATCH_SECONDS + 30),
+                    connector=aiohttp.TCPConnector(ssl=self._credentials.ssl_context()),
                 ) as session:
                     version = await self._list(session)
                     delay = 1.0
@@ -140,7 +141,6 @@ class ConfigMapSource:
             self._credentials.server + self._path,
             params={"fieldSelector": self._selector, **params},
             headers=self._credentials.headers(),
-            ssl=self._credentials.ssl_context(),
         )
         if response.status != 200:
             body = (await response.text())[:300]

@@ -10,15 +10,12 @@ from __future__ import annotations
 import json
 import subprocess
 import urllib.request
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from lightkube import Client
 from lightkube.codecs import from_dict
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import Namespace, Pod
+from lightkube.resources.core_v1 import Pod
 from polling import wait_until
 from prfaas_testbed.clusters import Cluster, Testbed
 
@@ -32,15 +29,10 @@ ENGINE_ARGS = [
 
 
 @pytest.fixture
-def namespace(testbed: Testbed, pd_client: Client) -> Iterator[str]:
+def namespace(testbed: Testbed, pd_namespace: str) -> str:
     if not testbed.real_nodes:
         pytest.skip("this machine cannot run containers: the testbed has no real node")
-    name = f"node-{uuid.uuid4().hex[:8]}"
-    pd_client.create(Namespace(metadata=ObjectMeta(name=name)))
-    try:
-        yield name
-    finally:
-        pd_client.delete(Namespace, name)
+    return pd_namespace
 
 
 def engine_pod(namespace: str) -> Any:

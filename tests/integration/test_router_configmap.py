@@ -13,7 +13,6 @@ import base64
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from lightkube import Client
 from lightkube.codecs import from_dict
 from lightkube.models.authentication_v1 import TokenRequestSpec
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import ConfigMap, Namespace, ServiceAccount
+from lightkube.resources.core_v1 import ConfigMap, ServiceAccount
 from prfaas_core.router_config import RouterConfig
 from prfaas_operator.builders import Names, Owner, router_access
 from prfaas_router.config_watch import ConfigWatcher
@@ -60,13 +59,8 @@ def config_document(version: int, threshold: int = 8192) -> str:
 
 
 @pytest.fixture
-def namespace(pd_client: Client) -> Iterator[str]:
-    name = f"cmw-{uuid.uuid4().hex[:8]}"
-    pd_client.create(Namespace(metadata=ObjectMeta(name=name)))
-    try:
-        yield name
-    finally:
-        pd_client.delete(Namespace, name)
+def namespace(pd_namespace: str) -> str:
+    return pd_namespace
 
 
 def router_identity(testbed: Testbed, client: Client, namespace: str, tmp_path: Path) -> InCluster:
@@ -82,7 +76,7 @@ def router_identity(testbed: Testbed, client: Client, namespace: str, tmp_path: 
         Names.of(OWNER_NAME).router,
         namespace=namespace,
     )
-    assert answer.status is not None
+    assert answer.status is not None and answer.status.token
     (tmp_path / "token").write_text(answer.status.token)
     admin = yaml.safe_load(testbed.pd_kubeconfig.read_text())["clusters"][0]["cluster"]
     (tmp_path / "ca.crt").write_bytes(base64.b64decode(admin["certificate-authority-data"]))
@@ -140,7 +134,7 @@ async def test_a_changed_configmap_reaches_the_router_in_seconds_and_nothing_els
         await asyncio.sleep(1.0)
         assert watcher.current.version == 2, "a deleted ConfigMap must not take the config away"
         put_config(pd_client, namespace, config_name, config_document(3))
-        await wait_for("version 3 after the re-creation", lambda: watcher.current.version == 3)  # type: ignore[union-attr]
+        await wait_for("version 3 after the re-creation", lambda: watcher.current.version == 3)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
