@@ -100,6 +100,12 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterOptions:
 
 
 async def serve(options: RouterOptions) -> None:
+    # First: in a container the router is PID 1, which ignores signals it has no handler for,
+    # and starting (the tokenizer, the config) can take a while.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
     service = RouterService(options)
     await service.start()
     runner = web.AppRunner(service.build_app(), handler_cancellation=True, access_log=None)
@@ -108,10 +114,6 @@ async def serve(options: RouterOptions) -> None:
     site = web.TCPSite(runner, options.host, options.port, backlog=1024, reuse_address=True)
     await site.start()
     log.info("listening on http://%s:%d (config %s)", options.host, options.port, options.config_path)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
     try:
         await stop.wait()
     finally:
