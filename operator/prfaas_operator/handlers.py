@@ -66,7 +66,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    """Stop reconciling, then hand the leader Lease back: the next leader starts at once."""
     await _reconciler(memo).close()
+    release_leadership = memo.get("release_leadership")
+    if release_leadership is not None:
+        await release_leadership()
 
 
 @kopf.on.login()

@@ -32,6 +32,7 @@ from lightkube import ApiError, AsyncClient, ConfigError, KubeConfig
 from lightkube.core.resource import NamespacedResource
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.apps_v1 import Deployment, StatefulSet
+from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod, Secret, Service, ServiceAccount
 from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 from lightkube.types import PatchType
@@ -69,6 +70,7 @@ _KINDS: dict[str, Any] = {
     "ServiceAccount": ServiceAccount,
     "Role": Role,
     "RoleBinding": RoleBinding,
+    "Lease": Lease,
     KIND: PrfaasDeploymentResource,
 }
 
@@ -177,6 +179,20 @@ class Cluster:
         action = f"create {kind} {_where(metadata.get('name'), metadata.get('namespace'))}"
         try:
             await self.client.create(_KINDS[kind].from_dict(dict(manifest)))
+        except ApiError as exc:
+            if exc.status.code == 409:
+                return False
+            raise self._failure(exc, action) from exc
+        except (httpx2.TransportError, OSError) as exc:
+            raise self._failure(exc, action) from exc
+        return True
+
+    async def replace(self, manifest: Mapping[str, Any]) -> bool:
+        """Write the object whole (PUT); False when its metadata.resourceVersion is no longer current."""
+        kind, metadata = manifest["kind"], manifest["metadata"]
+        action = f"replace {kind} {_where(metadata.get('name'), metadata.get('namespace'))}"
+        try:
+            await self.client.replace(_KINDS[kind].from_dict(dict(manifest)))
         except ApiError as exc:
             if exc.status.code == 409:
                 return False

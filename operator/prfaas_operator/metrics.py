@@ -46,6 +46,11 @@ class OperatorMetrics:
             "PrfaasDeployments this operator reconciles.",
             registry=registry,
         )
+        self.leader = Gauge(
+            "prfaas_operator_leader",
+            "1 while this replica holds the leader Lease and reconciles (always 1 without leader election).",
+            registry=registry,
+        )
         self.planner_decisions = Counter(
             "prfaas_operator_planner_decisions_total",
             "Planner decisions by action (Apply, Advise, Hold) and reason code.",

@@ -8,6 +8,7 @@ that always ends the process.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -60,6 +61,22 @@ class OperatorProcess:
         with urllib.request.urlopen(self.metrics_url, timeout=5) as response:
             text: str = response.read().decode()
             return text
+
+
+def install_crd(kubeconfig: Path) -> None:
+    """The generated PrfaasDeployment CRD applied to a cluster and Established."""
+    from prfaas_operator.crd import CRD_NAME, CRD_OUTPUTS, repository_root
+
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl is not on PATH"
+    for args in (
+        ["apply", "--server-side", "--force-conflicts", "--field-manager=prfaas-tests",
+         "-f", str(repository_root() / CRD_OUTPUTS[0])],
+        ["wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s"],
+    ):  # fmt: skip
+        done = subprocess.run([kubectl, f"--kubeconfig={kubeconfig}", *args], capture_output=True, text=True,
+                              timeout=90, check=False)  # fmt: skip
+        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
 
 
 def _healthy(url: str) -> bool:

@@ -150,7 +150,8 @@ def test_helm_lint_passes(helm: Path, sets: tuple[str, ...]) -> None:
     ("value", "named"),
     [
         ("replicas=-1", "replicas"),
-        ("replicas=2", "replicas"),
+        ("leaderElection.retryPeriodSeconds=0", "retryPeriodSeconds"),
+        ("podDisruptionBudget.maxUnavailable=0", "maxUnavailable"),
         ("logLevel=verbose", "logLevel"),
         ("image.pullPolicy=Sometimes", "pullPolicy"),
         ("health.port=0", "port"),
@@ -171,6 +172,14 @@ def test_values_schema_rejects_bad_values_naming_the_key(helm: Path, value: str,
         assert done.returncode != 0, f"helm {command[0]} accepted {value}"
         assert "values don't meet the specifications of the schema" in answer, answer
         assert named in answer, answer
+
+
+def test_more_than_one_replica_without_leader_election_is_refused(helm: Path) -> None:
+    done = run_helm(
+        helm, "template", RELEASE, str(CHART), "--set", "replicas=2", "--set", "leaderElection.enabled=false"
+    )
+    assert done.returncode != 0
+    assert "replicas > 1 needs leaderElection.enabled" in done.stderr, done.stderr
 
 
 def test_every_default_value_is_described_by_the_schema() -> None:
@@ -201,10 +210,21 @@ def test_default_render_is_the_operator_with_its_crd(helm: Path) -> None:
             "ClusterRoleBinding",
             "Service",
             "Deployment",
+            "Role",  # the leader-election Lease
+            "RoleBinding",
+            "PodDisruptionBudget",
         ]
     )
     assert only(objects, "CustomResourceDefinition") == crd.crd_manifest()
-    for namespaced in (o for o in objects if o["kind"] in {"ServiceAccount", "Service", "Deployment"}):
+    namespaced_kinds = {
+        "ServiceAccount",
+        "Service",
+        "Deployment",
+        "Role",
+        "RoleBinding",
+        "PodDisruptionBudget",
+    }
+    for namespaced in (o for o in objects if o["kind"] in namespaced_kinds):
         assert namespaced["metadata"]["namespace"] == NAMESPACE
 
 
@@ -213,8 +233,11 @@ def test_deployment_runs_the_operator_non_root_with_probes(helm: Path) -> None:
     deployment = only(objects, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     (container,) = pod["containers"]
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     assert container["image"] == PRODUCT_IMAGE
     assert container["command"] == ["python", "-m", "prfaas_operator"]
     assert container["args"] == [
@@ -222,6 +245,11 @@ def test_deployment_runs_the_operator_non_root_with_probes(helm: Path) -> None:
         "--liveness=http://0.0.0.0:8080/healthz",
         "--metrics-port=9090",
         "--log-level=info",
+        "--leader-elect",
+        f"--leader-elect-lease={RELEASE}-prfaas-operator",
+        "--leader-elect-lease-duration=10",
+        "--leader-elect-renew-deadline=7",
+        "--leader-elect-retry-period=2",
     ]
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert ports == {"health": 8080, "metrics": 9090}
@@ -236,6 +264,48 @@ def test_deployment_runs_the_operator_non_root_with_probes(helm: Path) -> None:
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
     assert pod["serviceAccountName"] == only(objects, "ServiceAccount")["metadata"]["name"]
+
+
+def test_leader_election_may_create_a_lease_and_renew_only_its_own(helm: Path) -> None:
+    objects = render(helm)
+    role = next(
+        o for o in objects if o["kind"] == "Role" and o["metadata"]["name"].endswith("-leader-election")
+    )
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [f"{RELEASE}-prfaas-operator"],
+            "verbs": ["get", "update"],
+        },
+    ]
+    binding = next(o for o in objects if o["kind"] == "RoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"][0]["name"] == only(objects, "ServiceAccount")["metadata"]["name"]
+
+
+def test_single_operator_without_leader_election_is_recreated_and_has_no_lease_rights(helm: Path) -> None:
+    objects = render(helm, "replicas=1", "leaderElection.enabled=false")
+    deployment = only(objects, "Deployment")
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert not any(
+        a.startswith("--leader-elect")
+        for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
+    assert not [o for o in objects if o["kind"] in {"Role", "RoleBinding"}]
+
+
+def test_the_disruption_budget_lets_a_drain_evict_one_operator_at_a_time(helm: Path) -> None:
+    objects = render(helm)
+    budget = only(objects, "PodDisruptionBudget")
+    assert budget["spec"]["maxUnavailable"] == 1
+    template_labels = only(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= template_labels.items()
+    assert not [
+        o for o in render(helm, "podDisruptionBudget.enabled=false") if o["kind"] == "PodDisruptionBudget"
+    ]
 
 
 def test_metrics_service_selects_the_operator_pod(helm: Path) -> None:
@@ -261,11 +331,17 @@ def test_operator_rbac_is_exactly_what_it_needs_and_has_no_wildcards(helm: Path)
 def test_watched_namespaces_get_roles_and_only_cluster_reads_stay_cluster_wide(helm: Path) -> None:
     objects = render(helm, "watchNamespaces={team-a,team-b}")
     assert granted(objects, "ClusterRole") == OPERATOR_CLUSTER_SCOPED
-    roles = [o for o in objects if o["kind"] == "Role"]
+    roles = [
+        o for o in objects if o["kind"] == "Role" and not o["metadata"]["name"].endswith("-leader-election")
+    ]
     assert sorted(role["metadata"]["namespace"] for role in roles) == ["team-a", "team-b"]
     for role in roles:
         assert granted([role], "Role") == OPERATOR_NAMESPACED
-    bindings = [o for o in objects if o["kind"] == "RoleBinding"]
+    bindings = [
+        o
+        for o in objects
+        if o["kind"] == "RoleBinding" and not o["metadata"]["name"].endswith("-leader-election")
+    ]
     assert sorted(binding["metadata"]["namespace"] for binding in bindings) == ["team-a", "team-b"]
     args = only(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:2] == ["--namespace=team-a", "--namespace=team-b"]
@@ -322,6 +398,8 @@ def test_no_rbac_rule_uses_a_wildcard(helm: Path, sets: tuple[str, ...]) -> None
             assert "nonResourceURLs" not in rule, rule
             if HOOK in role["metadata"].get("annotations", {}):
                 assert rule["resourceNames"] == [crd.CRD_NAME], rule  # narrower still, see below
+            elif role["metadata"]["name"].endswith("-leader-election"):
+                assert rule["verbs"] == ["create"] or rule.get("resourceNames"), rule  # see the Lease test
             else:
                 assert "resourceNames" not in rule, rule
             for field in ("apiGroups", "resources", "verbs"):
@@ -555,6 +633,13 @@ def test_apiserver_grants_the_operator_what_it_needs_and_nothing_more(
     ]
     for verb, resource in denied:
         assert not allowed(verb, resource), f"operator may {verb} {resource}"
+    _, _, home, account = user.split(":")  # the release namespace; the Lease is named like the account
+    lease = f"leases.coordination.k8s.io/{account}"
+    assert allowed("create", "leases.coordination.k8s.io", home)
+    assert allowed("get", lease, home) and allowed("update", lease, home)
+    assert not allowed("update", "leases.coordination.k8s.io/kube-scheduler", home)
+    assert not allowed("delete", lease, home)
+    assert not allowed("create", "leases.coordination.k8s.io", watched)
     assert not allowed("get", "configmaps", "kube-system"), (
         "namespaced grants leaked outside watched namespaces"
     )

@@ -29,10 +29,10 @@ import yaml
 from lightkube import Client, KubeConfig
 from lightkube.resources.apps_v1 import Deployment, StatefulSet
 from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Node, Pod, Service
-from operator_harness import OperatorProcess, free_loopback_port, router_on_kwok, run_operator
+from operator_harness import OperatorProcess, free_loopback_port, install_crd, router_on_kwok, run_operator
 from polling import get_or_none, wait_until
 from prfaas_core.router_config import RouterConfig
-from prfaas_operator.crd import CRD_NAME, CRD_OUTPUTS, repository_root
+from prfaas_operator.crd import repository_root
 from prfaas_operator.kube import PrfaasDeploymentResource
 
 if TYPE_CHECKING:
@@ -156,9 +156,7 @@ def namespaces(
 @pytest.fixture(scope="module")
 def crd(testbed: Testbed) -> None:
     """The generated CRD installed in the PD cluster."""
-    kubectl(testbed, "apply", "--server-side", "--force-conflicts", "--field-manager=prfaas-tests",
-            "-f", str(ROOT / CRD_OUTPUTS[0]))  # fmt: skip
-    kubectl(testbed, "wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    install_crd(testbed.pd_kubeconfig)
 
 
 @pytest.fixture(scope="module")

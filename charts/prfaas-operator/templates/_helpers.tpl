@@ -96,3 +96,8 @@ watched namespace; never a wildcard.
 {{- define "prfaas-operator.crdName" -}}
 prfaasdeployments.prfaas.io
 {{- end -}}
+
+{{/* The leader-election Lease (in the release namespace). */}}
+{{- define "prfaas-operator.leaseName" -}}
+{{- .Values.leaderElection.leaseName | default (include "prfaas-operator.fullname" .) -}}
+{{- end }}
