@@ -431,6 +431,21 @@ class RouterSpec(_Model):
     )
 
 
+class DisruptionBudgetSpec(_Model):
+    """The PodDisruptionBudgets (policy/v1) the operator writes: one per engine StatefulSet (in its
+    cluster, named like it) and one for the router Deployment."""
+
+    max_unavailable: int = Field(
+        default=1,
+        ge=0,
+        description=(
+            "Pods of one engine pool, or of the router, that a voluntary disruption (a node drain, "
+            "an eviction) may take at once. 0 blocks such evictions entirely; a value at least the "
+            "pool's size does not limit them."
+        ),
+    )
+
+
 class PrfaasDeploymentSpec(_Model):
     """One model served across a PrfaaS prefill cluster and a local PD cluster."""
 
@@ -459,6 +474,10 @@ class PrfaasDeploymentSpec(_Model):
     planner: PlannerSpec = Field(default_factory=PlannerSpec, description="The long-timescale planner.")
     slo: SloSpec = Field(default_factory=SloSpec, description="Service-level objectives.")
     router: RouterSpec = Field(description="The router.")
+    disruption_budget: DisruptionBudgetSpec = Field(
+        default_factory=DisruptionBudgetSpec,
+        description="Disruption budgets of the engine pools and the router.",
+    )
 
 
 # ---- status -------------------------------------------------------------------------------------

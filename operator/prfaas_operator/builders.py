@@ -426,6 +426,32 @@ def engine_roles(spec: PrfaasDeploymentSpec, owner: Owner, allocation: Allocatio
     ]  # fmt: skip
 
 
+def disruption_budget(
+    spec: PrfaasDeploymentSpec, owner: Owner, name: str, namespace: str, role: str, *, remote: bool
+) -> Manifest:
+    """How many pods of one pool a drain may take at once (named like the pool's workload)."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(name, namespace, owner, role, remote=remote),
+        "spec": {
+            "maxUnavailable": spec.disruption_budget.max_unavailable,
+            "selector": {"matchLabels": selector_labels(owner, role)},
+        },
+    }
+
+
+def engine_objects(
+    spec: PrfaasDeploymentSpec, engine: EngineRole, owner: Owner, fingerprint: str
+) -> list[Manifest]:
+    """One engine pool: its StatefulSet, headless Service and PodDisruptionBudget."""
+    return [
+        engine_statefulset(spec.model, engine, owner, fingerprint),
+        engine_service(engine, owner),
+        disruption_budget(spec, owner, engine.name, engine.namespace, engine.role, remote=engine.remote),
+    ]
+
+
 def prefill_cluster_namespace(spec: PrfaasDeploymentSpec, owner: Owner) -> Manifest:
     """The PrfaaS namespace, as created when missing (an existing one is left as it is)."""
     return {
@@ -442,18 +468,17 @@ def prefill_cluster_namespace(spec: PrfaasDeploymentSpec, owner: Owner) -> Manif
 def prefill_cluster_objects(
     spec: PrfaasDeploymentSpec, owner: Owner, allocation: Allocation, fingerprint: str
 ) -> list[Manifest]:
-    """Everything in the PrfaaS cluster except the namespace: StatefulSet and headless Service."""
-    engine = engine_roles(spec, owner, allocation)[0]
-    return [engine_statefulset(spec.model, engine, owner, fingerprint), engine_service(engine, owner)]
+    """Everything in the PrfaaS cluster except the namespace: the PrfaaS prefill pool."""
+    return engine_objects(spec, engine_roles(spec, owner, allocation)[0], owner, fingerprint)
 
 
 def pd_cluster_engine_objects(
     spec: PrfaasDeploymentSpec, owner: Owner, allocation: Allocation, fingerprint: str
 ) -> list[Manifest]:
-    """Local prefill and decode StatefulSets and their headless Services."""
+    """The local prefill and decode pools."""
     objects: list[Manifest] = []
     for engine in engine_roles(spec, owner, allocation)[1:]:
-        objects += [engine_statefulset(spec.model, engine, owner, fingerprint), engine_service(engine, owner)]
+        objects += engine_objects(spec, engine, owner, fingerprint)
     return objects
 
 

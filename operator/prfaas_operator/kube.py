@@ -34,6 +34,7 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.apps_v1 import Deployment, StatefulSet
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod, Secret, Service, ServiceAccount
+from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 from lightkube.types import PatchType
 
@@ -71,6 +72,7 @@ _KINDS: dict[str, Any] = {
     "Role": Role,
     "RoleBinding": RoleBinding,
     "Lease": Lease,
+    "PodDisruptionBudget": PodDisruptionBudget,
     KIND: PrfaasDeploymentResource,
 }
 

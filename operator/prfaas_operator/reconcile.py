@@ -54,6 +54,7 @@ from prfaas_operator.builders import (
     Owner,
     build_router_config,
     choose_pools,
+    disruption_budget,
     effective_allocation,
     endpoint_counts,
     label_value,
@@ -99,6 +100,7 @@ Manifest = dict[str, Any]
 PD_KINDS = (
     "StatefulSet",
     "Service",
+    "PodDisruptionBudget",
     "Deployment",
     "ConfigMap",
     "Pod",
@@ -106,7 +108,9 @@ PD_KINDS = (
     "Role",
     "RoleBinding",
 )
-PRFAAS_KINDS = ("StatefulSet", "Service", "Pod")
+# What the operator writes in a PrfaaS cluster (found by owner label to prune and to delete).
+PRFAAS_OWNED_KINDS = ("StatefulSet", "Service", "PodDisruptionBudget")
+PRFAAS_KINDS = (*PRFAAS_OWNED_KINDS, "Pod")
 EVENT_DEBOUNCE_SECONDS = 0.1  # a burst of child events (pods of one StatefulSet) makes one pass
 
 
@@ -348,6 +352,7 @@ class Reconciler:
         engines = [
             *_held(pd_cluster_engine_objects(spec, owner, choice.allocation, fingerprint), mem.drains),
             router_service(spec, owner),
+            disruption_budget(spec, owner, names.router, owner.namespace, ROLE_ROUTER, remote=False),
             *router_access(owner),
         ]
         engines_applied = asyncio.ensure_future(self._apply_local(owner, engines, local_cache, mem))
@@ -599,7 +604,7 @@ class Reconciler:
         owner_label = {LABEL_OWNER: label_value(owner.key)}
         stale = [
             (kind, obj["metadata"]["namespace"], obj["metadata"]["name"])
-            for kind in ("StatefulSet", "Service")
+            for kind in PRFAAS_OWNED_KINDS
             for obj in cache[kind].select_all(owner_label)
         ]
         stale = [found for found in stale if found not in keep]
@@ -777,17 +782,14 @@ class Reconciler:
             return DeleteOutcome(True)  # nothing was ever built from an invalid spec
         names = Names.of(owner.name)
         namespace = spec.prefill_cluster.namespace
-        left = [
-            f"StatefulSet {namespace}/{names.prfaas_prefill}",
-            f"Service {namespace}/{names.prfaas_prefill}",
-        ]
+        left = [f"{kind} {namespace}/{names.prfaas_prefill}" for kind in PRFAAS_OWNED_KINDS]
         async with mem.lock:  # no pass of the periodic loop may re-create what we delete
             try:
                 cluster = await self.clusters.prefill_cluster(
                     owner.namespace, spec.prefill_cluster.kubeconfig_secret_ref, allow_cached=True
                 )
                 namespaces = {namespace}
-                for kind in ("StatefulSet", "Service"):
+                for kind in PRFAAS_OWNED_KINDS:
                     for found in await cluster.list(kind, namespace=None, labels=owner_selector(owner)):
                         namespaces.add(found["metadata"]["namespace"])
                         await cluster.delete(kind, found["metadata"]["name"], found["metadata"]["namespace"])

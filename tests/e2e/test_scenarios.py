@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 from lightkube.resources.apps_v1 import Deployment, ReplicaSet, StatefulSet
+from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap, Pod, Service
 from live_traffic import E2E_TIME_SCALE, BackgroundTraffic, logs_hint
 from prfaas_testbed.clusters import Cluster, LinkNamespace, RealNode
@@ -207,11 +208,29 @@ def kubectl(system: LiveSystem, *args: str, timeout_s: float = 30) -> subprocess
     )  # fmt: skip
 
 
-def container_pod(system: LiveSystem, kind: str) -> dict[str, Any]:
-    """The one pod of this kind the PD node's kubelet runs, as the runner reports it."""
+def container_pods(system: LiveSystem, kind: str, count: int) -> list[dict[str, Any]]:
+    """The `count` pods of this kind the PD node's kubelet runs, as the runner reports them."""
     pods = [p for p in system.runner_pods(kind=kind) if p.get("state") == "container"]
-    assert len(pods) == 1, f"expected one {kind} container pod, got {pods}"
-    return pods[0]
+    assert len(pods) == count, f"expected {count} {kind} container pods, got {pods}"
+    return pods
+
+
+def container_pod(system: LiveSystem, kind: str) -> dict[str, Any]:
+    (pod,) = container_pods(system, kind, 1)
+    return pod
+
+
+def operator_lease_holder(system: LiveSystem) -> str | None:
+    """The pod name of the operator replica holding the leader Lease (the chart's, in its namespace)."""
+    (lease,) = system.pd.list(Lease, namespace=system.layout.system_namespace)
+    holder = lease.spec.holderIdentity if lease.spec is not None else None
+    return holder.rsplit("_", 1)[0] if holder else None
+
+
+def leading_operator(system: LiveSystem) -> dict[str, Any]:
+    holder = operator_lease_holder(system)
+    (pod,) = [p for p in system.runner_pods(kind="operator") if p["pod"] == holder]
+    return pod
 
 
 def pd_real_node(system: LiveSystem) -> RealNode:
@@ -228,11 +247,10 @@ def test_operator_and_router_are_containers_of_the_product_image_on_the_real_nod
     """Under the kubelet: the image, non-root, a read-only root, the router's only token, logs and exec."""
     system = deployment
     node = pd_real_node(system)
-    for kind, namespace in (
-        ("operator", system.layout.system_namespace),
-        ("router", system.layout.deployment_namespace),
+    for kind, namespace, pod in (
+        *(("operator", system.layout.system_namespace, pod) for pod in container_pods(system, "operator", 2)),
+        ("router", system.layout.deployment_namespace, container_pod(system, "router")),
     ):
-        pod = container_pod(system, kind)
         assert pod["node"] == node.name and pod["ready"], pod
         live = system.pd.get(Pod, pod["pod"], namespace=namespace)
         assert live.status is not None and live.status.containerStatuses is not None
@@ -318,15 +336,17 @@ def test_a_config_change_reaches_the_router_in_seconds_not_at_the_kubelets_pace(
     system.patch_spec({"routing": {"thresholdTokens": threshold - 64}})
 
 
-def test_a_killed_operator_container_is_restarted_by_the_kubelet_and_changes_nothing(
+def test_the_leading_operator_killed_mid_traffic_is_replaced_within_15_s_and_changes_nothing(
     deployment: LiveSystem,
 ) -> None:
+    """SIGKILL to the leader's container: the other replica takes the Lease, the kubelet restarts it."""
     system = deployment
     node = pd_real_node(system)
     before = children(system)
-    operator = container_pod(system, "operator")
+    container_pods(system, "operator", 2)
+    leader = leading_operator(system)
     namespace = system.layout.system_namespace
-    live = system.pd.get(Pod, operator["pod"], namespace=namespace)
+    live = system.pd.get(Pod, leader["pod"], namespace=namespace)
     assert live.status is not None and live.status.containerStatuses is not None
     (status,) = live.status.containerStatuses
     container_id = status.containerID.removeprefix("containerd://")
@@ -340,22 +360,31 @@ def test_a_killed_operator_container_is_restarted_by_the_kubelet_and_changes_not
     with start_traffic(system, medium_traffic(20, seed=7)) as traffic:
         time.sleep(3)
         os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        wait_until(
+            "the other operator replica to take the Lease",
+            lambda: operator_lease_holder(system) not in (None, leader["pod"]),
+            30,
+            0.2,
+        )
+        takeover = time.monotonic() - killed
         restarted = wait_until(
-            "the kubelet to restart the operator container in its pod",
+            "the kubelet to restart the killed operator container in its pod",
             lambda: (
-                (p := container_pod(system, "operator"))
-                and p["restarts"] == operator["restarts"] + 1
+                (p := next(p for p in system.runner_pods(kind="operator") if p["uid"] == leader["uid"]))
+                and p["restarts"] == leader["restarts"] + 1
                 and p["ready"]
-                and p["uid"] == operator["uid"]
                 and p
             ),
             90,
         )
         driver = traffic.wait()
-    assert restarted["pod"] == operator["pod"]
-    time.sleep(3)  # the restarted operator's first passes
+    print(f"operator leader killed: the follower led {takeover:.1f} s later")
+    assert takeover <= 15, f"the follower took the Lease {takeover:.1f} s after the leader died"
+    assert restarted["pod"] == leader["pod"]
+    time.sleep(3)  # the new leader's first passes
     after = children(system)
-    assert after == before, f"objects changed across the restart: {set(after.items()) ^ set(before.items())}"
+    assert after == before, f"objects changed across the takeover: {set(after.items()) ^ set(before.items())}"
     summary = driver.summary()
     assert summary.outcomes.get("ok", 0) == summary.sent > 10, f"{summary.line()} {summary.errors}"
     assert system.is_ready()
@@ -365,13 +394,19 @@ def test_operator_restart_mid_traffic_duplicates_nothing_and_drops_nothing(deplo
     system = deployment
     before = children(system)
     config_before = system.router_config() or {}
-    [old] = system.runner_pods(kind="operator", namespace=system.layout.system_namespace)
+    old = leading_operator(system)
     with start_traffic(system, medium_traffic(25)) as traffic:
         time.sleep(5)
-        system.pd.delete(Pod, old["pod"], namespace=system.layout.system_namespace)
+        system.pd.delete(Pod, old["pod"], namespace=system.layout.system_namespace)  # SIGTERM, then a new pod
         wait_until(
-            "a new operator pod to run and be ready",
-            lambda: any(p["ready"] and p["uid"] != old["uid"] for p in system.runner_pods(kind="operator")),
+            "the other replica leading and a new operator pod ready",
+            lambda: (
+                operator_lease_holder(system) not in (None, old["pod"])
+                and len(
+                    [p for p in system.runner_pods(kind="operator") if p["ready"] and p["uid"] != old["uid"]]
+                )
+                == 2
+            ),
             60,
         )
         driver = traffic.wait()

@@ -49,6 +49,7 @@ OPERATOR_NAMESPACED = (
     | {("apps", resource, verb) for resource in ("statefulsets", "deployments") for verb in WRITE}
     | {("", resource, verb) for resource in ("services", "configmaps") for verb in WRITE}
     | {("", "pods", verb) for verb in ("get", "list", "watch")}
+    | {("policy", "poddisruptionbudgets", verb) for verb in WRITE}
     # each router's ServiceAccount, and the Role and RoleBinding that let it read its config
     | {("", "serviceaccounts", verb) for verb in WRITE}
     | {
@@ -63,6 +64,7 @@ ACCESS_NAMESPACES = {("", "namespaces", "get"), ("", "namespaces", "create"), ("
 ACCESS_WORKLOADS = (
     {("apps", "statefulsets", verb) for verb in WRITE}
     | {("", "services", verb) for verb in WRITE}
+    | {("policy", "poddisruptionbudgets", verb) for verb in WRITE}
     | {("", "pods", verb) for verb in ("get", "list", "watch")}
 )
 

@@ -200,6 +200,30 @@ class TestPdClusterObjects:
         for sts in statefulsets.values():
             assert sts["spec"]["template"]["spec"]["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H20"
 
+    def test_every_pool_and_the_router_get_a_disruption_budget_over_their_own_pods(self) -> None:
+        s = spec(**{"disruptionBudget.maxUnavailable": 2})
+        fingerprint = kv_fingerprint(s.model)
+        pools = [
+            *builders.prefill_cluster_objects(s, OWNER, allocation_of(s), fingerprint),
+            *builders.pd_cluster_engine_objects(s, OWNER, allocation_of(s), fingerprint),
+        ]
+        budgets = {o["metadata"]["name"]: o for o in by_kind(pools, "PodDisruptionBudget")}
+        for sts in by_kind(pools, "StatefulSet"):
+            budget = budgets.pop(sts["metadata"]["name"])
+            assert budget["metadata"]["namespace"] == sts["metadata"]["namespace"]
+            assert budget["spec"]["maxUnavailable"] == 2
+            selector = budget["spec"]["selector"]["matchLabels"]
+            assert selector == sts["spec"]["selector"]["matchLabels"]
+            assert selector.items() <= sts["spec"]["template"]["metadata"]["labels"].items()
+            assert (LABEL_OWNER in budget["metadata"]["labels"]) == (LABEL_OWNER in sts["metadata"]["labels"])
+        assert not budgets
+        router = builders.router_deployment(s, OWNER, None)
+        budget = builders.disruption_budget(
+            s, OWNER, "kimi-linear-router", OWNER.namespace, "router", remote=False
+        )
+        assert budget["spec"]["selector"]["matchLabels"] == router["spec"]["selector"]["matchLabels"]
+        assert spec().disruption_budget.max_unavailable == 1
+
     def test_a_role_scaled_to_zero_is_still_desired(self) -> None:
         s = spec(**{"pdCluster.prefillInstances": 0, "pdCluster.decodeInstances": 8})
         objects = builders.pd_cluster_engine_objects(s, OWNER, allocation_of(s), "f")

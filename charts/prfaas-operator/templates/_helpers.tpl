@@ -60,6 +60,10 @@ watched namespace; never a wildcard.
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
+# A disruption budget per engine pool and for the router.
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, list, watch, create, patch, update, delete]
 # Each router's identity: a ServiceAccount whose Role reads only its config ConfigMap (the
 # operator can grant that because it reads ConfigMaps itself).
 - apiGroups: [""]
