@@ -29,6 +29,7 @@ import yaml
 from lightkube import Client, KubeConfig
 from lightkube.resources.apps_v1 import Deployment, StatefulSet
 from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Node, Pod, Service
+from lightkube.resources.policy_v1 import PodDisruptionBudget
 from operator_harness import OperatorProcess, free_loopback_port, install_crd, router_on_kwok, run_operator
 from polling import get_or_none, wait_until
 from prfaas_core.router_config import RouterConfig
@@ -205,11 +206,15 @@ def test_sample_deployment_lifecycle(
             stdin=yaml.safe_dump(half(deployment_manifest(name, ns, remote_ns, "prfaas-cluster-kubeconfig"))))  # fmt: skip
 
     # every child, in the right cluster
-    remote_children = [(StatefulSet, f"{name}-prfaas-prefill"), (Service, f"{name}-prfaas-prefill")]
+    remote_children = [
+        (kind, f"{name}-prfaas-prefill") for kind in (StatefulSet, Service, PodDisruptionBudget)
+    ]
     local_children = [
         (StatefulSet, f"{name}-pd-prefill"), (StatefulSet, f"{name}-pd-decode"),
         (Service, f"{name}-pd-prefill"), (Service, f"{name}-pd-decode"), (Service, f"{name}-router"),
         (Deployment, f"{name}-router"), (ConfigMap, f"{name}-router-config"),
+        (PodDisruptionBudget, f"{name}-pd-prefill"), (PodDisruptionBudget, f"{name}-pd-decode"),
+        (PodDisruptionBudget, f"{name}-router"),
     ]  # fmt: skip
 
     def all_children() -> bool:
@@ -373,8 +378,8 @@ def test_sample_deployment_lifecycle(
     def emptied() -> bool:
         namespace = get_or_none(prfaas, Namespace, remote_ns)
         remote_gone = namespace is None or namespace.metadata.deletionTimestamp is not None
-        remote_left = [*prfaas.list(StatefulSet, namespace="*", labels={"prfaas.io/owner": f"{ns}.{name}"}),
-                       *prfaas.list(Service, namespace="*", labels={"prfaas.io/owner": f"{ns}.{name}"})]  # fmt: skip
+        remote_left = [found for kind in (StatefulSet, Service, PodDisruptionBudget)
+                       for found in prfaas.list(kind, namespace="*", labels={"prfaas.io/owner": f"{ns}.{name}"})]  # fmt: skip
         local_left = [
             found for kind, n in local_children if (found := get_or_none(pd, kind, n, ns)) is not None
             and found.metadata.deletionTimestamp is None
