@@ -177,24 +177,19 @@ class Cluster:
 
     async def create_if_missing(self, manifest: Mapping[str, Any]) -> bool:
         """Create the object unless it exists (one request either way); True when it was created."""
-        kind, metadata = manifest["kind"], manifest["metadata"]
-        action = f"create {kind} {_where(metadata.get('name'), metadata.get('namespace'))}"
-        try:
-            await self.client.create(_KINDS[kind].from_dict(dict(manifest)))
-        except ApiError as exc:
-            if exc.status.code == 409:
-                return False
-            raise self._failure(exc, action) from exc
-        except (httpx2.TransportError, OSError) as exc:
-            raise self._failure(exc, action) from exc
-        return True
+        return await self._write_unless_conflict("create", manifest)
 
     async def replace(self, manifest: Mapping[str, Any]) -> bool:
         """Write the object whole (PUT); False when its metadata.resourceVersion is no longer current."""
+        return await self._write_unless_conflict("replace", manifest)
+
+    async def _write_unless_conflict(self, verb: str, manifest: Mapping[str, Any]) -> bool:
+        """POST (create) or PUT (replace); False on 409 Conflict (exists, or changed since read)."""
         kind, metadata = manifest["kind"], manifest["metadata"]
-        action = f"replace {kind} {_where(metadata.get('name'), metadata.get('namespace'))}"
+        action = f"{verb} {kind} {_where(metadata.get('name'), metadata.get('namespace'))}"
+        obj = _KINDS[kind].from_dict(dict(manifest))
         try:
-            await self.client.replace(_KINDS[kind].from_dict(dict(manifest)))
+            await (self.client.create(obj) if verb == "create" else self.client.replace(obj))
         except ApiError as exc:
             if exc.status.code == 409:
                 return False
