@@ -131,7 +131,8 @@ class RouterConfig(_Strict):
     slo: Slo
     pools: Pools = Field(default_factory=Pools)
     decode: DecodeCapacity | None = Field(
-        default=None, description="decode capacity; None: the TTFT estimate leaves out the wait for a decode slot"
+        default=None,
+        description="decode capacity; None: the TTFT estimate leaves out the wait for a decode slot",
     )
     fingerprint: str = Field(
         default="", description="KV-layout compatibility fingerprint shared by all engines"

@@ -38,7 +38,6 @@ from prfaas_core.router_config import Pool, RouterConfig
 from prfaas_router.prefix_index import NO_HIT, PrefixHit
 from prfaas_router.workers import Worker
 
-
 DECODE_WAIT_Z = 1.2816
 """Standard normal 90th percentile: the decode-wait estimate is the wait's P90, not its mean."""
 
@@ -202,9 +201,7 @@ def decide(
     decode = _pick_decode(model, pools.decode, pin)
     wait = decode_wait_seconds(model, decode)
     local = _local_option(model, request, pools.local, link_inflight_bytes, wait) if pools.local else None
-    prfaas = (
-        _prfaas_option(model, request, pools.prfaas, link_inflight_bytes, wait) if pools.prfaas else None
-    )
+    prfaas = _prfaas_option(model, request, pools.prfaas, link_inflight_bytes, wait) if pools.prfaas else None
 
     route, reason = _paper_rule(model, request, local)
     if pin is not None and (

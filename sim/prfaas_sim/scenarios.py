@@ -304,7 +304,10 @@ def overload(
                 factor: run_system(
                     variant,
                     poisson_requests(
-                        load.workload, RateSchedule.constant(factor * ceiling, duration), seed, load.output_sigma
+                        load.workload,
+                        RateSchedule.constant(factor * ceiling, duration),
+                        seed,
+                        load.output_sigma,
                     ),
                     engine,
                 )
