@@ -16,9 +16,9 @@ from prfaas_operator.planner import PlanError, WorkloadError
 from prfaas_sim import report
 from prfaas_sim.engine import EngineSettings
 from prfaas_sim.planning import PlannerSettings
-from prfaas_sim.scenarios import LinkDropSetup, burst, link_drop, overload, rate_sweep, trace_prefix
+from prfaas_sim.scenarios import LinkDropSetup, burst, link_drop, rate_sweep, trace_prefix
 from prfaas_sim.sources import RateSchedule, SourceError
-from prfaas_sim.study import FULL, QUICK, overload_workloads, run_study
+from prfaas_sim.study import FULL, QUICK, overload_study, run_study
 from prfaas_sim.systems import default_slo, deployments, load_profile
 
 BAD_INPUT = 2
@@ -189,19 +189,14 @@ def _run_burst(args: argparse.Namespace) -> int:
 
 def _run_overload(args: argparse.Namespace) -> int:
     document = load_profile(args.profile)
-    slo = default_slo(document, args.ttft_slo)
-    runs = [
-        overload(
-            document,
-            load,
-            factors=args.factors,
-            slo=slo,
-            duration=args.duration,
-            warmup=args.warmup,
-            seed=args.seed,
-        )
-        for load in overload_workloads(document)
-    ]
+    runs = overload_study(
+        document,
+        factors=args.factors,
+        slo=default_slo(document, args.ttft_slo),
+        duration=args.duration,
+        warmup=args.warmup,
+        seed=args.seed,
+    )
     print("\n".join(report.overload_table(runs)))
     return 0
 

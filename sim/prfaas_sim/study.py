@@ -7,9 +7,11 @@ keeps its meaning on another profile. `QUICK` runs the same scenarios shorter (a
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from prfaas_core.router_config import Slo
 from prfaas_operator.planner import ProfileDocument, Strategy, Workload
 from prfaas_operator.planner.workload import parse_workload_spec
 
@@ -18,6 +20,7 @@ from prfaas_sim.planning import PlannerSettings
 from prfaas_sim.report import Study
 from prfaas_sim.scenarios import (
     LinkDropSetup,
+    OverloadRuns,
     OverloadWorkload,
     burst,
     link_drop,
@@ -100,6 +103,22 @@ def overload_workloads(document: ProfileDocument) -> tuple[OverloadWorkload, ...
     )
 
 
+def overload_study(
+    document: ProfileDocument,
+    *,
+    factors: Sequence[float],
+    slo: Slo,
+    duration: float,
+    warmup: float,
+    seed: int,
+) -> tuple[OverloadRuns, ...]:
+    """`overload` on each of `overload_workloads`."""
+    return tuple(
+        overload(document, load, factors=factors, slo=slo, duration=duration, warmup=warmup, seed=seed)
+        for load in overload_workloads(document)
+    )
+
+
 def run_study(
     document: ProfileDocument,
     *,
@@ -142,17 +161,13 @@ def run_study(
         plan.burst_seconds,
     )
     bursty = burst(planned, workload, schedule, seed=seed, window=plan.window_seconds)
-    overloaded = tuple(
-        overload(
-            document,
-            load,
-            factors=plan.overload_factors,
-            slo=slo,
-            duration=plan.overload_seconds,
-            warmup=plan.overload_warmup,
-            seed=seed,
-        )
-        for load in overload_workloads(document)
+    overloaded = overload_study(
+        document,
+        factors=plan.overload_factors,
+        slo=slo,
+        duration=plan.overload_seconds,
+        warmup=plan.overload_warmup,
+        seed=seed,
     )
     traced = None
     if trace is not None:
