@@ -198,8 +198,7 @@ def decide(
     if not pools.local and not pools.prfaas:
         return Rejection(503, Reason.NO_PREFILL, "no healthy prefill instance in either cluster")
     pin = request.pin
-    decode = _pick_decode(model, pools.decode, pin)
-    wait = decode_wait_seconds(model, decode)
+    decode, wait = _pick_decode(model, pools.decode, pin)
     local = _local_option(model, request, pools.local, link_inflight_bytes, wait) if pools.local else None
     prfaas = _prfaas_option(model, request, pools.prfaas, link_inflight_bytes, wait) if pools.prfaas else None
 
@@ -390,15 +389,22 @@ def decode_wait_seconds(model: PolicyModel, worker: Worker) -> float:
     return (beyond + DECODE_WAIT_Z * math.sqrt(beyond)) * model.decode_seconds_per_request / slots
 
 
-def _pick_decode(model: PolicyModel, workers: Sequence[Worker], pin: SessionPin | None) -> Worker:
+def _pick_decode(
+    model: PolicyModel, workers: Sequence[Worker], pin: SessionPin | None
+) -> tuple[Worker, float]:
     """The session's decode, else the one that frees a slot soonest, then the least outstanding tokens."""
     if pin is not None:
         for worker in workers:
             if worker.name == pin.decode:
-                return worker
+                return worker, decode_wait_seconds(model, worker)
     if model.decode_max_running is None:
-        return min(workers, key=_load)
-    return min(workers, key=lambda worker: (decode_wait_seconds(model, worker), *_load(worker)))
+        return min(workers, key=_load), 0.0
+    best, best_key = workers[0], (math.inf, 0, 0)
+    for worker in workers:
+        key = (decode_wait_seconds(model, worker), worker.outstanding_tokens, worker.inflight)
+        if key < best_key:
+            best, best_key = worker, key
+    return best, best_key[0]
 
 
 def _load(worker: Worker) -> tuple[int, int]:
