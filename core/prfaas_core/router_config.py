@@ -90,6 +90,17 @@ class Slo(_Strict):
     tpot_seconds: float = Field(gt=0)
 
 
+class DecodeCapacity(_Strict):
+    """What the router needs to estimate a request's wait for a decode slot (admission when decode binds)."""
+
+    max_running_requests: int = Field(
+        ge=1, description="requests one decode instance runs at once (BS_max); an engine's own report wins"
+    )
+    seconds_per_request: float = Field(
+        gt=0, description="mean seconds a request holds a decode slot: mean output tokens x decode step"
+    )
+
+
 class Pools(_Strict):
     prfaas_prefill: list[Endpoint] = Field(default_factory=list)
     local_prefill: list[Endpoint] = Field(default_factory=list)
@@ -119,6 +130,10 @@ class RouterConfig(_Strict):
     prefill_time: Annotated[dict[Literal["prfaas", "local"], PrefillTime], Field(min_length=2)]
     slo: Slo
     pools: Pools = Field(default_factory=Pools)
+    decode: DecodeCapacity | None = Field(
+        default=None,
+        description="decode capacity; None: the TTFT estimate leaves out the wait for a decode slot",
+    )
     fingerprint: str = Field(
         default="", description="KV-layout compatibility fingerprint shared by all engines"
     )

@@ -1094,7 +1094,7 @@ class FakeEngine:
             )
             load |= {
                 "num_running_reqs": int(gauges["num_running_reqs"]),
-                "num_waiting_reqs": int(gauges["num_queue_reqs"]),
+                "num_waiting_reqs": _waiting_reqs(gauges),
                 "num_used_tokens": int(gauges["num_used_tokens"]),
                 "num_total_tokens": int(gauges["num_used_tokens"]) + waiting_tokens,
                 "max_total_num_tokens": self.settings.max_total_tokens,
@@ -1194,6 +1194,19 @@ class FakeEngine:
                 run.abort_message = "Aborted by /abort_request"
                 run.task.cancel()
         return web.json_response({"aborted": len(targets)})
+
+
+def _waiting_reqs(gauges: dict[str, float]) -> int:
+    """/v1/loads' num_waiting_reqs as SGLang counts it: the waiting queue plus, on a prefill, the
+    bootstrap queue, and on a decode the prealloc and transfer queues (KV still to come), unlike
+    the sglang:num_queue_reqs gauge, which is the waiting queue alone."""
+    queues = (
+        "num_queue_reqs",
+        "num_prefill_bootstrap_queue_reqs",
+        "num_decode_prealloc_queue_reqs",
+        "num_decode_transfer_queue_reqs",
+    )
+    return sum(int(gauges[name]) for name in queues)
 
 
 def _loads_prometheus(load: dict[str, Any]) -> str:

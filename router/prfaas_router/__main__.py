@@ -31,6 +31,10 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterOptions:
     parser.add_argument("--health-interval-seconds", type=float, default=defaults.health_interval_seconds)
     parser.add_argument("--health-timeout-seconds", type=float, default=defaults.health_timeout_seconds)
     parser.add_argument("--health-failure-threshold", type=int, default=defaults.health_failure_threshold)
+    parser.add_argument(
+        "--load-poll-interval-seconds", type=float, default=defaults.load_poll_interval_seconds
+    )
+    parser.add_argument("--load-poll-timeout-seconds", type=float, default=defaults.load_poll_timeout_seconds)
     parser.add_argument("--breaker-failure-threshold", type=int, default=defaults.breaker_failure_threshold)
     parser.add_argument("--breaker-cooldown-seconds", type=float, default=defaults.breaker_cooldown_seconds)
     parser.add_argument("--connect-timeout-seconds", type=float, default=defaults.connect_timeout_seconds)
@@ -84,6 +88,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterOptions:
         health_interval_seconds=args.health_interval_seconds,
         health_timeout_seconds=args.health_timeout_seconds,
         health_failure_threshold=args.health_failure_threshold,
+        load_poll_interval_seconds=args.load_poll_interval_seconds,
+        load_poll_timeout_seconds=args.load_poll_timeout_seconds,
         breaker_failure_threshold=args.breaker_failure_threshold,
         breaker_cooldown_seconds=args.breaker_cooldown_seconds,
         connect_timeout_seconds=args.connect_timeout_seconds,

@@ -21,6 +21,7 @@ from prfaas_core.router_config import Pool, RouterConfig
 from prfaas_router.config_watch import ConfigWatcher
 from prfaas_router.configmap_source import ConfigMapRef, ConfigMapSource, InCluster, NotInCluster
 from prfaas_router.health import HealthChecker
+from prfaas_router.loads import LoadPoller
 from prfaas_router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
 from prfaas_router.payloads import ApiError, Kind, parse, prompt_keys
 from prfaas_router.policy import PolicyModel, SessionTable
@@ -47,6 +48,8 @@ class RouterOptions:
     health_interval_seconds: float = 0.5
     health_timeout_seconds: float = 0.5
     health_failure_threshold: int = 1
+    load_poll_interval_seconds: float = 1.0  # decode engines' /v1/loads, for the decode-wait estimate
+    load_poll_timeout_seconds: float = 1.0
     breaker_failure_threshold: int = 3
     breaker_cooldown_seconds: float = 5.0
     connect_timeout_seconds: float = 1.0
@@ -117,7 +120,17 @@ class RouterService:
         self.watcher.check()
         if self.watcher.current is None:
             log.error("starting without a valid config; not ready until %s is valid", options.config_path)
-        self._tasks = [asyncio.create_task(self.watcher.run()), asyncio.create_task(self._health.run())]
+        loads = LoadPoller(
+            self._upstream,
+            self.fleet,
+            interval_seconds=options.load_poll_interval_seconds,
+            timeout_seconds=options.load_poll_timeout_seconds,
+        )
+        self._tasks = [
+            asyncio.create_task(self.watcher.run()),
+            asyncio.create_task(self._health.run()),
+            asyncio.create_task(loads.run()),
+        ]
         if self.config_map is not None:
             self._tasks.append(asyncio.create_task(self.config_map.run()))
 

@@ -12,7 +12,10 @@ The paper's short-timescale rules (section 3.4.3, DESIGN.md "Two loops"):
   is behind by less than the tokens its cache saves (cache affinity); decode by outstanding tokens.
 - Mooncake-style TTFT estimate = queue (estimated prefill seconds already on the instance) +
   prefill + transfer (link latency + backlog incl. this request / bandwidth). The sum ignores the
-  overlap of layer-wise pipelining, so it is an upper bound. A request whose estimate breaks the
+  overlap of layer-wise pipelining, so it is an upper bound. With the config's decode capacity
+  the first token also waits for a decode slot: the estimate is the later of the KV's arrival
+  and the moment the decode frees a slot for it (`decode_wait_seconds`), so when decode binds
+  the excess is turned away early as it is when prefill binds. A request whose estimate breaks the
   SLO on its route moves to the other route if that one meets it; when none does it gets 429.
   The bar is `max(slo, the request's own unloaded TTFT)`: a prompt too long for the SLO even on
   idle engines is still served when it would not wait, rather than refused forever.
@@ -23,6 +26,7 @@ Every outcome carries a reason label; the metrics count decisions by (route, rea
 from __future__ import annotations
 
 import enum
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +37,9 @@ from prfaas_core.router_config import Pool, RouterConfig
 
 from prfaas_router.prefix_index import NO_HIT, PrefixHit
 from prfaas_router.workers import Worker
+
+DECODE_WAIT_Z = 1.2816
+"""Standard normal 90th percentile: the decode-wait estimate is the wait's P90, not its mean."""
 
 
 class Reason(enum.StrEnum):
@@ -45,6 +52,7 @@ class Reason(enum.StrEnum):
     SESSION_AFFINITY = "session_affinity"  # the conversation stays where its prefix is
     TTFT_REROUTE = "ttft_reroute"  # the preferred route breaks the TTFT SLO, the other meets it
     SLO_REJECT = "slo_reject"  # every route breaks the TTFT SLO: 429
+    DECODE_WAIT = "decode_wait"  # the wait for a decode slot alone breaks the TTFT SLO: 429
     NO_DECODE = "no_decode"  # no healthy decode instance: 503
     NO_PREFILL = "no_prefill"  # no prefill instance can take it: 503
 
@@ -66,6 +74,9 @@ class PolicyModel:
     link_horizon_bytes: float
     link_latency: float
     slo_ttft: float
+    decode_max_running: int | None
+    """Slots per decode instance when the engine has not reported its own; None: no decode-wait term."""
+    decode_seconds_per_request: float
 
     @classmethod
     def from_config(cls, config: RouterConfig) -> PolicyModel:
@@ -89,6 +100,8 @@ class PolicyModel:
             link_horizon_bytes=config.link.budget_bytes_per_second * config.slo.ttft_seconds,
             link_latency=config.link.latency_seconds,
             slo_ttft=config.slo.ttft_seconds,
+            decode_max_running=config.decode.max_running_requests if config.decode else None,
+            decode_seconds_per_request=config.decode.seconds_per_request if config.decode else 0.0,
         )
 
     def kv_bytes(self, tokens: float, sequences: int) -> float:
@@ -185,8 +198,9 @@ def decide(
     if not pools.local and not pools.prfaas:
         return Rejection(503, Reason.NO_PREFILL, "no healthy prefill instance in either cluster")
     pin = request.pin
-    local = _local_option(model, request, pools.local, link_inflight_bytes) if pools.local else None
-    prfaas = _prfaas_option(model, request, pools.prfaas, link_inflight_bytes) if pools.prfaas else None
+    decode, wait = _pick_decode(model, pools.decode, pin)
+    local = _local_option(model, request, pools.local, link_inflight_bytes, wait) if pools.local else None
+    prfaas = _prfaas_option(model, request, pools.prfaas, link_inflight_bytes, wait) if pools.prfaas else None
 
     route, reason = _paper_rule(model, request, local)
     if pin is not None and (
@@ -216,6 +230,13 @@ def decide(
         other = local if chosen is prfaas else prfaas
         if other is not None and other.fits_link and _meets_slo(model, other):
             chosen, reason = other, Reason.TTFT_REROUTE
+        elif wait > max(model.slo_ttft, chosen.unloaded_ttft):
+            return Rejection(
+                429,
+                Reason.DECODE_WAIT,
+                f"estimated wait for a decode slot {wait:.2f}s breaks the {model.slo_ttft:g}s time-to-first-token "
+                "SLO; retry later",
+            )
         else:
             return Rejection(
                 429,
@@ -228,7 +249,7 @@ def decide(
         route=chosen.route,
         reason=reason,
         prefill=chosen.prefill,
-        decode=_pick_decode(pools.decode, pin),
+        decode=decode,
         total_tokens=request.total_tokens,
         uncached_tokens=chosen.uncached,
         prefill_seconds=chosen.prefill_seconds,
@@ -259,7 +280,7 @@ def _meets_slo(model: PolicyModel, option: _Option) -> bool:
 
 
 def _local_option(
-    model: PolicyModel, request: RequestView, workers: Sequence[Worker], inflight: float
+    model: PolicyModel, request: RequestView, workers: Sequence[Worker], inflight: float, decode_wait: float
 ) -> _Option:
     hit = request.hit_local
     link_bytes = 0.0
@@ -282,14 +303,14 @@ def _local_option(
         prefill_seconds=seconds,
         link_bytes=link_bytes,
         egress_bytes=0.0,
-        ttft=worker.queued_seconds + seconds + transfer,
+        ttft=max(worker.queued_seconds + seconds + transfer, decode_wait),
         unloaded_ttft=seconds + unloaded_transfer,
         fits_link=True,
     )
 
 
 def _prfaas_option(
-    model: PolicyModel, request: RequestView, workers: Sequence[Worker], inflight: float
+    model: PolicyModel, request: RequestView, workers: Sequence[Worker], inflight: float, decode_wait: float
 ) -> _Option:
     hit = request.hit_prfaas
     move_in = 0.0
@@ -308,7 +329,7 @@ def _prfaas_option(
         prefill_seconds=seconds,
         link_bytes=egress,
         egress_bytes=egress,
-        ttft=worker.queued_seconds + seconds + transfer + move_in,
+        ttft=max(worker.queued_seconds + seconds + transfer + move_in, decode_wait),
         unloaded_ttft=seconds + model.link_latency + egress / model.link_bandwidth + move_in,
         fits_link=inflight + egress <= model.link_horizon_bytes,
     )
@@ -340,12 +361,50 @@ def _pick_prefill(workers: Sequence[Worker], hit: PrefixHit, pin: SessionPin | N
     return least
 
 
-def _pick_decode(workers: Sequence[Worker], pin: SessionPin | None) -> Worker:
+def decode_wait_seconds(model: PolicyModel, worker: Worker) -> float:
+    """Seconds from now until `worker` can give one more request a slot (0 while one is free).
+
+    Ahead of the request: what the engine last reported running and waiting (on a decode SGLang's
+    waiting includes requests whose KV is still to come), floored by what this router has in
+    flight there, which covers what it sent since the report. An engine whose load is unknown
+    counts as full, never idle. With every slot taken, slots free at `slots / seconds_per_request`
+    per second, so the request that is k-th beyond the slots waits k of those intervals on average.
+    Which running request ends next is unknown (their outputs are), so the estimate is the wait's
+    90th percentile, slots freeing as a Poisson process: the k-th departure is Gamma(k), mean k,
+    standard deviation sqrt(k) intervals. The mean alone keeps the queue where half the admitted
+    requests miss the SLO.
+    """
+    slots = model.decode_max_running
+    if slots is None:
+        return 0.0
+    report = worker.load
+    if report is None:
+        ahead = max(worker.inflight, slots)
+    else:
+        slots = report.max_running or slots
+        ahead = max(report.running + report.waiting, worker.inflight)
+    beyond = ahead - slots + 1
+    if beyond <= 0:
+        return 0.0
+    return (beyond + DECODE_WAIT_Z * math.sqrt(beyond)) * model.decode_seconds_per_request / slots
+
+
+def _pick_decode(
+    model: PolicyModel, workers: Sequence[Worker], pin: SessionPin | None
+) -> tuple[Worker, float]:
+    """The session's decode, else the one that frees a slot soonest, then the least outstanding tokens."""
     if pin is not None:
         for worker in workers:
             if worker.name == pin.decode:
-                return worker
-    return min(workers, key=_load)
+                return worker, decode_wait_seconds(model, worker)
+    if model.decode_max_running is None:
+        return min(workers, key=_load), 0.0
+    best, best_key = workers[0], (math.inf, 0, 0)
+    for worker in workers:
+        key = (decode_wait_seconds(model, worker), worker.outstanding_tokens, worker.inflight)
+        if key < best_key:
+            best, best_key = worker, key
+    return best, best_key[0]
 
 
 def _load(worker: Worker) -> tuple[int, int]:

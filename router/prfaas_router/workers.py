@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from prfaas_core.router_config import Endpoint, Pool, Pools
@@ -62,6 +63,16 @@ class CircuitBreaker:
             self._opened_at = now
 
 
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """What an engine last reported of its requests (SGLang's /v1/loads: running, waiting, its max)."""
+
+    running: int
+    waiting: int
+    """On a decode engine SGLang counts here every request not yet running, KV still to come included."""
+    max_running: int | None = None
+
+
 class Worker:
     """One engine and what the router has put on it that has not come back yet."""
 
@@ -72,6 +83,7 @@ class Worker:
         "healthy",
         "host",
         "inflight",
+        "load",
         "name",
         "outstanding_tokens",
         "pool",
@@ -96,6 +108,7 @@ class Worker:
         self.outstanding_tokens = 0
         self.queued_seconds = 0.0
         self.inflight = 0
+        self.load: EngineLoad | None = None  # unknown until the engine reports, and again when a poll fails
 
     @property
     def identity(self) -> tuple[Pool, str, str, int | None]:

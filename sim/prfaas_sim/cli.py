@@ -18,7 +18,7 @@ from prfaas_sim.engine import EngineSettings
 from prfaas_sim.planning import PlannerSettings
 from prfaas_sim.scenarios import LinkDropSetup, burst, link_drop, rate_sweep, trace_prefix
 from prfaas_sim.sources import RateSchedule, SourceError
-from prfaas_sim.study import FULL, QUICK, run_study
+from prfaas_sim.study import FULL, QUICK, overload_study, run_study
 from prfaas_sim.systems import default_slo, deployments, load_profile
 
 BAD_INPUT = 2
@@ -76,6 +76,13 @@ def _parser() -> argparse.ArgumentParser:
     spike.add_argument("--start", type=float, default=900.0)
     spike.add_argument("--length", type=float, default=180.0)
     spike.add_argument("--duration", type=float, default=2400.0)
+
+    past = _command(
+        commands, "overload", "every system offered multiples of its saturation throughput", _run_overload
+    )
+    past.add_argument("--factors", type=float, nargs="+", default=list(FULL.overload_factors))
+    past.add_argument("--duration", type=float, default=FULL.overload_seconds)
+    past.add_argument("--warmup", type=float, default=FULL.overload_warmup)
 
     trace = _command(commands, "trace", "a JSONL trace with prefix reuse off and on", _run_trace)
     trace.add_argument("--trace", type=Path, required=True)
@@ -177,6 +184,20 @@ def _run_burst(args: argparse.Namespace) -> int:
     print(report.RESULT_HEADER)
     for strategy, result in results.items():
         print(report.result_row(strategy.label, result))
+    return 0
+
+
+def _run_overload(args: argparse.Namespace) -> int:
+    document = load_profile(args.profile)
+    runs = overload_study(
+        document,
+        factors=args.factors,
+        slo=default_slo(document, args.ttft_slo),
+        duration=args.duration,
+        warmup=args.warmup,
+        seed=args.seed,
+    )
+    print("\n".join(report.overload_table(runs)))
     return 0
 
 

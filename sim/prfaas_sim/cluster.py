@@ -25,6 +25,7 @@ from collections import deque
 from prfaas_core.profiles import PrefillTimeModel
 from prfaas_router.policy import Decision, prefill_seconds
 from prfaas_router.prefix_index import PrefixIndex, PromptKey
+from prfaas_router.workers import EngineLoad
 
 from prfaas_sim.link import Flow
 
@@ -122,7 +123,7 @@ class PrefillInstance:
 class DecodeInstance:
     """One decode engine: at most `max_batch` running, constant step time, FIFO wait for a slot."""
 
-    __slots__ = ("max_batch", "name", "running", "step_seconds", "waiting")
+    __slots__ = ("expected", "max_batch", "name", "running", "step_seconds", "waiting")
 
     def __init__(self, name: str, *, max_batch: int, step_seconds: float) -> None:
         self.name = name
@@ -130,10 +131,15 @@ class DecodeInstance:
         self.step_seconds = step_seconds
         self.running = 0
         self.waiting: deque[SimRequest] = deque()
+        self.expected = 0  # routed here, KV not arrived yet (SGLang's prealloc and transfer queues)
 
     @property
     def idle(self) -> bool:
         return self.running == 0 and not self.waiting
+
+    def load(self) -> EngineLoad:
+        """What SGLang's /v1/loads reports for a decode: waiting counts requests whose KV is still to come."""
+        return EngineLoad(self.running, len(self.waiting) + self.expected, self.max_batch)
 
     def join(self, request: SimRequest, now: float) -> float:
         """Start decoding at the next step boundary; returns when the last token is out."""

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from prfaas_core.router_config import (
+    DecodeCapacity,
     Endpoint,
     KvSize,
     LinkSpec,
@@ -48,6 +49,8 @@ NEVER_OFFLOAD = 2**62
 ENGINE_PORT = 30000
 BOOTSTRAP_PORT = 8998
 OBSERVATION_SLICE_SECONDS = 30.0
+LOAD_POLL_SECONDS = 1.0
+"""How often the router reads the decode engines' loads (as its poller does, `prfaas_router.loads`)."""
 PLANNER_LOG_LIMIT = 50
 """Planner decisions kept for the report (bounded: one per interval would grow with the run)."""
 
@@ -68,6 +71,9 @@ class SystemSpec:
     """None: the allocation stays as it is (no long-timescale loop)."""
     deployment: api.PrfaasDeploymentSpec | None = None
     """The PrfaasDeployment the operator's loop plans for (see `planning.deployment_spec`); needed with `planner`."""
+    mean_output_tokens: float | None = None
+    """Gives the router config its decode capacity (BS_max, mean output x T_decode); None: the router
+    leaves the wait for a decode slot out of its TTFT estimate (as it did before it knew decode)."""
 
     def __post_init__(self) -> None:
         if self.planner is not None and self.deployment is None:
@@ -191,6 +197,8 @@ class Simulation:
             self._at(change.at, functools.partial(self._change_link, change))
         if self.system.planner is not None:
             self._at(self.system.planner.interval_seconds, self._plan_tick)
+        if self.system.mean_output_tokens is not None:
+            self._at(0.0, self._poll_loads)
         heap = self._heap
         pop = heapq.heappop
         link = self.link
@@ -252,6 +260,7 @@ class Simulation:
         request.decision = routed
         prefill = self._prefill_by_name[routed.prefill.name]
         request.decode = self._decode_by_name[routed.decode.name]
+        request.decode.expected += 1
         prefill.queue.append(request)
         if not prefill.busy:
             self._start_prefill(prefill)
@@ -306,6 +315,7 @@ class Simulation:
         assert request.decision is not None and request.decode is not None
         self.router.prefill_returned(request.decision)
         decode = request.decode
+        decode.expected -= 1
         if decode.running < decode.max_batch:
             self._push(decode.join(request, self.now), _DECODE_DONE, request)
         else:
@@ -322,6 +332,13 @@ class Simulation:
             self._push(decode.join(waiting, self.now), _DECODE_DONE, waiting)
         elif decode.running == 0:
             self._maybe_switch(decode.name)
+
+    def _poll_loads(self) -> None:
+        """What each decode engine would answer on /v1/loads now, handed to the router."""
+        for name, decode in self._decode_by_name.items():
+            self.router.report_load(name, decode.load())
+        if self._arrivals_open:
+            self._at(self.now + LOAD_POLL_SECONDS, self._poll_loads)
 
     # ---- the operator ---------------------------------------------------------------------------
 
@@ -343,6 +360,12 @@ class Simulation:
                 "local": PrefillTime.of(profile.pd_prefill),
             },
             slo=self.system.slo,
+            decode=None
+            if self.system.mean_output_tokens is None
+            else DecodeCapacity(
+                max_running_requests=profile.decode.max_batch,
+                seconds_per_request=self.system.mean_output_tokens * profile.decode.step_seconds,
+            ),
             pools=ConfigPools(
                 prfaas_prefill=[_endpoint(instance.name, prefill=True) for instance in self._prfaas],
                 local_prefill=[

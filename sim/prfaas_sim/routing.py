@@ -17,7 +17,7 @@ from prfaas_core.metrics_contract import ROUTE_LOCAL, ROUTE_PRFAAS
 from prfaas_core.router_config import Pool, RouterConfig
 from prfaas_router.policy import Decision, PolicyModel, Pools, Rejection, RequestView, decide
 from prfaas_router.prefix_index import NO_HIT, PrefixIndex
-from prfaas_router.workers import Fleet
+from prfaas_router.workers import EngineLoad, Fleet
 
 from prfaas_sim.cluster import SimRequest
 
@@ -90,6 +90,12 @@ class SimRouter:
             if key is not None:
                 indexes[outcome.route].learn(key, outcome.prefill.name)
         return outcome
+
+    def report_load(self, name: str, load: EngineLoad) -> None:
+        """A decode engine's answer to the router's load poll."""
+        for worker in self._fleet.pools[Pool.DECODE]:
+            if worker.name == name:
+                worker.load = load
 
     def prefill_returned(self, decision: Decision) -> None:
         decision.prefill.end(decision.total_tokens, decision.prefill_seconds)

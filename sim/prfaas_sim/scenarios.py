@@ -218,6 +218,7 @@ def saturation(
     duration: float,
     warmup: float,
     seed: int,
+    output_sigma: float = 0.0,
 ) -> dict[Strategy, tuple[float, RunResult]]:
     """Each system driven at `overload` x its Λ_max on an unlimited link, without admission control.
 
@@ -238,6 +239,87 @@ def saturation(
         schedule = RateSchedule.constant(overload * analytical, duration)
         results[strategy] = (
             analytical,
-            run_system(unlimited, poisson_requests(workload, schedule, seed), engine),
+            run_system(unlimited, poisson_requests(workload, schedule, seed, output_sigma), engine),
         )
     return results
+
+
+@dataclass(frozen=True)
+class OverloadWorkload:
+    """A workload to overload the systems with, and which stage it is meant to bind."""
+
+    label: str
+    workload: Workload
+    output_sigma: float = 0.0
+    """0: every output is the mean; > 0: log-normal outputs around it (see `poisson_requests`)."""
+
+
+@dataclass(frozen=True)
+class OverloadRuns:
+    """Each system's saturation throughput, then the product router offered multiples of it."""
+
+    load: OverloadWorkload
+    binds: dict[Strategy, str]
+    """The stage the planner's model says binds at its allocation."""
+    saturation: dict[Strategy, RunResult]
+    runs: dict[Strategy, dict[float, RunResult]]
+    """Per system, offered factor x saturation -> the run with the product's admission."""
+    decode_blind: dict[Strategy, dict[float, RunResult]]
+    """The same, the router's TTFT estimate blind to the wait for a decode slot (the router before it)."""
+
+
+def overload(
+    document: ProfileDocument,
+    load: OverloadWorkload,
+    *,
+    factors: Sequence[float],
+    slo: Slo,
+    duration: float,
+    warmup: float,
+    seed: int,
+) -> OverloadRuns:
+    """Past saturation: does each system keep its goodput, turning the excess away early?
+
+    Saturation is measured as in `saturation` (admission off, unlimited link, 1.3x Λ_max); then
+    each system, as deployed (the profile's link, the router's admission), is offered each factor
+    times that throughput, with the same seed; and again with a router blind to decode.
+    """
+    saturated = saturation(
+        document,
+        load.workload,
+        overload=1.3,
+        duration=duration,
+        warmup=warmup,
+        seed=seed,
+        output_sigma=load.output_sigma,
+    )
+    systems = deployments(document, load.workload, slo=slo)
+    engine = EngineSettings(warmup_seconds=warmup)
+    runs: dict[Strategy, dict[float, RunResult]] = {}
+    blind: dict[Strategy, dict[float, RunResult]] = {}
+    for strategy, spec in systems.specs.items():
+        ceiling = saturated[strategy][1].throughput_rps
+        for variant, results in ((spec, runs), (dataclasses.replace(spec, mean_output_tokens=None), blind)):
+            results[strategy] = {
+                factor: run_system(
+                    variant,
+                    poisson_requests(
+                        load.workload,
+                        RateSchedule.constant(factor * ceiling, duration),
+                        seed,
+                        load.output_sigma,
+                    ),
+                    engine,
+                )
+                for factor in factors
+            }
+    return OverloadRuns(
+        load=load,
+        binds={
+            plan.strategy: ", ".join(stage.label for stage in plan.evaluation.binding)
+            for plan in systems.comparison.plans
+        },
+        saturation={strategy: run for strategy, (_, run) in saturated.items()},
+        runs=runs,
+        decode_blind=blind,
+    )

@@ -9,6 +9,7 @@ its timestamps scaled to a target rate.
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -71,11 +72,20 @@ class RateSchedule:
         return sum(r * (b - a) for r, a, b in zip(self.rates, self.starts, bounds, strict=True)) / self.end
 
 
-def poisson_requests(workload: Workload, schedule: RateSchedule, seed: int) -> Iterator[RequestSpec]:
-    """Poisson arrivals at the schedule's rates; input lengths drawn from `workload`, output its mean."""
+def poisson_requests(
+    workload: Workload, schedule: RateSchedule, seed: int, output_sigma: float = 0.0
+) -> Iterator[RequestSpec]:
+    """Poisson arrivals at the schedule's rates; input lengths drawn from `workload`.
+
+    Output lengths are the workload's mean, or with `output_sigma` > 0 log-normal around that
+    mean (a heavy tail of long answers; eq. 5 sees only the mean). They come from their own
+    random stream, so the arrivals and input lengths of a seed do not depend on the outputs.
+    """
+    if not output_sigma >= 0:
+        raise SourceError(f"output sigma must be >= 0, got {output_sigma}")
     arrivals = random.Random(seed)
     lengths = _length_draws(workload, np.random.default_rng(seed))
-    output = max(1, round(workload.mean_output_tokens))
+    outputs = _output_draws(workload.mean_output_tokens, output_sigma, np.random.default_rng([seed, 1]))
     bounds = (*schedule.starts[1:], schedule.end)
     now = 0.0
     for rate, segment_end in zip(schedule.rates, bounds, strict=True):
@@ -87,7 +97,16 @@ def poisson_requests(workload: Workload, schedule: RateSchedule, seed: int) -> I
             if now >= segment_end:
                 now = segment_end  # memoryless: restart the clock at the next segment's rate
                 break
-            yield RequestSpec(now, next(lengths), output, None)
+            yield RequestSpec(now, next(lengths), next(outputs), None)
+
+
+def _output_draws(mean: float, sigma: float, rng: np.random.Generator) -> Iterator[int]:
+    if sigma == 0:
+        while True:
+            yield max(1, round(mean))
+    mu = math.log(mean) - sigma * sigma / 2  # E[exp(N(mu, sigma^2))] = mean
+    while True:
+        yield from (max(1, round(float(v))) for v in rng.lognormal(mu, sigma, size=LENGTH_CHUNK))
 
 
 def _length_draws(workload: Workload, rng: np.random.Generator) -> Iterator[int]:

@@ -7,15 +7,28 @@ keeps its meaning on another profile. `QUICK` runs the same scenarios shorter (a
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from prfaas_core.router_config import Slo
 from prfaas_operator.planner import ProfileDocument, Strategy, Workload
+from prfaas_operator.planner.workload import parse_workload_spec
 
 from prfaas_sim.engine import EngineSettings
 from prfaas_sim.planning import PlannerSettings
 from prfaas_sim.report import Study
-from prfaas_sim.scenarios import LinkDropSetup, burst, link_drop, rate_sweep, saturation, trace_prefix
+from prfaas_sim.scenarios import (
+    LinkDropSetup,
+    OverloadRuns,
+    OverloadWorkload,
+    burst,
+    link_drop,
+    overload,
+    rate_sweep,
+    saturation,
+    trace_prefix,
+)
 from prfaas_sim.sources import RateSchedule
 from prfaas_sim.systems import default_slo, deployments
 
@@ -43,6 +56,9 @@ class StudyPlan:
     trace_loads: tuple[float, ...] = (0.6, 0.9)  # x PrfaaS-PD's Λ_max on the trace without reuse
     trace_repeats: int = 2
     window_seconds: float = 60.0
+    overload_factors: tuple[float, ...] = (1.1, 1.3)  # x each system's simulated saturation
+    overload_seconds: float = 3600.0
+    overload_warmup: float = 900.0
 
     @property
     def rates(self) -> list[float]:
@@ -65,7 +81,42 @@ QUICK = StudyPlan(
     trace_loads=(0.9,),
     trace_repeats=1,
     window_seconds=60.0,
+    overload_seconds=1200.0,
+    overload_warmup=400.0,
 )
+
+
+def overload_workloads(document: ProfileDocument) -> tuple[OverloadWorkload, ...]:
+    """The profile's own workload (prefill binds in the case study) and two where decode binds."""
+    prompts = document.default_workload()
+    return (
+        OverloadWorkload("profile workload", prompts),
+        OverloadWorkload(
+            "short prompts, long outputs",
+            parse_workload_spec("lognormal:mu=7.6,sigma=0.6,min=128,max=131072,output=4096"),
+        ),
+        OverloadWorkload(
+            "heavy tails: the profile's prompts, log-normal outputs (sigma 1, mean 4096)",
+            Workload(prompts.lengths, prompts.weights, mean_output_tokens=4096, source="heavy tails"),
+            output_sigma=1.0,
+        ),
+    )
+
+
+def overload_study(
+    document: ProfileDocument,
+    *,
+    factors: Sequence[float],
+    slo: Slo,
+    duration: float,
+    warmup: float,
+    seed: int,
+) -> tuple[OverloadRuns, ...]:
+    """`overload` on each of `overload_workloads`."""
+    return tuple(
+        overload(document, load, factors=factors, slo=slo, duration=duration, warmup=warmup, seed=seed)
+        for load in overload_workloads(document)
+    )
 
 
 def run_study(
@@ -110,6 +161,14 @@ def run_study(
         plan.burst_seconds,
     )
     bursty = burst(planned, workload, schedule, seed=seed, window=plan.window_seconds)
+    overloaded = overload_study(
+        document,
+        factors=plan.overload_factors,
+        slo=slo,
+        duration=plan.overload_seconds,
+        warmup=plan.overload_warmup,
+        seed=seed,
+    )
     traced = None
     if trace is not None:
         with trace.open(encoding="utf-8") as lines:
@@ -136,5 +195,8 @@ def run_study(
         burst_schedule=schedule,
         burst=bursty,
         trace=traced,
+        overload=overloaded,
+        overload_seconds=plan.overload_seconds,
+        overload_warmup=plan.overload_warmup,
         wall_seconds=time.perf_counter() - started,
     )

@@ -110,5 +110,6 @@ def deployments(
             deployment=deployment_spec(document, prfaas_gpu=prfaas_gpu, pd_gpu=pd_gpu)
             if looped and planner is not None
             else None,
+            mean_output_tokens=workload.mean_output_tokens,
         )
     return Deployments(comparison, specs)

@@ -260,6 +260,26 @@ async def test_decode_without_its_prefill_leg_fails_after_the_bootstrap_timeout(
         assert (await metrics(http, decode))["sglang:num_bootstrap_failed_reqs_total"] == 2
 
 
+async def test_a_decode_counts_a_request_whose_kv_is_still_to_come_as_waiting_in_its_loads(
+    http: aiohttp.ClientSession,
+) -> None:
+    # SGLang's /v1/loads adds the prealloc and transfer queues to a decode's num_waiting_reqs; the
+    # sglang:num_queue_reqs gauge is the waiting queue alone (a router reading loads sees the KV coming)
+    async with engines(prefill_settings(), decode_settings(bootstrap_timeout=1.0)) as (prefill, decode):
+        body = {"prompt": "hello " * 10, "max_tokens": 3} | pd_fields(prefill.bootstrap_port, 7)
+        pending = asyncio.ensure_future(post(http, decode.url + "/v1/completions", body))
+        await asyncio.sleep(0.3)
+        async with http.get(decode.url + "/v1/loads?include=core,disagg") as response:
+            load = (await response.json())["loads"][0]
+        gauges = await metrics(http, decode)
+        assert (load["num_running_reqs"], load["num_waiting_reqs"]) == (0, 1)
+        assert load["disaggregation"]["decode_prealloc_queue_reqs"] == 1
+        assert load["max_running_requests"] == 20  # the h20 profile's BS_max
+        assert gauges["sglang:num_queue_reqs"] == 0 and gauges["sglang:num_decode_prealloc_queue_reqs"] == 1
+        status, _ = await pending  # no prefill leg ever comes: the bootstrap times out
+        assert status == 500
+
+
 async def test_decode_fails_at_once_when_no_bootstrap_server_listens(http: aiohttp.ClientSession) -> None:
     async with engines(decode_settings(bootstrap_timeout=5.0)) as (decode,):
         body = {"prompt": "hello", "max_tokens": 3} | pd_fields(free_port(), 5)

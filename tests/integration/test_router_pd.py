@@ -655,3 +655,52 @@ async def test_a_configured_tokenizer_counts_and_hashes_text_prompts_in_real_tok
     ).start()
     assert refused.popen is not None and refused.popen.wait(30) == 2
     assert "cannot load tokenizer" in refused.log()
+
+
+async def test_a_decode_full_of_traffic_the_router_never_saw_turns_requests_away_early(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    # another router replica's requests hold every slot of the decode (20 on the H20 profile):
+    # only the engine's /v1/loads tells this router, which answers 429 decode_wait at once
+    decode = start_engine("d-busy", "decode", "127.0.2.12", "h20", tmp_path, time_scale="1.0")
+    hogs: list[aiohttp.ClientResponse] = []
+    try:
+        wait_healthy(decode)
+        doc = config_doc(
+            cluster.prfaas, cluster.local, [decode], slo={"ttft_seconds": 5.0, "tpot_seconds": 0.05}
+        )
+        doc["decode"] = {"max_running_requests": 20, "seconds_per_request": 100.0}  # a slot frees every 5 s
+        router = start_router(doc, "--load-poll-interval-seconds", "0.2")
+        assert (await post(client, router.url + "/v1/chat/completions", chat(SHORT))).status == 200
+
+        elsewhere = {"text": "hi", "bootstrap_host": "2.2.2.2", "bootstrap_room": 0, "stream": True}
+        elsewhere["sampling_params"] = {"max_new_tokens": 2000}  # 25 ms per token: 50 s
+        for _ in range(21):
+            hog = await client.post(decode.url + "/generate", json=elsewhere)
+            hogs.append(hog)
+        for hog in hogs[:20]:
+            await hog.content.readline()  # its first token: it holds a slot
+        await asyncio.sleep(0.6)  # a few load polls
+
+        started = time.monotonic()
+        refused = await post(client, router.url + "/v1/chat/completions", chat(SHORT))
+        assert time.monotonic() - started < 1.0
+        assert refused.status == 429 and refused.body["error"]["code"] == "decode_wait", refused
+        samples = await metric_samples(client, router.url)
+        assert sample(samples, "prfaas_router_decisions_total", reason="decode_wait") == 1
+
+        for hog in hogs:  # the other replica's clients leave: the engine aborts them and frees the slots
+            hog.close()
+        hogs.clear()
+
+        async def served() -> bool:
+            return (await post(client, router.url + "/v1/chat/completions", chat(SHORT))).status == 200
+
+        deadline = time.monotonic() + 10
+        while not await served():
+            assert time.monotonic() < deadline, "the router kept refusing after the decode's slots freed"
+            await asyncio.sleep(0.2)
+    finally:
+        for hog in hogs:
+            hog.close()
+        decode.process.stop()

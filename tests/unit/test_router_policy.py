@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prfaas_core.profiles import PrefillTimeModel
 from prfaas_router.policy import (
+    DECODE_WAIT_Z,
     ConfigRefused,
     Decision,
     PolicyModel,
@@ -18,9 +19,11 @@ from prfaas_router.policy import (
     SessionPin,
     SessionTable,
     decide,
+    decode_wait_seconds,
     prefill_seconds,
 )
 from prfaas_router.prefix_index import PrefixHit
+from prfaas_router.workers import EngineLoad
 from router_cases import make_config, make_model, pools
 
 T = 8192  # the threshold of the default test config
@@ -293,3 +296,84 @@ def test_decide_does_not_touch_worker_state() -> None:
     before = [(w.outstanding_tokens, w.inflight, w.queued_seconds) for w in by_name.values()]
     decide(make_model(), RequestView(total_tokens=50_000, sequences=1), available, 0.0)
     assert [(w.outstanding_tokens, w.inflight, w.queued_seconds) for w in by_name.values()] == before
+
+
+# ---- the wait for a decode slot ------------------------------------------------------------------
+
+DECODE = {"max_running_requests": 4, "seconds_per_request": 40.0}  # a slot frees every 10 s when full
+
+
+def test_without_decode_capacity_the_estimate_has_no_decode_term() -> None:
+    available, by_name = pools(decode=1)
+    by_name["d0"].load = EngineLoad(running=50, waiting=50, max_running=4)
+    d = routed(decide(make_model(), RequestView(total_tokens=1000, sequences=1), available, 0.0))
+    assert decode_wait_seconds(make_model(), by_name["d0"]) == 0.0
+    assert d.ttft_seconds < 5.0
+
+
+def test_a_decode_with_a_free_slot_adds_no_wait() -> None:
+    model = make_model(decode=DECODE)
+    _, by_name = pools(decode=1)
+    by_name["d0"].load = EngineLoad(running=3, waiting=0, max_running=4)
+    assert decode_wait_seconds(model, by_name["d0"]) == 0.0
+
+
+def test_the_wait_grows_with_the_queue_beyond_the_slots_at_its_90th_percentile() -> None:
+    model = make_model(decode=DECODE)
+    _, by_name = pools(decode=1)
+    waits = []
+    for waiting in (0, 1, 4):
+        by_name["d0"].load = EngineLoad(running=4, waiting=waiting, max_running=4)
+        waits.append(decode_wait_seconds(model, by_name["d0"]))
+    # k-th beyond the slots: k intervals of 10 s on average, plus z * sqrt(k) for the P90
+    assert waits == pytest.approx([10 * (k + DECODE_WAIT_Z * math.sqrt(k)) for k in (1, 2, 5)])
+
+
+def test_the_engines_reported_max_running_wins_over_the_config() -> None:
+    model = make_model(decode=DECODE)
+    _, by_name = pools(decode=1)
+    by_name["d0"].load = EngineLoad(running=4, waiting=0, max_running=8)
+    assert decode_wait_seconds(model, by_name["d0"]) == 0.0
+    by_name["d0"].load = EngineLoad(running=4, waiting=0, max_running=None)
+    assert decode_wait_seconds(model, by_name["d0"]) > 0.0
+
+
+def test_the_routers_own_requests_are_a_floor_between_reports() -> None:
+    model = make_model(decode=DECODE)
+    _, by_name = pools(decode=1)
+    decode = by_name["d0"]
+    decode.load = EngineLoad(running=0, waiting=0, max_running=4)
+    for _ in range(6):
+        decode.begin(0.0, 100, 0.0)
+    assert decode_wait_seconds(model, decode) == pytest.approx(10 * (3 + DECODE_WAIT_Z * math.sqrt(3)))
+
+
+def test_a_decode_whose_load_is_unknown_counts_as_full_never_idle() -> None:
+    model = make_model(decode=DECODE)
+    _, by_name = pools(decode=1)
+    assert by_name["d0"].load is None
+    assert decode_wait_seconds(model, by_name["d0"]) == pytest.approx(10 * (1 + DECODE_WAIT_Z))
+
+
+def test_the_decode_that_frees_a_slot_soonest_is_chosen() -> None:
+    model = make_model(decode=DECODE)
+    available, by_name = pools(decode=2)
+    by_name["d0"].load = EngineLoad(running=4, waiting=3, max_running=4)
+    by_name["d1"].load = EngineLoad(running=4, waiting=0, max_running=4)
+    by_name["d1"].outstanding_tokens = 10**6  # more tokens, but a slot sooner
+    d = routed(decide(model, RequestView(total_tokens=1000, sequences=1), available, 0.0))
+    assert d.decode.name == "d1"
+    assert d.ttft_seconds == pytest.approx(decode_wait_seconds(model, by_name["d1"]))
+
+
+def test_when_the_decode_wait_alone_breaks_the_slo_the_answer_is_an_early_429() -> None:
+    model = make_model(decode=DECODE, slo={"ttft_seconds": 30.0, "tpot_seconds": 0.05})
+    available, by_name = pools(decode=2)
+    for name in ("d0", "d1"):
+        by_name[name].load = EngineLoad(running=4, waiting=2, max_running=4)  # P90 wait ~ 52 s
+    out = decide(model, RequestView(total_tokens=1000, sequences=1), available, 0.0)
+    assert isinstance(out, Rejection) and (out.status, out.reason) == (429, Reason.DECODE_WAIT)
+    assert "decode slot" in out.message
+    by_name["d1"].load = EngineLoad(running=4, waiting=0, max_running=4)  # P90 wait ~ 23 s
+    d = routed(decide(model, RequestView(total_tokens=1000, sequences=1), available, 0.0))
+    assert d.decode.name == "d1" and d.ttft_seconds <= 30.0

@@ -27,12 +27,21 @@ def test_sweep_prints_every_point_and_each_systems_limit(capsys):
     assert "homogeneous PD: model Λ_max 2.110 req/s" in out
 
 
+def test_overload_prints_each_system_on_each_workload_against_its_saturation(capsys):
+    args = ["overload", "--profile", str(PROFILE), "--factors", "1.3", "--duration", "900", "--warmup", "300"]
+    assert main(args) == 0
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()[2:]]
+    assert len(rows) == 9  # three workloads x three systems
+    assert {row[1] for row in rows} == {"PrfaaS-PD", "homogeneous PD", "naive hetero PD"}
+    assert all(row[4] == "1.3x" for row in rows)
+
+
 def test_the_quick_report_writes_the_tables_and_readable_plots(tmp_path, capsys):
     assert main(["report", "--profile", str(PROFILE), "--out", str(tmp_path), "--quick"]) == 0
     written = {Path(line).name for line in capsys.readouterr().out.split()}
     assert written == {"results.md", "sweep.png", "link_drop.png", "burst.png"}
     markdown = (tmp_path / "results.md").read_text(encoding="utf-8")
-    for heading in ("## Case study: maximum goodput", "## Link drop", "## Burst"):
+    for heading in ("## Case study: maximum goodput", "## Link drop", "## Burst", "## Past saturation"):
         assert heading in markdown
     assert "| PrfaaS-PD | 3.30 |" in markdown  # the model's Λ_max next to the simulated numbers
     for plot in ("sweep.png", "link_drop.png", "burst.png"):

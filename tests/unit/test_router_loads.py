@@ -1,0 +1,54 @@
+"""Reading SGLang's /v1/loads answer: what counts, and what makes a decode's load unknown."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from prfaas_router.loads import parse_loads
+from prfaas_router.workers import EngineLoad
+
+
+def answer(*ranks: dict[str, object]) -> bytes:
+    return json.dumps(
+        {"timestamp": "2026-11-24T00:00:00Z", "version": "0.5.23", "loads": list(ranks)}
+    ).encode()
+
+
+def rank(running: object, waiting: object, max_running: object = 20) -> dict[str, object]:
+    return {
+        "dp_rank": 0,
+        "num_running_reqs": running,
+        "num_waiting_reqs": waiting,
+        "max_running_requests": max_running,
+    }
+
+
+def test_one_rank_is_read_as_it_is() -> None:
+    assert parse_loads(answer(rank(20, 3))) == EngineLoad(running=20, waiting=3, max_running=20)
+
+
+def test_dp_ranks_are_summed_slots_included() -> None:
+    assert parse_loads(answer(rank(5, 1, 16), rank(7, 0, 16))) == EngineLoad(12, 1, 32)
+
+
+def test_a_rank_without_its_max_leaves_the_slots_to_the_config() -> None:
+    assert parse_loads(answer(rank(5, 1, 16), rank(7, 0, None))) == EngineLoad(12, 1, None)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b"[]",
+        json.dumps({"loads": []}).encode(),
+        json.dumps({"loads": {"num_running_reqs": 1}}).encode(),
+        answer({"dp_rank": 0, "num_running_reqs": 1}),
+        answer(rank(-1, 0)),
+        answer(rank(1.5, 0)),
+        answer(rank(True, 0)),
+        answer(rank(1, "2")),
+    ],
+)
+def test_anything_else_is_unknown_never_zero(body: bytes) -> None:
+    assert parse_loads(body) is None
