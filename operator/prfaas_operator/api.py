@@ -304,6 +304,16 @@ class RoutingSpec(_Model):
         pattern=r"^[A-Za-z0-9-]+$",
         description="Request header that keeps a conversation where its prefix is cached.",
     )
+    expected_output_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=1048576,
+        description=(
+            "Mean output length the router assumes to estimate the wait for a decode slot (its early "
+            "429 when decode binds), until the planner has measured one. Unset, and with no planner "
+            "measurement, the router does not account for decode in its admission."
+        ),
+    )
 
 
 class PlannerMode(enum.StrEnum):

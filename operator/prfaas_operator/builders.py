@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import Any, Literal
 from prfaas_core.profiles import PrefillTimeModel
 from prfaas_core.router_config import (
     CONFIG_FILE_NAME,
+    DecodeCapacity,
     Endpoint,
     KvSize,
     LinkSpec,
@@ -725,12 +727,32 @@ def fitted_prefill_time(points: Sequence[ProfilePoint]) -> PrefillTime:
     return PrefillTime.of(PrefillTimeModel.fit([(p.tokens, p.seconds) for p in points]))
 
 
+def decode_capacity(
+    spec: PrfaasDeploymentSpec, measured_output_tokens: float | None
+) -> DecodeCapacity | None:
+    """What a decode slot holds a request for: BS_max and mean output x step time (None: unknown).
+
+    The planner's measured mean output wins over the spec's expectation; it is rounded to two
+    significant digits so that a new measurement every planner tick does not rewrite the config.
+    """
+    tokens = measured_output_tokens or spec.routing.expected_output_tokens
+    if not tokens or not math.isfinite(tokens):
+        return None
+    rounded = float(f"{tokens:.2g}")
+    pd = spec.pd_cluster
+    return DecodeCapacity(
+        max_running_requests=pd.max_decode_batch, seconds_per_request=rounded * pd.decode_step_seconds
+    )
+
+
 def build_router_config(
     spec: PrfaasDeploymentSpec,
     allocation: Allocation,
     choice: PoolChoice,
     previous: RouterConfig | None,
     min_version: int = 0,
+    *,
+    measured_output_tokens: float | None = None,
 ) -> RouterConfig:
     """The router config for this allocation and these endpoints; raises ProfileError on a refused fit.
 
@@ -760,6 +782,7 @@ def build_router_config(
             "local": fitted_prefill_time(spec.pd_cluster.prefill_profile),
         },
         slo=Slo(ttft_seconds=spec.slo.ttft_seconds, tpot_seconds=spec.slo.tpot_seconds),
+        decode=decode_capacity(spec, measured_output_tokens),
         pools=choice.pools,
         fingerprint=choice.fingerprint,
     )

@@ -704,7 +704,10 @@ class Reconciler:
         remote_pods = _leaving(prefill_seen.pods, mem.drains) if prefill_seen.observed else None
         choice = choose_pools(spec, fingerprint, remote_pods, _leaving(pd_seen.pods, mem.drains))
         try:
-            config = build_router_config(spec, allocation, choice, last, min_version=min_version)
+            config = build_router_config(
+                spec, allocation, choice, last, min_version=min_version,
+                measured_output_tokens=_measured_output_tokens(previous),
+            )  # fmt: skip
         except ProfileError as err:
             kept = f"the router keeps config v{last.version}" if last is not None else "no router config yet"
             problem = Problem(INVALID_PROFILE, f"prefill profile refused ({err}); {kept}")
@@ -822,6 +825,15 @@ def _leaving(pods: Sequence[PodInfo], drains: Mapping[str, Drain]) -> list[PodIn
         else pod
         for pod in pods
     ]
+
+
+def _measured_output_tokens(status: PrfaasDeploymentStatus) -> float | None:
+    """The mean output length the planner last observed (status.planner.inputs), if any."""
+    text = (status.planner.inputs.get("meanOutputTokens") if status.planner is not None else None) or ""
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def _kept(last: RouterConfig | None, min_version: int, problem: Problem | None = None) -> RouterConfigOutcome:

@@ -490,6 +490,31 @@ class TestRouterConfig:
         recreated = build_router_config(s, allocation_of(s), choice, None, min_version=41)
         assert recreated.version == 42, "a recreated ConfigMap must not go below the version in status"
 
+    def test_decode_capacity_comes_from_the_planners_measurement_else_the_spec_else_is_left_out(self) -> None:
+        s = spec()
+        choice = choose_pools(s, "fp-new", REMOTE, LOCAL)
+        assert build_router_config(s, allocation_of(s), choice, None).decode is None, (
+            "unknown: no decode wait"
+        )
+        pd = s.pd_cluster
+        expected = spec(**{"routing.expectedOutputTokens": 1024})
+        config = build_router_config(expected, allocation_of(expected), choice, None)
+        assert config.decode is not None
+        assert config.decode.max_running_requests == pd.max_decode_batch
+        assert config.decode.seconds_per_request == pytest.approx(1000 * pd.decode_step_seconds)  # 2 digits
+        measured = build_router_config(
+            expected, allocation_of(expected), choice, config, measured_output_tokens=512.4
+        )
+        assert measured.decode is not None
+        assert measured.decode.seconds_per_request == pytest.approx(510 * pd.decode_step_seconds)
+        assert measured.version == config.version + 1
+        drift = build_router_config(
+            expected, allocation_of(expected), choice, measured, measured_output_tokens=508
+        )
+        assert drift.version == measured.version, (
+            "a measurement within the rounding does not rewrite the config"
+        )
+
     def test_a_profile_that_is_not_increasing_is_refused(self) -> None:
         bad = [
             {"tokens": 1024, "seconds": 2.0},
