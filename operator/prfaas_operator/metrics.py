@@ -75,6 +75,12 @@ class OperatorMetrics:
             ["namespace", "name"],
             registry=registry,
         )
+        self.link_budget = Gauge(
+            "prfaas_operator_link_budget_bytes_per_second",
+            "KV bytes per second offloads may put on the link (bandwidth x headroom), from the router config.",
+            ["namespace", "name"],
+            registry=registry,
+        )
         self.conditions = Gauge(
             "prfaas_operator_deployment_condition",
             "1 when the PrfaasDeployment's status condition is True, 0 when False (alerts read Degraded).",
@@ -88,7 +94,12 @@ class OperatorMetrics:
 
     def forget_deployment(self, namespace: str, name: str) -> None:
         """Drop a deleted PrfaasDeployment's series, so no alert keeps firing for it."""
-        for gauge in (self.planner_predicted_rps, self.planner_current_rps, self.planner_no_data_rounds):
+        for gauge in (
+            self.planner_predicted_rps,
+            self.planner_current_rps,
+            self.planner_no_data_rounds,
+            self.link_budget,
+        ):
             with contextlib.suppress(KeyError):
                 gauge.remove(namespace, name)
         for condition in ConditionType:

@@ -707,6 +707,7 @@ class Reconciler:
             kept = f"the router keeps config v{last.version}" if last is not None else "no router config yet"
             problem = Problem(INVALID_PROFILE, f"prefill profile refused ({err}); {kept}")
             return _kept(last, min_version, problem), last, None
+        self.metrics.link_budget.labels(owner.namespace, owner.name).set(config.link.budget_bytes_per_second)
         return RouterConfigOutcome(config.version, endpoint_counts(config), note=choice.note), config, None
 
     # ---- status ---------------------------------------------------------------------------------

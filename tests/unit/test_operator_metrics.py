@@ -37,7 +37,7 @@ def _sample(registry: CollectorRegistry, metric: str, **labels: str) -> float | 
     return registry.get_sample_value(metric, labels)
 
 
-def test_conditions_are_exported_as_one_gauge_per_condition_and_dropped_with_the_deployment() -> None:
+def test_conditions_are_one_gauge_each_and_every_per_deployment_series_goes_with_the_deployment() -> None:
     registry = CollectorRegistry()
     metrics = OperatorMetrics(registry)
     now = "2026-01-01T00:00:00Z"
@@ -52,6 +52,7 @@ def test_conditions_are_exported_as_one_gauge_per_condition_and_dropped_with_the
         Condition(type="Degraded", status="True", reason="Unreachable", message="", last_transition_time=now),
     ]
     metrics.record_conditions("serving", "kimi", conditions)
+    metrics.link_budget.labels("serving", "kimi").set(1e9)
     metrics.record_conditions("serving", "other", conditions[:1])
     gauge = "prfaas_operator_deployment_condition"
     assert _sample(registry, gauge, namespace="serving", name="kimi", condition="Degraded") == 1
@@ -59,6 +60,10 @@ def test_conditions_are_exported_as_one_gauge_per_condition_and_dropped_with_the
 
     metrics.forget_deployment("serving", "kimi")
     assert _sample(registry, gauge, namespace="serving", name="kimi", condition="Degraded") is None
+    assert (
+        _sample(registry, "prfaas_operator_link_budget_bytes_per_second", namespace="serving", name="kimi")
+        is None
+    )
     assert _sample(registry, gauge, namespace="serving", name="other", condition="Ready") == 0
 
 
