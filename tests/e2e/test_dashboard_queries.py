@@ -29,6 +29,7 @@ from prfaas_testbed.system import LiveSystem, customise_cr, load_sample_cr
 
 pytestmark = [pytest.mark.e2e, pytest.mark.testbed, pytest.mark.prometheus, pytest.mark.timeout(600)]
 
+E2E_NAME = "prfaas-dash"  # namespaces of its own: other e2e modules may share the testbed
 CHART = Path(__file__).resolve().parents[2] / "charts/prfaas-operator"
 RATE_INTERVAL = "1m"  # what Grafana's $__rate_interval is at a 15 s scrape; the testbed scrapes every 1 s
 TRAFFIC_SECONDS = 150.0
