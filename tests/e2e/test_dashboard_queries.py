@@ -114,7 +114,8 @@ def alert_rules(helm: Path) -> dict[str, str]:
     for rule in (r for r in rules if "alert" in r):
         expr = rule["expr"]
         for name, recorded in records.items():
-            expr = re.sub(rf"{re.escape(name)}\b", f"({recorded})", expr)
+            literal = f"({recorded})".replace("\\", "\\\\")  # re.sub would read its backslashes
+            expr = re.sub(rf"{re.escape(name)}\b", literal, expr)
         alerts[rule["alert"]] = expr
     return alerts
 
@@ -187,6 +188,7 @@ def test_every_dashboard_and_alert_query_evaluates_on_live_demo_traffic(demo_dep
     print(
         f"{len(targets)} panel queries and {len(alerts)} alerts in {elapsed:.1f}s after "
         f"{QUERY_AFTER_SECONDS:.0f}s of traffic ({sent} requests finished); empty as allowed: "
-        f"{empty_as_allowed}; alert conditions true (not yet firing: `for` not applied): {firing}"
+        f"{empty_as_allowed}; alert conditions true (not yet firing: `for` not applied): {firing}; "
+        f"Degraded: {system.condition('Degraded')}"
     )
     assert not problems, "\n".join(problems) + f"\n{logs_hint(system)}"
