@@ -39,6 +39,7 @@ GAUGES: dict[str, str] = {
 
 _COUNT_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, *TOKEN_BUCKETS)
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, *TTFT_BUCKETS, 256.0, 512.0)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0)
 
 
 class _Gauges(Collector):
@@ -107,6 +108,11 @@ class EngineMetrics:
         self.e2e_latency = histogram(
             PREFIX + "e2e_request_latency_seconds", "End-to-end request latency in seconds.", _LATENCY_BUCKETS
         ).labels(**labels)
+        self.time_per_output_token = histogram(
+            PREFIX + "request_time_per_output_token_seconds",
+            "Per-request time per output token after the first (TPOT) in seconds.",
+            _TPOT_BUCKETS,
+        ).labels(**labels)
         self.prompt_tokens_histogram = histogram(
             PREFIX + "prompt_tokens_histogram", "Prompt tokens per request.", _COUNT_BUCKETS
         ).labels(**labels)
@@ -149,7 +155,13 @@ class EngineMetrics:
         self.registry.register(_Gauges((model_name, engine_type), gauges))
 
     def observe_finished(
-        self, *, prompt_tokens: int, cached_tokens: int, generation_tokens: int, e2e_seconds: float
+        self,
+        *,
+        prompt_tokens: int,
+        cached_tokens: int,
+        generation_tokens: int,
+        e2e_seconds: float,
+        ttft_seconds: float | None = None,
     ) -> None:
         self.requests.inc()
         self.prompt_tokens.inc(prompt_tokens)
@@ -159,6 +171,8 @@ class EngineMetrics:
         self.uncached_prompt_tokens_histogram.observe(prompt_tokens - cached_tokens)
         self.generation_tokens_histogram.observe(generation_tokens)
         self.e2e_latency.observe(e2e_seconds)
+        if ttft_seconds is not None and generation_tokens > 1:
+            self.time_per_output_token.observe((e2e_seconds - ttft_seconds) / (generation_tokens - 1))
 
     def observe_transfer(self, kv_bytes: int, seconds: float) -> None:
         self.kv_transfer_total_mb.observe(kv_bytes / 1e6)

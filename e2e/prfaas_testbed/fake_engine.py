@@ -871,6 +871,7 @@ class FakeEngine:
             cached_tokens=result.cached_tokens,
             generation_tokens=result.completion_tokens,
             e2e_seconds=result.e2e_latency,
+            ttft_seconds=None if run.first_token_at is None else run.first_token_at - run.started,
         )
         run.events.put_nowait((run, "done", result))
 

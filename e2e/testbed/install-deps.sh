@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Installs the system packages the testbed needs from Debian, once: Prometheus (with promtool),
+# Lua 5.1 (the Argo CD health check's tests),
 # and, when running as root, iproute2 (ip, tc) for the emulated link and containerd, runc, the
 # CNI plugins, iptables and conntrack for the real nodes (without root the testbed cannot make
 # network namespaces or run containers, and falls back to processes and the engines' token bucket).
@@ -10,6 +11,8 @@ log() { echo "[install-deps] $*" >&2; }
 
 missing=()
 command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+# Lua 5.1 runs the chart's Argo CD health check in tests (Argo CD's gopher-lua is Lua 5.1)
+command -v lua5.1 >/dev/null 2>&1 || missing+=(lua5.1)
 if [ "$(id -u)" -eq 0 ]; then
   command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || missing+=(iproute2)
   # the real node of each cluster (real-node.sh): the runtime, CNI, kube-proxy's iptables
@@ -39,5 +42,5 @@ if ! apt-cache show "${missing[@]}" >/dev/null 2>&1; then
 fi
 log "installing: ${missing[*]}"
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-command -v prometheus >/dev/null && command -v promtool >/dev/null
+command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v lua5.1 >/dev/null
 log "installed: ${missing[*]}"

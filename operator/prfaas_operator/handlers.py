@@ -126,7 +126,7 @@ async def release(
         delay = min(options.remote_backoff_max_seconds, options.remote_backoff_seconds * 2**retry)
         raise kopf.TemporaryError(f"PrfaaS cluster cleanup: {outcome.problem.message}", delay=delay)
     reconciler.metrics.remote_cleanups_abandoned.inc()
-    reconciler.forget(body["metadata"]["uid"])
+    reconciler.forget(body["metadata"])
     kopf.warn(
         body,
         reason="RemoteCleanupAbandoned",

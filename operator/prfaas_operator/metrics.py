@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Sequence
+
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+
+from prfaas_operator.api import Condition, ConditionType
 
 RECONCILE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
@@ -69,3 +74,39 @@ class OperatorMetrics:
             ["namespace", "name"],
             registry=registry,
         )
+        self.planner_no_data_rounds = Gauge(
+            "prfaas_operator_planner_no_data_rounds",
+            "Consecutive planner rounds that held for want of data (0 once a round has data).",
+            ["namespace", "name"],
+            registry=registry,
+        )
+        self.link_budget = Gauge(
+            "prfaas_operator_link_budget_bytes_per_second",
+            "KV bytes per second offloads may put on the link (bandwidth x headroom), from the router config.",
+            ["namespace", "name"],
+            registry=registry,
+        )
+        self.conditions = Gauge(
+            "prfaas_operator_deployment_condition",
+            "1 when the PrfaasDeployment's status condition is True, 0 when False (alerts read Degraded).",
+            ["namespace", "name", "condition"],
+            registry=registry,
+        )
+
+    def record_conditions(self, namespace: str, name: str, conditions: Sequence[Condition]) -> None:
+        for condition in conditions:
+            self.conditions.labels(namespace, name, condition.type).set(condition.status == "True")
+
+    def forget_deployment(self, namespace: str, name: str) -> None:
+        """Drop a deleted PrfaasDeployment's series, so no alert keeps firing for it."""
+        for gauge in (
+            self.planner_predicted_rps,
+            self.planner_current_rps,
+            self.planner_no_data_rounds,
+            self.link_budget,
+        ):
+            with contextlib.suppress(KeyError):
+                gauge.remove(namespace, name)
+        for condition in ConditionType:
+            with contextlib.suppress(KeyError):
+                self.conditions.remove(namespace, name, condition.value)

@@ -25,6 +25,7 @@ from prfaas_operator.api import KIND, PlannerDecision, PrfaasDeploymentSpec, Prf
 from prfaas_operator.builders import effective_allocation
 from prfaas_operator.kube import ClusterError
 from prfaas_operator.planning import (
+    NO_DATA_REASONS,
     Action,
     Decision,
     NoData,
@@ -183,6 +184,11 @@ class PlannerLoop:
     def _record(self, namespace: str, name: str, decision: Decision) -> None:
         metrics = self.reconciler.metrics  # the operator's, on its registry
         metrics.planner_decisions.labels(action=decision.action.value, reason=decision.code.value).inc()
+        no_data = metrics.planner_no_data_rounds.labels(namespace=namespace, name=name)
+        if decision.code in NO_DATA_REASONS:
+            no_data.inc()
+        else:
+            no_data.set(0)
         if decision.predicted_rps is not None:
             metrics.planner_predicted_rps.labels(namespace=namespace, name=name).set(decision.predicted_rps)
         if decision.current_rps is not None:

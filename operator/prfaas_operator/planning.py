@@ -73,6 +73,19 @@ class Reason(enum.StrEnum):
     BAD_HISTOGRAM = "BadHistogram"
 
 
+NO_DATA_REASONS = frozenset(
+    {
+        Reason.PROMETHEUS_UNREACHABLE,
+        Reason.PROMETHEUS_ERROR,
+        Reason.MISSING_SERIES,
+        Reason.STALE_SERIES,
+        Reason.TOO_FEW_REQUESTS,
+        Reason.BAD_HISTOGRAM,
+    }
+)
+"""Reasons of a hold for want of data (an alert counts consecutive rounds of them)."""
+
+
 @dataclass(frozen=True)
 class NoData:
     """The observation could not be made or is not fit to plan from, and why."""

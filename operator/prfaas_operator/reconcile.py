@@ -214,7 +214,10 @@ class Reconciler:
             self.metrics.deployments.set(len(self._memory))
         return self._memory[uid]
 
-    def forget(self, uid: str) -> None:
+    def forget(self, metadata: Mapping[str, Any]) -> None:
+        """Drop a deleted CR's memory and its metric series."""
+        self.metrics.forget_deployment(metadata["namespace"], metadata["name"])
+        uid = metadata["uid"]
         mem = self._memory.pop(uid, None)
         for key in [k for k, v in self._owners.items() if v == uid]:
             del self._owners[key]
@@ -712,6 +715,7 @@ class Reconciler:
             kept = f"the router keeps config v{last.version}" if last is not None else "no router config yet"
             problem = Problem(INVALID_PROFILE, f"prefill profile refused ({err}); {kept}")
             return _kept(last, min_version, problem), last, None
+        self.metrics.link_budget.labels(owner.namespace, owner.name).set(config.link.budget_bytes_per_second)
         return RouterConfigOutcome(config.version, endpoint_counts(config), note=choice.note), config, None
 
     # ---- status ---------------------------------------------------------------------------------
@@ -724,6 +728,7 @@ class Reconciler:
         status: PrfaasDeploymentStatus,
         mem: _Memory,
     ) -> ReconcileOutcome:
+        self.metrics.record_conditions(owner.namespace, owner.name, status.conditions)
         ready = _condition_true(status.conditions, ConditionType.READY)
         degraded = _condition_true(status.conditions, ConditionType.DEGRADED)
         result = "ready" if ready else "degraded" if degraded else "progressing"
@@ -765,6 +770,7 @@ class Reconciler:
             for kind, value in ((ConditionType.READY, "False"), (ConditionType.DEGRADED, "True"))
         ]  # fmt: skip
         status = previous.model_copy(update={"observed_generation": generation, "conditions": conditions})
+        self.metrics.record_conditions(owner.namespace, owner.name, conditions)
         document = status.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"planner"})
         try:
             await self.clusters.local.patch_status(owner.name, owner.namespace, document, None)
@@ -800,7 +806,7 @@ class Reconciler:
                     await self._delete_namespace_if_ours(cluster, owner, candidate)
             except ClusterError as err:
                 return DeleteOutcome(False, err.problem, left)
-        self.forget(metadata["uid"])
+        self.forget(metadata)
         return DeleteOutcome(True)
 
 

@@ -17,19 +17,26 @@ if TYPE_CHECKING:
 
 
 @pytest.fixture(scope="module")
-def live_system(testbed: Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveSystem]:
-    """The system installed as a user would, in namespaces prfaas-e2e and prfaas-e2e-system."""
+def live_system(
+    testbed: Testbed, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[LiveSystem]:
+    """The system installed as a user would, in namespaces NAME and NAME-system.
+
+    NAME is the test module's E2E_NAME (default prfaas-e2e): modules with different names can
+    run on one testbed at the same time.
+    """
     from live_traffic import E2E_TIME_SCALE
     from prfaas_testbed.pod_workloads import Scales
     from prfaas_testbed.system import Layout, LiveSystem
 
+    name = getattr(request.module, "E2E_NAME", "prfaas-e2e")
     layout = Layout(
-        deployment_namespace="prfaas-e2e",
-        system_namespace="prfaas-e2e-system",
-        operator_release="prfaas-e2e",
-        access_release="prfaas-e2e-access",
-        secret_name="prfaas-e2e-kubeconfig",
-        access_service_account="prfaas-e2e-prefill-access",
+        deployment_namespace=name,
+        system_namespace=f"{name}-system",
+        operator_release=name,
+        access_release=f"{name}-access",
+        secret_name=f"{name}-kubeconfig",
+        access_service_account=f"{name}-prefill-access",
     )
     work = tmp_path_factory.mktemp("e2e")
     system = LiveSystem(

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -94,9 +94,14 @@ def run_helm(helm: Path, *args: str, kubeconfig: Path | None = None) -> subproce
     )
 
 
-def render(helm: Path, *sets: str, include_crds: bool = False, hooks: bool = False) -> list[dict[str, Any]]:
-    """The chart's objects; its hooks (the CRD-upgrade Job and its RBAC) only with hooks=True."""
-    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+def render(
+    helm: Path, *sets: str, include_crds: bool = False, hooks: bool = False, extra_args: Sequence[str] = ()
+) -> list[dict[str, Any]]:
+    """The chart's objects; its hooks (the CRD-upgrade Job and its RBAC) only with hooks=True.
+
+    `extra_args` go to `helm template` as they are, e.g. `--api-versions` or `--set-json`.
+    """
+    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, *extra_args]
     for value in sets:
         args += ["--set", value]
     if include_crds:
@@ -136,8 +141,14 @@ def granted(objects: list[dict[str, Any]], kind: str) -> set[tuple[str, str, str
         ACCESS_MODE,
         ("watchNamespaces={team-a,team-b}", "prefillClusterAccess.enabled=true"),
         ("crds.upgradeJob.enabled=false", "rbac.create=false"),
+        (
+            "monitoring.serviceMonitor.enabled=true",
+            "monitoring.podMonitors.enabled=true",
+            "monitoring.prometheusRule.enabled=true",
+            "dashboards.enabled=true",
+        ),
     ],
-    ids=["operator", "prefill-cluster-access", "both-namespaced", "no-crd-upgrade-hook"],
+    ids=["operator", "prefill-cluster-access", "both-namespaced", "no-crd-upgrade-hook", "monitoring"],
 )
 def test_helm_lint_passes(helm: Path, sets: tuple[str, ...]) -> None:
     args = ["lint", "--strict", str(CHART)]
@@ -165,6 +176,11 @@ def test_helm_lint_passes(helm: Path, sets: tuple[str, ...]) -> None:
         ("crds.upgradeJob.backoffLimit=-1", "backoffLimit"),
         ("crds.upgradeJob.establishedTimeoutSeconds=0", "establishedTimeoutSeconds"),
         ("crds.upgradeJob.enable=false", "enable"),
+        ("monitoring.interval=fast", "interval"),
+        ("monitoring.prometheusRule.ttftBurnRate.thresholdSeconds=30", "thresholdSeconds"),
+        ("monitoring.prometheusRule.rejections.fraction=5", "fraction"),
+        ("monitoring.podMonitors.namespaceSelector.all=true", "all"),
+        ("dashboards.label=", "label"),
     ],
 )
 def test_values_schema_rejects_bad_values_naming_the_key(helm: Path, value: str, named: str) -> None:

@@ -588,6 +588,7 @@ async def test_metrics_carry_sglang_names_and_labels(http: aiohttp.ClientSession
             *("prompt_tokens_histogram_count", "uncached_prompt_tokens_histogram_count"),
             *("generation_tokens_histogram_count", "kv_transfer_speed_gb_s_count"),
             *("kv_transfer_latency_ms_count", "kv_transfer_total_mb_count"),
+            "request_time_per_output_token_seconds_count",
         ]
         for engine, engine_type in ((prefill, "prefill"), (decode, "decode")):
             async with http.get(engine.url + "/metrics") as response:
@@ -605,6 +606,7 @@ async def test_metrics_carry_sglang_names_and_labels(http: aiohttp.ClientSession
         assert decode_samples["sglang:num_requests_total"] == 1
         assert decode_samples["sglang:prompt_tokens_total"] == 100
         assert decode_samples["sglang:generation_tokens_total"] == 2
+        assert decode_samples["sglang:request_time_per_output_token_seconds_count"] == 1  # one gap
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -105,3 +105,33 @@ prfaasdeployments.prfaas.io
 {{- define "prfaas-operator.leaseName" -}}
 {{- .Values.leaderElection.leaseName | default (include "prfaas-operator.fullname" .) -}}
 {{- end }}
+
+{{/*
+"true" when the cluster serves the Prometheus Operator's API (for `helm template`: pass
+`--api-versions monitoring.coreos.com/v1`). Without it the monitoring objects are skipped and
+NOTES.txt says so: an install never fails for want of the Prometheus Operator.
+*/}}
+{{- define "prfaas-operator.monitoringAPI" -}}
+{{- .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" -}}
+{{- end -}}
+
+{{/* Labels of every ServiceMonitor, PodMonitor and PrometheusRule. */}}
+{{- define "prfaas-operator.monitoringLabels" -}}
+{{ include "prfaas-operator.labels" . }}
+{{- with .Values.monitoring.labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+Relabelings that give every scraped series the labels the alerts and the dashboard select on:
+`role` (the pod's prfaas.io/role, or "operator") and `cluster` (monitoring.cluster), besides
+the `namespace` and `pod` the Prometheus Operator adds and the planner selects by.
+*/}}
+{{- define "prfaas-operator.scrapeRelabelings" -}}
+- sourceLabels: [__meta_kubernetes_pod_label_prfaas_io_role]
+  targetLabel: role
+  regex: (.+)
+- targetLabel: cluster
+  replacement: {{ .Values.monitoring.cluster | quote }}
+{{- end -}}
