@@ -134,7 +134,7 @@ def test_prometheus_scrapes_every_pod_the_runner_runs(deployment: LiveSystem) ->
         ("prfaas-prefill", system.layout.deployment_namespace): 2,
         ("pd-prefill", system.layout.deployment_namespace): 2,
         ("pd-decode", system.layout.deployment_namespace): 2,
-        ("operator", system.layout.system_namespace): 1,
+        ("operator", system.layout.system_namespace): 2,  # two replicas, one leading
     }
 
     def scraped() -> dict[tuple[str, str], int]:
