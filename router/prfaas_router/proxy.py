@@ -9,11 +9,18 @@ once bytes have been streamed, an upstream failure ends the stream with an SSE e
 When the client goes away, both legs are cancelled, which closes their connections and makes
 the engines abort the request. A streamed answer is relayed chunk by chunk from the decode's
 socket to the client's without a coroutine in between (`_Relay`).
+
+Blame: each leg is judged by its own behaviour (`blame`). A decode that fails is the decode's
+fault, unless its prefill failed first (a prefill that dies mid-transfer fails its decode); a
+prefill leg that fails after its decode failed is not counted (nobody pulled its KV). Only an
+engine's behaviour counts: an exception raised inside the router is answered 500 and opens no
+breaker, and a client that stops reading is the client's fault (`_Relay` aborts both legs).
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import logging
 import random
@@ -33,6 +40,7 @@ from prfaas_router.payloads import (
     ApiError,
     ParsedRequest,
     completion_tokens,
+    engine_error,
     last_completion_tokens,
     with_bootstrap,
 )
@@ -61,6 +69,7 @@ _PASSED_HEADERS = {"content-type": "Content-Type", "cache-control": "Cache-Contr
 _RELAY_HIGH_WATER = 256 * 1024  # bytes waiting for a slow client before the decode's socket is paused
 _RELAY_LOW_WATER = 64 * 1024
 _RELAY_DRAIN_POLL_SECONDS = 0.005
+RETRY_AFTER_SECONDS = 1  # what a 429 or 503 tells the client to wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,14 +105,29 @@ class LegFailure(Exception):
         self.unreachable = unreachable
 
 
-class _PassThrough(Exception):
+class _Refused(Exception):
     """An engine refused the request itself (4xx): the client gets that answer, nobody is retried."""
 
-    def __init__(self, status: int, body: bytes, content_type: str) -> None:
-        super().__init__(status)
-        self.status = status
-        self.body = body
-        self.content_type = content_type
+    def __init__(self, error: ApiError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class Culprit(enum.Enum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+def blame(prefill_failed: bool) -> Culprit:
+    """Which leg a decode failure is counted against: the prefill only when it failed itself
+    (first, or within the grace period); otherwise the decode, whatever the prefill is doing."""
+    return Culprit.PREFILL if prefill_failed else Culprit.DECODE
+
+
+def engine_fault(error: BaseException) -> bool:
+    """Whether an exception of a leg is the engine's doing: only what the upstream client saw on
+    the wire. Anything else was raised inside the router and must not eject an engine."""
+    return isinstance(error, UpstreamError)
 
 
 class Dispatcher:
@@ -116,8 +140,10 @@ class Dispatcher:
         metrics: RouterMetrics,
         sessions: SessionTable,
         max_attempts: int,
+        client_stall_seconds: float,
     ) -> None:
         self._upstream = upstream
+        self._client_stall_seconds = client_stall_seconds
         self._fleet = fleet
         self._metrics = metrics
         self._sessions = sessions
@@ -168,7 +194,7 @@ class Dispatcher:
                     type_="rate_limit_error" if decision.status == 429 else "service_unavailable",
                     code=decision.reason.value,
                 )
-                return error_response(error, exchange.request_id)
+                return error_response(error, exchange.request_id, reason=decision.reason.value)
             metrics.decisions.labels(decision.route, decision.reason.value).inc()
             try:
                 return await self._attempt(exchange, snapshot, decision)
@@ -184,7 +210,7 @@ class Dispatcher:
             type_="upstream_error",
             code="upstream_failed",
         )
-        return error_response(error, exchange.request_id)
+        return error_response(error, exchange.request_id, reason="upstream_failed")
 
     async def close(self) -> None:
         for task in list(self._background):
@@ -222,20 +248,21 @@ class Dispatcher:
             try:
                 response, first = _decode_result(decode_task, decode)
             except LegFailure as failure:
+                lease.decode_failed = True
                 await self._blame(failure, prefill_task, prefill)
                 raise
             decode.breaker.record_success()
             self._learn(exchange, snapshot, lease)  # the decode answered: the KV reached it
             if parsed.stream:
-                out, delivered = await self._stream(exchange, decision, response, first)
+                out, delivered = await self._stream(exchange, decision, lease, response, first)
                 return out
             delivered = True
             return self._complete(exchange, decision, response, first)
-        except _PassThrough as refused:
+        except _Refused as refused:
             self._metrics.requests.labels(decision.route, "bad_request").inc()
-            passed = web.Response(status=refused.status, body=refused.body, content_type=refused.content_type)
-            passed.headers[REQUEST_ID_HEADER] = exchange.request_id
-            return passed
+            return error_response(
+                refused.error, exchange.request_id, route=decision.route, reason=decision.reason.value
+            )
         except asyncio.CancelledError:  # the client went away (aiohttp cancels the handler)
             self._metrics.requests.labels(decision.route, "client_disconnected").inc()
             raise
@@ -258,20 +285,21 @@ class Dispatcher:
     async def _blame(
         self, failure: LegFailure, prefill_task: asyncio.Task[tuple[int, bytes, str]], prefill: Worker
     ) -> None:
-        """Which worker a failed decode leg should make the retry avoid; raises for the prefill.
+        """Counts a failed decode leg against the leg at fault (`blame`); raises for the prefill.
 
-        A prefill that dies mid-transfer fails its decode too. So: a prefill that failed is the
-        cause; a decode that answered an error while its prefill was still out points at the
-        prefill's side of the transfer; only otherwise is the decode at fault.
+        A prefill that dies mid-transfer fails its decode too, so the prefill's fate is awaited
+        briefly: a prefill that failed is the cause (its own callback counts it), else the decode.
         """
         if not prefill_task.done():
             await asyncio.wait((prefill_task,), timeout=_BLAME_GRACE_SECONDS)
-        if prefill_task.done():
+        if blame(prefill_task.done() and _prefill_failed(prefill_task)) is Culprit.PREFILL:
             _raise_for_prefill(prefill_task, prefill)
-        elif not failure.unreachable:
-            prefill.breaker.record_failure(time.monotonic())
-            raise LegFailure(prefill, f"its decode failed while the prefill was still out ({failure})")
-        failure.worker.breaker.record_failure(time.monotonic(), fatal=failure.unreachable)
+        self.count_failure(failure.worker, fatal=failure.unreachable)
+
+    def count_failure(self, worker: Worker, *, fatal: bool = False) -> None:
+        """One failure of an engine's own making, for its breaker and the metric."""
+        worker.breaker.record_failure(time.monotonic(), fatal=fatal)
+        self._metrics.engine_failures.labels(worker.pool.value, worker.name).inc()
 
     async def _prefill_leg(
         self, where: Target, payload: bytes, headers: dict[str, str]
@@ -310,13 +338,14 @@ class Dispatcher:
         if task.cancelled():
             return
         error = task.exception()
-        if error is not None:
-            worker.breaker.record_failure(time.monotonic(), fatal=_unreachable(error))
+        if error is not None and not engine_fault(error):
+            log.error("request %s: prefill leg failed inside the router", exchange.request_id, exc_info=error)
+            return
+        if _prefill_failed(task):
+            if not lease.decode_failed:  # else its KV was never pulled: the decode's failure, not its
+                self.count_failure(worker, fatal=_unreachable(error) if error is not None else False)
             return
         status = task.result()[0]
-        if status >= 500:
-            worker.breaker.record_failure(time.monotonic())
-            return
         worker.breaker.record_success()
         if status < 400:
             self._learn(exchange, snapshot, lease)
@@ -341,7 +370,7 @@ class Dispatcher:
                 snapshot.index_local.learn(key, decision.prefill.name)
 
     async def _stream(
-        self, exchange: Exchange, decision: Decision, reply: Reply, first: bytes
+        self, exchange: Exchange, decision: Decision, lease: _Lease, reply: Reply, first: bytes
     ) -> tuple[web.StreamResponse, bool]:
         """Streams the decode's reply; False when the client went away before the end."""
         metrics = self._metrics
@@ -357,13 +386,23 @@ class Dispatcher:
             await out.write(first)  # the headers and the first bytes, through aiohttp
             metrics.ttft.labels(decision.route).observe(time.monotonic() - exchange.started)
             counter.feed(first)
-            relay = _Relay(request.transport, reply, counter, chunked)
+            relay = _Relay(request.transport, reply, counter, chunked, self._client_stall_seconds)
             try:
                 await reply.relay(relay.send)
             except UpstreamError as err:
                 if not relay.client_gone:
                     outcome = "stream_error"
+                    lease.decode_failed = True
                     await out.write(self._stream_failed(exchange, decision, err))
+            if relay.client_stalled:
+                log.warning(
+                    "request %s: the client read nothing for %.0f s with %d bytes waiting; aborted",
+                    exchange.request_id,
+                    self._client_stall_seconds,
+                    _RELAY_HIGH_WATER,
+                )
+                metrics.requests.labels(decision.route, "client_stalled").inc()
+                return out, False
             if relay.client_gone:
                 raise ConnectionResetError("the client went away")
             await out.write_eof()
@@ -378,10 +417,14 @@ class Dispatcher:
         log.warning(
             "request %s: decode %s broke mid-stream: %r", exchange.request_id, decision.decode.name, err
         )
-        decision.decode.breaker.record_failure(time.monotonic(), fatal=_unreachable(err))
-        message = f"the decode engine failed after the stream had started: {err!r}"
-        event = {"error": {"message": message, "type": "upstream_error", "param": None, "code": 502}}
-        return b"data: " + json.dumps(event).encode() + b"\n\n"
+        self.count_failure(decision.decode, fatal=_unreachable(err))
+        error = ApiError(
+            502,
+            f"the decode engine failed after the stream had started: {err}",
+            type_="upstream_error",
+            code="decode_failed",
+        )
+        return b"data: " + json.dumps(error.body()).encode() + b"\n\n"
 
     def _complete(self, exchange: Exchange, decision: Decision, reply: Reply, body: bytes) -> web.Response:
         out = web.Response(status=reply.status, body=body, headers=_reply_headers(reply, exchange, decision))
@@ -410,7 +453,7 @@ class _Lease:
     SGLang's prefill answers once its KV has been delivered. The decode part ends with the attempt.
     """
 
-    __slots__ = ("_decode_held", "_dispatcher", "_prefill_held", "decision", "learned")
+    __slots__ = ("_decode_held", "_dispatcher", "_prefill_held", "decision", "decode_failed", "learned")
 
     def __init__(self, dispatcher: Dispatcher, decision: Decision, now: float) -> None:
         self._dispatcher = dispatcher
@@ -424,6 +467,7 @@ class _Lease:
         self._prefill_held = True
         self._decode_held = True
         self.learned = False
+        self.decode_failed = False  # counted against the decode: the prefill's later failure is not its own
 
     def release_prefill(self) -> None:
         if not self._prefill_held:
@@ -451,17 +495,33 @@ class _Relay:
     closes the decode leg (the engine aborts).
     """
 
-    __slots__ = ("_chunked", "_counter", "_drainer", "_reply", "_transport", "client_gone")
+    __slots__ = (
+        "_chunked",
+        "_counter",
+        "_drainer",
+        "_reply",
+        "_stall_seconds",
+        "_transport",
+        "client_gone",
+        "client_stalled",
+    )
 
     def __init__(
-        self, transport: asyncio.Transport | None, reply: Reply, counter: _EventCounter, chunked: bool
+        self,
+        transport: asyncio.Transport | None,
+        reply: Reply,
+        counter: _EventCounter,
+        chunked: bool,
+        stall_seconds: float,
     ) -> None:
         self._transport = transport
         self._reply = reply
         self._counter = counter
         self._chunked = chunked
+        self._stall_seconds = stall_seconds
         self._drainer: asyncio.Task[None] | None = None
         self.client_gone = False
+        self.client_stalled = False
 
     def send(self, data: bytes) -> None:
         transport = self._transport
@@ -477,9 +537,23 @@ class _Relay:
             self._drainer = asyncio.get_running_loop().create_task(self._resume_when_drained(transport))
 
     async def _resume_when_drained(self, transport: asyncio.Transport) -> None:
+        """Resumes the decode once the client has read its backlog; a client that reads nothing
+        for `stall_seconds` is cut off and the decode leg closed (the engine aborts), no one blamed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._stall_seconds
+        waiting = transport.get_write_buffer_size()
         try:
-            while not transport.is_closing() and transport.get_write_buffer_size() > _RELAY_LOW_WATER:
+            while not transport.is_closing() and waiting > _RELAY_LOW_WATER:
                 await asyncio.sleep(_RELAY_DRAIN_POLL_SECONDS)
+                left = transport.get_write_buffer_size()
+                if left < waiting:  # the client reads: it gets more time
+                    deadline = loop.time() + self._stall_seconds
+                elif loop.time() > deadline:
+                    self.client_stalled = self.client_gone = True
+                    transport.abort()
+                    self._reply.close()
+                    return
+                waiting = left
         finally:
             self._drainer = None
             self._reply.resume_reading()
@@ -517,30 +591,44 @@ _TOKEN_EVENT = re.compile(rb'"(?:content|text)"\s*:\s*"(?!")')
 _TOKEN_EVENT_MIN_LENGTH = len(b'"text":"x')
 
 
+def _prefill_failed(task: asyncio.Task[tuple[int, bytes, str]]) -> bool:
+    """A finished prefill leg that the engine failed: broken on the wire, or a 5xx."""
+    if task.cancelled():
+        return False
+    error = task.exception()
+    if error is not None:
+        return engine_fault(error)
+    return task.result()[0] >= 500
+
+
 def _raise_for_prefill(task: asyncio.Task[tuple[int, bytes, str]], worker: Worker) -> None:
     if task.cancelled():
         raise LegFailure(worker, "prefill leg cancelled")
     error = task.exception()
     if error is not None:
-        raise LegFailure(worker, f"prefill leg failed: {error!r}") from error
+        if not engine_fault(error):
+            raise error  # the router's own bug: answered 500, no engine blamed
+        raise LegFailure(worker, f"prefill leg failed: {error}") from error
     status, body, content_type = task.result()
     if status >= 500:
         raise LegFailure(worker, f"prefill answered HTTP {status}")
     if status >= 400:
-        raise _PassThrough(status, body, content_type)
+        raise _Refused(engine_error(status, body, content_type))
 
 
 def _decode_result(task: asyncio.Task[tuple[Reply, bytes]], worker: Worker) -> tuple[Reply, bytes]:
     error = task.exception()
     if error is not None:
-        raise LegFailure(worker, f"decode leg failed: {error!r}", unreachable=_unreachable(error)) from error
+        if not engine_fault(error):
+            raise error
+        raise LegFailure(worker, f"decode leg failed: {error}", unreachable=_unreachable(error)) from error
     reply, first = task.result()
     if reply.status >= 500:
         reply.release()
         raise LegFailure(worker, f"decode answered HTTP {reply.status}: {first[:200]!r}")
     if reply.status >= 400:
         reply.release()
-        raise _PassThrough(reply.status, first, reply.content_type)
+        raise _Refused(engine_error(reply.status, first, reply.content_type))
     return reply, first
 
 
@@ -557,7 +645,16 @@ def _reply_headers(reply: Reply, exchange: Exchange, decision: Decision) -> dict
     return headers
 
 
-def error_response(error: ApiError, request_id: str) -> web.Response:
+def error_response(
+    error: ApiError, request_id: str, *, route: str = NO_ROUTE, reason: str = NO_ROUTE
+) -> web.Response:
+    """Every error the router answers: OpenAI's shape, the route headers (`none` when no route was
+    chosen) and, for 429 and 503, when to come back."""
     response = web.json_response(error.body(), status=error.status)
-    response.headers[REQUEST_ID_HEADER] = request_id
+    headers = response.headers
+    headers[REQUEST_ID_HEADER] = request_id
+    headers[ROUTE_HEADER] = route
+    headers[REASON_HEADER] = reason
+    if error.status in (429, 503):
+        headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
     return response

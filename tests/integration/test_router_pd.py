@@ -527,11 +527,13 @@ async def test_bad_input_gets_openai_errors_and_breaks_nothing(
         error = answer.body["error"]
         assert set(error) == {"message", "type", "param", "code"} and error["message"], error
         assert error["param"] == param, error
-    # refused by the engine itself (context length): its 4xx comes back, nothing is retried
+    # refused by the engine itself (its context is 262144, the router's default bound 1048576): its
+    # 4xx comes back in the router's shape, nothing is retried
     too_long = await post(
-        client, router.url + "/generate", {"text": "y", "sampling_params": {"max_new_tokens": 10**7}}
+        client, router.url + "/generate", {"text": "y", "sampling_params": {"max_new_tokens": 500_000}}
     )
-    assert too_long.status == 400 and "context length" in json.dumps(too_long.body)
+    assert too_long.status == 400 and "context length" in too_long.body["error"]["message"]
+    assert too_long.headers["x-prfaas-route"] == "local" and isinstance(too_long.body["error"]["code"], str)
     unknown = await post(client, router.url + "/v2/anything", b"{}")
     assert unknown.status == 404 and unknown.body["error"]["code"] == "not_found"
 
