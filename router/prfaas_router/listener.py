@@ -20,7 +20,7 @@ import json
 import logging
 import resource
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from aiohttp.http_exceptions import LineTooLong
@@ -164,7 +164,7 @@ class _Refusal(asyncio.Protocol):
         self._closer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
+        transport = cast(asyncio.Transport, transport)  # uvloop's is one without subclassing it
         transport.write(self._answer)
         if transport.can_write_eof():
             transport.write_eof()  # closing with the request unread would reset the answer away

@@ -10,11 +10,14 @@ When the client goes away, both legs are cancelled, which closes their connectio
 the engines abort the request. A streamed answer is relayed chunk by chunk from the decode's
 socket to the client's without a coroutine in between (`_Relay`).
 
-Blame: each leg is judged by its own behaviour (`blame`). A decode that fails is the decode's
-fault, unless its prefill failed first (a prefill that dies mid-transfer fails its decode); a
-prefill leg that fails after its decode failed is not counted (nobody pulled its KV). Only an
-engine's behaviour counts: an exception raised inside the router is answered 500 and opens no
-breaker, and a client that stops reading is the client's fault (`_Relay` aborts both legs).
+Blame: each leg is judged by its own behaviour, and a failure counts against one engine at most
+(`at_fault`). A failing leg is at fault, except when the other leg failed first (a prefill that
+dies mid-transfer fails its decode) or when the failure is the engine's report that the KV
+handoff failed while the other leg is still out (a decode that waited in vain for the KV of a
+stuck prefill, a prefill whose KV no decode pulled): then the other leg is. A prefill leg that
+fails after its decode failed is not counted. Only an engine's behaviour counts: an exception
+raised inside the router is answered 500 and opens no breaker, and a client that stops reading
+is the client's fault (`_Relay` aborts both legs).
 """
 
 from __future__ import annotations
@@ -97,12 +100,18 @@ class Exchange:
 
 
 class LegFailure(Exception):
-    """A leg failed before the client got anything, so the request may go to other workers."""
+    """A leg failed before the client got anything, so the request may go to other workers.
 
-    def __init__(self, worker: Worker, message: str, *, unreachable: bool = False) -> None:
+    `handoff`: the engine answered that the KV handoff with its peer failed (`reports_handoff`).
+    """
+
+    def __init__(
+        self, worker: Worker, message: str, *, unreachable: bool = False, handoff: bool = False
+    ) -> None:
         super().__init__(f"{worker.pool.value} {worker.name}: {message}")
         self.worker = worker
         self.unreachable = unreachable
+        self.handoff = handoff
 
 
 class _Refused(Exception):
@@ -114,14 +123,29 @@ class _Refused(Exception):
 
 
 class Culprit(enum.Enum):
-    PREFILL = "prefill"
-    DECODE = "decode"
+    FAILED_LEG = "failed_leg"
+    OTHER_LEG = "other_leg"
 
 
-def blame(prefill_failed: bool) -> Culprit:
-    """Which leg a decode failure is counted against: the prefill only when it failed itself
-    (first, or within the grace period); otherwise the decode, whatever the prefill is doing."""
-    return Culprit.PREFILL if prefill_failed else Culprit.DECODE
+def at_fault(*, reports_handoff: bool, other_leg_out: bool) -> Culprit:
+    """Which engine a leg's failure counts against (the other leg did not fail itself).
+
+    An engine that reports a failed KV handoff while its peer is still out is the victim: its
+    peer never sent (or never pulled) the KV. Any other failure is the failing engine's own.
+    """
+    return Culprit.OTHER_LEG if reports_handoff and other_leg_out else Culprit.FAILED_LEG
+
+
+_HANDOFF_FAILURE = re.compile(rb"(?i)bootstrap|kv[ _-]?(?:cache|transfer)|transfer failed")
+
+
+def reports_handoff(body: bytes) -> bool:
+    """An engine's error body that says the KV handoff failed (SGLang's and the fake engine's
+    words: bootstrap timeouts, failed KV transfers, a kvcache not received)."""
+    return _HANDOFF_FAILURE.search(body[:_HANDOFF_SCAN_BYTES]) is not None
+
+
+_HANDOFF_SCAN_BYTES = 4096
 
 
 def engine_fault(error: BaseException) -> bool:
@@ -243,14 +267,16 @@ class Dispatcher:
         try:
             await asyncio.wait((prefill_task, decode_task), return_when=asyncio.FIRST_COMPLETED)
             if not decode_task.done():
-                _raise_for_prefill(prefill_task, prefill)  # the prefill failed: the decode cannot finish
+                failure = _prefill_failure(prefill_task, prefill)
+                if failure is not None:  # the decode cannot finish
+                    raise self._judge(failure, decode, other_leg_out=True)
                 await asyncio.wait((decode_task,))
             try:
                 response, first = _decode_result(decode_task, decode)
             except LegFailure as failure:
                 lease.decode_failed = True
-                await self._blame(failure, prefill_task, prefill)
-                raise
+                raise await self._judge_decode(failure, prefill_task, prefill) from failure
+            lease.decode_answered = True
             decode.breaker.record_success()
             self._learn(exchange, snapshot, lease)  # the decode answered: the KV reached it
             if parsed.stream:
@@ -264,7 +290,8 @@ class Dispatcher:
                 refused.error, exchange.request_id, route=decision.route, reason=decision.reason.value
             )
         except asyncio.CancelledError:  # the client went away (aiohttp cancels the handler)
-            self._metrics.requests.labels(decision.route, "client_disconnected").inc()
+            if not lease.client_stalled:
+                self._metrics.requests.labels(decision.route, "client_disconnected").inc()
             raise
         finally:
             if not decode_task.done():
@@ -282,19 +309,29 @@ class Dispatcher:
                 else:
                     prefill_task.cancel()
 
-    async def _blame(
+    async def _judge_decode(
         self, failure: LegFailure, prefill_task: asyncio.Task[tuple[int, bytes, str]], prefill: Worker
-    ) -> None:
-        """Counts a failed decode leg against the leg at fault (`blame`); raises for the prefill.
+    ) -> LegFailure:
+        """The failure to retry around, for a failed decode leg; counted against the engine at fault.
 
         A prefill that dies mid-transfer fails its decode too, so the prefill's fate is awaited
-        briefly: a prefill that failed is the cause (its own callback counts it), else the decode.
+        briefly: a prefill that failed is the cause.
         """
         if not prefill_task.done():
             await asyncio.wait((prefill_task,), timeout=_BLAME_GRACE_SECONDS)
-        if blame(prefill_task.done() and _prefill_failed(prefill_task)) is Culprit.PREFILL:
-            _raise_for_prefill(prefill_task, prefill)
+        prefill_failure = _prefill_failure(prefill_task, prefill) if prefill_task.done() else None
+        if prefill_failure is not None:
+            self.count_failure(prefill, fatal=prefill_failure.unreachable)
+            return prefill_failure
+        return self._judge(failure, prefill, other_leg_out=not prefill_task.done())
+
+    def _judge(self, failure: LegFailure, other: Worker, *, other_leg_out: bool) -> LegFailure:
+        """Counts a leg's failure against the engine at fault (`at_fault`); the failure to retry around."""
+        if at_fault(reports_handoff=failure.handoff, other_leg_out=other_leg_out) is Culprit.OTHER_LEG:
+            self.count_failure(other)
+            return LegFailure(other, f"its peer reported a failed KV handoff ({failure})")
         self.count_failure(failure.worker, fatal=failure.unreachable)
+        return failure
 
     def count_failure(self, worker: Worker, *, fatal: bool = False) -> None:
         """One failure of an engine's own making, for its breaker and the metric."""
@@ -341,11 +378,13 @@ class Dispatcher:
         if error is not None and not engine_fault(error):
             log.error("request %s: prefill leg failed inside the router", exchange.request_id, exc_info=error)
             return
-        if _prefill_failed(task):
-            if not lease.decode_failed:  # else its KV was never pulled: the decode's failure, not its
+        status = 0 if error is not None else task.result()[0]
+        if error is not None or status >= 500:
+            # judged by the attempt unless the decode had answered; after a decode failure, the
+            # prefill's KV was never pulled: not its failure
+            if lease.decode_answered and not lease.decode_failed:
                 self.count_failure(worker, fatal=_unreachable(error) if error is not None else False)
             return
-        status = task.result()[0]
         worker.breaker.record_success()
         if status < 400:
             self._learn(exchange, snapshot, lease)
@@ -386,7 +425,14 @@ class Dispatcher:
             await out.write(first)  # the headers and the first bytes, through aiohttp
             metrics.ttft.labels(decision.route).observe(time.monotonic() - exchange.started)
             counter.feed(first)
-            relay = _Relay(request.transport, reply, counter, chunked, self._client_stall_seconds)
+            relay = _Relay(
+                request.transport,
+                reply,
+                counter,
+                chunked,
+                self._client_stall_seconds,
+                lambda: self._client_stalled(exchange, decision, lease),
+            )
             try:
                 await reply.relay(relay.send)
             except UpstreamError as err:
@@ -394,23 +440,25 @@ class Dispatcher:
                     outcome = "stream_error"
                     lease.decode_failed = True
                     await out.write(self._stream_failed(exchange, decision, err))
-            if relay.client_stalled:
-                log.warning(
-                    "request %s: the client read nothing for %.0f s with %d bytes waiting; aborted",
-                    exchange.request_id,
-                    self._client_stall_seconds,
-                    _RELAY_HIGH_WATER,
-                )
-                metrics.requests.labels(decision.route, "client_stalled").inc()
-                return out, False
             if relay.client_gone:
                 raise ConnectionResetError("the client went away")
             await out.write_eof()
         except ConnectionResetError:
-            metrics.requests.labels(decision.route, "client_disconnected").inc()
+            if not lease.client_stalled:
+                metrics.requests.labels(decision.route, "client_disconnected").inc()
             return out, False
         self._finish(exchange, decision, outcome, counter.output_tokens())
         return out, True
+
+    def _client_stalled(self, exchange: Exchange, decision: Decision, lease: _Lease) -> None:
+        """A streaming client read nothing for the stall time: its fault, no engine's."""
+        lease.client_stalled = True
+        self._metrics.requests.labels(decision.route, "client_stalled").inc()
+        log.warning(
+            "request %s: the client read nothing for %g s with its backlog full; aborted on both legs",
+            exchange.request_id,
+            self._client_stall_seconds,
+        )
 
     def _stream_failed(self, exchange: Exchange, decision: Decision, err: BaseException) -> bytes:
         """The terminal SSE event of a stream whose decode failed after tokens were sent."""
@@ -453,7 +501,16 @@ class _Lease:
     SGLang's prefill answers once its KV has been delivered. The decode part ends with the attempt.
     """
 
-    __slots__ = ("_decode_held", "_dispatcher", "_prefill_held", "decision", "decode_failed", "learned")
+    __slots__ = (
+        "_decode_held",
+        "_dispatcher",
+        "_prefill_held",
+        "client_stalled",
+        "decision",
+        "decode_answered",
+        "decode_failed",
+        "learned",
+    )
 
     def __init__(self, dispatcher: Dispatcher, decision: Decision, now: float) -> None:
         self._dispatcher = dispatcher
@@ -467,6 +524,8 @@ class _Lease:
         self._prefill_held = True
         self._decode_held = True
         self.learned = False
+        self.client_stalled = False
+        self.decode_answered = False  # from then on a failing prefill leg is judged on its own
         self.decode_failed = False  # counted against the decode: the prefill's later failure is not its own
 
     def release_prefill(self) -> None:
@@ -499,11 +558,11 @@ class _Relay:
         "_chunked",
         "_counter",
         "_drainer",
+        "_on_stall",
         "_reply",
         "_stall_seconds",
         "_transport",
         "client_gone",
-        "client_stalled",
     )
 
     def __init__(
@@ -513,15 +572,16 @@ class _Relay:
         counter: _EventCounter,
         chunked: bool,
         stall_seconds: float,
+        on_stall: Callable[[], None],
     ) -> None:
         self._transport = transport
         self._reply = reply
         self._counter = counter
         self._chunked = chunked
         self._stall_seconds = stall_seconds
+        self._on_stall = on_stall
         self._drainer: asyncio.Task[None] | None = None
         self.client_gone = False
-        self.client_stalled = False
 
     def send(self, data: bytes) -> None:
         transport = self._transport
@@ -549,9 +609,10 @@ class _Relay:
                 if left < waiting:  # the client reads: it gets more time
                     deadline = loop.time() + self._stall_seconds
                 elif loop.time() > deadline:
-                    self.client_stalled = self.client_gone = True
-                    transport.abort()
+                    self.client_gone = True
+                    self._on_stall()  # first: dropping the client cancels its handler
                     self._reply.close()
+                    transport.abort()
                     return
                 waiting = left
         finally:
@@ -591,29 +652,23 @@ _TOKEN_EVENT = re.compile(rb'"(?:content|text)"\s*:\s*"(?!")')
 _TOKEN_EVENT_MIN_LENGTH = len(b'"text":"x')
 
 
-def _prefill_failed(task: asyncio.Task[tuple[int, bytes, str]]) -> bool:
-    """A finished prefill leg that the engine failed: broken on the wire, or a 5xx."""
-    if task.cancelled():
-        return False
-    error = task.exception()
-    if error is not None:
-        return engine_fault(error)
-    return task.result()[0] >= 500
-
-
-def _raise_for_prefill(task: asyncio.Task[tuple[int, bytes, str]], worker: Worker) -> None:
-    if task.cancelled():
-        raise LegFailure(worker, "prefill leg cancelled")
+def _prefill_failure(task: asyncio.Task[tuple[int, bytes, str]], worker: Worker) -> LegFailure | None:
+    """How a finished prefill leg failed, if it did; raises for a refusal and for the router's own bugs."""
+    if task.cancelled():  # by the router itself: no sign of the engine
+        return None
     error = task.exception()
     if error is not None:
         if not engine_fault(error):
-            raise error  # the router's own bug: answered 500, no engine blamed
-        raise LegFailure(worker, f"prefill leg failed: {error}") from error
+            raise error  # answered 500, no engine blamed
+        return LegFailure(worker, f"prefill leg failed: {error}", unreachable=_unreachable(error))
     status, body, content_type = task.result()
     if status >= 500:
-        raise LegFailure(worker, f"prefill answered HTTP {status}")
+        return LegFailure(
+            worker, f"prefill answered HTTP {status}: {body[:200]!r}", handoff=reports_handoff(body)
+        )
     if status >= 400:
         raise _Refused(engine_error(status, body, content_type))
+    return None
 
 
 def _decode_result(task: asyncio.Task[tuple[Reply, bytes]], worker: Worker) -> tuple[Reply, bytes]:
@@ -625,7 +680,9 @@ def _decode_result(task: asyncio.Task[tuple[Reply, bytes]], worker: Worker) -> t
     reply, first = task.result()
     if reply.status >= 500:
         reply.release()
-        raise LegFailure(worker, f"decode answered HTTP {reply.status}: {first[:200]!r}")
+        raise LegFailure(
+            worker, f"decode answered HTTP {reply.status}: {first[:200]!r}", handoff=reports_handoff(first)
+        )
     if reply.status >= 400:
         reply.release()
         raise _Refused(engine_error(reply.status, first, reply.content_type))

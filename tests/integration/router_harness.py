@@ -108,12 +108,13 @@ class Engine:
 
 
 def start_engine(
-    name: str, mode: str, host: str, profile: str, logs: Path, *, time_scale: str = TIME_SCALE
+    name: str, mode: str, host: str, profile: str, logs: Path, *extra: str, time_scale: str = TIME_SCALE
 ) -> Engine:
+    """A fake SGLang engine process; `extra` are more of its flags."""
     port = free_port(host)
     bootstrap = free_port(host) if mode == "prefill" else None
     args = ["-m", "prfaas_testbed.fake_engine", "--mode", mode, "--host", host, "--port", str(port)]
-    args += ["--profile", profile, "--time-scale", time_scale, "--served-model-name", MODEL]
+    args += ["--profile", profile, "--time-scale", time_scale, "--served-model-name", MODEL, *extra]
     if bootstrap is not None:
         args += ["--bootstrap-port", str(bootstrap)]
     process = Process(args, logs / f"{name}.log").start()
