@@ -15,29 +15,16 @@ from router_harness import (
     Router,
     RouterFactory,
     free_port,
+    healthy_cluster,
     http_get,
-    start_engine,
-    wait_healthy,
     wait_until,
 )
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    logs = tmp_path_factory.mktemp("engines")
-    engines = Cluster(
-        prfaas=[start_engine("p0", "prefill", "127.0.1.1", "h200", logs)],
-        local=[start_engine("l0", "prefill", "127.0.2.1", "h20", logs)],
-        decode=[start_engine("d0", "decode", "127.0.2.11", "h20", logs)],
-    )
-    everyone = [*engines.prfaas, *engines.local, *engines.decode]
-    try:
-        for engine in everyone:
-            wait_healthy(engine)
+    with healthy_cluster(tmp_path_factory.mktemp("engines")) as engines:
         yield engines
-    finally:
-        for engine in everyone:
-            engine.process.stop()
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,6 +132,24 @@ class Cluster:
     prfaas: list[Engine]
     local: list[Engine]
     decode: list[Engine]
+
+
+@contextlib.contextmanager
+def healthy_cluster(logs: Path, *extra: str) -> Iterator[Cluster]:
+    """One PrfaaS prefill, one local prefill and one decode, healthy until the block ends."""
+    engines = Cluster(
+        prfaas=[start_engine("p0", "prefill", "127.0.1.1", "h200", logs, *extra)],
+        local=[start_engine("l0", "prefill", "127.0.2.1", "h20", logs, *extra)],
+        decode=[start_engine("d0", "decode", "127.0.2.11", "h20", logs, *extra)],
+    )
+    everyone = [*engines.prfaas, *engines.local, *engines.decode]
+    try:
+        for engine in everyone:
+            wait_healthy(engine)
+        yield engines
+    finally:
+        for engine in everyone:
+            engine.process.stop()
 
 
 def config_doc(

@@ -34,6 +34,7 @@ from router_harness import (
     chat,
     config_doc,
     free_port,
+    healthy_cluster,
     metric_samples,
     post,
     sample,
@@ -61,20 +62,13 @@ CHAT_PATH = "/v1/chat/completions"
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """Healthy engines that report a failed KV handoff after 0.5 s (this module's own)."""
-    logs = tmp_path_factory.mktemp("engines")
-    engines = Cluster(
-        prfaas=[start_engine("p0", "prefill", "127.0.1.2", "h200", logs, *QUICK_KV)],
-        local=[start_engine("l0", "prefill", "127.0.2.2", "h20", logs, *QUICK_KV)],
-        decode=[start_engine("d0", "decode", "127.0.2.12", "h20", logs, *QUICK_KV)],
-    )
-    everyone = [*engines.prfaas, *engines.local, *engines.decode]
-    try:
-        for engine in everyone:
-            wait_healthy(engine)
+    with healthy_cluster(tmp_path_factory.mktemp("engines"), *QUICK_KV) as engines:
         yield engines
-    finally:
-        for engine in everyone:
-            engine.process.stop()
+
+
+def strict_router(start_router: RouterFactory, cluster: Cluster, *flags: str) -> Router:
+    """A router in front of the healthy engines alone, its breakers opening at the first failure."""
+    return start_router(config_doc(cluster.prfaas, cluster.local, cluster.decode), *STRICT, *flags)
 
 
 def start_faulty(
@@ -277,7 +271,7 @@ async def test_a_decode_busy_with_long_answers_is_kept_through_slow_health_check
 async def test_request_ids_that_are_not_short_ascii_are_replaced_and_break_nothing(
     cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession
 ) -> None:
-    router = start_router(config_doc(cluster.prfaas, cluster.local, cluster.decode), *STRICT)
+    router = strict_router(start_router, cluster)
     body = json.dumps(chat(SHORT)).encode()
     for request_id in ("é€".encode(), b"x" * 200, b"tab\tin-it"):
         head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
@@ -294,9 +288,7 @@ async def test_request_ids_that_are_not_short_ascii_are_replaced_and_break_nothi
 async def test_counts_and_lengths_past_the_bounds_are_refused_at_once_naming_the_field(
     cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession
 ) -> None:
-    router = start_router(
-        config_doc(cluster.prfaas, cluster.local, cluster.decode), *STRICT, "--max-context-tokens", "4096"
-    )
+    router = strict_router(start_router, cluster, "--max-context-tokens", "4096")
     cases: list[tuple[str, dict[str, Any], str, str]] = [
         (CHAT_PATH, chat(SHORT, n=2_000_000), "n", "invalid_value"),
         ("/v1/completions", {"prompt": ["a"] * 2000, "max_tokens": 1}, "prompt", "batch_too_large"),
@@ -369,7 +361,7 @@ async def test_a_client_that_stops_reading_a_stream_is_cut_off_without_blaming_t
 async def test_malformed_and_oversized_requests_get_json_errors_and_one_log_line_each(
     cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession
 ) -> None:
-    router = start_router(config_doc(cluster.prfaas, cluster.local, cluster.decode), *STRICT)
+    router = strict_router(start_router, cluster)
     huge = b"GET /v1/models HTTP/1.1\r\nHost: r\r\nX-Big: " + b"b" * 20_000 + b"\r\n\r\n"
     broken = b"GET /v1/models HTTP/1.1\r\nHost: r\r\nno colon here\r\n\r\n"
     for _ in range(10):
@@ -389,9 +381,9 @@ async def test_malformed_and_oversized_requests_get_json_errors_and_one_log_line
 async def test_idle_and_half_sent_requests_are_closed_and_slow_bodies_refused(
     cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession
 ) -> None:
-    router = start_router(
-        config_doc(cluster.prfaas, cluster.local, cluster.decode),
-        *STRICT,
+    router = strict_router(
+        start_router,
+        cluster,
         "--client-idle-timeout-seconds",
         "1",
         "--client-body-timeout-seconds",
@@ -414,9 +406,7 @@ async def test_idle_and_half_sent_requests_are_closed_and_slow_bodies_refused(
 async def test_past_the_connection_limit_clients_get_a_503_with_retry_after(
     cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession
 ) -> None:
-    router = start_router(
-        config_doc(cluster.prfaas, cluster.local, cluster.decode), *STRICT, "--max-client-connections", "4"
-    )
+    router = strict_router(start_router, cluster, "--max-client-connections", "4")
     host, port = router.url.removeprefix("http://").split(":")
     held = [await asyncio.open_connection(host, int(port)) for _ in range(4)]
     try:
