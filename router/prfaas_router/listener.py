@@ -150,8 +150,7 @@ class _ClientHandler(RequestHandler):
         self._clients.report(remote, "malformed_http", "malformed HTTP from %s: %s", remote, error.message)
         if request.writer.output_size > 0:
             raise ConnectionError("an answer was already sent; cannot send the error")
-        response = error_response(error, "")
-        del response.headers["X-Request-Id"]  # no request was read
+        response = error_response(error, None)
         response.force_close()
         return response
 
@@ -185,10 +184,12 @@ def _refusal_answer(limit: int) -> bytes:
         type_="service_unavailable",
         code="too_many_connections",
     )
-    response = error_response(error, "")
+    response = error_response(error, None)  # its headers, written by hand: no handler exists here
     body = json.dumps(error.body()).encode()
-    lines = ["HTTP/1.1 503 Service Unavailable", "Content-Type: application/json"]
-    lines += [f"{name}: {value}" for name, value in response.headers.items() if name != "X-Request-Id"]
+    lines = [
+        "HTTP/1.1 503 Service Unavailable",
+        *(f"{name}: {value}" for name, value in response.headers.items()),
+    ]
     lines += [f"Content-Length: {len(body)}", "Connection: close"]
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 

@@ -275,7 +275,8 @@ class Dispatcher:
                 response, first = _decode_result(decode_task, decode)
             except LegFailure as failure:
                 lease.decode_failed = True
-                raise await self._judge_decode(failure, prefill_task, prefill) from failure
+                judged = await self._judge_decode(failure, prefill_task, prefill)
+                raise judged from (None if judged is failure else failure)
             lease.decode_answered = True
             decode.breaker.record_success()
             self._learn(exchange, snapshot, lease)  # the decode answered: the KV reached it
@@ -703,13 +704,14 @@ def _reply_headers(reply: Reply, exchange: Exchange, decision: Decision) -> dict
 
 
 def error_response(
-    error: ApiError, request_id: str, *, route: str = NO_ROUTE, reason: str = NO_ROUTE
+    error: ApiError, request_id: str | None, *, route: str = NO_ROUTE, reason: str = NO_ROUTE
 ) -> web.Response:
     """Every error the router answers: OpenAI's shape, the route headers (`none` when no route was
-    chosen) and, for 429 and 503, when to come back."""
+    chosen) and, for 429 and 503, when to come back. No request id when no request was read."""
     response = web.json_response(error.body(), status=error.status)
     headers = response.headers
-    headers[REQUEST_ID_HEADER] = request_id
+    if request_id is not None:
+        headers[REQUEST_ID_HEADER] = request_id
     headers[ROUTE_HEADER] = route
     headers[REASON_HEADER] = reason
     if error.status in (429, 503):

@@ -319,7 +319,7 @@ async def test_a_client_that_stops_reading_a_stream_is_cut_off_without_blaming_t
     cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
     # a decode with near-zero steps: its tokens fill every buffer to the client within a second or two
-    decode = start_engine("d-flood", "decode", "127.0.2.28", "h20", tmp_path, *QUICK_KV, time_scale="0.0001")
+    decode = start_engine("d-flood", "decode", "127.0.2.28", "h20", tmp_path, *QUICK_KV, time_scale="0.001")
     try:
         wait_healthy(decode)
         router = start_router(
@@ -330,7 +330,7 @@ async def test_a_client_that_stops_reading_a_stream_is_cut_off_without_blaming_t
         reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the router must buffer
         reader.connect((host, int(port)))
         try:
-            body = json.dumps(chat(SHORT, stream=True, max_tokens=200_000)).encode()
+            body = json.dumps(chat(SHORT, stream=True, max_tokens=250_000)).encode()
             reader.sendall(
                 b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
                 b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
@@ -348,6 +348,7 @@ async def test_a_client_that_stops_reading_a_stream_is_cut_off_without_blaming_t
                 await asyncio.sleep(0.2)
         finally:
             reader.close()
+        deadline = time.monotonic() + 10  # 250000 tokens take it far longer than that
         while sample(await metric_samples(client, decode.url), "sglang:num_aborted_requests_total") == 0:
             assert time.monotonic() < deadline, "the decode never saw the request aborted"
             await asyncio.sleep(0.1)
