@@ -30,7 +30,7 @@ class Kind(enum.StrEnum):
 
 
 class ApiError(Exception):
-    """An answer the client gets instead of a completion."""
+    """An answer the client gets instead of a completion; `code` is always a string, as OpenAI's."""
 
     def __init__(
         self,
@@ -39,7 +39,7 @@ class ApiError(Exception):
         *,
         type_: str = "invalid_request_error",
         param: str | None = None,
-        code: str | None = None,
+        code: str,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -447,7 +447,9 @@ def _chat_text(messages: object) -> str:
             raise _wrong_type(where, "an object", message)
         role = message.get("role")
         if not isinstance(role, str) or not role:
-            raise ApiError(400, f"'{where}.role' must be a non-empty string", param=f"{where}.role")
+            raise ApiError(
+                400, f"'{where}.role' must be a non-empty string", param=f"{where}.role", code="invalid_value"
+            )
         content = message.get("content")
         if isinstance(content, str):
             parts.append(content)

@@ -80,6 +80,6 @@ def test_the_connection_limit_fits_under_the_open_file_limit() -> None:
 def test_unparsable_requests_get_the_routers_error_shape() -> None:
     too_long = malformed_request_error(400, LineTooLong(b"x" * 10, 8190), None)
     assert (too_long.status, too_long.code) == (431, "header_too_large")
-    broken = malformed_request_error(400, BadStatusLine(b"GARBAGE"), "Bad status line")
+    broken = malformed_request_error(400, BadStatusLine("GARBAGE"), "Bad status line")
     assert (broken.status, broken.code, broken.param) == (400, "malformed_request", None)
     assert "Bad status line" in broken.message
