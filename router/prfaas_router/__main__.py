@@ -15,6 +15,8 @@ from prometheus_client import disable_created_metrics
 
 from prfaas_router.app import RouterOptions, RouterService
 from prfaas_router.configmap_source import ConfigMapRef
+from prfaas_router.listener import ClientLimits, GuardedSite
+from prfaas_router.payloads import Limits
 from prfaas_router.tokenizer import TokenizerError
 
 log = logging.getLogger("prfaas_router")
@@ -46,6 +48,52 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterOptions:
         help="close idle engine connections after this long (under uvicorn's 5 s, so SGLang never closes one first)",
     )
     parser.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
+    clients, limits = defaults.clients, defaults.limits
+    parser.add_argument(
+        "--max-client-connections",
+        type=int,
+        default=clients.max_connections,
+        help="past this many open client connections a new one gets 503 with Retry-After "
+        "(lowered to fit the open file limit)",
+    )
+    parser.add_argument(
+        "--client-idle-timeout-seconds",
+        type=float,
+        default=clients.idle_timeout_seconds,
+        help="close a client connection idle this long, or that has not sent a whole request head in that time",
+    )
+    parser.add_argument(
+        "--client-body-timeout-seconds",
+        type=float,
+        default=defaults.client_body_timeout_seconds,
+        help="a request body must arrive within this time (else 408)",
+    )
+    parser.add_argument(
+        "--client-stall-seconds",
+        type=float,
+        default=defaults.client_stall_seconds,
+        help="a streaming client that reads nothing this long while the router holds its backlog is cut "
+        "off and its request aborted on both engines",
+    )
+    parser.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=clients.max_header_bytes,
+        help="the longest request line or header field (431 past it)",
+    )
+    parser.add_argument("--max-n", type=int, default=limits.max_n, help="the largest n (copies) of a request")
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=limits.max_batch,
+        help="the most generations one request may ask for (prompts x n)",
+    )
+    parser.add_argument(
+        "--max-context-tokens",
+        type=int,
+        default=limits.context_tokens,
+        help="the model's context length: a longer output (max_tokens), or token-id prompt plus output, is refused",
+    )
     parser.add_argument("--max-attempts", type=int, default=defaults.max_attempts)
     parser.add_argument("--prefix-index-blocks", type=int, default=defaults.prefix_index_blocks)
     parser.add_argument("--prefix-index-prompts", type=int, default=defaults.prefix_index_prompts)
@@ -74,6 +122,11 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterOptions:
     for name, value in (
         ("--max-attempts", args.max_attempts),
         ("--max-body-bytes", args.max_body_bytes),
+        ("--max-client-connections", args.max_client_connections),
+        ("--max-header-bytes", args.max_header_bytes),
+        ("--max-n", args.max_n),
+        ("--max-batch", args.max_batch),
+        ("--max-context-tokens", args.max_context_tokens),
         ("--health-failure-threshold", args.health_failure_threshold),
         ("--breaker-failure-threshold", args.breaker_failure_threshold),
     ):
@@ -96,6 +149,14 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterOptions:
         read_timeout_seconds=args.read_timeout_seconds,
         upstream_keepalive_seconds=args.upstream_keepalive_seconds,
         max_body_bytes=args.max_body_bytes,
+        client_body_timeout_seconds=args.client_body_timeout_seconds,
+        client_stall_seconds=args.client_stall_seconds,
+        clients=ClientLimits(
+            max_connections=args.max_client_connections,
+            idle_timeout_seconds=args.client_idle_timeout_seconds,
+            max_header_bytes=args.max_header_bytes,
+        ),
+        limits=Limits(max_n=args.max_n, max_batch=args.max_batch, context_tokens=args.max_context_tokens),
         max_attempts=args.max_attempts,
         prefix_index_blocks=args.prefix_index_blocks,
         prefix_index_prompts=args.prefix_index_prompts,
@@ -114,10 +175,10 @@ async def serve(options: RouterOptions) -> None:
         loop.add_signal_handler(signum, stop.set)
     service = RouterService(options)
     await service.start()
-    runner = web.AppRunner(service.build_app(), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(service.build_app(), handler_cancellation=True)
     await runner.setup()
     _tune_gc()
-    site = web.TCPSite(runner, options.host, options.port, backlog=1024, reuse_address=True)
+    site = GuardedSite(runner, options.host, options.port, options.clients, service.metrics)
     await site.start()
     log.info("listening on http://%s:%d (config %s)", options.host, options.port, options.config_path)
     try:

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +20,10 @@ from prfaas_core.router_config import Pool, RouterConfig
 from prfaas_router.config_watch import ConfigWatcher
 from prfaas_router.configmap_source import ConfigMapRef, ConfigMapSource, InCluster, NotInCluster
 from prfaas_router.health import HealthChecker
+from prfaas_router.listener import ClientLimits
 from prfaas_router.loads import LoadPoller
 from prfaas_router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
-from prfaas_router.payloads import ApiError, Kind, parse, prompt_keys
+from prfaas_router.payloads import ApiError, Kind, Limits, parse, prompt_keys, request_id
 from prfaas_router.policy import PolicyModel, SessionTable
 from prfaas_router.prefix_index import PrefixIndex
 from prfaas_router.proxy import REQUEST_ID_HEADER, Dispatcher, Exchange, Snapshot, error_response
@@ -32,8 +32,6 @@ from prfaas_router.upstream import Upstream
 from prfaas_router.workers import Fleet
 
 log = logging.getLogger("prfaas_router")
-
-_MAX_REQUEST_ID = 128
 
 
 @dataclass(frozen=True)
@@ -56,6 +54,10 @@ class RouterOptions:
     read_timeout_seconds: float = 600.0
     upstream_keepalive_seconds: float = 4.0
     max_body_bytes: int = 32 * 1024 * 1024
+    client_body_timeout_seconds: float = 60.0  # for the whole request body to arrive
+    client_stall_seconds: float = 30.0  # a streaming client that reads nothing this long is cut off
+    clients: ClientLimits = field(default_factory=ClientLimits)
+    limits: Limits = field(default_factory=Limits)
     max_attempts: int = 3
     prefix_index_blocks: int = 262144
     prefix_index_prompts: int = 65536
@@ -107,6 +109,7 @@ class RouterService:
             self.metrics,
             SessionTable(options.session_capacity),
             options.max_attempts,
+            options.client_stall_seconds,
         )
         self._health = HealthChecker(
             self._upstream,
@@ -171,7 +174,9 @@ class RouterService:
         before = set(self.fleet.workers())
         fresh = self.fleet.reconcile(config.pools)
         for gone in before - set(self.fleet.workers()):
-            self.metrics.worker_available.remove(gone.pool.value, gone.name)
+            for metric in (self.metrics.worker_available, self.metrics.breaker_open):
+                metric.remove(gone.pool.value, gone.name)
+            self.metrics.engine_failures.remove(gone.pool.value, gone.name)
         self.snapshot = Snapshot(config, model, index_local, index_prfaas)
         self.metrics.threshold.set(config.threshold_tokens)
         self.metrics.config_version.set(config.version)
@@ -197,7 +202,7 @@ class RouterService:
 
     async def _generation(self, request: web.Request, kind: Kind) -> web.StreamResponse:
         started = time.monotonic()
-        request_id = _request_id(request.headers.get(REQUEST_ID_HEADER))
+        rid = request_id(request.headers.get(REQUEST_ID_HEADER))
         snapshot, dispatcher = self.snapshot, self._dispatcher
         if snapshot is None or dispatcher is None:
             error = ApiError(
@@ -206,11 +211,11 @@ class RouterService:
                 type_="service_unavailable",
                 code="no_config",
             )
-            return error_response(error, request_id)
+            return error_response(error, rid)
         config = snapshot.config
         try:
             raw = await self._read_body(request)
-            body, parsed = parse(kind, raw)
+            body, parsed = parse(kind, raw, self.options.limits)
             if (
                 kind is not Kind.GENERATE
                 and parsed.model is not None
@@ -228,11 +233,14 @@ class RouterService:
             keys = prompt_keys(parsed, config.block_size_tokens, config.chars_per_token)
         except ApiError as error:
             self.metrics.requests.labels("none", "bad_request").inc()
-            return error_response(error, request_id)
+            response = error_response(error, rid)
+            if error.status == 408:
+                response.force_close()  # the rest of the body may still come: this connection is done
+            return response
         header = config.session_affinity_header
         exchange = Exchange(
             http=request,
-            request_id=request_id,
+            request_id=rid,
             raw=raw,
             body=body,
             parsed=parsed,
@@ -252,10 +260,16 @@ class RouterService:
         )
         if request.content_length is not None and request.content_length > limit:
             raise too_large
+        seconds = self.options.client_body_timeout_seconds
         try:
-            return await request.read()
+            async with asyncio.timeout(seconds):
+                return await request.read()
         except web.HTTPRequestEntityTooLarge as err:
             raise too_large from err
+        except TimeoutError as err:
+            raise ApiError(
+                408, f"the request body did not arrive within {seconds} s", code="body_timeout"
+            ) from err
 
     async def _models(self, request: web.Request) -> web.Response:
         snapshot = self.snapshot
@@ -337,7 +351,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @web.middleware
 async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """aiohttp's own 404/405 answers, in the OpenAI error shape every other error has."""
+    """aiohttp's own 404/405 answers, and any error raised inside the router, in the OpenAI error
+    shape every other error has (a router bug is logged with its traceback; no engine is blamed)."""
     try:
         return await handler(request)
     except web.HTTPException as exc:
@@ -345,10 +360,13 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
             raise
         code = exc.reason.lower().replace(" ", "_")
         error = ApiError(exc.status, f"{exc.reason}: {request.method} {request.path}", code=code)
-        return error_response(error, _request_id(request.headers.get(REQUEST_ID_HEADER)))
-
-
-def _request_id(sent: str | None) -> str:
-    if sent and len(sent) <= _MAX_REQUEST_ID and sent.isprintable():
-        return sent
-    return os.urandom(16).hex()  # 32 hex digits like a uuid4, a sixth of its cost
+        return error_response(error, request_id(request.headers.get(REQUEST_ID_HEADER)))
+    except (asyncio.CancelledError, ConnectionError):
+        raise
+    except Exception as exc:
+        rid = request_id(request.headers.get(REQUEST_ID_HEADER))
+        log.exception("request %s: internal error in the router", rid)
+        error = ApiError(
+            500, f"internal error in the router: {exc!r}", type_="internal_error", code="internal_error"
+        )
+        return error_response(error, rid)

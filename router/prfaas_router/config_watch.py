@@ -2,7 +2,9 @@
 
 The file is polled (stat, then content) about once a second: a ConfigMap volume swaps its files
 behind a symlink, which inotify on the path would miss. A file that fails validation is refused
-and the last good config stays; so is one with an older `version`. The router says so in its
+and the last good config stays; so is one with an older `version`, and one that reuses the
+version in force with other content (the operator bumps the version on every change, so that is
+a second writer or a mistake; applying it would make the version a lie). The router says so in its
 log, in `/config` (`last_error`) and in a counter. In-flight requests keep the config snapshot
 they started with, so a reload drops nothing. ``offer`` is the one way in, also for the
 ConfigMap watch (configmap_source.py), which sees a change long before the kubelet's copy.
@@ -74,10 +76,16 @@ class ConfigWatcher:
         except (ConfigRefused, ValueError) as err:
             self._refuse(str(err), content, origin)
             return False
-        if self.current is not None and config.version <= self.current.version:
-            if config.version < self.current.version and not older_is_stale:
+        current = self.current
+        if current is not None and config.version <= current.version:
+            if config.version < current.version and not older_is_stale:
                 self._refuse(
-                    f"version {config.version} is older than the current {self.current.version}",
+                    f"version {config.version} is older than the current {current.version}", content, origin
+                )
+            elif config.version == current.version and config != current:
+                self._refuse(
+                    f"version {config.version} is already in force with different content "
+                    "(a changed config needs a new version)",
                     content,
                     origin,
                 )

@@ -7,10 +7,12 @@ even when no request has hit it yet; a request that meets a refused connection f
 worker itself (circuit breaker) and is retried. New workers from a reloaded config are checked
 at once (`poke`).
 
-A check that only timed out does not count against an engine that sent us bytes within the
-last interval and timeout: a busy engine streaming tokens answers its health check late but is
-alive, and ejecting it would move its load onto the others. A cut link sends nothing, so it is
-still caught by the first timeout; a refused or reset connection always counts.
+A check that only timed out does not count against an engine that is working for the router:
+one with requests in flight (a decode busy with long non-streamed answers sends nothing until
+they end) or one that sent us bytes within the last interval and timeout. Such an engine answers
+its health check late but is alive, and ejecting it would move its load onto the others. An idle
+engine behind a cut link is still caught by the first timeout, and one with requests in flight
+by the read timeout of those requests; a refused or reset connection always counts.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import time
 
 from prfaas_router.metrics import RouterMetrics
 from prfaas_router.upstream import Upstream, UpstreamError, target
-from prfaas_router.workers import Fleet, Worker
+from prfaas_router.workers import BreakerState, Fleet, Worker
 
 log = logging.getLogger("prfaas_router.health")
 
@@ -63,7 +65,9 @@ class HealthChecker:
         await asyncio.gather(*(self._check(worker) for worker in workers))
         now = time.monotonic()
         for worker in workers:
-            self._metrics.worker_available.labels(worker.pool.value, worker.name).set(worker.available(now))
+            labels = (worker.pool.value, worker.name)
+            self._metrics.worker_available.labels(*labels).set(worker.available(now))
+            self._metrics.breaker_open.labels(*labels).set(worker.breaker.state is not BreakerState.CLOSED)
 
     async def _check(self, worker: Worker) -> None:
         where = target(worker.url, self._path)
@@ -73,9 +77,11 @@ class HealthChecker:
             ok = status == 200
             error = "" if ok else f"HTTP {status}"
         except TimeoutError as err:
-            if self._upstream.seconds_since_heard(where) < self._interval + self._timeout:
+            if busy(
+                worker.inflight, self._upstream.seconds_since_heard(where), self._interval + self._timeout
+            ):
                 log.debug(
-                    "worker %s/%s: health check timed out while it streams; kept",
+                    "worker %s/%s: health check timed out while it works for us; kept",
                     worker.pool.value,
                     worker.name,
                 )
@@ -88,3 +94,8 @@ class HealthChecker:
                 log.info("worker %s/%s is healthy", worker.pool.value, worker.name)
             else:
                 log.warning("worker %s/%s is unhealthy: %s", worker.pool.value, worker.name, error)
+
+
+def busy(inflight: int, seconds_since_heard: float, window_seconds: float) -> bool:
+    """Whether a health check's timeout is explained by work: requests out, or bytes just heard."""
+    return inflight > 0 or seconds_since_heard < window_seconds

@@ -1,7 +1,8 @@
 """The router's Prometheus metrics: the names of `prfaas_core.metrics_contract` and a few of its own.
 
 The contract names feed the planner; the extra ones (config reload errors, worker availability,
-link bytes in flight, retries) are for operators and dashboards only.
+breakers and the failures that opened them, link bytes in flight, retries, refused clients) are
+for operators and dashboards only.
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ class _Cached(Generic[Metric]):
         if child is None:
             child = self._children[values] = self.metric.labels(*values)
         return child
+
+    def remove(self, *values: str) -> None:
+        if self._children.pop(values, None) is not None:
+            self.metric.remove(*values)
 
 
 class RouterMetrics:
@@ -115,6 +120,28 @@ class RouterMetrics:
                 contract.PREFIX + "upstream_retries_total",
                 "Attempts repeated on other workers before the first byte",
                 ["pool"],
+                registry=r,
+            )
+        )
+        self.engine_failures = _Cached(
+            Counter(
+                contract.PREFIX + "engine_failures_total",
+                "Failures counted against an engine's circuit breaker (its own behaviour only)",
+                ["pool", "worker"],
+                registry=r,
+            )
+        )
+        self.breaker_open = Gauge(
+            contract.PREFIX + "worker_breaker_open",
+            "1 while a worker's circuit breaker is open or half-open",
+            ["pool", "worker"],
+            registry=r,
+        )
+        self.client_refusals = _Cached(
+            Counter(
+                contract.PREFIX + "client_refusals_total",
+                "Client connections or requests refused before routing: over the connection limit, malformed HTTP",
+                ["reason"],
                 registry=r,
             )
         )

@@ -1,14 +1,18 @@
 """Request bodies in, PD bodies out: validation, prompt extraction, bootstrap fields (pure).
 
 Only what routing needs is checked here (the prompt, `stream`, `model`, a few common sampling
-fields); everything else is the engine's to validate, and its 4xx answers pass through. Errors
-are OpenAI-style: {"error": {"message", "type", "param", "code"}}.
+fields) and what a client could use to make the router or an engine do unbounded work (`n`, batch
+sizes, output lengths past the context: `Limits`, checked before any payload is built);
+everything else is the engine's to validate, and its 4xx answers come back in the router's shape
+(`engine_error`). Errors are OpenAI-style: {"error": {"message", "type", "param", "code"}}, the
+code always a string.
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import os
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -26,7 +30,7 @@ class Kind(enum.StrEnum):
 
 
 class ApiError(Exception):
-    """An answer the client gets instead of a completion."""
+    """An answer the client gets instead of a completion; `code` is always a string, as OpenAI's."""
 
     def __init__(
         self,
@@ -35,7 +39,7 @@ class ApiError(Exception):
         *,
         type_: str = "invalid_request_error",
         param: str | None = None,
-        code: str | None = None,
+        code: str,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -49,6 +53,15 @@ class ApiError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds on what one request may ask for (CLI flags; OpenAI allows n up to 128)."""
+
+    max_n: int = 128
+    max_batch: int = 1024  # generated items of one request: prompts x n
+    context_tokens: int = 1_048_576  # no prompt plus output may be longer (the model's context length)
+
+
+@dataclass(frozen=True, slots=True)
 class ParsedRequest:
     kind: Kind
     stream: bool
@@ -59,18 +72,18 @@ class ParsedRequest:
     batch: int | None  # items (prompts x n) of a batched request: bootstrap fields become arrays
 
 
-_INT_FIELDS = ("max_tokens", "max_completion_tokens")
+_OUTPUT_FIELDS = ("max_tokens", "max_completion_tokens")
 _NUMBER_FIELDS = ("temperature", "top_p")
 _TOKEN_FIELDS = {Kind.COMPLETION: "prompt", Kind.GENERATE: "input_ids"}  # may hold token id arrays
 
 
-def parse(kind: Kind, raw: bytes) -> tuple[dict[str, Any], ParsedRequest]:
+def parse(kind: Kind, raw: bytes, limits: Limits = Limits()) -> tuple[dict[str, Any], ParsedRequest]:
     """Decode and check a request body; raises ApiError naming the offending field.
 
     The body comes back as plain Python values, except the token id arrays of the prompt field,
     which are uint64 buffers (`_decode`).
     """
-    body = _decode(raw, _TOKEN_FIELDS.get(kind))
+    body = _decode(raw, _TOKEN_FIELDS.get(kind), limits.max_batch)
     if not isinstance(body, dict):
         raise ApiError(
             400, f"request body must be a JSON object, got {type(body).__name__}", code="invalid_type"
@@ -84,15 +97,89 @@ def parse(kind: Kind, raw: bytes) -> tuple[dict[str, Any], ParsedRequest]:
     copies = 1
     if kind is Kind.GENERATE:
         texts, token_ids, batch = _generate_prompt(body)
+        sampling = body.get("sampling_params") or {}
+        _check_count(sampling.get("n"), "sampling_params.n", limits.max_n)
+        output = _check_output_length(sampling, "max_new_tokens", "sampling_params.", limits.context_tokens)
     else:
-        copies = _check_sampling_fields(body)
+        copies = _check_sampling_fields(body, limits)
+        output = max(
+            (_check_output_length(body, field, "", limits.context_tokens) for field in _OUTPUT_FIELDS),
+            key=lambda found: found[1],
+        )
         if kind is Kind.CHAT:
             texts, token_ids, batch = (_chat_text(body.get("messages")),), (), None
         else:
             texts, token_ids, batch = _completion_prompt(body.get("prompt"))
         if copies > 1:
             batch = len(texts or token_ids) * copies
+    if batch is not None and batch > limits.max_batch:
+        param = "n" if copies > 1 else _PROMPT_FIELDS[kind]
+        raise ApiError(
+            400,
+            f"the request asks for {batch} generations; this router takes at most {limits.max_batch} per request",
+            param=param,
+            code="batch_too_large",
+        )
+    _check_context(token_ids, output, limits.context_tokens)
     return body, ParsedRequest(kind, bool(stream), model, texts, token_ids, copies, batch)
+
+
+def request_id(sent: str | None) -> str:
+    """The client's X-Request-Id when it is short printable ASCII (it goes into the engines'
+    request lines and logs), else a new one."""
+    if sent and len(sent) <= MAX_REQUEST_ID and sent.isascii() and sent.isprintable():
+        return sent
+    return os.urandom(16).hex()  # 32 hex digits like a uuid4, a sixth of its cost
+
+
+MAX_REQUEST_ID = 128
+
+
+def engine_error(status: int, body: bytes, content_type: str) -> ApiError:
+    """An engine's error answer in the router's shape.
+
+    SGLang answers OpenAI routes with {"object": "error", "message", "type", "param", "code": int},
+    /generate with {"error": {"message", "code": int}}, and its HTTP server may answer in plain
+    text (a 413); the message and a string param or code are kept, the rest is ours.
+    """
+    message: str | None = None
+    param: str | None = None
+    code: str | None = None
+    if content_type == "application/json":
+        try:
+            document = json.loads(body)
+        except ValueError:
+            document = None
+        if isinstance(document, dict) and isinstance(document.get("error"), dict):
+            document = document["error"]
+        if isinstance(document, dict):
+            message = _string_or_none(document.get("message"))
+            param = _string_or_none(document.get("param"))
+            code = _string_or_none(document.get("code"))
+    if message is None:
+        message = body[:_ENGINE_MESSAGE_BYTES].decode("utf-8", "replace").strip() or f"HTTP {status}"
+    return ApiError(
+        status,
+        f"the engine answered HTTP {status}: {message}",
+        type_="invalid_request_error" if status < 500 else "upstream_error",
+        param=param,
+        code=code or _ENGINE_CODES.get(status, f"engine_http_{status}"),
+    )
+
+
+_ENGINE_MESSAGE_BYTES = 1000
+_ENGINE_CODES = {
+    400: "engine_bad_request",
+    404: "engine_not_found",
+    413: "engine_payload_too_large",
+    422: "engine_invalid_request",
+    429: "engine_overloaded",
+}
+_PROMPT_FIELDS = {Kind.CHAT: "messages", Kind.COMPLETION: "prompt", Kind.GENERATE: "text"}
+
+
+def _string_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
 
 
 def prompt_keys(request: ParsedRequest, block_size_tokens: int, chars_per_token: float) -> list[PromptKey]:
@@ -142,7 +229,7 @@ def last_completion_tokens(data: bytes) -> int | None:
     return int(found[-1]) if found else None
 
 
-def _decode(raw: bytes, token_field: str | None) -> Any:
+def _decode(raw: bytes, token_field: str | None, max_batch: int) -> Any:
     """The body as plain Python values, but the token id arrays of `token_field` as uint64 buffers.
 
     simdjson decodes them in C, with no Python int per token (a 128K-id body: ~3 ms, json: ~20 ms).
@@ -158,16 +245,18 @@ def _decode(raw: bytes, token_field: str | None) -> Any:
             body = json.loads(raw)
         except (ValueError, RecursionError) as err:
             raise ApiError(400, f"request body is not valid JSON: {err}", code="invalid_json") from err
-        return _with_token_buffers(body, token_field)
+        return _with_token_buffers(body, token_field, max_batch)
     if isinstance(document, simdjson.Object):
         names = list(document)
         # looked up by name, simdjson finds a key's first value, and reads the name only up to a NUL
         if token_field in names and len(set(names)) == len(names) and "\0" not in "".join(names):
-            return _decode_token_prompt(raw, document, names, token_field)
-    return _with_token_buffers(_plain(document), token_field)
+            return _decode_token_prompt(raw, document, names, token_field, max_batch)
+    return _with_token_buffers(_plain(document), token_field, max_batch)
 
 
-def _decode_token_prompt(raw: bytes, document: simdjson.Object, names: list[str], token_field: str) -> Any:
+def _decode_token_prompt(
+    raw: bytes, document: simdjson.Object, names: list[str], token_field: str, max_batch: int
+) -> Any:
     """The body, its token ids taken by `as_buffer` straight from simdjson's document.
 
     `as_buffer` flattens arrays nested among the ids, which must be refused. Every JSON array puts
@@ -182,16 +271,16 @@ def _decode_token_prompt(raw: bytes, document: simdjson.Object, names: list[str]
     else:
         known = 1 + (len(prompt) if isinstance(prompt[0], simdjson.Array) else 0) + _arrays_in(body.values())
         if _more_brackets_than(raw, known):
-            body[token_field] = _token_arrays(token_field, prompt.as_list(), list, token_buffer)
+            body[token_field] = _token_arrays(token_field, prompt.as_list(), list, token_buffer, max_batch)
         else:
-            body[token_field] = _token_arrays(token_field, prompt, simdjson.Array, _uint64_buffer)
+            body[token_field] = _token_arrays(token_field, prompt, simdjson.Array, _uint64_buffer, max_batch)
     return body
 
 
-def _with_token_buffers(body: Any, token_field: str | None) -> Any:
+def _with_token_buffers(body: Any, token_field: str | None, max_batch: int) -> Any:
     """A body decoded to Python values, its token id arrays turned into uint64 buffers."""
     if isinstance(body, dict) and token_field is not None and _holds_token_ids(body.get(token_field)):
-        body[token_field] = _token_arrays(token_field, body[token_field], list, token_buffer)
+        body[token_field] = _token_arrays(token_field, body[token_field], list, token_buffer, max_batch)
     return body
 
 
@@ -201,12 +290,22 @@ def _holds_token_ids(prompt: object) -> bool:
 
 
 def _token_arrays(
-    field: str, prompt: Any, array_type: type, ids_of: Callable[[Any], memoryview]
+    field: str, prompt: Any, array_type: type, ids_of: Callable[[Any], memoryview], max_batch: int
 ) -> memoryview | list[memoryview]:
-    """One prompt's ids, or a batch's (an array of arrays), as uint64 buffers; ApiError if not ids."""
+    """One prompt's ids, or a batch's (an array of arrays), as uint64 buffers; ApiError if not ids.
+
+    A batch longer than `max_batch` is refused before a buffer is made for each of its rows.
+    """
     try:
         if not isinstance(prompt[0], array_type):
             return ids_of(prompt)
+        if len(prompt) > max_batch:
+            raise ApiError(
+                400,
+                f"'{field}' holds {len(prompt)} prompts; this router takes at most {max_batch} per request",
+                param=field,
+                code="batch_too_large",
+            )
         if not all(isinstance(row, array_type) and row for row in prompt):  # rows, none empty
             raise ApiError(
                 400,
@@ -266,25 +365,65 @@ def _wrong_type(field: str, expected: str, value: object) -> ApiError:
     )
 
 
-def _check_sampling_fields(body: dict[str, Any]) -> int:
+def _check_sampling_fields(body: dict[str, Any], limits: Limits) -> int:
     """Checks the common OpenAI sampling fields; returns n."""
-    n = body.get("n")
-    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-        raise ApiError(400, f"'n' must be a positive integer, got {n!r}", param="n", code="invalid_value")
-    for field in _INT_FIELDS:
-        value = body.get(field)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ApiError(
-                400,
-                f"'{field}' must be a non-negative integer, got {value!r}",
-                param=field,
-                code="invalid_value",
-            )
+    n = _check_count(body.get("n"), "n", limits.max_n)
     for field in _NUMBER_FIELDS:
         value = body.get(field)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise _wrong_type(field, "a number", value)
     return n or 1
+
+
+def _check_count(value: object, param: str, most: int) -> int:
+    """n: a positive integer, at most `most` (each copy is prefilled, moved and decoded)."""
+    if value is None:
+        return 1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ApiError(
+            400, f"'{param}' must be a positive integer, got {value!r}", param=param, code="invalid_value"
+        )
+    if value > most:
+        raise ApiError(
+            400, f"'{param}' must be at most {most}, got {value}", param=param, code="invalid_value"
+        )
+    return value
+
+
+def _check_output_length(
+    fields: dict[str, Any], field: str, prefix: str, context_tokens: int
+) -> tuple[str, int]:
+    """An output length: a non-negative integer no longer than the context; (its name, its value or 0)."""
+    value = fields.get(field)
+    param = prefix + field
+    if value is None:
+        return param, 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ApiError(
+            400, f"'{param}' must be a non-negative integer, got {value!r}", param=param, code="invalid_value"
+        )
+    if value > context_tokens:
+        raise _context_exceeded(param, f"'{param}' is {value}, which", context_tokens)
+    return param, value
+
+
+def _check_context(token_ids: Sequence[memoryview], output: tuple[str, int], context_tokens: int) -> None:
+    """Prompts given as token ids are counted exactly: with the output, they must fit the context."""
+    param, output_tokens = output
+    longest = max((len(ids) for ids in token_ids), default=0)
+    if output_tokens and longest + output_tokens > context_tokens:
+        raise _context_exceeded(
+            param, f"{longest} prompt tokens plus '{param}' {output_tokens}", context_tokens
+        )
+
+
+def _context_exceeded(param: str, what: str, context_tokens: int) -> ApiError:
+    return ApiError(
+        400,
+        f"{what} exceeds the model's context length of {context_tokens} tokens",
+        param=param,
+        code="context_length_exceeded",
+    )
 
 
 def _chat_text(messages: object) -> str:
@@ -308,7 +447,9 @@ def _chat_text(messages: object) -> str:
             raise _wrong_type(where, "an object", message)
         role = message.get("role")
         if not isinstance(role, str) or not role:
-            raise ApiError(400, f"'{where}.role' must be a non-empty string", param=f"{where}.role")
+            raise ApiError(
+                400, f"'{where}.role' must be a non-empty string", param=f"{where}.role", code="invalid_value"
+            )
         content = message.get("content")
         if isinstance(content, str):
             parts.append(content)

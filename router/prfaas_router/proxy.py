@@ -9,11 +9,21 @@ once bytes have been streamed, an upstream failure ends the stream with an SSE e
 When the client goes away, both legs are cancelled, which closes their connections and makes
 the engines abort the request. A streamed answer is relayed chunk by chunk from the decode's
 socket to the client's without a coroutine in between (`_Relay`).
+
+Blame: each leg is judged by its own behaviour, and a failure counts against one engine at most
+(`at_fault`). A failing leg is at fault, except when the other leg failed first (a prefill that
+dies mid-transfer fails its decode) or when the failure is the engine's report that the KV
+handoff failed while the other leg is still out (a decode that waited in vain for the KV of a
+stuck prefill, a prefill whose KV no decode pulled): then the other leg is. A prefill leg that
+fails after its decode failed is not counted. Only an engine's behaviour counts: an exception
+raised inside the router is answered 500 and opens no breaker, and a client that stops reading
+is the client's fault (`_Relay` aborts both legs).
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import logging
 import random
@@ -33,6 +43,7 @@ from prfaas_router.payloads import (
     ApiError,
     ParsedRequest,
     completion_tokens,
+    engine_error,
     last_completion_tokens,
     with_bootstrap,
 )
@@ -61,6 +72,7 @@ _PASSED_HEADERS = {"content-type": "Content-Type", "cache-control": "Cache-Contr
 _RELAY_HIGH_WATER = 256 * 1024  # bytes waiting for a slow client before the decode's socket is paused
 _RELAY_LOW_WATER = 64 * 1024
 _RELAY_DRAIN_POLL_SECONDS = 0.005
+RETRY_AFTER_SECONDS = 1  # what a 429 or 503 tells the client to wait
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,22 +100,58 @@ class Exchange:
 
 
 class LegFailure(Exception):
-    """A leg failed before the client got anything, so the request may go to other workers."""
+    """A leg failed before the client got anything, so the request may go to other workers.
 
-    def __init__(self, worker: Worker, message: str, *, unreachable: bool = False) -> None:
+    `handoff`: the engine answered that the KV handoff with its peer failed (`reports_handoff`).
+    """
+
+    def __init__(
+        self, worker: Worker, message: str, *, unreachable: bool = False, handoff: bool = False
+    ) -> None:
         super().__init__(f"{worker.pool.value} {worker.name}: {message}")
         self.worker = worker
         self.unreachable = unreachable
+        self.handoff = handoff
 
 
-class _PassThrough(Exception):
+class _Refused(Exception):
     """An engine refused the request itself (4xx): the client gets that answer, nobody is retried."""
 
-    def __init__(self, status: int, body: bytes, content_type: str) -> None:
-        super().__init__(status)
-        self.status = status
-        self.body = body
-        self.content_type = content_type
+    def __init__(self, error: ApiError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
+class Culprit(enum.Enum):
+    FAILED_LEG = "failed_leg"
+    OTHER_LEG = "other_leg"
+
+
+def at_fault(*, reports_handoff: bool, other_leg_out: bool) -> Culprit:
+    """Which engine a leg's failure counts against (the other leg did not fail itself).
+
+    An engine that reports a failed KV handoff while its peer is still out is the victim: its
+    peer never sent (or never pulled) the KV. Any other failure is the failing engine's own.
+    """
+    return Culprit.OTHER_LEG if reports_handoff and other_leg_out else Culprit.FAILED_LEG
+
+
+_HANDOFF_FAILURE = re.compile(rb"(?i)bootstrap|kv[ _-]?(?:cache|transfer)|transfer failed")
+
+
+def reports_handoff(body: bytes) -> bool:
+    """An engine's error body that says the KV handoff failed (SGLang's and the fake engine's
+    words: bootstrap timeouts, failed KV transfers, a kvcache not received)."""
+    return _HANDOFF_FAILURE.search(body[:_HANDOFF_SCAN_BYTES]) is not None
+
+
+_HANDOFF_SCAN_BYTES = 4096
+
+
+def engine_fault(error: BaseException) -> bool:
+    """Whether an exception of a leg is the engine's doing: only what the upstream client saw on
+    the wire. Anything else was raised inside the router and must not eject an engine."""
+    return isinstance(error, UpstreamError)
 
 
 class Dispatcher:
@@ -116,8 +164,10 @@ class Dispatcher:
         metrics: RouterMetrics,
         sessions: SessionTable,
         max_attempts: int,
+        client_stall_seconds: float,
     ) -> None:
         self._upstream = upstream
+        self._client_stall_seconds = client_stall_seconds
         self._fleet = fleet
         self._metrics = metrics
         self._sessions = sessions
@@ -168,7 +218,7 @@ class Dispatcher:
                     type_="rate_limit_error" if decision.status == 429 else "service_unavailable",
                     code=decision.reason.value,
                 )
-                return error_response(error, exchange.request_id)
+                return error_response(error, exchange.request_id, reason=decision.reason.value)
             metrics.decisions.labels(decision.route, decision.reason.value).inc()
             try:
                 return await self._attempt(exchange, snapshot, decision)
@@ -184,7 +234,7 @@ class Dispatcher:
             type_="upstream_error",
             code="upstream_failed",
         )
-        return error_response(error, exchange.request_id)
+        return error_response(error, exchange.request_id, reason="upstream_failed")
 
     async def close(self) -> None:
         for task in list(self._background):
@@ -217,27 +267,32 @@ class Dispatcher:
         try:
             await asyncio.wait((prefill_task, decode_task), return_when=asyncio.FIRST_COMPLETED)
             if not decode_task.done():
-                _raise_for_prefill(prefill_task, prefill)  # the prefill failed: the decode cannot finish
+                failure = _prefill_failure(prefill_task, prefill)
+                if failure is not None:  # the decode cannot finish
+                    raise self._judge(failure, decode, other_leg_out=True)
                 await asyncio.wait((decode_task,))
             try:
                 response, first = _decode_result(decode_task, decode)
             except LegFailure as failure:
-                await self._blame(failure, prefill_task, prefill)
-                raise
+                lease.decode_failed = True
+                judged = await self._judge_decode(failure, prefill_task, prefill)
+                raise judged from (None if judged is failure else failure)
+            lease.decode_answered = True
             decode.breaker.record_success()
             self._learn(exchange, snapshot, lease)  # the decode answered: the KV reached it
             if parsed.stream:
-                out, delivered = await self._stream(exchange, decision, response, first)
+                out, delivered = await self._stream(exchange, decision, lease, response, first)
                 return out
             delivered = True
             return self._complete(exchange, decision, response, first)
-        except _PassThrough as refused:
+        except _Refused as refused:
             self._metrics.requests.labels(decision.route, "bad_request").inc()
-            passed = web.Response(status=refused.status, body=refused.body, content_type=refused.content_type)
-            passed.headers[REQUEST_ID_HEADER] = exchange.request_id
-            return passed
+            return error_response(
+                refused.error, exchange.request_id, route=decision.route, reason=decision.reason.value
+            )
         except asyncio.CancelledError:  # the client went away (aiohttp cancels the handler)
-            self._metrics.requests.labels(decision.route, "client_disconnected").inc()
+            if not lease.client_stalled:
+                self._metrics.requests.labels(decision.route, "client_disconnected").inc()
             raise
         finally:
             if not decode_task.done():
@@ -255,23 +310,34 @@ class Dispatcher:
                 else:
                     prefill_task.cancel()
 
-    async def _blame(
+    async def _judge_decode(
         self, failure: LegFailure, prefill_task: asyncio.Task[tuple[int, bytes, str]], prefill: Worker
-    ) -> None:
-        """Which worker a failed decode leg should make the retry avoid; raises for the prefill.
+    ) -> LegFailure:
+        """The failure to retry around, for a failed decode leg; counted against the engine at fault.
 
-        A prefill that dies mid-transfer fails its decode too. So: a prefill that failed is the
-        cause; a decode that answered an error while its prefill was still out points at the
-        prefill's side of the transfer; only otherwise is the decode at fault.
+        A prefill that dies mid-transfer fails its decode too, so the prefill's fate is awaited
+        briefly: a prefill that failed is the cause.
         """
         if not prefill_task.done():
             await asyncio.wait((prefill_task,), timeout=_BLAME_GRACE_SECONDS)
-        if prefill_task.done():
-            _raise_for_prefill(prefill_task, prefill)
-        elif not failure.unreachable:
-            prefill.breaker.record_failure(time.monotonic())
-            raise LegFailure(prefill, f"its decode failed while the prefill was still out ({failure})")
-        failure.worker.breaker.record_failure(time.monotonic(), fatal=failure.unreachable)
+        prefill_failure = _prefill_failure(prefill_task, prefill) if prefill_task.done() else None
+        if prefill_failure is not None:
+            self.count_failure(prefill, fatal=prefill_failure.unreachable)
+            return prefill_failure
+        return self._judge(failure, prefill, other_leg_out=not prefill_task.done())
+
+    def _judge(self, failure: LegFailure, other: Worker, *, other_leg_out: bool) -> LegFailure:
+        """Counts a leg's failure against the engine at fault (`at_fault`); the failure to retry around."""
+        if at_fault(reports_handoff=failure.handoff, other_leg_out=other_leg_out) is Culprit.OTHER_LEG:
+            self.count_failure(other)
+            return LegFailure(other, f"its peer reported a failed KV handoff ({failure})")
+        self.count_failure(failure.worker, fatal=failure.unreachable)
+        return failure
+
+    def count_failure(self, worker: Worker, *, fatal: bool = False) -> None:
+        """One failure of an engine's own making, for its breaker and the metric."""
+        worker.breaker.record_failure(time.monotonic(), fatal=fatal)
+        self._metrics.engine_failures.labels(worker.pool.value, worker.name).inc()
 
     async def _prefill_leg(
         self, where: Target, payload: bytes, headers: dict[str, str]
@@ -310,12 +376,15 @@ class Dispatcher:
         if task.cancelled():
             return
         error = task.exception()
-        if error is not None:
-            worker.breaker.record_failure(time.monotonic(), fatal=_unreachable(error))
+        if error is not None and not engine_fault(error):
+            log.error("request %s: prefill leg failed inside the router", exchange.request_id, exc_info=error)
             return
-        status = task.result()[0]
-        if status >= 500:
-            worker.breaker.record_failure(time.monotonic())
+        status = 0 if error is not None else task.result()[0]
+        if error is not None or status >= 500:
+            # judged by the attempt unless the decode had answered; after a decode failure, the
+            # prefill's KV was never pulled: not its failure
+            if lease.decode_answered and not lease.decode_failed:
+                self.count_failure(worker, fatal=_unreachable(error) if error is not None else False)
             return
         worker.breaker.record_success()
         if status < 400:
@@ -341,7 +410,7 @@ class Dispatcher:
                 snapshot.index_local.learn(key, decision.prefill.name)
 
     async def _stream(
-        self, exchange: Exchange, decision: Decision, reply: Reply, first: bytes
+        self, exchange: Exchange, decision: Decision, lease: _Lease, reply: Reply, first: bytes
     ) -> tuple[web.StreamResponse, bool]:
         """Streams the decode's reply; False when the client went away before the end."""
         metrics = self._metrics
@@ -357,31 +426,54 @@ class Dispatcher:
             await out.write(first)  # the headers and the first bytes, through aiohttp
             metrics.ttft.labels(decision.route).observe(time.monotonic() - exchange.started)
             counter.feed(first)
-            relay = _Relay(request.transport, reply, counter, chunked)
+            relay = _Relay(
+                request.transport,
+                reply,
+                counter,
+                chunked,
+                self._client_stall_seconds,
+                lambda: self._client_stalled(exchange, decision, lease),
+            )
             try:
                 await reply.relay(relay.send)
             except UpstreamError as err:
                 if not relay.client_gone:
                     outcome = "stream_error"
+                    lease.decode_failed = True
                     await out.write(self._stream_failed(exchange, decision, err))
             if relay.client_gone:
                 raise ConnectionResetError("the client went away")
             await out.write_eof()
         except ConnectionResetError:
-            metrics.requests.labels(decision.route, "client_disconnected").inc()
+            if not lease.client_stalled:
+                metrics.requests.labels(decision.route, "client_disconnected").inc()
             return out, False
         self._finish(exchange, decision, outcome, counter.output_tokens())
         return out, True
+
+    def _client_stalled(self, exchange: Exchange, decision: Decision, lease: _Lease) -> None:
+        """A streaming client read nothing for the stall time: its fault, no engine's."""
+        lease.client_stalled = True
+        self._metrics.requests.labels(decision.route, "client_stalled").inc()
+        log.warning(
+            "request %s: the client read nothing for %g s with its backlog full; aborted on both legs",
+            exchange.request_id,
+            self._client_stall_seconds,
+        )
 
     def _stream_failed(self, exchange: Exchange, decision: Decision, err: BaseException) -> bytes:
         """The terminal SSE event of a stream whose decode failed after tokens were sent."""
         log.warning(
             "request %s: decode %s broke mid-stream: %r", exchange.request_id, decision.decode.name, err
         )
-        decision.decode.breaker.record_failure(time.monotonic(), fatal=_unreachable(err))
-        message = f"the decode engine failed after the stream had started: {err!r}"
-        event = {"error": {"message": message, "type": "upstream_error", "param": None, "code": 502}}
-        return b"data: " + json.dumps(event).encode() + b"\n\n"
+        self.count_failure(decision.decode, fatal=_unreachable(err))
+        error = ApiError(
+            502,
+            f"the decode engine failed after the stream had started: {err}",
+            type_="upstream_error",
+            code="decode_failed",
+        )
+        return b"data: " + json.dumps(error.body()).encode() + b"\n\n"
 
     def _complete(self, exchange: Exchange, decision: Decision, reply: Reply, body: bytes) -> web.Response:
         out = web.Response(status=reply.status, body=body, headers=_reply_headers(reply, exchange, decision))
@@ -410,7 +502,16 @@ class _Lease:
     SGLang's prefill answers once its KV has been delivered. The decode part ends with the attempt.
     """
 
-    __slots__ = ("_decode_held", "_dispatcher", "_prefill_held", "decision", "learned")
+    __slots__ = (
+        "_decode_held",
+        "_dispatcher",
+        "_prefill_held",
+        "client_stalled",
+        "decision",
+        "decode_answered",
+        "decode_failed",
+        "learned",
+    )
 
     def __init__(self, dispatcher: Dispatcher, decision: Decision, now: float) -> None:
         self._dispatcher = dispatcher
@@ -424,6 +525,9 @@ class _Lease:
         self._prefill_held = True
         self._decode_held = True
         self.learned = False
+        self.client_stalled = False
+        self.decode_answered = False  # from then on a failing prefill leg is judged on its own
+        self.decode_failed = False  # counted against the decode: the prefill's later failure is not its own
 
     def release_prefill(self) -> None:
         if not self._prefill_held:
@@ -451,15 +555,32 @@ class _Relay:
     closes the decode leg (the engine aborts).
     """
 
-    __slots__ = ("_chunked", "_counter", "_drainer", "_reply", "_transport", "client_gone")
+    __slots__ = (
+        "_chunked",
+        "_counter",
+        "_drainer",
+        "_on_stall",
+        "_reply",
+        "_stall_seconds",
+        "_transport",
+        "client_gone",
+    )
 
     def __init__(
-        self, transport: asyncio.Transport | None, reply: Reply, counter: _EventCounter, chunked: bool
+        self,
+        transport: asyncio.Transport | None,
+        reply: Reply,
+        counter: _EventCounter,
+        chunked: bool,
+        stall_seconds: float,
+        on_stall: Callable[[], None],
     ) -> None:
         self._transport = transport
         self._reply = reply
         self._counter = counter
         self._chunked = chunked
+        self._stall_seconds = stall_seconds
+        self._on_stall = on_stall
         self._drainer: asyncio.Task[None] | None = None
         self.client_gone = False
 
@@ -477,9 +598,24 @@ class _Relay:
             self._drainer = asyncio.get_running_loop().create_task(self._resume_when_drained(transport))
 
     async def _resume_when_drained(self, transport: asyncio.Transport) -> None:
+        """Resumes the decode once the client has read its backlog; a client that reads nothing
+        for `stall_seconds` is cut off and the decode leg closed (the engine aborts), no one blamed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._stall_seconds
+        waiting = transport.get_write_buffer_size()
         try:
-            while not transport.is_closing() and transport.get_write_buffer_size() > _RELAY_LOW_WATER:
+            while not transport.is_closing() and waiting > _RELAY_LOW_WATER:
                 await asyncio.sleep(_RELAY_DRAIN_POLL_SECONDS)
+                left = transport.get_write_buffer_size()
+                if left < waiting:  # the client reads: it gets more time
+                    deadline = loop.time() + self._stall_seconds
+                elif loop.time() > deadline:
+                    self.client_gone = True
+                    self._on_stall()  # first: dropping the client cancels its handler
+                    self._reply.close()
+                    transport.abort()
+                    return
+                waiting = left
         finally:
             self._drainer = None
             self._reply.resume_reading()
@@ -517,30 +653,40 @@ _TOKEN_EVENT = re.compile(rb'"(?:content|text)"\s*:\s*"(?!")')
 _TOKEN_EVENT_MIN_LENGTH = len(b'"text":"x')
 
 
-def _raise_for_prefill(task: asyncio.Task[tuple[int, bytes, str]], worker: Worker) -> None:
-    if task.cancelled():
-        raise LegFailure(worker, "prefill leg cancelled")
+def _prefill_failure(task: asyncio.Task[tuple[int, bytes, str]], worker: Worker) -> LegFailure | None:
+    """How a finished prefill leg failed, if it did; raises for a refusal and for the router's own bugs."""
+    if task.cancelled():  # by the router itself: no sign of the engine
+        return None
     error = task.exception()
     if error is not None:
-        raise LegFailure(worker, f"prefill leg failed: {error!r}") from error
+        if not engine_fault(error):
+            raise error  # answered 500, no engine blamed
+        return LegFailure(worker, f"prefill leg failed: {error}", unreachable=_unreachable(error))
     status, body, content_type = task.result()
     if status >= 500:
-        raise LegFailure(worker, f"prefill answered HTTP {status}")
+        return LegFailure(
+            worker, f"prefill answered HTTP {status}: {body[:200]!r}", handoff=reports_handoff(body)
+        )
     if status >= 400:
-        raise _PassThrough(status, body, content_type)
+        raise _Refused(engine_error(status, body, content_type))
+    return None
 
 
 def _decode_result(task: asyncio.Task[tuple[Reply, bytes]], worker: Worker) -> tuple[Reply, bytes]:
     error = task.exception()
     if error is not None:
-        raise LegFailure(worker, f"decode leg failed: {error!r}", unreachable=_unreachable(error)) from error
+        if not engine_fault(error):
+            raise error
+        raise LegFailure(worker, f"decode leg failed: {error}", unreachable=_unreachable(error)) from error
     reply, first = task.result()
     if reply.status >= 500:
         reply.release()
-        raise LegFailure(worker, f"decode answered HTTP {reply.status}: {first[:200]!r}")
+        raise LegFailure(
+            worker, f"decode answered HTTP {reply.status}: {first[:200]!r}", handoff=reports_handoff(first)
+        )
     if reply.status >= 400:
         reply.release()
-        raise _PassThrough(reply.status, first, reply.content_type)
+        raise _Refused(engine_error(reply.status, first, reply.content_type))
     return reply, first
 
 
@@ -557,7 +703,17 @@ def _reply_headers(reply: Reply, exchange: Exchange, decision: Decision) -> dict
     return headers
 
 
-def error_response(error: ApiError, request_id: str) -> web.Response:
+def error_response(
+    error: ApiError, request_id: str | None, *, route: str = NO_ROUTE, reason: str = NO_ROUTE
+) -> web.Response:
+    """Every error the router answers: OpenAI's shape, the route headers (`none` when no route was
+    chosen) and, for 429 and 503, when to come back. No request id when no request was read."""
     response = web.json_response(error.body(), status=error.status)
-    response.headers[REQUEST_ID_HEADER] = request_id
+    headers = response.headers
+    if request_id is not None:
+        headers[REQUEST_ID_HEADER] = request_id
+    headers[ROUTE_HEADER] = route
+    headers[REASON_HEADER] = reason
+    if error.status in (429, 503):
+        headers["Retry-After"] = str(RETRY_AFTER_SECONDS)
     return response

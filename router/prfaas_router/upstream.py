@@ -10,7 +10,8 @@ every body chunk goes from the engine's socket to the client's in one callback (
 Connections are kept alive per (scheme, host, port) and reused most recent first; one that the
 engine closes while idle leaves the pool at once, idle ones are closed after
 `keepalive_seconds`, and a connection serves one request at a time. A reply that receives
-nothing for `read_timeout_seconds` fails (one sweep a second checks, instead of a timer per read).
+nothing for `read_timeout_seconds` fails (one sweep a second checks, instead of a timer per read),
+unless the router itself paused reading it for a slow client.
 """
 
 from __future__ import annotations
@@ -227,6 +228,7 @@ class _Connection(asyncio.Protocol):
     def resume_reading(self) -> None:
         if self.transport is not None and self.paused:
             self.paused = False
+            self.last_read = time.monotonic()  # the silence was ours
             self.transport.resume_reading()
 
     def abort(self) -> None:
@@ -422,7 +424,12 @@ class Upstream:
                     del self._idle[key]
             for connection in list(self._open):
                 reply = connection.reply
-                if reply is not None and now - connection.last_read > self._read_timeout:
+                # a paused connection is silent because its client reads slowly (proxy._Relay bounds that)
+                if (
+                    reply is not None
+                    and not connection.paused
+                    and now - connection.last_read > self._read_timeout
+                ):
                     reply._fail(
                         UpstreamError(
                             f"no data from the engine for {self._read_timeout} s", unreachable=False

@@ -102,3 +102,19 @@ def test_without_in_cluster_credentials_the_router_serves_from_the_file(
     assert "KUBERNETES_SERVICE_HOST is not set; only the mounted file is watched" in str(
         service.config_map_problem
     )
+
+
+def test_a_config_reusing_the_version_in_force_with_other_content_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "router-config.json"
+    recorder, metrics = Recorder(), RouterMetrics()
+    doc = config_doc()
+    write(path, doc, 0)
+    watcher = ConfigWatcher(path, recorder, metrics, poll_seconds=1.0)
+    assert watcher.check()
+    write(path, json.dumps(doc, indent=2), 1)  # the same config, written differently: nothing to say
+    assert not watcher.check() and watcher.last_error is None
+    write(path, doc | {"threshold_tokens": doc["threshold_tokens"] + 1}, 2)
+    assert not watcher.check()
+    assert watcher.last_error is not None and "already in force with different content" in watcher.last_error
+    assert [c.threshold_tokens for c in recorder.applied] == [doc["threshold_tokens"]]
+    assert errors(metrics) == 1

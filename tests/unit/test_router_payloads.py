@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from hypothesis import given
@@ -10,10 +11,13 @@ from hypothesis import strategies as st
 from prfaas_router.payloads import (
     ApiError,
     Kind,
+    Limits,
     completion_tokens,
+    engine_error,
     last_completion_tokens,
     parse,
     prompt_keys,
+    request_id,
     with_bootstrap,
 )
 
@@ -303,3 +307,153 @@ def test_output_tokens_are_read_from_usage_or_meta_info() -> None:
     assert (
         last_completion_tokens(b'data: {"completion_tokens": 1}\n\ndata: {"completion_tokens": 2}\n\n') == 2
     )
+
+
+LIMITS = Limits(max_n=8, max_batch=16, context_tokens=1000)
+
+
+@pytest.mark.parametrize(
+    ("kind", "body", "param", "code"),
+    [
+        (Kind.CHAT, {"messages": [{"role": "user", "content": "hi"}], "n": 9}, "n", "invalid_value"),
+        (Kind.CHAT, {"messages": [{"role": "user", "content": "hi"}], "n": 2_000_000}, "n", "invalid_value"),
+        (Kind.COMPLETION, {"prompt": ["a"] * 17}, "prompt", "batch_too_large"),
+        (Kind.COMPLETION, {"prompt": ["a"] * 3, "n": 6}, "n", "batch_too_large"),
+        (Kind.COMPLETION, {"prompt": [[1]] * 17}, "prompt", "batch_too_large"),
+        (Kind.GENERATE, {"input_ids": [[1, 2]] * 17}, "input_ids", "batch_too_large"),
+        (Kind.GENERATE, {"text": ["a"] * 17}, "text", "batch_too_large"),
+        (Kind.GENERATE, {"text": "a", "sampling_params": {"n": 9}}, "sampling_params.n", "invalid_value"),
+        (
+            Kind.CHAT,
+            {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1001},
+            "max_tokens",
+            "context_length_exceeded",
+        ),
+        (
+            Kind.COMPLETION,
+            {"prompt": "a", "max_completion_tokens": 10**30},
+            "max_completion_tokens",
+            "context_length_exceeded",
+        ),
+        (
+            Kind.COMPLETION,
+            {"prompt": list(range(900)), "max_tokens": 101},
+            "max_tokens",
+            "context_length_exceeded",
+        ),
+        (
+            Kind.GENERATE,
+            {"input_ids": list(range(999)), "sampling_params": {"max_new_tokens": 2}},
+            "sampling_params.max_new_tokens",
+            "context_length_exceeded",
+        ),
+        (
+            Kind.GENERATE,
+            {"text": "a", "sampling_params": {"max_new_tokens": -1}},
+            "sampling_params.max_new_tokens",
+            "invalid_value",
+        ),
+    ],
+)
+def test_what_a_client_may_ask_for_is_bounded_naming_the_field(
+    kind: Kind, body: dict[str, object], param: str, code: str
+) -> None:
+    with pytest.raises(ApiError) as caught:
+        parse(kind, json.dumps(body).encode(), LIMITS)
+    assert (caught.value.status, caught.value.param, caught.value.code) == (400, param, code)
+
+
+def test_requests_at_the_bounds_pass() -> None:
+    _, parsed = parse(Kind.COMPLETION, json.dumps({"prompt": ["a", "b"], "n": 8}).encode(), LIMITS)
+    assert parsed.batch == 16
+    ids = {"input_ids": list(range(998)), "sampling_params": {"max_new_tokens": 2}}
+    _, parsed = parse(Kind.GENERATE, json.dumps(ids).encode(), LIMITS)
+    assert len(parsed.token_ids[0]) == 998
+    # a text prompt's length is only estimated: only the output is held against the context
+    text = {"prompt": "x" * 100_000, "max_tokens": 1000}
+    assert parse(Kind.COMPLETION, json.dumps(text).encode(), LIMITS)[1].texts
+
+
+def test_a_huge_n_is_refused_in_microseconds() -> None:
+    raw = json.dumps({"messages": [{"role": "user", "content": "hi"}], "n": 2_000_000}).encode()
+    started = time.perf_counter()
+    for _ in range(100):
+        with pytest.raises(ApiError):
+            parse(Kind.CHAT, raw)
+    assert (time.perf_counter() - started) / 100 < 0.001
+
+
+@pytest.mark.parametrize(
+    ("sent", "kept"),
+    [
+        ("req-42", True),
+        ("a" * 128, True),
+        ("a" * 129, False),
+        ("é€", False),
+        ("Ã©â\x82¬", False),  # raw UTF-8 read as Latin-1, as aiohttp hands it over
+        ("tab\there", False),
+        ("", False),
+        (None, False),
+    ],
+)
+def test_request_ids_are_kept_only_when_short_printable_ascii(sent: str | None, kept: bool) -> None:
+    rid = request_id(sent)
+    assert (rid == sent) is kept
+    assert rid.isascii() and rid.isprintable() and len(rid) <= 128
+    if not kept:
+        assert len(rid) == 32
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "content_type", "message", "param", "code"),
+    [
+        (
+            400,
+            b'{"object": "error", "message": "too long", "type": "BadRequestError", "param": "max_tokens", "code": 400}',
+            "application/json",
+            "too long",
+            "max_tokens",
+            "engine_bad_request",
+        ),
+        (
+            400,
+            b'{"error": {"message": "bad ids", "code": 400}}',
+            "application/json",
+            "bad ids",
+            None,
+            "engine_bad_request",
+        ),
+        (
+            413,
+            b"Request Entity Too Large",
+            "text/plain",
+            "Request Entity Too Large",
+            None,
+            "engine_payload_too_large",
+        ),
+        (
+            422,
+            b'{"detail": [{"loc": ["body"], "msg": "x"}]}',
+            "application/json",
+            '{"detail"',
+            None,
+            "engine_invalid_request",
+        ),
+        (
+            409,
+            b'{"error": {"message": "taken", "code": "room_in_use"}}',
+            "application/json",
+            "taken",
+            None,
+            "room_in_use",
+        ),
+        (418, b"", "text/plain", "HTTP 418", None, "engine_http_418"),
+    ],
+)
+def test_engine_errors_are_mapped_into_the_routers_shape(
+    status: int, body: bytes, content_type: str, message: str, param: str | None, code: str
+) -> None:
+    error = engine_error(status, body, content_type)
+    assert error.status == status and message in error.message
+    assert (error.param, error.code, error.type) == (param, code, "invalid_request_error")
+    assert set(error.body()["error"]) == {"message", "type", "param", "code"}

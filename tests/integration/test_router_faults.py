@@ -1,0 +1,457 @@
+"""The router under faults and hostile clients: real processes, real sockets, on loopback.
+
+Misbehaving engines are `faulty_engine.py` processes beside healthy fake engines; hostile
+clients speak raw bytes to the router's port. Routers run with a breaker that opens at the first
+failure, so any failure wrongly counted against a healthy engine shows as an open breaker. After
+every fault: the healthy engines' breakers are closed, no failure was counted against them, and
+a normal request is served.
+
+The healthy engines give up on a KV handoff after 0.5 s, under the router's read timeout (3 s),
+as SGLang's do in production (minutes, under the router's 600 s): a peer that hangs is then
+reported by its healthy partner before the router's own timeout would have to guess.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from router_harness import (
+    LONG,
+    SHORT,
+    Cluster,
+    Engine,
+    Process,
+    Router,
+    RouterFactory,
+    chat,
+    config_doc,
+    free_port,
+    healthy_cluster,
+    metric_samples,
+    post,
+    sample,
+    start_engine,
+    wait_healthy,
+    wait_until,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+STRICT = (
+    "--breaker-failure-threshold",
+    "1",
+    "--breaker-cooldown-seconds",
+    "60",
+    "--read-timeout-seconds",
+    "3",
+)
+QUICK_KV = ("--bootstrap-timeout", "0.5")
+HEALTHY = ["p0", "l0", "d0"]
+FAULTY_ENGINE = Path(__file__).with_name("faulty_engine.py")
+CHAT_PATH = "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Healthy engines that report a failed KV handoff after 0.5 s (this module's own)."""
+    with healthy_cluster(tmp_path_factory.mktemp("engines"), *QUICK_KV) as engines:
+        yield engines
+
+
+def strict_router(start_router: RouterFactory, cluster: Cluster, *flags: str) -> Router:
+    """A router in front of the healthy engines alone, its breakers opening at the first failure."""
+    return start_router(config_doc(cluster.prfaas, cluster.local, cluster.decode), *STRICT, *flags)
+
+
+def start_faulty(
+    name: str, fault: str, host: str, logs: Path, *, prefill: bool = False, busy: float = 2.0
+) -> Engine:
+    port = free_port(host)
+    bootstrap = free_port(host) if prefill else None
+    args = [
+        str(FAULTY_ENGINE),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--fault",
+        fault,
+        "--busy-seconds",
+        str(busy),
+    ]
+    if bootstrap is not None:
+        args += ["--bootstrap-port", str(bootstrap)]
+    engine = Engine(name, f"http://{host}:{port}", bootstrap, Process(args, logs / f"{name}.log").start())
+    wait_until(lambda: socket.create_connection((host, port), 1).close() is None, f"faulty engine {name}")
+    return engine
+
+
+def breakers(router: Router) -> dict[str, str]:
+    return {worker["name"]: worker["breaker"] for worker in router.config_page()["workers"]}
+
+
+async def assert_unharmed(client: aiohttp.ClientSession, router: Router, healthy: Sequence[str]) -> None:
+    """No healthy engine was blamed, and a normal request is served."""
+    states = breakers(router)
+    assert {name: states[name] for name in healthy} == dict.fromkeys(healthy, "closed"), states
+    samples = await metric_samples(client, router.url)
+    blamed = {name: sample(samples, "prfaas_router_engine_failures_total", worker=name) for name in healthy}
+    assert blamed == dict.fromkeys(healthy, 0.0)
+    normal = await post(client, router.url + CHAT_PATH, chat(SHORT))
+    assert normal.status == 200, normal.body
+
+
+async def raw_request(router: Router, data: bytes, *, read_seconds: float = 5.0) -> bytes:
+    """Sends raw bytes to the router and reads until it closes (or `read_seconds` pass)."""
+    host, port = router.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(data)
+        await writer.drain()
+        received = b""
+        deadline = time.monotonic() + read_seconds
+        while time.monotonic() < deadline:
+            try:
+                chunk = await asyncio.wait_for(reader.read(65536), deadline - time.monotonic())
+            except TimeoutError:
+                break
+            if not chunk:
+                break
+            received += chunk
+        return received
+    finally:
+        writer.close()
+
+
+def parse_answer(raw: bytes) -> tuple[int, dict[str, str], Any]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return int(lines[0].split()[1]), headers, json.loads(body) if body else None
+
+
+def assert_error_shape(body: Any, param: str | None = None) -> None:
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"], error
+    assert isinstance(error["code"], str) and error["param"] == param, error
+
+
+async def prefill_gave_up(client: aiohttp.ClientSession, prefill: Engine) -> float:
+    """The requests a prefill engine ended without handing its KV over (aborted or timed out)."""
+    samples = await metric_samples(client, prefill.url)
+    return sample(samples, "sglang:num_aborted_requests_total") + sample(
+        samples, "sglang:num_bootstrap_failed_reqs_total"
+    )
+
+
+def router_log(router: Router) -> str:
+    return router.process.log_path.read_text(errors="replace")
+
+
+# ------------------------------------------------------------------------------ engines that fail
+
+
+@pytest.mark.parametrize("fault", ["500", "garbage", "truncated", "hang"])
+async def test_a_failing_decode_is_ejected_and_its_prefills_are_not(
+    fault: str, cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    sick = start_faulty("d-sick", fault, "127.0.2.21", tmp_path)
+    try:
+        # first in the list: the least-loaded choice takes it until its breaker opens
+        router = start_router(config_doc(cluster.prfaas, cluster.local, [sick, *cluster.decode]), *STRICT)
+        answers = [
+            await post(client, router.url + CHAT_PATH, chat(f"{SHORT} {index}", stream=index % 2 == 1))
+            for index in range(4)
+        ]
+        assert [answer.status for answer in answers] == [200] * 4, [a.body for a in answers]
+        assert breakers(router)["d-sick"] == "open"
+        samples = await metric_samples(client, router.url)
+        assert sample(samples, "prfaas_router_engine_failures_total", worker="d-sick") == 1
+        assert sample(samples, "prfaas_router_upstream_retries_total", pool="decode") == 1
+        await assert_unharmed(client, router, HEALTHY)
+    finally:
+        sick.process.stop()
+
+
+@pytest.mark.parametrize("fault", ["500", "garbage", "truncated", "hang"])
+async def test_a_failing_prefill_is_ejected_and_its_decode_is_not(
+    fault: str, cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    sick = start_faulty("l-sick", fault, "127.0.2.22", tmp_path, prefill=True)
+    try:
+        router = start_router(config_doc(cluster.prfaas, [sick], cluster.decode), *STRICT)
+        answer = await post(client, router.url + CHAT_PATH, chat(SHORT))
+        assert answer.status == 200, answer.body
+        assert answer.headers["x-prfaas-route"] == "prfaas"  # retried on the other cluster's prefill
+        assert breakers(router)["l-sick"] == "open"
+        await assert_unharmed(client, router, ["p0", "d0"])
+    finally:
+        sick.process.stop()
+
+
+async def test_a_decode_cut_mid_stream_ends_the_stream_in_shape_and_its_drained_prefill_is_not_blamed(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    # the prefill gives up on the KV nobody pulls after 0.5 s: its leg, drained after the stream
+    # ended, then fails; that is the decode's doing
+    prefill = cluster.local[0]
+    cut = start_faulty("d-cut", "cut", "127.0.2.24", tmp_path)
+    given_up_before = await prefill_gave_up(client, prefill)
+    try:
+        router = start_router(config_doc(cluster.prfaas, cluster.local, [cut, *cluster.decode]), *STRICT)
+        streamed = await post(client, router.url + CHAT_PATH, chat(SHORT, stream=True))
+        assert streamed.status == 200
+        error = streamed.body[-1]["error"]
+        assert error["code"] == "decode_failed" and error["type"] == "upstream_error"
+        assert_error_shape(streamed.body[-1])
+        deadline = time.monotonic() + 10
+        while await prefill_gave_up(client, prefill) == given_up_before:
+            assert time.monotonic() < deadline, "the prefill leg never ended"
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.3)  # its answer reaches the router
+        assert breakers(router)["d-cut"] == "open"
+        await assert_unharmed(client, router, HEALTHY)
+    finally:
+        cut.process.stop()
+
+
+async def test_an_engine_refusal_comes_back_in_the_routers_error_shape(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    refusing = start_faulty("d-413", "413", "127.0.2.25", tmp_path)
+    try:
+        router = start_router(config_doc(cluster.prfaas, cluster.local, [refusing]), *STRICT)
+        answer = await post(client, router.url + CHAT_PATH, chat(SHORT))
+        assert answer.status == 413 and answer.headers["content-type"].startswith("application/json")
+        assert_error_shape(answer.body)
+        assert answer.body["error"]["code"] == "engine_payload_too_large"
+        assert "Request Entity Too Large" in answer.body["error"]["message"]
+        assert (answer.headers["x-prfaas-route"], answer.headers["x-prfaas-reason"]) == (
+            "local",
+            "short_uncached",
+        )
+        assert breakers(router)["d-413"] == "closed"  # a refusal is an answer, not a failure
+    finally:
+        refusing.process.stop()
+
+
+async def test_a_decode_busy_with_long_answers_is_kept_through_slow_health_checks(
+    start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    prefill = start_faulty("l-ok", "ok", "127.0.2.26", tmp_path, prefill=True)
+    busy = start_faulty("d-busy", "busy", "127.0.2.27", tmp_path, busy=2.5)
+    try:
+        router = start_router(config_doc([], [prefill], [busy]), *STRICT)
+        request = asyncio.create_task(post(client, router.url + CHAT_PATH, chat(SHORT)))
+        while not request.done():  # its health checks time out (0.5 s) for 2.5 s; it stays in
+            states = {w["name"]: w["available"] for w in router.config_page()["workers"]}
+            assert states["d-busy"], "a busy decode was ejected by a slow health check"
+            await asyncio.sleep(0.1)
+        assert (await request).status == 200
+        await assert_unharmed(client, router, ["l-ok", "d-busy"])
+    finally:
+        busy.process.stop()
+        prefill.process.stop()
+
+
+# ------------------------------------------------------------------------------ hostile clients
+
+
+async def test_request_ids_that_are_not_short_ascii_are_replaced_and_break_nothing(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    router = strict_router(start_router, cluster)
+    body = json.dumps(chat(SHORT)).encode()
+    for request_id in ("é€".encode(), b"x" * 200, b"tab\tin-it"):
+        head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+        head += b"X-Request-Id: " + request_id + b"\r\nConnection: close\r\n"
+        raw = await raw_request(router, head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        status, headers, answer = parse_answer(raw)
+        assert status == 200, answer
+        assert len(headers["x-request-id"]) == 32 and headers["x-request-id"] != request_id.decode("latin-1")
+    kept = await post(client, router.url + CHAT_PATH, chat(SHORT), **{"X-Request-Id": "req-ok_1.2"})
+    assert kept.status == 200 and kept.headers["x-request-id"] == "req-ok_1.2"
+    await assert_unharmed(client, router, HEALTHY)
+
+
+async def test_counts_and_lengths_past_the_bounds_are_refused_at_once_naming_the_field(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    router = strict_router(start_router, cluster, "--max-context-tokens", "4096")
+    cases: list[tuple[str, dict[str, Any], str, str]] = [
+        (CHAT_PATH, chat(SHORT, n=2_000_000), "n", "invalid_value"),
+        ("/v1/completions", {"prompt": ["a"] * 2000, "max_tokens": 1}, "prompt", "batch_too_large"),
+        ("/v1/completions", {"prompt": ["a"] * 20, "n": 100}, "n", "batch_too_large"),
+        ("/generate", {"input_ids": [[1]] * 2000}, "input_ids", "batch_too_large"),
+        ("/generate", {"text": "a", "sampling_params": {"n": 10**6}}, "sampling_params.n", "invalid_value"),
+        (CHAT_PATH, chat(SHORT, max_tokens=10**9), "max_tokens", "context_length_exceeded"),
+        (
+            "/generate",
+            {"input_ids": list(range(4000)), "sampling_params": {"max_new_tokens": 100}},
+            "sampling_params.max_new_tokens",
+            "context_length_exceeded",
+        ),
+    ]
+    for path, body, param, code in cases:
+        started = time.monotonic()
+        answer = await post(client, router.url + path, body)
+        took = time.monotonic() - started
+        assert answer.status == 400, (param, answer.body)
+        assert_error_shape(answer.body, param)
+        assert answer.body["error"]["code"] == code
+        assert (answer.headers["x-prfaas-route"], answer.headers["x-prfaas-reason"]) == ("none", "none")
+        assert took < 0.5, f"{param}: {took:.2f} s"
+    await assert_unharmed(client, router, HEALTHY)
+
+
+async def test_a_client_that_stops_reading_a_stream_is_cut_off_without_blaming_the_decode(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    # a decode with near-zero steps: its tokens fill every buffer to the client within a second or two
+    decode = start_engine("d-flood", "decode", "127.0.2.28", "h20", tmp_path, *QUICK_KV, time_scale="0.001")
+    try:
+        wait_healthy(decode)
+        router = start_router(
+            config_doc(cluster.prfaas, cluster.local, [decode]), *STRICT, "--client-stall-seconds", "1"
+        )
+        host, port = router.url.removeprefix("http://").split(":")
+        reader = socket.socket()
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the router must buffer
+        reader.connect((host, int(port)))
+        try:
+            body = json.dumps(chat(SHORT, stream=True, max_tokens=250_000)).encode()
+            reader.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+            )
+            deadline = time.monotonic() + 20  # it never reads: cut off after 1 s without progress
+            while (
+                sample(
+                    await metric_samples(client, router.url),
+                    "prfaas_router_requests_total",
+                    outcome="client_stalled",
+                )
+                == 0
+            ):
+                assert time.monotonic() < deadline, router_log(router)[-2000:]
+                await asyncio.sleep(0.2)
+        finally:
+            reader.close()
+        deadline = time.monotonic() + 10  # 250000 tokens take it far longer than that
+        while sample(await metric_samples(client, decode.url), "sglang:num_aborted_requests_total") == 0:
+            assert time.monotonic() < deadline, "the decode never saw the request aborted"
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(3.5)  # past the read timeout: the paused leg was not failed by it
+        await assert_unharmed(client, router, ["p0", "l0", "d-flood"])
+        assert "read nothing" in router_log(router)
+    finally:
+        decode.process.stop()
+
+
+async def test_malformed_and_oversized_requests_get_json_errors_and_one_log_line_each(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    router = strict_router(start_router, cluster)
+    huge = b"GET /v1/models HTTP/1.1\r\nHost: r\r\nX-Big: " + b"b" * 20_000 + b"\r\n\r\n"
+    broken = b"GET /v1/models HTTP/1.1\r\nHost: r\r\nno colon here\r\n\r\n"
+    for _ in range(10):
+        for data, status, code in ((huge, 431, "header_too_large"), (broken, 400, "malformed_request")):
+            answered, headers, body = parse_answer(await raw_request(router, data))
+            assert answered == status, body
+            assert_error_shape(body)
+            assert body["error"]["code"] == code
+            assert (headers["x-prfaas-route"], headers["x-prfaas-reason"]) == ("none", "none")
+    await assert_unharmed(client, router, HEALTHY)
+    log = router_log(router)
+    assert "Traceback" not in log and log.count("malformed HTTP from 127.0.0.1") == 1, log[-2000:]
+    samples = await metric_samples(client, router.url)
+    assert sample(samples, "prfaas_router_client_refusals_total", reason="malformed_http") == 20
+
+
+async def test_idle_and_half_sent_requests_are_closed_and_slow_bodies_refused(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    router = strict_router(
+        start_router,
+        cluster,
+        "--client-idle-timeout-seconds",
+        "1",
+        "--client-body-timeout-seconds",
+        "1",
+    )
+    started = time.monotonic()
+    idle, slowloris = await asyncio.gather(
+        raw_request(router, b"", read_seconds=10),
+        raw_request(router, b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nX-A: 1", read_seconds=10),
+    )
+    assert (idle, slowloris) == (b"", b"")  # closed by the router, without an answer
+    assert time.monotonic() - started < 5
+    slow_body = b'POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: 100\r\n\r\n{"mess'
+    status, headers, body = parse_answer(await raw_request(router, slow_body, read_seconds=10))
+    assert status == 408 and body["error"]["code"] == "body_timeout"
+    assert headers["connection"] == "close"
+    await assert_unharmed(client, router, HEALTHY)
+
+
+async def test_past_the_connection_limit_clients_get_a_503_with_retry_after(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    router = strict_router(start_router, cluster, "--max-client-connections", "4")
+    host, port = router.url.removeprefix("http://").split(":")
+    held = [await asyncio.open_connection(host, int(port)) for _ in range(4)]
+    try:
+        await asyncio.sleep(0.2)
+        status, headers, body = parse_answer(
+            await raw_request(router, b"GET /v1/models HTTP/1.1\r\nHost: r\r\n\r\n")
+        )
+        assert status == 503 and headers["retry-after"] == "1"
+        assert_error_shape(body)
+        assert body["error"]["code"] == "too_many_connections"
+        assert "refusing a client" in router_log(router)
+    finally:
+        for _, writer in held:
+            writer.close()
+    await asyncio.sleep(0.3)
+    await assert_unharmed(client, router, HEALTHY)
+    samples = await metric_samples(client, router.url)
+    assert sample(samples, "prfaas_router_client_refusals_total", reason="connection_limit") == 1
+
+
+async def test_every_error_carries_the_route_headers_and_unavailability_says_when_to_return(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    nowhere = {"name": "d-missing", "url": f"http://127.0.2.99:{free_port('127.0.2.99')}"}
+    router = start_router(config_doc(cluster.prfaas, cluster.local, [nowhere]), wait_ready=False)
+    answer = await post(client, router.url + CHAT_PATH, chat(LONG))
+    assert answer.status == 503 and answer.headers["retry-after"] == "1"
+    assert (answer.headers["x-prfaas-route"], answer.headers["x-prfaas-reason"]) == ("none", "no_decode")
+    bad = await post(client, router.url + CHAT_PATH, b"{")
+    assert bad.status == 400 and bad.headers["x-prfaas-route"] == "none" and "retry-after" not in bad.headers
+    assert_error_shape(bad.body)
+
+
+async def test_a_config_reusing_the_version_in_force_with_other_content_is_refused(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    doc = config_doc(cluster.prfaas, cluster.local, cluster.decode)
+    router = start_router(doc)
+    router.write_config(doc | {"threshold_tokens": 5})
+    deadline = time.monotonic() + 5
+    while (page := router.config_page())["last_error"] is None:
+        assert time.monotonic() < deadline, page
+        await asyncio.sleep(0.05)
+    assert "version 1 is already in force with different content" in page["last_error"]
+    assert page["threshold_tokens"] == doc["threshold_tokens"]
+    streamed = await post(client, router.url + CHAT_PATH, chat(SHORT, stream=True))
+    assert streamed.status == 200 and streamed.body[-1] == "[DONE]"

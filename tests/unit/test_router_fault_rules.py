@@ -1,0 +1,85 @@
+"""The router's pure decisions under faults: whom a failure blames, when a slow check is forgiven,
+how clients are refused and how often that is logged."""
+
+from __future__ import annotations
+
+import pytest
+from aiohttp.http_exceptions import BadStatusLine, LineTooLong
+from prfaas_router.health import busy
+from prfaas_router.listener import LogThrottle, connection_limit, malformed_request_error
+from prfaas_router.proxy import Culprit, at_fault, engine_fault, reports_handoff
+from prfaas_router.upstream import UpstreamError
+
+
+@pytest.mark.parametrize(
+    ("handoff", "other_out", "culprit"),
+    [
+        (False, True, Culprit.FAILED_LEG),  # a decode answering 500 while its prefill waits: the decode
+        (False, False, Culprit.FAILED_LEG),
+        (True, True, Culprit.OTHER_LEG),  # "no KV came" while the peer is still out: the peer
+        (True, False, Culprit.FAILED_LEG),  # the peer finished well: the report is the engine's own
+    ],
+)
+def test_a_failure_counts_against_the_failing_leg_unless_it_reports_its_peer(
+    handoff: bool, other_out: bool, culprit: Culprit
+) -> None:
+    assert at_fault(reports_handoff=handoff, other_leg_out=other_out) is culprit
+
+
+@pytest.mark.parametrize(
+    ("body", "handoff"),
+    [
+        (b'{"error": {"message": "bootstrap timed out: no decode connected for bootstrap_room 7"}}', True),
+        (
+            b'{"message": "KV transfer from 10.0.0.1:8998 for bootstrap_room 3 failed after 0 of 9 bytes"}',
+            True,
+        ),
+        (b'{"message": "Decode transfer failed for request rank=0 with exception KVTransferError"}', True),
+        (b'{"message": "Failed to get kvcache from prefill instance"}', True),
+        (b'{"object": "error", "message": "boom", "code": 500}', False),
+        (b"", False),
+    ],
+)
+def test_engine_reports_of_a_failed_kv_handoff_are_recognised(body: bytes, handoff: bool) -> None:
+    assert reports_handoff(body) is handoff
+
+
+def test_only_what_the_engine_did_on_the_wire_is_its_fault() -> None:
+    assert engine_fault(UpstreamError("the engine sent invalid HTTP", unreachable=False))
+    assert not engine_fault(UnicodeEncodeError("latin-1", "é", 0, 1, "ordinal not in range"))
+    assert not engine_fault(KeyError("a bug in the router"))
+
+
+@pytest.mark.parametrize(
+    ("inflight", "heard", "forgiven"),
+    [(1, float("inf"), True), (0, 0.2, True), (0, 5.0, False), (0, float("inf"), False)],
+)
+def test_a_slow_health_check_is_forgiven_while_the_engine_works_for_us(
+    inflight: int, heard: float, forgiven: bool
+) -> None:
+    assert busy(inflight, heard, window_seconds=1.0) is forgiven
+
+
+def test_the_log_throttle_says_once_per_client_per_period_and_counts_the_rest() -> None:
+    throttle = LogThrottle(every_seconds=60.0, most_keys=2)
+    assert throttle.allow("10.0.0.1", 0.0)
+    assert not throttle.allow("10.0.0.1", 59.0)
+    assert throttle.allow("10.0.0.2", 1.0)
+    assert not throttle.allow("10.0.0.3", 2.0)  # two clients logged this period already
+    assert throttle.take_held_back() == 2 and throttle.take_held_back() == 0
+    assert throttle.allow("10.0.0.1", 61.0)
+    assert throttle.allow("10.0.0.3", 61.5)  # the period of 10.0.0.2 ended: room again
+
+
+def test_the_connection_limit_fits_under_the_open_file_limit() -> None:
+    assert connection_limit(10_000, 1_048_576) == 10_000
+    assert connection_limit(10_000, 20_000) == (20_000 - 256) // 3
+    assert connection_limit(10_000, 100) == 1
+
+
+def test_unparsable_requests_get_the_routers_error_shape() -> None:
+    too_long = malformed_request_error(400, LineTooLong(b"x" * 10, 8190), None)
+    assert (too_long.status, too_long.code) == (431, "header_too_large")
+    broken = malformed_request_error(400, BadStatusLine("GARBAGE"), "Bad status line")
+    assert (broken.status, broken.code, broken.param) == (400, "malformed_request", None)
+    assert "Bad status line" in broken.message
