@@ -215,6 +215,7 @@ async def run_when_leading(
         if not acquiring.done():
             acquiring.cancel()
             return 0
+        acquiring.result()  # an unexpected error while following stops here, never leads
     finally:
         await follower.cleanup()
     stop_operating = asyncio.Event()
@@ -222,7 +223,11 @@ async def run_when_leading(
     keeping = asyncio.create_task(elector.keep())
     await asyncio.wait({operating, keeping}, return_when=asyncio.FIRST_COMPLETED)
     if keeping.done():
-        log.error("leadership lost: stopping the operator (restarted, it follows)")
+        failure = keeping.exception()
+        log.error(
+            "leadership lost%s: stopping the operator (restarted, it follows)",
+            f" ({failure!r})" if failure else "",
+        )
         stop_operating.set()
         await operating
         return 1
