@@ -164,7 +164,22 @@ def _bad_trace(directory: Path, name: str, text: str) -> str:
         ),
         (_edited(("workload",), _DELETE), [], "no workload section"),
         (_edited(("workload", "input_length", "max"), 64), [], "0 < min < max"),
-        (_edited(("deployments", "prfaas_pd", "pd", "instances"), 0), [], "at least one instance to decode"),
+        (
+            _edited(("deployments", "prfaas_pd", "pd", "instances"), 0),
+            [],
+            "prfaas_pd.pd.instances must be at least 1",
+        ),
+        # no PrfaaS instance is homogeneous PD: refused alike for PrfaaS-PD and naive hetero PD
+        (
+            _edited(("deployments", "prfaas_pd", "prfaas", "instances"), 0),
+            [],
+            "prfaas_pd.prfaas.instances must be at least 1",
+        ),
+        (
+            _edited(("deployments", "naive_hetero", "prfaas", "instances"), 0),
+            [],
+            "naive_hetero.prfaas.instances must be at least 1",
+        ),
         (_edited(("deployments", "homogeneous_pd", "pd", "instances"), 1), [], "at least 2 instances"),
         (CASE_STUDY, ["--workload", "lognormal:mu=9"], "missing sigma"),
         (CASE_STUDY, ["--headroom", "0"], "headroom must be in (0, 1]"),
@@ -199,6 +214,37 @@ def test_bad_input_is_one_line_and_exit_code_2(
     assert captured.out == ""
     assert captured.err.count("\n") == 1 and captured.err.startswith("prfaas plan: error: ")
     assert cause in captured.err
+
+
+def test_the_verdict_says_when_prfaas_pd_does_not_pay_and_what_would_make_it_pay(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", "--profile", str(_write_profile(tmp_path, CASE_STUDY))]) == 0
+    assert (
+        capsys.readouterr()
+        .out.rstrip()
+        .endswith("verdict: PrfaaS-PD pays, 1.56x the throughput of homogeneous PD")
+    )
+    slow = _edited(("link", "bandwidth_gbps"), 2)
+    assert main(["plan", "--profile", str(_write_profile(tmp_path, slow)), "--json"]) == 0
+    verdict = json.loads(capsys.readouterr().out)["verdict"]
+    assert verdict.startswith("verdict: PrfaaS-PD does NOT pay here: 0.74x homogeneous PD"), verdict
+    assert "PD decode binds at" in verdict
+    assert "more PrfaaS instances alone do not make it pay" in verdict
+    enough = float(verdict.split("it pays from a link of about ")[1].split(" Gbit/s")[0])
+    # the claim holds: at that bandwidth it pays, at 90% of it it does not
+    for bandwidth, expected in ((enough * 1.01, "verdict: PrfaaS-PD pays"), (enough * 0.9, "does NOT pay")):
+        assert (
+            main(
+                [
+                    "plan",
+                    "--profile",
+                    str(_write_profile(tmp_path, _edited(("link", "bandwidth_gbps"), bandwidth))),
+                ]
+            )
+            == 0
+        )
+        assert expected in capsys.readouterr().out
 
 
 def test_a_missing_profile_file_is_refused_by_the_console_script(tmp_path: Path) -> None:

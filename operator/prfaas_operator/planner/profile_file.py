@@ -156,6 +156,9 @@ class ProfileDocument(_Section):
                 raise ValueError(
                     f"{where}.gpu {pool.gpu!r} decodes but hardware.{pool.gpu}.decode is missing"
                 )
+            if pool.instances < 1:
+                # a PrfaaS pool of none is homogeneous PD; a PD pool of none cannot decode
+                raise ValueError(f"{where}.instances must be at least 1, got {pool.instances}")
         return self
 
     def system_profile(self, *, prfaas_gpu: str, pd_gpu: str) -> SystemProfile:

@@ -6,6 +6,7 @@ JSON-safe dict) out. The CLI only reads files and prints.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,10 @@ from prfaas_operator.planner.workload import Workload
 
 GBIT = 1e9 / 8
 """Bytes per second in one Gbit/s."""
+PAYS_MARGIN = 0.005
+"""PrfaaS-PD pays when it serves more than this fraction above homogeneous PD (else: a tie or a loss)."""
+SEARCH_FACTORS = (2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+"""Link bandwidth multiples tried when PrfaaS-PD does not pay."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,7 @@ class Comparison:
     workload: Workload
     link_bandwidth_bytes_per_second: float
     link_headroom: float
+    remedies: tuple[str, ...] = ()  # when PrfaaS-PD does not pay: what would make it pay
 
     @property
     def plans(self) -> tuple[Plan, Plan, Plan]:
@@ -46,8 +52,29 @@ class Comparison:
             return None
         return plan.evaluation.egress_bytes_per_second / self.link_bandwidth_bytes_per_second
 
+    def verdict(self) -> str:
+        """Whether PrfaaS-PD pays on this workload and link; when it does not, what binds and what would change it."""
+        plan, baseline = self.prfaas_pd, self.homogeneous_pd
+        ratio = self.ratio_to_homogeneous(plan)
+        if pays(plan, baseline):
+            return f"verdict: PrfaaS-PD pays, {ratio:.2f}x the throughput of homogeneous PD"
+        evaluation = plan.evaluation
+        lines = [
+            f"verdict: PrfaaS-PD does NOT pay here: {ratio:.2f}x homogeneous PD "
+            f"({plan.max_throughput_rps:.3f} against {baseline.max_throughput_rps:.3f} req/s)"
+        ]
+        if evaluation.offloaded_fraction == 0:
+            lines.append("  no request is long enough to be worth offloading: the PD cluster alone serves it")
+        lines += [
+            f"  {stage.label} binds at {evaluation.stage_bounds[stage]:.3f} req/s"
+            for stage in evaluation.binding
+        ]
+        lines += [f"  {remedy}" for remedy in self.remedies]
+        return "\n".join(lines)
+
     def as_dict(self) -> dict[str, Any]:
         return {
+            "verdict": self.verdict(),
             "workload": {
                 "source": self.workload.source,
                 "mean_uncached_input_tokens": self.workload.mean_input_tokens,
@@ -82,14 +109,19 @@ def compare(
         raise PlanError(f"link headroom must be in (0, 1], got {link_headroom}")
     budget = document.link.bandwidth_bytes_per_second * link_headroom
     prfaas_pd = deployments.prfaas_pd
-    prfaas = solve_prfaas_pd(
-        document.system_profile(prfaas_gpu=prfaas_pd.prfaas.gpu, pd_gpu=prfaas_pd.pd.gpu),
-        workload,
-        pd_instances=prfaas_pd.pd.instances,
-        prfaas_instances=prfaas_pd.prfaas.instances,
-        link_budget_bytes_per_second=budget,
-        threshold_step_tokens=threshold_step_tokens,
-    )
+    profile = document.system_profile(prfaas_gpu=prfaas_pd.prfaas.gpu, pd_gpu=prfaas_pd.pd.gpu)
+
+    def solve(bandwidth_factor: float, prfaas_instances: int) -> Plan:
+        return solve_prfaas_pd(
+            profile,
+            workload,
+            pd_instances=prfaas_pd.pd.instances,
+            prfaas_instances=prfaas_instances,
+            link_budget_bytes_per_second=budget * bandwidth_factor,
+            threshold_step_tokens=threshold_step_tokens,
+        )
+
+    prfaas = solve(1.0, prfaas_pd.prfaas.instances)
     homogeneous_pool = deployments.homogeneous_pd.pd
     # the PrfaaS curve is unused by homogeneous PD; any GPU type fills the slot
     homogeneous = solve_homogeneous_pd(
@@ -105,13 +137,20 @@ def compare(
         pd_instances=naive.pd.instances,
         link_budget_bytes_per_second=budget,
     )
+    bandwidth = document.link.bandwidth_bytes_per_second
+    remedies = (
+        ()
+        if pays(prfaas, homogeneous)
+        else _remedies(solve, homogeneous, bandwidth, prfaas_pd.prfaas.instances)
+    )
     return Comparison(
         prfaas_pd=prfaas,
         homogeneous_pd=homogeneous,
         naive_heterogeneous=naive_plan,
         workload=workload,
-        link_bandwidth_bytes_per_second=document.link.bandwidth_bytes_per_second,
+        link_bandwidth_bytes_per_second=bandwidth,
         link_headroom=link_headroom,
+        remedies=remedies,
     )
 
 
@@ -156,6 +195,7 @@ def render_table(comparison: Comparison) -> str:
         lines.append("  ".join(cells).rstrip())
     lines.append("")
     lines += [f"{plan.strategy.label}: {plan.reason}" for plan in comparison.plans]
+    lines += ["", comparison.verdict()]
     return "\n".join(lines)
 
 
@@ -182,6 +222,43 @@ def _row(comparison: Comparison, plan: Plan) -> list[str]:
         "-" if utilisation is None else f"{utilisation:.1%}",
         ", ".join(stage.label for stage in evaluation.binding),
     ]
+
+
+def pays(plan: Plan, baseline: Plan) -> bool:
+    """More than PAYS_MARGIN above the baseline's throughput."""
+    return plan.max_throughput_rps > baseline.max_throughput_rps * (1 + PAYS_MARGIN)
+
+
+def _remedies(
+    solve: Callable[[float, int], Plan],
+    baseline: Plan,
+    bandwidth_bytes_per_second: float,
+    prfaas_instances: int,
+) -> tuple[str, ...]:
+    """The link bandwidth, and the PrfaaS instance count, from which the re-solved PrfaaS-PD pays."""
+    found: list[str] = []
+    factor = next((f for f in SEARCH_FACTORS if pays(solve(f, prfaas_instances), baseline)), None)
+    if factor is None:
+        most = bandwidth_bytes_per_second * SEARCH_FACTORS[-1] / GBIT
+        found.append(f"more bandwidth alone does not make it pay, up to {most:g} Gbit/s")
+    else:
+        low, high = factor / 2, factor
+        for _ in range(8):  # bisect to within about 0.3%
+            middle = (low + high) / 2
+            low, high = (low, middle) if pays(solve(middle, prfaas_instances), baseline) else (middle, high)
+        found.append(
+            f"it pays from a link of about {bandwidth_bytes_per_second * high / GBIT:.3g} Gbit/s "
+            f"(now {bandwidth_bytes_per_second / GBIT:g})"
+        )
+    most_instances = max(2 * prfaas_instances, prfaas_instances + 8)
+    count = next(
+        (n for n in range(prfaas_instances + 1, most_instances + 1) if pays(solve(1.0, n), baseline)), None
+    )
+    if count is None:
+        found.append(f"more PrfaaS instances alone do not make it pay, up to {most_instances}")
+    else:
+        found.append(f"it pays from {count} PrfaaS instances (now {prfaas_instances})")
+    return tuple(found)
 
 
 def _rate(value: float | None) -> str:
