@@ -95,6 +95,7 @@ class LeaderElector:
         self._clock = clock
         self._observed: tuple[LeaseRecord | None, float] | None = None  # record, first seen at
         self._last_problem = ""
+        self._released = False  # stepped down for good: never renews or takes the Lease again
 
     @property
     def where(self) -> str:
@@ -135,10 +136,16 @@ class LeaderElector:
             await asyncio.sleep(self.timing.retry)
 
     async def keep(self) -> None:
-        """Renew every retry period; return when renewing failed for the whole renew deadline."""
+        """Renew every retry period; return when renewing failed for the whole renew deadline.
+
+        After release() it renews no more (the Lease released would look free to take) and waits
+        to be cancelled when the operator has stopped.
+        """
         renewed = self._clock()
         while self._clock() - renewed < self.timing.renew_deadline:
             await asyncio.sleep(self.timing.retry)
+            if self._released:
+                await asyncio.Event().wait()
             if await self.try_once():
                 renewed = self._clock()
         self._set_leader(False)
@@ -150,7 +157,10 @@ class LeaderElector:
         )
 
     async def release(self) -> None:
-        """Hand the Lease back if we still hold it (a follower then takes it at its next retry)."""
+        """Hand the Lease back if we still hold it (a follower then takes it at its next retry); once."""
+        if self._released:
+            return
+        self._released = True
         self._set_leader(False)
         try:
             live = await self.cluster.get("Lease", self.name, self.namespace)
