@@ -174,9 +174,12 @@ class RouterService:
         before = set(self.fleet.workers())
         fresh = self.fleet.reconcile(config.pools)
         for gone in before - set(self.fleet.workers()):
-            for metric in (self.metrics.worker_available, self.metrics.breaker_open):
+            for metric in (
+                self.metrics.worker_available,
+                self.metrics.breaker_open,
+                self.metrics.engine_failures,
+            ):
                 metric.remove(gone.pool.value, gone.name)
-            self.metrics.engine_failures.remove(gone.pool.value, gone.name)
         self.snapshot = Snapshot(config, model, index_local, index_prfaas)
         self.metrics.threshold.set(config.threshold_tokens)
         self.metrics.config_version.set(config.version)
@@ -361,7 +364,7 @@ async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResp
         code = exc.reason.lower().replace(" ", "_")
         error = ApiError(exc.status, f"{exc.reason}: {request.method} {request.path}", code=code)
         return error_response(error, request_id(request.headers.get(REQUEST_ID_HEADER)))
-    except (asyncio.CancelledError, ConnectionError):
+    except ConnectionError:  # CancelledError is no Exception: it passes on by itself
         raise
     except Exception as exc:
         rid = request_id(request.headers.get(REQUEST_ID_HEADER))

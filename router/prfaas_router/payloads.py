@@ -372,7 +372,7 @@ def _check_sampling_fields(body: dict[str, Any], limits: Limits) -> int:
         value = body.get(field)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise _wrong_type(field, "a number", value)
-    return n or 1
+    return n
 
 
 def _check_count(value: object, param: str, most: int) -> int:

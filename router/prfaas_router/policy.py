@@ -401,7 +401,7 @@ def _pick_decode(
         return min(workers, key=_load), 0.0
     best, best_key = workers[0], (math.inf, 0, 0)
     for worker in workers:
-        key = (decode_wait_seconds(model, worker), worker.outstanding_tokens, worker.inflight)
+        key = (decode_wait_seconds(model, worker), *_load(worker))
         if key < best_key:
             best, best_key = worker, key
     return best, best_key[0]

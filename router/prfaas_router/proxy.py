@@ -384,7 +384,7 @@ class Dispatcher:
             # judged by the attempt unless the decode had answered; after a decode failure, the
             # prefill's KV was never pulled: not its failure
             if lease.decode_answered and not lease.decode_failed:
-                self.count_failure(worker, fatal=_unreachable(error) if error is not None else False)
+                self.count_failure(worker, fatal=_unreachable(error))
             return
         worker.breaker.record_success()
         if status < 400:
@@ -690,7 +690,7 @@ def _decode_result(task: asyncio.Task[tuple[Reply, bytes]], worker: Worker) -> t
     return reply, first
 
 
-def _unreachable(error: BaseException) -> bool:
+def _unreachable(error: BaseException | None) -> bool:
     """No connection, or one that broke before any answer: the worker is gone, not just failing."""
     return isinstance(error, UpstreamError) and error.unreachable
 
