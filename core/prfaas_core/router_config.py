@@ -125,6 +125,14 @@ class RouterConfig(_Strict):
         default=4.0, gt=0, description="calibrated text-to-token estimate when a request carries no token ids"
     )
     session_affinity_header: str | None = Field(default=None, description="header that pins a conversation")
+    router_replicas: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "router replicas serving this config: each commits 1/router_replicas of the link budget, "
+            "and with more than one a conversation's instances follow from its session key alone"
+        ),
+    )
     link: LinkSpec
     kv_size: KvSize
     prefill_time: Annotated[dict[Literal["prfaas", "local"], PrefillTime], Field(min_length=2)]

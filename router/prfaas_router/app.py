@@ -183,13 +183,15 @@ class RouterService:
         self.snapshot = Snapshot(config, model, index_local, index_prfaas)
         self.metrics.threshold.set(config.threshold_tokens)
         self.metrics.config_version.set(config.version)
+        self.metrics.link_horizon_bytes.set(model.link_horizon_bytes)
         sizes = ", ".join(f"{pool.value}={len(self.fleet.pools[pool])}" for pool in Pool)
         log.info(
-            "config version %d applied: threshold %d tokens, bandwidth %s, pools %s",
+            "config version %d applied: threshold %d tokens, bandwidth %s, pools %s, link share 1/%d",
             config.version,
             config.threshold_tokens,
             config.bandwidth_mode,
             sizes,
+            config.router_replicas,
         )
         if fresh and self._health is not None:
             self._health.poke()

@@ -112,7 +112,12 @@ class RouterMetrics:
         )
         self.link_inflight_bytes = Gauge(
             contract.PREFIX + "link_inflight_bytes",
-            "Estimated KV bytes on the cross-cluster link",
+            "KV bytes this replica has committed to the cross-cluster link and not yet seen arrive",
+            registry=r,
+        )
+        self.link_horizon_bytes = Gauge(
+            contract.PREFIX + "link_horizon_bytes",
+            "KV bytes this replica may have in flight: its share of the link budget over one TTFT SLO",
             registry=r,
         )
         self.retries = _Cached(

@@ -10,6 +10,10 @@ The paper's short-timescale rules (section 3.4.3, DESIGN.md "Two loops"):
   behind a congested link.
 - Within a pool: the least outstanding tokens, unless the instance holding the request's prefix
   is behind by less than the tokens its cache saves (cache affinity); decode by outstanding tokens.
+- Several router replicas (`router_replicas` > 1) share the link: each commits its share of the
+  horizon and reads its own bytes in flight as its share of the link's backlog. A conversation
+  this replica has not seen goes to the instances its session key hashes to (rendezvous
+  hashing), so every replica sends it to the same ones without sharing any state.
 - Mooncake-style TTFT estimate = queue (estimated prefill seconds already on the instance) +
   prefill + transfer (link latency + backlog incl. this request / bandwidth). The sum ignores the
   overlap of layer-wise pipelining, so it is an upper bound. With the config's decode capacity
@@ -26,6 +30,7 @@ Every outcome carries a reason label; the metrics count decisions by (route, rea
 from __future__ import annotations
 
 import enum
+import hashlib
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -72,11 +77,15 @@ class PolicyModel:
     prefill_time: dict[str, PrefillTimeModel]
     link_bandwidth: float
     link_horizon_bytes: float
+    """This replica's share of what the link budget carries in one TTFT SLO."""
     link_latency: float
     slo_ttft: float
     decode_max_running: int | None
     """Slots per decode instance when the engine has not reported its own; None: no decode-wait term."""
     decode_seconds_per_request: float
+    router_replicas: int
+    """Replicas sharing the link, each holding its share: the link's backlog is about this many
+    times what this replica has in flight."""
 
     @classmethod
     def from_config(cls, config: RouterConfig) -> PolicyModel:
@@ -97,11 +106,14 @@ class PolicyModel:
             kv_fixed_bytes=config.kv_size.fixed_bytes,
             prefill_time={route: spec.model() for route, spec in config.prefill_time.items()},
             link_bandwidth=config.link.bandwidth_bytes_per_second,
-            link_horizon_bytes=config.link.budget_bytes_per_second * config.slo.ttft_seconds,
+            link_horizon_bytes=config.link.budget_bytes_per_second
+            * config.slo.ttft_seconds
+            / config.router_replicas,
             link_latency=config.link.latency_seconds,
             slo_ttft=config.slo.ttft_seconds,
             decode_max_running=config.decode.max_running_requests if config.decode else None,
             decode_seconds_per_request=config.decode.seconds_per_request if config.decode else 0.0,
+            router_replicas=config.router_replicas,
         )
 
     def kv_bytes(self, tokens: float, sequences: int) -> float:
@@ -131,6 +143,8 @@ class RequestView:
     hit_local: PrefixHit = NO_HIT
     hit_prfaas: PrefixHit = NO_HIT
     pin: SessionPin | None = None
+    session: str | None = None
+    """The session-affinity key, when the request carries one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +212,7 @@ def decide(
     if not pools.local and not pools.prfaas:
         return Rejection(503, Reason.NO_PREFILL, "no healthy prefill instance in either cluster")
     pin = request.pin
-    decode, wait = _pick_decode(model, pools.decode, pin)
+    decode, wait = _pick_decode(model, pools.decode, request)
     local = _local_option(model, request, pools.local, link_inflight_bytes, wait) if pools.local else None
     prfaas = _prfaas_option(model, request, pools.prfaas, link_inflight_bytes, wait) if pools.prfaas else None
 
@@ -292,9 +306,10 @@ def _local_option(
             move += model.kv_fixed_bytes * request.sequences
         if inflight + move <= model.link_horizon_bytes:
             hit, link_bytes = remote, move
-    worker = _pick_prefill(workers, hit, request.pin, ROUTE_LOCAL)
+    worker = _pick_prefill(model, workers, hit, request, ROUTE_LOCAL)
     seconds = _prefill_seconds(model.prefill_time[ROUTE_LOCAL], request, hit)
-    transfer = model.link_latency + (inflight + link_bytes) / model.link_bandwidth if link_bytes else 0.0
+    backlog = inflight * model.router_replicas + link_bytes
+    transfer = model.link_latency + backlog / model.link_bandwidth if link_bytes else 0.0
     unloaded_transfer = model.link_latency + link_bytes / model.link_bandwidth if link_bytes else 0.0
     return _Option(
         route=ROUTE_LOCAL,
@@ -318,10 +333,10 @@ def _prfaas_option(
         # the longer prefix sits in the PD cluster: it travels the other way (assumed idle) first
         hit = request.hit_local
         move_in = model.link_latency + model.kv_bytes_per_token * hit.tokens / model.link_bandwidth
-    worker = _pick_prefill(workers, request.hit_prfaas, request.pin, ROUTE_PRFAAS)
+    worker = _pick_prefill(model, workers, request.hit_prfaas, request, ROUTE_PRFAAS)
     seconds = _prefill_seconds(model.prefill_time[ROUTE_PRFAAS], request, hit)
     egress = model.kv_bytes(request.total_tokens, request.sequences)
-    transfer = model.link_latency + (inflight + egress) / model.link_bandwidth
+    transfer = model.link_latency + (inflight * model.router_replicas + egress) / model.link_bandwidth
     return _Option(
         route=ROUTE_PRFAAS,
         prefill=worker,
@@ -341,17 +356,23 @@ def _prefill_seconds(time_model: PrefillTimeModel, request: RequestView, hit: Pr
     return n * prefill_seconds(time_model, request.total_tokens / n, hit.tokens / n, hit.exact)
 
 
-def _pick_prefill(workers: Sequence[Worker], hit: PrefixHit, pin: SessionPin | None, route: str) -> Worker:
+def _pick_prefill(
+    model: PolicyModel, workers: Sequence[Worker], hit: PrefixHit, request: RequestView, route: str
+) -> Worker:
     """Least outstanding tokens, unless the instance with the cache (or the session) is close enough.
 
     The instance holding the prefix wins while it is behind the least loaded one by fewer tokens
-    than its cache saves; a session pin wins whenever its instance is available.
+    than its cache saves; a session pin wins whenever its instance is available, and so does the
+    instance an unseen session hashes to when several replicas route.
     """
     least = min(workers, key=_load)
+    pin = request.pin
     if pin is not None and pin.route == route:
         for worker in workers:
             if worker.name == pin.prefill:
                 return worker
+    elif pin is None and request.session is not None and model.router_replicas > 1:
+        return rendezvous(workers, request.session)
     if hit.holder is not None and hit.holder != least.name:
         for worker in workers:
             if worker.name == hit.holder:
@@ -389,14 +410,16 @@ def decode_wait_seconds(model: PolicyModel, worker: Worker) -> float:
     return (beyond + DECODE_WAIT_Z * math.sqrt(beyond)) * model.decode_seconds_per_request / slots
 
 
-def _pick_decode(
-    model: PolicyModel, workers: Sequence[Worker], pin: SessionPin | None
-) -> tuple[Worker, float]:
+def _pick_decode(model: PolicyModel, workers: Sequence[Worker], request: RequestView) -> tuple[Worker, float]:
     """The session's decode, else the one that frees a slot soonest, then the least outstanding tokens."""
+    pin = request.pin
     if pin is not None:
         for worker in workers:
             if worker.name == pin.decode:
                 return worker, decode_wait_seconds(model, worker)
+    elif request.session is not None and model.router_replicas > 1:
+        worker = rendezvous(workers, request.session)
+        return worker, decode_wait_seconds(model, worker)
     if model.decode_max_running is None:
         return min(workers, key=_load), 0.0
     best, best_key = workers[0], (math.inf, 0, 0)
@@ -405,6 +428,16 @@ def _pick_decode(
         if key < best_key:
             best, best_key = worker, key
     return best, best_key[0]
+
+
+def rendezvous(workers: Sequence[Worker], key: str) -> Worker:
+    """The worker `key` hashes highest with (rendezvous hashing): the same in every replica and
+    process for the same pool, and only the keys of a worker that leaves move elsewhere."""
+    return max(workers, key=lambda worker: _score(key, worker.name))
+
+
+def _score(key: str, name: str) -> bytes:
+    return hashlib.blake2b(f"{key}\0{name}".encode(), digest_size=8).digest()
 
 
 def _load(worker: Worker) -> tuple[int, int]:

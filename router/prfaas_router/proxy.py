@@ -195,6 +195,7 @@ class Dispatcher:
             hit_local=hit_local,
             hit_prfaas=hit_prfaas,
             pin=pin,
+            session=exchange.session_key,
         )
         excluded: set[Worker] = set()
         failures: list[str] = []

@@ -15,6 +15,7 @@ from prfaas_router.policy import (
     PolicyModel,
     Reason,
     Rejection,
+    rendezvous,
     RequestView,
     SessionPin,
     SessionTable,
@@ -107,6 +108,48 @@ def test_link_horizon_is_the_budget_over_one_ttft_slo() -> None:
     assert make_model().link_horizon_bytes == pytest.approx(
         config.link.budget_bytes_per_second * config.slo.ttft_seconds
     )
+
+
+def test_each_router_replica_commits_its_share_of_the_horizon_and_counts_the_others_backlog() -> None:
+    one, three = make_model(), make_model(router_replicas=3)
+    assert three.link_horizon_bytes == pytest.approx(one.link_horizon_bytes / 3)
+    available, _ = pools()
+    view = RequestView(total_tokens=100_000, sequences=1)
+    share_full = three.link_horizon_bytes - three.kv_bytes(100_000, 1) + 1
+    assert routed(decide(one, view, available, share_full)).route == "prfaas"
+    assert routed(decide(three, view, available, share_full)).reason is Reason.LINK_BUDGET
+    # the same bytes in flight here mean three times the backlog on the shared link
+    inflight = one.kv_bytes(100_000, 1)
+    alone = routed(decide(one, view, available, inflight)).ttft_seconds
+    shared = routed(decide(three, view, available, inflight))
+    assert shared.ttft_seconds - alone == pytest.approx(2 * inflight / one.link_bandwidth, rel=1e-6)
+
+
+def test_with_several_replicas_an_unseen_session_goes_where_its_key_hashes() -> None:
+    model = make_model(router_replicas=3)
+    available, by_name = pools(local=4, prfaas=4, decode=4)
+    by_name["l0"].outstanding_tokens = by_name["d0"].outstanding_tokens = 1  # not the least loaded
+    chosen = {}
+    for key in (f"conversation-{n}" for n in range(40)):
+        d = routed(decide(model, RequestView(total_tokens=100, sequences=1, session=key), available, 0.0))
+        again = routed(decide(model, RequestView(total_tokens=100, sequences=1, session=key), available, 0.0))
+        assert (d.prefill.name, d.decode.name) == (again.prefill.name, again.decode.name)
+        assert d.prefill is rendezvous(available.local, key) and d.decode is rendezvous(available.decode, key)
+        chosen[key] = d.prefill.name
+    assert len(set(chosen.values())) == 4, "keys spread over every instance"
+    # an instance that leaves moves its own sessions only
+    remaining = [w for w in available.local if w.name != "l2"]
+    for key, name in chosen.items():
+        if name != "l2":
+            assert rendezvous(remaining, key).name == name
+
+
+def test_one_replica_keeps_least_loaded_placement_for_sessions() -> None:
+    available, by_name = pools()
+    by_name["l0"].outstanding_tokens = 5000
+    for key in (f"conversation-{n}" for n in range(8)):
+        view = RequestView(total_tokens=100, sequences=1, session=key)
+        assert routed(decide(make_model(), view, available, 0.0)).prefill.name == "l1"
 
 
 def test_without_prfaas_prefill_everything_goes_local() -> None:
