@@ -1,4 +1,4 @@
-"""`prfaas-router --config PATH [--host H] [--port P]`: serve until SIGTERM or SIGINT."""
+"""`prfaas-router --config PATH [--host H] [--port P]`: serve until SIGTERM or SIGINT, then drain."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import asyncio
 import gc
 import logging
 import signal
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from prometheus_client import disable_created_metrics
 
 from prfaas_router.app import RouterOptions, RouterService
 from prfaas_router.configmap_source import ConfigMapRef
+from prfaas_router.drain import DRAIN_SIGNAL, Drain
 from prfaas_router.listener import ClientLimits, GuardedSite
 from prfaas_router.payloads import Limits
 from prfaas_router.tokenizer import TokenizerError
@@ -48,6 +50,19 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterOptions:
         help="close idle engine connections after this long (under uvicorn's 5 s, so SGLang never closes one first)",
     )
     parser.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes)
+    parser.add_argument(
+        "--shutdown-delay-seconds",
+        type=float,
+        default=defaults.shutdown_delay_seconds,
+        help="after SIGUSR1 (the preStop hook) or SIGTERM: not ready, connections closed after their "
+        "response, the listener open this long from the drain's start",
+    )
+    parser.add_argument(
+        "--drain-timeout-seconds",
+        type=float,
+        default=defaults.drain_timeout_seconds,
+        help="then requests in flight get this long to finish",
+    )
     clients, limits = defaults.clients, defaults.limits
     parser.add_argument(
         "--max-client-connections",
@@ -119,6 +134,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterOptions:
             ConfigMapRef.parse(args.config_map, key=args.config.name)
         except ValueError as err:
             parser.error(str(err))
+    if args.shutdown_delay_seconds < 0 or args.drain_timeout_seconds <= 0:
+        parser.error("--shutdown-delay-seconds must be at least 0 and --drain-timeout-seconds above 0")
     for name, value in (
         ("--max-attempts", args.max_attempts),
         ("--max-body-bytes", args.max_body_bytes),
@@ -149,6 +166,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterOptions:
         read_timeout_seconds=args.read_timeout_seconds,
         upstream_keepalive_seconds=args.upstream_keepalive_seconds,
         max_body_bytes=args.max_body_bytes,
+        shutdown_delay_seconds=args.shutdown_delay_seconds,
+        drain_timeout_seconds=args.drain_timeout_seconds,
         client_body_timeout_seconds=args.client_body_timeout_seconds,
         client_stall_seconds=args.client_stall_seconds,
         clients=ClientLimits(
@@ -170,12 +189,16 @@ async def serve(options: RouterOptions) -> None:
     # First: in a container the router is PID 1, which ignores signals it has no handler for,
     # and starting (the tokenizer, the config) can take a while.
     stop = asyncio.Event()
+    drain = Drain(options.shutdown_delay_seconds)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    service = RouterService(options)
+    loop.add_signal_handler(DRAIN_SIGNAL, drain.begin)
+    service = RouterService(options, drain)
     await service.start()
-    runner = web.AppRunner(service.build_app(), handler_cancellation=True)
+    runner = web.AppRunner(
+        service.build_app(), handler_cancellation=True, shutdown_timeout=options.drain_timeout_seconds
+    )
     await runner.setup()
     _tune_gc()
     site = GuardedSite(runner, options.host, options.port, options.clients, service.metrics)
@@ -183,8 +206,12 @@ async def serve(options: RouterOptions) -> None:
     log.info("listening on http://%s:%d (config %s)", options.host, options.port, options.config_path)
     try:
         await stop.wait()
+        drain.begin()
+        await asyncio.sleep(drain.delay_left(time.monotonic()))
     finally:
-        log.info("shutting down")
+        log.info(
+            "shutting down: listener closed, requests in flight get up to %gs", options.drain_timeout_seconds
+        )
         await runner.cleanup()
         await service.stop()
 

@@ -19,6 +19,7 @@ from prfaas_core.router_config import Pool, RouterConfig
 
 from prfaas_router.config_watch import ConfigWatcher
 from prfaas_router.configmap_source import ConfigMapRef, ConfigMapSource, InCluster, NotInCluster
+from prfaas_router.drain import Drain
 from prfaas_router.health import HealthChecker
 from prfaas_router.listener import ClientLimits
 from prfaas_router.loads import LoadPoller
@@ -65,17 +66,22 @@ class RouterOptions:
     tokenizer_path: Path | None = None  # count and hash text prompts in real tokens (`tokenizer`)
     config_map: str | None = None
     """``NAMESPACE/NAME``: also watch the config's ConfigMap through the API (configmap_source)."""
+    shutdown_delay_seconds: float = 0.0
+    """A draining router keeps its listener open this long after the drain began (`drain`)."""
+    drain_timeout_seconds: float = 60.0
+    """Then requests in flight get this long to finish before they are cut."""
 
 
 class RouterService:
     """Owns the session, the fleet, the config watcher and the background loops."""
 
-    def __init__(self, options: RouterOptions) -> None:
+    def __init__(self, options: RouterOptions, drain: Drain | None = None) -> None:
         self.options = options
         self.metrics = RouterMetrics()
         self.tokenizer = PromptTokenizer(options.tokenizer_path) if options.tokenizer_path else None
         self.fleet = Fleet(options.breaker_failure_threshold, options.breaker_cooldown_seconds)
         self.snapshot: Snapshot | None = None
+        self.drain = drain if drain is not None else Drain(options.shutdown_delay_seconds)
         self.watcher = ConfigWatcher(
             options.config_path, self._apply, self.metrics, options.config_poll_seconds
         )
@@ -157,7 +163,13 @@ class RouterService:
         app.router.add_get("/readiness", self._readiness)
         app.router.add_get("/metrics", self._metrics_page)
         app.router.add_get("/config", self._config_page)
+        app.on_response_prepare.append(self._close_when_draining)
         return app
+
+    async def _close_when_draining(self, request: web.Request, response: web.StreamResponse) -> None:
+        if self.drain.active:  # the headers are prepared by now: say it as well as do it
+            response.force_close()
+            response.headers["Connection"] = "close"
 
     def _apply(self, config: RouterConfig, model: PolicyModel) -> None:
         old = self.snapshot
@@ -291,9 +303,10 @@ class RouterService:
         available = {pool.value: len(self.fleet.available(pool, now)) for pool in Pool}
         total = {pool.value: len(self.fleet.pools[pool]) for pool in Pool}
         has_prefill = available[Pool.LOCAL_PREFILL.value] + available[Pool.PRFAAS_PREFILL.value] > 0
-        ready = self.snapshot is not None and available[Pool.DECODE.value] > 0 and has_prefill
+        serving = self.snapshot is not None and available[Pool.DECODE.value] > 0 and has_prefill
+        ready = serving and not self.drain.active
         body = {
-            "status": "ready" if ready else "not_ready",
+            "status": "ready" if ready else "draining" if self.drain.active else "not_ready",
             "healthy_workers": available,
             "total_workers": total,
         }
