@@ -302,7 +302,11 @@ class RoutingSpec(_Model):
         default=None,
         max_length=128,
         pattern=r"^[A-Za-z0-9-]+$",
-        description="Request header that keeps a conversation where its prefix is cached.",
+        description=(
+            "Request header that keeps a conversation where its prefix is cached. With several router "
+            "replicas, a conversation a replica has not seen yet goes to the instances its key hashes to, "
+            "the same in every replica."
+        ),
     )
     expected_output_tokens: int | None = Field(
         default=None,
@@ -413,6 +417,30 @@ class TokenizerSource(_Model):
     )
 
 
+class RouterShutdownSpec(_Model):
+    """How a router pod leaves (a rolling update, a scale-down, a drain) without losing a request."""
+
+    delay_seconds: int = Field(
+        default=5,
+        ge=0,
+        le=120,
+        description=(
+            "Seconds a terminating router keeps serving, not ready and closing each connection after its "
+            "response, while Services stop sending it new connections (its preStop hook)."
+        ),
+    )
+    drain_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=3600,
+        description=(
+            "Seconds the requests in flight then get to finish before they are cut. Unset: the TTFT SLO "
+            "plus routing.expectedOutputTokens (else 2048) tokens at the TPOT SLO, rounded up. The pod's "
+            "terminationGracePeriodSeconds is the delay plus this plus 5."
+        ),
+    )
+
+
 class RouterSpec(_Model):
     """The PrfaaS router Deployment in the PD cluster. Its pods run as the ServiceAccount
     <name>-router, which may only read the router's config ConfigMap (watched through the API)."""
@@ -438,6 +466,10 @@ class RouterSpec(_Model):
         default=None,
         description="The model's tokenizer: text prompts are counted and prefix-hashed in real tokens. "
         "Unset: estimated from characters (4 per token).",
+    )
+    shutdown: RouterShutdownSpec = Field(
+        default_factory=RouterShutdownSpec,
+        description="How a router pod leaves without losing a request (rolling updates roll one at a time).",
     )
 
 

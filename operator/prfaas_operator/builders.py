@@ -516,9 +516,27 @@ RESTRICTED_CONTAINER: dict[str, Any] = {
 }
 
 
+DRAIN_OUTPUT_TOKENS = 2048
+"""Output tokens a stream in flight is given to finish when routing.expectedOutputTokens is unset."""
+GRACE_MARGIN_SECONDS = 5
+
+
+def router_drain_seconds(spec: PrfaasDeploymentSpec) -> int:
+    """How long a leaving router's requests in flight may take: one within the SLOs finishes by then."""
+    shutdown = spec.router.shutdown
+    if shutdown.drain_seconds is not None:
+        return shutdown.drain_seconds
+    tokens = spec.routing.expected_output_tokens or DRAIN_OUTPUT_TOKENS
+    return math.ceil(spec.slo.ttft_seconds + tokens * spec.slo.tpot_seconds)
+
+
 def router_deployment(spec: PrfaasDeploymentSpec, owner: Owner, config_json: str | None) -> Manifest:
     """The router Deployment. The config checksum sits on the Deployment, not the pod template:
-    the router hot-reloads its mounted config, so a new config must not roll the pods."""
+    the router hot-reloads its mounted config, so a new config must not roll the pods.
+
+    A rolling update starts a new pod before it stops an old one, which leaves through its
+    preStop hook (`prfaas_router.drain`): out of rotation first, then its streams finish.
+    """
     names = Names.of(owner.name)
     router = spec.router
     metadata = _metadata(names.router, owner.namespace, owner, ROLE_ROUTER, remote=False)
@@ -533,6 +551,10 @@ def router_deployment(spec: PrfaasDeploymentSpec, owner: Owner, config_json: str
         "0.0.0.0",
         "--port",
         str(router.port),
+        "--shutdown-delay-seconds",
+        str(router.shutdown.delay_seconds),
+        "--drain-timeout-seconds",
+        str(router_drain_seconds(spec)),
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True},
@@ -556,19 +578,27 @@ def router_deployment(spec: PrfaasDeploymentSpec, owner: Owner, config_json: str
         "volumeMounts": mounts,
         "readinessProbe": _http_probe("/readiness", period=5, timeout=3, failures=3),
         "livenessProbe": _http_probe("/liveness", period=10, timeout=5, failures=3),
+        "lifecycle": {
+            "preStop": {
+                "exec": {"command": ["prfaas-router-drain", "--seconds", str(router.shutdown.delay_seconds)]}
+            }
+        },
         "securityContext": RESTRICTED_CONTAINER,
     }
+    grace = router.shutdown.delay_seconds + router_drain_seconds(spec) + GRACE_MARGIN_SECONDS
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": metadata,
         "spec": {
             "replicas": router.replicas,
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
             "selector": {"matchLabels": selector_labels(owner, ROLE_ROUTER)},
             "template": {
                 "metadata": {"labels": child_labels(owner, ROLE_ROUTER, remote=False)},
                 "spec": {
                     "containers": [container],
+                    "terminationGracePeriodSeconds": grace,
                     "volumes": volumes,
                     "enableServiceLinks": False,
                     "nodeSelector": dict(router.node_selector),
@@ -769,6 +799,7 @@ def build_router_config(
         bandwidth_mode=spec.routing.bandwidth_mode.value,
         chars_per_token=DEFAULT_CHARS_PER_TOKEN,
         session_affinity_header=spec.routing.session_affinity_header,
+        router_replicas=spec.router.replicas,
         link=LinkSpec(
             bandwidth_bytes_per_second=link.bandwidth_gbps * 1e9 / 8,
             headroom=link.headroom,

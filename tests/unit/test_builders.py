@@ -240,6 +240,7 @@ class TestPdClusterObjects:
         assert router["args"] == [
             "--config", "/etc/prfaas/router-config.json", "--config-map", "prfaas-demo/kimi-linear-router-config",
             "--host", "0.0.0.0", "--port", "8000",
+            "--shutdown-delay-seconds", "5", "--drain-timeout-seconds", "133",
         ]  # fmt: skip
         volume = next(v for v in template["spec"]["volumes"] if v["name"] == "config")
         assert volume["configMap"]["name"] == "kimi-linear-router-config"
@@ -248,6 +249,28 @@ class TestPdClusterObjects:
         assert router["livenessProbe"]["httpGet"]["path"] == "/liveness"
         another = builders.router_deployment(spec(), OWNER, '{"version": 2}')
         assert another["spec"] == deployment["spec"], "a new config must not roll the router pods"
+
+    def test_router_pods_leave_through_a_drain_sized_to_the_slo_and_roll_one_at_a_time(self) -> None:
+        # the case study's SLOs: 30 s to the first token, 2048 tokens at 0.05 s: 132.4 s, rounded up
+        deployment = builders.router_deployment(spec(), OWNER, None)
+        assert deployment["spec"]["strategy"] == {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+        }
+        pod = deployment["spec"]["template"]["spec"]
+        (router,) = pod["containers"]
+        assert router["lifecycle"]["preStop"]["exec"]["command"] == ["prfaas-router-drain", "--seconds", "5"]
+        assert pod["terminationGracePeriodSeconds"] == 5 + 133 + 5
+        measured = spec(**{"routing.expectedOutputTokens": 400, "router.shutdown": {"delaySeconds": 2}})
+        assert builders.router_drain_seconds(measured) == 50
+        pod = builders.router_deployment(measured, OWNER, None)["spec"]["template"]["spec"]
+        assert pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][-1] == "2"
+        assert pod["terminationGracePeriodSeconds"] == 2 + 50 + 5
+        fixed = spec(**{"router.shutdown": {"drainSeconds": 600}})
+        args = builders.router_deployment(fixed, OWNER, None)["spec"]["template"]["spec"]["containers"][0][
+            "args"
+        ]
+        assert args[args.index("--drain-timeout-seconds") + 1] == "600"
 
     def test_router_reads_the_tokenizer_from_the_volume_the_cr_names(self) -> None:
         for source, volume in (
@@ -473,6 +496,14 @@ class TestRouterConfig:
         assert (config.kv_size.bytes_per_token, config.kv_size.fixed_bytes) == (17143, 180358647)
         assert config.session_affinity_header == "x-session-id"
         assert config.fingerprint == "fp-new"
+        assert config.router_replicas == s.router.replicas
+        three = spec(**{"router.replicas": 3})
+        assert (
+            build_router_config(
+                three, allocation_of(three), choose_pools(three, "f", REMOTE, LOCAL), None
+            ).router_replicas
+            == 3
+        )
         prfaas, local = config.prefill_time["prfaas"].model(), config.prefill_time["local"].model()
         assert prfaas.seconds_for(131072) == pytest.approx(7.40, rel=0.05)
         assert local.seconds_for(131072) > prfaas.seconds_for(131072), "H20 prefills slower than H200"

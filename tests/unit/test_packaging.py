@@ -106,6 +106,6 @@ def test_the_product_ships_no_testbed_or_simulator_package() -> None:
     find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
     assert sorted(find["where"]) == sorted(PRODUCT_DIRS)
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
-    assert set(scripts) == {"prfaas", "prfaas-router"}
+    assert set(scripts) == {"prfaas", "prfaas-router", "prfaas-router-drain"}
     assert TESTBED["scripts"] == {"prfaas-fake-engine": "prfaas_testbed.fake_engine:main"}
     assert SIM["scripts"] == {"prfaas-sim": "prfaas_sim.cli:main"}

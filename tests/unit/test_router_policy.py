@@ -15,13 +15,13 @@ from prfaas_router.policy import (
     PolicyModel,
     Reason,
     Rejection,
-    rendezvous,
     RequestView,
     SessionPin,
     SessionTable,
     decide,
     decode_wait_seconds,
     prefill_seconds,
+    rendezvous,
 )
 from prfaas_router.prefix_index import PrefixHit
 from prfaas_router.workers import EngineLoad
