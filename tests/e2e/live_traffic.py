@@ -1,15 +1,20 @@
-"""Helpers of the e2e scenarios: traffic in a background thread, and where the logs are."""
+"""Helpers of the e2e scenarios: traffic in a background thread, the link, the real node, kubectl."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import pytest
 
 if TYPE_CHECKING:
+    from prfaas_testbed.clusters import LinkNamespace, RealNode
     from prfaas_testbed.system import LiveSystem
     from prfaas_testbed.traffic import PlannedRequest, TrafficDriver
 
@@ -72,3 +77,37 @@ class BackgroundTraffic:
 
 def logs_hint(system: LiveSystem) -> str:
     return f"(runner log {Path(system.work_dir) / 'runner.log'}, pod logs under {system.runner_dir / 'pods'})"
+
+
+def link_counters(link: LinkNamespace) -> dict[str, Any]:
+    """The KV direction's qdisc, as `tc -j -s` shows it: kind, options (rate in bytes/s), bytes sent."""
+    shown = subprocess.run(
+        ["tc", "-j", "-s", "-n", link.netns, "qdisc", "show", "dev", link.netns_device],
+        capture_output=True, text=True, check=True, timeout=10,
+    )  # fmt: skip
+    (root,) = [qdisc for qdisc in json.loads(shown.stdout) if qdisc.get("root")]
+    return dict(root)
+
+
+def kubectl(system: LiveSystem, *args: str, timeout_s: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["kubectl", "--kubeconfig", str(system.testbed.pd_kubeconfig), *args],
+        capture_output=True, text=True, timeout=timeout_s, check=False,
+    )  # fmt: skip
+
+
+def container_pods(system: LiveSystem, kind: str, count: int) -> list[dict[str, Any]]:
+    """The `count` pods of this kind the PD node's kubelet runs, as the runner reports them."""
+    pods = [p for p in system.runner_pods(kind=kind) if p.get("state") == "container"]
+    assert len(pods) == count, f"expected {count} {kind} container pods, got {pods}"
+    return pods
+
+
+def pd_real_node(system: LiveSystem) -> RealNode:
+    """The PD cluster's kubelet node (the scenario is skipped where the machine cannot run containers)."""
+    from prfaas_testbed.clusters import Cluster
+
+    node = system.testbed.clusters[Cluster.PD].real_node
+    if node is None:
+        pytest.skip("this machine cannot run containers: the testbed runs every pod as a process")
+    return node

@@ -33,8 +33,16 @@ import pytest
 from lightkube.resources.apps_v1 import Deployment, ReplicaSet, StatefulSet
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap, Pod, Service
-from live_traffic import E2E_TIME_SCALE, BackgroundTraffic, logs_hint
-from prfaas_testbed.clusters import Cluster, LinkNamespace, RealNode
+from live_traffic import (
+    E2E_TIME_SCALE,
+    BackgroundTraffic,
+    container_pods,
+    kubectl,
+    link_counters,
+    logs_hint,
+    pd_real_node,
+)
+from prfaas_testbed.clusters import Cluster
 from prfaas_testbed.link import LinkMode, LinkShape
 from prfaas_testbed.system import LiveSystem, LiveSystemError, customise_cr, load_sample_cr, wait_until
 from prfaas_testbed.traffic import PlannedRequest, lognormal_requests
@@ -151,16 +159,6 @@ def test_prometheus_scrapes_every_pod_the_runner_runs(deployment: LiveSystem) ->
     assert clusters["prfaas-prefill"] == "prfaas" and clusters["pd-decode"] == "pd"
 
 
-def link_counters(link: LinkNamespace) -> dict[str, Any]:
-    """The KV direction's qdisc, as `tc -j -s` shows it: kind, options (rate in bytes/s), bytes sent."""
-    shown = subprocess.run(
-        ["tc", "-j", "-s", "-n", link.netns, "qdisc", "show", "dev", link.netns_device],
-        capture_output=True, text=True, check=True, timeout=10,
-    )  # fmt: skip
-    (root,) = [qdisc for qdisc in json.loads(shown.stdout) if qdisc.get("root")]
-    return dict(root)
-
-
 def router_kv_egress_bytes(system: LiveSystem) -> float:
     url = system.router_url()
     assert url is not None
@@ -201,20 +199,6 @@ def test_the_kv_of_offloads_crosses_the_shaped_link(deployment: LiveSystem) -> N
     assert crossed >= 0.9 * kv_sent > 0, (crossed, kv_sent)
 
 
-def kubectl(system: LiveSystem, *args: str, timeout_s: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["kubectl", "--kubeconfig", str(system.testbed.pd_kubeconfig), *args],
-        capture_output=True, text=True, timeout=timeout_s, check=False,
-    )  # fmt: skip
-
-
-def container_pods(system: LiveSystem, kind: str, count: int) -> list[dict[str, Any]]:
-    """The `count` pods of this kind the PD node's kubelet runs, as the runner reports them."""
-    pods = [p for p in system.runner_pods(kind=kind) if p.get("state") == "container"]
-    assert len(pods) == count, f"expected {count} {kind} container pods, got {pods}"
-    return pods
-
-
 def container_pod(system: LiveSystem, kind: str) -> dict[str, Any]:
     (pod,) = container_pods(system, kind, 1)
     return pod
@@ -242,14 +226,6 @@ def leading_operator(system: LiveSystem) -> dict[str, Any]:
     holder = operator_lease_holder(system) or ""
     (pod,) = [p for p in system.runner_pods(kind="operator") if p["pod"] == holder.rsplit("_", 1)[0]]
     return {**pod, "identity": holder}
-
-
-def pd_real_node(system: LiveSystem) -> RealNode:
-    """The PD cluster's kubelet node (the scenario is skipped where the machine cannot run containers)."""
-    node = system.testbed.clusters[Cluster.PD].real_node
-    if node is None:
-        pytest.skip("this machine cannot run containers: the testbed runs every pod as a process")
-    return node
 
 
 def test_operator_and_router_are_containers_of_the_product_image_on_the_real_node(
