@@ -13,7 +13,7 @@ from pathlib import Path
 from prfaas_core.profiles import ProfileError
 from prfaas_operator.planner import PlanError, WorkloadError
 
-from prfaas_sim import report
+from prfaas_sim import replicas, report
 from prfaas_sim.engine import EngineSettings
 from prfaas_sim.planning import PlannerSettings
 from prfaas_sim.scenarios import LinkDropSetup, burst, link_drop, rate_sweep, trace_prefix
@@ -94,6 +94,28 @@ def _parser() -> argparse.ArgumentParser:
         help="req/s the timestamps are scaled to (one run each)",
     )
     trace.add_argument("--repeats", type=int, default=1, help="play the trace this many times back to back")
+
+    tier = _command(
+        commands,
+        "replicas",
+        "router replicas under bursts of long prompts: each way of sharing the link budget",
+        _run_replicas,
+    )
+    tier.add_argument(
+        "--link-gbps", type=float, default=3.0, help="link bandwidth (default 3: the budget binds)"
+    )
+    tier.add_argument("--replicas", type=int, default=3, help="router replicas (default 3)")
+    tier.add_argument(
+        "--polls", type=float, nargs="+", default=[0.0, 0.25, 1.0], help="shared-accounting poll periods, s"
+    )
+    tier.add_argument("--base", type=float, default=1.0, help="req/s of the profile's mixed traffic")
+    tier.add_argument("--burst-rate", type=float, default=1.0, help="long prompts per second in a burst")
+    tier.add_argument("--long-tokens", type=int, default=65536, help="a long prompt has at least this many")
+    tier.add_argument("--period", type=float, default=120.0, help="a burst every this many seconds")
+    tier.add_argument("--burst-length", type=float, default=20.0, help="seconds each burst lasts")
+    tier.add_argument("--duration", type=float, default=1800.0)
+    tier.add_argument("--runs", type=int, default=3, help="seeds SEED, SEED+1, ...: one table each")
+    tier.add_argument("--out", type=Path, help="also write replicas.md into this directory (docs/sim)")
     return parser
 
 
@@ -213,6 +235,47 @@ def _run_trace(args: argparse.Namespace) -> int:
         settings=EngineSettings(),
     )
     print("\n".join(report.trace_section(runs, [])))
+    return 0
+
+
+def _run_replicas(args: argparse.Namespace) -> int:
+    document = load_profile(args.profile)
+    load = replicas.BurstyLoad(
+        base_rps=args.base,
+        burst_rps=args.burst_rate,
+        long_tokens=args.long_tokens,
+        period_seconds=args.period,
+        burst_seconds=args.burst_length,
+        duration=args.duration,
+    )
+    if args.runs < 1:
+        raise ValueError(f"--runs must be at least 1, got {args.runs}")
+    studies = [
+        replicas.replica_study(
+            document,
+            load,
+            link_gbps=args.link_gbps,
+            count=args.replicas,
+            polls=args.polls,
+            seed=seed,
+            ttft_slo_seconds=args.ttft_slo,
+        )
+        for seed in range(args.seed, args.seed + args.runs)
+    ]
+    for study in studies:
+        print(f"seed {study.seed}")
+        print("\n".join(replicas.table(study)))
+    if args.out is not None:
+        command = (
+            f"prfaas-sim replicas --profile {args.profile} --link-gbps {args.link_gbps:g} "
+            f"--replicas {args.replicas} --polls {' '.join(f'{poll:g}' for poll in args.polls)} "
+            f"--base {args.base:g} --burst-rate {args.burst_rate:g} --long-tokens {args.long_tokens} "
+            f"--period {args.period:g} --burst-length {args.burst_length:g} --duration {args.duration:g} "
+            f"--seed {args.seed} --runs {args.runs}"
+            + ("" if args.ttft_slo is None else f" --ttft-slo {args.ttft_slo:g}")
+            + f" --out {args.out}"
+        )
+        print(replicas.write(studies, command, args.out))
     return 0
 
 

@@ -40,7 +40,7 @@ from prfaas_sim.cluster import DecodeInstance, PrefillInstance, SimRequest
 from prfaas_sim.link import Link
 from prfaas_sim.planning import ObservationWindow, PlannerSettings, in_force, moment, planned_spec
 from prfaas_sim.results import RunResult, RunStats
-from prfaas_sim.routing import LinkCheck, SimRouter
+from prfaas_sim.routing import LinkCheck, RouterTier, RouterTierFactory, SimRouter
 from prfaas_sim.sources import RequestSpec, SourceError
 from prfaas_sim.stats import TimeSeries
 
@@ -127,8 +127,13 @@ class Simulation:
     """Run one system on one request stream; `run` returns the aggregates."""
 
     def __init__(
-        self, system: SystemSpec, settings: EngineSettings, link_changes: Iterable[LinkChange] = ()
+        self,
+        system: SystemSpec,
+        settings: EngineSettings,
+        link_changes: Iterable[LinkChange] = (),
+        routers: RouterTierFactory | None = None,
     ) -> None:
+        """`routers`: several router replicas (see `replicas`); None: one router."""
         self.system = system
         self.settings = settings
         self._link_changes = tuple(link_changes)
@@ -172,11 +177,16 @@ class Simulation:
         cluster_blocks = (
             max(len(self._prfaas), pd_count) * (cache_tokens or TRACE_BLOCK_TOKENS) // TRACE_BLOCK_TOKENS
         )
-        self.router = SimRouter(
-            self._config(),
-            link_check=system.link_check,
-            index_blocks=cluster_blocks,
-            index_prompts=max(len(self._prfaas), pd_count) * settings.cache_prompts_per_instance,
+        index_prompts = max(len(self._prfaas), pd_count) * settings.cache_prompts_per_instance
+
+        def replica(config: RouterConfig) -> SimRouter:
+            return SimRouter(
+                config, link_check=system.link_check, index_blocks=cluster_blocks, index_prompts=index_prompts
+            )
+
+        config = self._config()
+        self.router: RouterTier = (
+            replica(config) if routers is None else routers(replica, config, lambda: self.now)
         )
         planner = system.planner
         self._window = (

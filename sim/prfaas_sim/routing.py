@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+from collections.abc import Callable
+from typing import Protocol
 
 from prfaas_core.metrics_contract import ROUTE_LOCAL, ROUTE_PRFAAS
 from prfaas_core.router_config import Pool, RouterConfig
@@ -40,7 +42,7 @@ class LinkCheck(enum.StrEnum):
 class SimRouter:
     """One router replica's state: its fleet, its two prefix indexes and the link bytes in flight."""
 
-    __slots__ = ("_fleet", "_indexes", "_link_check", "inflight_bytes", "model")
+    __slots__ = ("_fleet", "_indexes", "_link_check", "inflight_bytes", "model", "peer_inflight_bytes")
 
     def __init__(
         self, config: RouterConfig, *, link_check: LinkCheck, index_blocks: int, index_prompts: int
@@ -57,6 +59,7 @@ class SimRouter:
             ROUTE_PRFAAS: PrefixIndex(index_blocks, index_prompts),
         }
         self.inflight_bytes = 0.0
+        self.peer_inflight_bytes = 0.0  # the other replicas' last report (shared accounting); 0 alone
         self.model: PolicyModel
         self.apply(config)
 
@@ -65,6 +68,10 @@ class SimRouter:
         self.model = self._model(config)
         for worker in self._fleet.reconcile(config.pools):
             worker.healthy = True  # simulated engines answer their first health check
+
+    def share_workers(self, other: SimRouter) -> None:
+        """See the engines' outstanding work as `other` does: replicas that share the load of every worker."""
+        self._fleet = other._fleet
 
     def route(self, request: SimRequest, now: float) -> Decision | Rejection:
         key = request.key
@@ -81,7 +88,9 @@ class SimRouter:
             prfaas=fleet.available(Pool.PRFAAS_PREFILL, now),
             decode=fleet.available(Pool.DECODE, now),
         )
-        inflight = 0.0 if self._link_check is LinkCheck.BLIND else self.inflight_bytes
+        inflight = (
+            0.0 if self._link_check is LinkCheck.BLIND else self.inflight_bytes + self.peer_inflight_bytes
+        )
         outcome = decide(self.model, view, pools, inflight)
         if isinstance(outcome, Decision):
             outcome.prefill.begin(now, outcome.total_tokens, outcome.prefill_seconds)
@@ -109,3 +118,23 @@ class SimRouter:
         if self._link_check is LinkCheck.UNLIMITED:
             model = dataclasses.replace(model, link_horizon_bytes=math.inf)
         return model
+
+
+class RouterTier(Protocol):
+    """What the engine asks of its routers: one `SimRouter`, or several replicas behind a Service."""
+
+    def route(self, request: SimRequest, now: float) -> Decision | Rejection: ...
+
+    def report_load(self, name: str, load: EngineLoad) -> None: ...
+
+    def prefill_returned(self, decision: Decision) -> None: ...
+
+    def finished(self, decision: Decision) -> None: ...
+
+    def apply(self, config: RouterConfig) -> None: ...
+
+
+RouterTierFactory = Callable[
+    [Callable[[RouterConfig], SimRouter], RouterConfig, Callable[[], float]], RouterTier
+]
+"""Builds a router tier from a maker of one replica, the first config and the simulation's clock."""
