@@ -10,8 +10,9 @@ The paper's short-timescale rules (section 3.4.3, DESIGN.md "Two loops"):
   behind a congested link.
 - Within a pool: the least outstanding tokens, unless the instance holding the request's prefix
   is behind by less than the tokens its cache saves (cache affinity); decode by outstanding tokens.
-- Several router replicas (`router_replicas` > 1) share the link: each commits its share of the
-  horizon and reads its own bytes in flight as its share of the link's backlog. A conversation
+- Several router replicas (`router_replicas` > 1) share the link and the engines: each commits
+  its share of the horizon, and reads its own bytes in flight and its own prefill work queued on
+  an instance as its share of the link's backlog and of that queue. A conversation
   this replica has not seen goes to the instances its session key hashes to (rendezvous
   hashing), so every replica sends it to the same ones without sharing any state.
 - Mooncake-style TTFT estimate = queue (estimated prefill seconds already on the instance) +
@@ -86,6 +87,9 @@ class PolicyModel:
     router_replicas: int
     """Replicas sharing the link, each holding its share: the link's backlog is about this many
     times what this replica has in flight."""
+    queue_replicas: int
+    """Replicas sending work to the same engines: an instance's queue is about this many times what
+    this replica sent there (1 for a router that sees every replica's work)."""
 
     @classmethod
     def from_config(cls, config: RouterConfig) -> PolicyModel:
@@ -114,6 +118,7 @@ class PolicyModel:
             decode_max_running=config.decode.max_running_requests if config.decode else None,
             decode_seconds_per_request=config.decode.seconds_per_request if config.decode else 0.0,
             router_replicas=config.router_replicas,
+            queue_replicas=config.router_replicas,
         )
 
     def kv_bytes(self, tokens: float, sequences: int) -> float:
@@ -318,7 +323,7 @@ def _local_option(
         prefill_seconds=seconds,
         link_bytes=link_bytes,
         egress_bytes=0.0,
-        ttft=max(worker.queued_seconds + seconds + transfer, decode_wait),
+        ttft=max(_queue_seconds(model, worker) + seconds + transfer, decode_wait),
         unloaded_ttft=seconds + unloaded_transfer,
         fits_link=True,
     )
@@ -344,10 +349,16 @@ def _prfaas_option(
         prefill_seconds=seconds,
         link_bytes=egress,
         egress_bytes=egress,
-        ttft=max(worker.queued_seconds + seconds + transfer + move_in, decode_wait),
+        ttft=max(_queue_seconds(model, worker) + seconds + transfer + move_in, decode_wait),
         unloaded_ttft=seconds + model.link_latency + egress / model.link_bandwidth + move_in,
         fits_link=inflight + egress <= model.link_horizon_bytes,
     )
+
+
+def _queue_seconds(model: PolicyModel, worker: Worker) -> float:
+    """The prefill work queued ahead on `worker`: what this replica sent there, times the replicas,
+    since each sends about as much (kube-proxy spreads connections evenly)."""
+    return worker.queued_seconds * model.queue_replicas
 
 
 def _prefill_seconds(time_model: PrefillTimeModel, request: RequestView, hit: PrefixHit) -> float:

@@ -13,9 +13,9 @@ its TTFT estimate's backlog term both read:
   budget; each replica polls the others every P seconds (P = 0: it always knows).
 
 In each of these a replica knows the engines' outstanding work (its prefill-queue estimate) only
-from what it dispatched itself. Two more rows, upper bounds rather than designs, share that too
-(one exact view of every engine's load): what the replicas' blindness to each other's queues
-costs, and what the static share costs once they are not blind.
+from what it dispatched itself, which it counts N times, as the product does. Two more rows,
+upper bounds rather than designs, share one exact view of every engine's load instead: what that
+estimate costs, and what the static share costs without it.
 """
 
 from __future__ import annotations
@@ -111,6 +111,11 @@ class ReplicaSet:
         self._clock = clock
         self._dispatch = random.Random(seed)
         self.replicas = [replica(self._share(config)) for _ in range(setup.count)]
+        for each in self.replicas:
+            # every scheme reads its own queued work as 1/N of an instance's queue, as the product
+            # does; a replica that sees all the engines' work (the upper bounds) reads it as it is
+            each.queue_replicas = 1 if setup.shared_load else setup.count
+            each.apply(self._share(config))
         if setup.shared_load:
             for other in self.replicas[1:]:
                 other.share_workers(self.replicas[0])
@@ -342,9 +347,10 @@ def render(studies: Sequence[ReplicaStudy], command: str) -> str:
         f"prompts of {load.long_tokens} tokens or more at {load.burst_rps:g} req/s; {load.duration:g} s. "
         "Each request goes to a uniformly random replica (kube-proxy in iptables mode, one connection per "
         "request); within a seed every row sees the same requests and, with several replicas, the same "
-        "dispatch. A replica knows the engines' queues only from the work it dispatched itself: only the "
-        "link's bytes in flight are shared, except in the last two rows, upper bounds rather than designs, "
-        "where the replicas also share one exact view of every engine's outstanding work.",
+        "dispatch. A replica knows the engines' queues only from the work it dispatched itself, counted N "
+        "times as the product does: only the link's bytes in flight are shared, except in the last two "
+        "rows, upper bounds rather than designs, where the replicas share one exact view of every engine's "
+        "outstanding work instead.",
         "",
         "Whole budget each: the router before `router_replicas`. Static share: the product's "
         "`router_replicas` = N (1/N of the horizon each, N x its own bytes as the link's backlog). Shared "

@@ -42,7 +42,15 @@ class LinkCheck(enum.StrEnum):
 class SimRouter:
     """One router replica's state: its fleet, its two prefix indexes and the link bytes in flight."""
 
-    __slots__ = ("_fleet", "_indexes", "_link_check", "inflight_bytes", "model", "peer_inflight_bytes")
+    __slots__ = (
+        "_fleet",
+        "_indexes",
+        "_link_check",
+        "inflight_bytes",
+        "model",
+        "peer_inflight_bytes",
+        "queue_replicas",
+    )
 
     def __init__(
         self, config: RouterConfig, *, link_check: LinkCheck, index_blocks: int, index_prompts: int
@@ -60,6 +68,7 @@ class SimRouter:
         }
         self.inflight_bytes = 0.0
         self.peer_inflight_bytes = 0.0  # the other replicas' last report (shared accounting); 0 alone
+        self.queue_replicas: int | None = None  # set by a replica tier whose link scheme is not the config's
         self.model: PolicyModel
         self.apply(config)
 
@@ -117,6 +126,8 @@ class SimRouter:
         model = PolicyModel.from_config(config)
         if self._link_check is LinkCheck.UNLIMITED:
             model = dataclasses.replace(model, link_horizon_bytes=math.inf)
+        if self.queue_replicas is not None:
+            model = dataclasses.replace(model, queue_replicas=self.queue_replicas)
         return model
 
 

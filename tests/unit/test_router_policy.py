@@ -123,6 +123,12 @@ def test_each_router_replica_commits_its_share_of_the_horizon_and_counts_the_oth
     alone = routed(decide(one, view, available, inflight)).ttft_seconds
     shared = routed(decide(three, view, available, inflight))
     assert shared.ttft_seconds - alone == pytest.approx(2 * inflight / one.link_bandwidth, rel=1e-6)
+    # ...and the prefill work it queued on an instance as a third of that instance's queue
+    short = RequestView(total_tokens=100, sequences=1)
+    for worker in available.local:
+        worker.queued_seconds = 2.0
+    queued_alone = routed(decide(one, short, available, 0.0)).ttft_seconds
+    assert routed(decide(three, short, available, 0.0)).ttft_seconds - queued_alone == pytest.approx(4.0)
 
 
 def test_with_several_replicas_an_unseen_session_goes_where_its_key_hashes() -> None:

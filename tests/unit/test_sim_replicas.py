@@ -56,9 +56,19 @@ def test_replicas_each_with_the_whole_budget_overcommit_the_link(study):
     assert run.time_egress_over_budget > _run(study, BudgetScheme.WHOLE, count=1).time_egress_over_budget
 
 
-def test_stale_shared_accounting_overcommits_but_far_less_than_no_fix(study):
-    stale = _run(study, BudgetScheme.SHARED, poll=1.0)
-    assert 1 < stale.peak_overcommit < _run(study, BudgetScheme.WHOLE).peak_overcommit / 2
+def test_stale_shared_accounting_overcommits_but_less_than_no_fix(study):
+    """Measured peaks 1.09-1.25 against 2.34-2.52, over the horizon 1-5% of the time against 37-43% (seeds 1-4)."""
+    stale, whole = _run(study, BudgetScheme.SHARED, poll=1.0), _run(study, BudgetScheme.WHOLE)
+    assert 1 < stale.peak_overcommit < whole.peak_overcommit
+    assert 0 < stale.time_overcommitted < whole.time_overcommitted / 4
+
+
+def test_the_static_share_meets_the_slo_as_well_as_exact_shared_accounting(study):
+    """SLO met, seeds 1-4: static share 0.832/0.882/0.842/0.878, exact shared 0.818/0.881/0.844/0.878,
+    whole budget each 0.794/0.864/0.813/0.827."""
+    static = _run(study, BudgetScheme.STATIC_SHARE).result.slo_attainment
+    assert static >= _run(study, BudgetScheme.SHARED).result.slo_attainment - 0.03
+    assert static > _run(study, BudgetScheme.WHOLE).result.slo_attainment
 
 
 def test_the_static_share_costs_a_bounded_share_of_the_offloads(study):
@@ -67,15 +77,16 @@ def test_the_static_share_costs_a_bounded_share_of_the_offloads(study):
     assert _run(study, BudgetScheme.STATIC_SHARE).result.offloaded_fraction >= 0.8 * reference
 
 
-def test_what_replicas_lose_is_their_blindness_to_each_others_queues(study):
-    """Sharing the engines' load as well gives back one router's results; sharing the link alone does not."""
+def test_what_replicas_still_lose_is_their_partial_view_of_the_queues(study):
+    """Sharing the engines' load as well gives back one router's results; each replica reading its own
+    queued work as 1/N of the queue leaves 6-9 points of SLO (seeds 1-4)."""
     reference = _run(study, BudgetScheme.WHOLE, count=1).result
     bound = _run(study, BudgetScheme.SHARED, shared_load=True).result
     assert (bound.offloaded_fraction, bound.slo_attainment) == (
         reference.offloaded_fraction,
         reference.slo_attainment,
     )
-    assert _run(study, BudgetScheme.SHARED).result.slo_attainment < reference.slo_attainment - 0.1
+    assert _run(study, BudgetScheme.STATIC_SHARE).result.slo_attainment < reference.slo_attainment - 0.03
 
 
 def test_one_replica_behind_the_service_is_the_engines_own_router():
