@@ -32,6 +32,7 @@ from prfaas_operator.planner import (
     Allocation,
     DecodeProfile,
     Evaluation,
+    ModelForm,
     Plan,
     PlanError,
     SystemProfile,
@@ -258,9 +259,12 @@ def decide(
     except ProfileError as err:
         return Decision(Action.HOLD, Reason.PROFILE_REFUSED, f"prefill profile refused: {err}", inputs=inputs)
     budget = link_budget(spec)
+    form = ModelForm(spec.planner.throughput_model.value)
     try:
-        now_eval = evaluate(profile, observed.workload, in_force, link_budget_bytes_per_second=budget)
-        plan = _solve(spec, profile, observed.workload, in_force, budget)
+        now_eval = evaluate(
+            profile, observed.workload, in_force, link_budget_bytes_per_second=budget, form=form
+        )
+        plan = _solve(spec, profile, observed.workload, in_force, budget, form)
     except PlanError as err:
         return Decision(Action.HOLD, Reason.PLAN_ERROR, f"cannot plan: {err}", inputs=inputs)
     best = plan.evaluation
@@ -354,6 +358,7 @@ def _solve(
     workload: Workload,
     in_force: Allocation,
     budget: float,
+    form: ModelForm,
 ) -> Plan:
     prefill = spec.prefill_cluster
     prfaas = (
@@ -370,6 +375,7 @@ def _solve(
         fixed_threshold_tokens=None
         if spec.routing.mode == api.RoutingMode.AUTO
         else spec.routing.threshold_tokens,
+        form=form,
     )
 
 

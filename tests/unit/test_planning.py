@@ -361,6 +361,10 @@ def test_a_gain_of_exactly_the_hysteresis_holds() -> None:
         hysteresis=0.5,
         cooldown=0,
     )
+    # the numbers were chosen for the paper's form of the model (prefill time at each side's mean)
+    spec = spec.model_copy(
+        update={"planner": spec.planner.model_copy(update={"throughput_model": api.ThroughputModel.PAPER})}
+    )
     decision = auto_decision(spec, in_force(spec), lognormal(500, sigma=1.375, output=564))
     assert decision.predicted_rps is not None and decision.current_rps is not None
     assert decision.predicted_rps / decision.current_rps == pytest.approx(1.5, rel=1e-12)
@@ -454,3 +458,18 @@ def test_histograms_with_too_few_requests_or_mass_past_the_last_bucket_are_no_da
     assert isinstance(seen, Observation)
     assert seen.requests == 60 and seen.offloaded_fraction == pytest.approx(0.25)
     assert 512 < seen.workload.mean_input_tokens < 8192 and seen.egress_bytes_per_second is None
+
+
+def test_the_spec_chooses_the_form_of_the_model() -> None:
+    """PerRequest (the default) averages prefill time over the requests; Paper takes it at the mean length,
+    which predicts more on a heavy-tailed workload for the same allocation."""
+    spec = make_spec(routing="Fixed")
+    heavy = lognormal(8000, sigma=1.5)
+    assert spec.planner.throughput_model is api.ThroughputModel.PER_REQUEST
+    paper = spec.model_copy(
+        update={"planner": spec.planner.model_copy(update={"throughput_model": api.ThroughputModel.PAPER})}
+    )
+    per_request_rps = auto_decision(spec, in_force(spec), heavy).current_rps
+    paper_rps = auto_decision(paper, in_force(paper), heavy).current_rps
+    assert per_request_rps is not None and paper_rps is not None
+    assert per_request_rps < paper_rps

@@ -5,9 +5,13 @@
     Θ_pd-d   = N_d · BS_max / (T_decode · L_out)                        (5)
     Λ_max    = min(Θ_prfaas / p, Θ_pd-p / (1 - p), Θ_pd-d)              (6)
 
-As in the paper, prefill times are taken at the conditional MEAN length of each side, and
-the link and intra-cluster RDMA are otherwise free. A side that receives no requests (p = 0
-or p = 1) is not a bound. The same vectorised function serves one allocation (`evaluate`)
+Prefill time grows near-quadratically with the length, so T at a side's mean length is not
+the side's mean prefill time: on heavy-tailed workloads it overstates capacity. By default
+(`ModelForm.PER_REQUEST`) T is averaged over each side's requests, E[T(L) | side]; the paper's
+form, T(E[L | side]), stays available as `ModelForm.PAPER` (it reproduces the paper's case
+study). S_kv is affine in l, so the egress bound is the same in both. The link and
+intra-cluster RDMA are otherwise free. A side that receives no requests (p = 0 or p = 1) is
+not a bound. The same vectorised function serves one allocation (`evaluate`)
 and the solver's whole grid, so the two cannot drift apart.
 """
 
@@ -31,6 +35,15 @@ BINDING_TOLERANCE = 1e-9
 
 class PlanError(ValueError):
     """The planner cannot answer: an impossible link budget, bad counts, or a profile that does not cover the workload."""
+
+
+class ModelForm(enum.StrEnum):
+    """How a side's prefill time is taken from its length distribution."""
+
+    PER_REQUEST = "PerRequest"
+    """E[T(L) | side]: the mean over the side's requests (what the engines really spend)."""
+    PAPER = "Paper"
+    """T(E[L | side]): the paper's eq. 3-4, T at the side's mean length."""
 
 
 class Stage(enum.StrEnum):
@@ -130,6 +143,7 @@ class Evaluation:
     stage_bounds: Mapping[Stage, float]  # the Λ each stage alone allows, for stages that are bounds
     egress_bytes_per_second: float  # Λ_max · p · S_kv(l_long)
     link_budget_bytes_per_second: float | None
+    form: ModelForm = ModelForm.PER_REQUEST
 
     @property
     def prfaas_rps(self) -> float | None:
@@ -183,6 +197,7 @@ class Evaluation:
             "link_budget_bytes_per_second": self.link_budget_bytes_per_second,
             "link_budget_utilisation": self.link_budget_utilisation,
             "prefill_balance": self.prefill_balance,
+            "model": self.form.value,
         }
 
 
@@ -196,6 +211,7 @@ def evaluate(
     allocation: Allocation,
     *,
     link_budget_bytes_per_second: float | None,
+    form: ModelForm = ModelForm.PER_REQUEST,
 ) -> Evaluation:
     """Λ_max and its breakdown for one allocation (eq. 3-6). The budget may be None only if nothing is offloaded."""
     offloads = allocation.threshold_tokens is not None
@@ -215,6 +231,7 @@ def evaluate(
         pd_prefill_instances=np.array([allocation.pd_prefill_instances]),
         decode_instances=np.array([allocation.decode_instances]),
         link_budget_bytes_per_second=budget if budget is not None else math.inf,
+        form=form,
     )
     bounds = {stage: float(bound[0]) for stage, bound in rates.bounds.items()}
     applicable = {
@@ -241,6 +258,7 @@ def evaluate(
         stage_bounds=applicable,
         egress_bytes_per_second=egress,
         link_budget_bytes_per_second=budget,
+        form=form,
     )
 
 
@@ -274,11 +292,13 @@ def stage_rates(
     pd_prefill_instances: IntArray,
     decode_instances: IntArray,
     link_budget_bytes_per_second: float,
+    form: ModelForm = ModelForm.PER_REQUEST,
 ) -> StageRates:
     """The vectorised core. `split` arrays index thresholds; the count arrays broadcast against them."""
-    prfaas_compute = prfaas_instances / profile.prfaas_prefill.seconds_for(split.mean_long)
+    prfaas_seconds, pd_seconds = prefill_seconds(profile, workload, split, form)
+    prfaas_compute = prfaas_instances / prfaas_seconds
     prfaas_egress = link_budget_bytes_per_second / profile.kv_size.bytes_for(split.mean_long)
-    pd_prefill = pd_prefill_instances / profile.pd_prefill.seconds_for(split.mean_short)
+    pd_prefill = pd_prefill_instances / pd_seconds
     decode = decode_instances * profile.decode.requests_per_second(workload.mean_output_tokens)
     return StageRates(
         prfaas_compute_rps=prfaas_compute,
@@ -292,6 +312,19 @@ def stage_rates(
             Stage.PD_DECODE: np.asarray(decode, dtype=np.float64),
         },
     )
+
+
+def prefill_seconds(
+    profile: SystemProfile, workload: Workload, split: LengthSplit, form: ModelForm
+) -> tuple[FloatArray, FloatArray]:
+    """Mean prefill seconds of an offloaded request on PrfaaS and of a kept one on the PD cluster."""
+    if form is ModelForm.PAPER:
+        return profile.prfaas_prefill.seconds_for(split.mean_long), profile.pd_prefill.seconds_for(
+            split.mean_short
+        )
+    prfaas, _ = workload.class_means(profile.prfaas_prefill.seconds_for(workload.lengths), split)
+    _, pd = workload.class_means(profile.pd_prefill.seconds_for(workload.lengths), split)
+    return prfaas, pd
 
 
 def _per_request(stage_rps: FloatArray, fraction: FloatArray, used: npt.NDArray[np.bool_]) -> FloatArray:
