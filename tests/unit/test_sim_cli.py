@@ -99,3 +99,23 @@ def test_the_module_runs_as_a_program():
     )
     assert done.returncode == BAD_INPUT
     assert "cannot read profile" in done.stderr
+
+
+def test_saturation_prints_both_forms_of_the_model_beside_the_simulation(capsys):
+    args = [
+        "saturation",
+        "--profile",
+        str(PROFILE),
+        "--trace",
+        str(TRACE),
+        "--duration",
+        "600",
+        "--warmup",
+        "200",
+    ]
+    assert main(args) == 0
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()[2:]]
+    assert len(rows) == 12  # the profile's workload, the trace and two log-normal samples x three systems
+    assert any("mooncake-synthetic.jsonl" in row[0] for row in rows)
+    assert {row[2] for row in rows} == {"PrfaaS-PD", "homogeneous PD", "naive hetero PD"}
+    assert all(float(row[4]) >= float(row[3]) for row in rows)  # the paper's form never predicts less
