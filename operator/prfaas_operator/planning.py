@@ -35,6 +35,7 @@ from prfaas_operator.planner import (
     ModelForm,
     Plan,
     PlanError,
+    Stage,
     SystemProfile,
     Workload,
     WorkloadError,
@@ -265,30 +266,51 @@ def decide(
             profile, observed.workload, in_force, link_budget_bytes_per_second=budget, form=form
         )
         plan = _solve(spec, profile, observed.workload, in_force, budget, form)
+        best = _threshold_kept_for_the_link(
+            plan, in_force, profile, observed.workload, budget, form, planner.hysteresis
+        )
     except PlanError as err:
         return Decision(Action.HOLD, Reason.PLAN_ERROR, f"cannot plan: {err}", inputs=inputs)
-    best = plan.evaluation
     # the numbers behind every outcome from here on; only action, code and reason differ
     proposal = Decision(
         Action.HOLD,
         Reason.AT_OPTIMUM,
         "",
         proposed=best.allocation,
-        predicted_rps=best.max_throughput_rps,
-        current_rps=now_eval.max_throughput_rps,
+        predicted_rps=best.routed_throughput_rps,
+        current_rps=now_eval.routed_throughput_rps,
         binding_stage="+".join(stage.value for stage in best.binding),
         inputs={**inputs, **_load(observed, now_eval)},
     )
-    if _already_optimal(in_force, plan):
+    if best.allocation == in_force or _already_optimal(in_force, plan):
         reason = f"the allocation in force is optimal for the observed workload: {explain(now_eval)}"
         return replace(proposal, reason=reason)
-    change = f"{describe_change(in_force, best.allocation)} would take Λ_max {_rps_change(now_eval, best)}"
-    if not _beats_hysteresis(best.max_throughput_rps, now_eval.max_throughput_rps, planner.hysteresis):
+    if best.routed_throughput_rps <= now_eval.routed_throughput_rps:
+        reason = (
+            f"the allocation in force serves {now_eval.routed_throughput_rps:.3g} req/s as the router routes "
+            f"(the long requests the link cannot take prefilled locally), no less than the model's optimum "
+            f"({describe_change(in_force, best.allocation)}: {best.routed_throughput_rps:.3g} req/s)"
+        )
+        return replace(
+            proposal,
+            proposed=in_force,
+            predicted_rps=now_eval.routed_throughput_rps,
+            binding_stage="+".join(stage.value for stage in now_eval.binding),
+            reason=reason,
+        )
+    change = (
+        f"{describe_change(in_force, best.allocation)} would take Λ as the router routes "
+        f"{_rps_change(now_eval, best)}"
+    )
+    if not _beats_hysteresis(best.routed_throughput_rps, now_eval.routed_throughput_rps, planner.hysteresis):
         reason = f"{change}, not above the hysteresis of {planner.hysteresis:.0%}"
         return replace(proposal, code=Reason.WITHIN_HYSTERESIS, reason=reason)
     if planner.mode == api.PlannerMode.ADVISORY:
         return replace(
-            proposal, action=Action.ADVISE, code=Reason.GAIN, reason=f"advice: {change}; {plan.reason}"
+            proposal,
+            action=Action.ADVISE,
+            code=Reason.GAIN,
+            reason=f"advice: {change}; with a hard threshold (eq. 6) {explain(best)}",
         )
     if last_applied_at is not None:
         waited = (now - last_applied_at).total_seconds()
@@ -302,7 +324,7 @@ def decide(
         proposal,
         action=Action.APPLY,
         code=Reason.GAIN,
-        reason=f"{change}; {plan.reason}",
+        reason=f"{change}; with a hard threshold (eq. 6) {explain(best)}",
         inputs={**proposal.inputs, LAST_APPLIED_INPUT: rfc3339(now)},
     )
 
@@ -346,10 +368,10 @@ def summarize(observed: Observation) -> dict[str, str]:
 
 
 def _load(observed: Observation, in_force: Evaluation) -> dict[str, str]:
-    """Arrival rate over the capacity the model predicts for the allocation in force."""
-    if observed.arrival_rps is None or not in_force.max_throughput_rps > 0:
+    """Arrival rate over the capacity the model predicts for the allocation in force, as the router routes."""
+    if observed.arrival_rps is None or not in_force.routed_throughput_rps > 0:
         return {}
-    return {"load": f"{observed.arrival_rps / in_force.max_throughput_rps:.0%} of predicted capacity"}
+    return {"load": f"{observed.arrival_rps / in_force.routed_throughput_rps:.0%} of predicted capacity"}
 
 
 def _solve(
@@ -377,6 +399,42 @@ def _solve(
         else spec.routing.threshold_tokens,
         form=form,
     )
+
+
+def _threshold_kept_for_the_link(
+    plan: Plan,
+    in_force: Allocation,
+    profile: SystemProfile,
+    workload: Workload,
+    budget: float,
+    form: ModelForm,
+    hysteresis: float,
+) -> Evaluation:
+    """The plan, or its counts with the threshold in force where the link binds at that threshold and the
+    router, rerouting what the link cannot take, serves within the hysteresis of the plan.
+
+    Eq. 6 answers a binding link by raising t until the offloads just fit it, but the router keeps a
+    link full only from an excess of offers (an offload waits for room, the rest is prefilled
+    locally): a link offered just its capacity idles between offers. Measured in the simulated link
+    drop: the plan's counts at the threshold in force kept more requests within the SLOs than the
+    plan itself.
+    """
+    best = plan.evaluation
+    if in_force.threshold_tokens == best.allocation.threshold_tokens:
+        return best
+    kept = evaluate(
+        profile,
+        workload,
+        replace(best.allocation, threshold_tokens=in_force.threshold_tokens),
+        link_budget_bytes_per_second=budget,
+        form=form,
+    )
+    link_binds = Stage.PRFAAS_EGRESS in kept.binding
+    if link_binds and not _beats_hysteresis(
+        best.routed_throughput_rps, kept.routed_throughput_rps, hysteresis
+    ):
+        return kept
+    return best
 
 
 def _already_optimal(in_force: Allocation, plan: Plan) -> bool:
@@ -410,9 +468,9 @@ def _gain(predicted: float, current: float) -> float:
 
 
 def _rps_change(before: Evaluation, after: Evaluation) -> str:
-    gain = _gain(after.max_throughput_rps, before.max_throughput_rps)
+    gain = _gain(after.routed_throughput_rps, before.routed_throughput_rps)
     relative = f"+{gain:.0%}" if math.isfinite(gain) else "from none"
-    return f"from {before.max_throughput_rps:.3g} to {after.max_throughput_rps:.3g} req/s ({relative})"
+    return f"from {before.routed_throughput_rps:.3g} to {after.routed_throughput_rps:.3g} req/s ({relative})"
 
 
 def _model_allocation(allocation: api.Allocation) -> Allocation:

@@ -143,6 +143,9 @@ class Evaluation:
     stage_bounds: Mapping[Stage, float]  # the Λ each stage alone allows, for stages that are bounds
     egress_bytes_per_second: float  # Λ_max · p · S_kv(l_long)
     link_budget_bytes_per_second: float | None
+    routed_throughput_rps: float
+    """Λ as the router routes: eq. 6, but long requests the link cannot take are prefilled locally
+    (`link_overflow_bound`); equal to Λ_max unless the link binds, above it where it does."""
     form: ModelForm = ModelForm.PER_REQUEST
 
     @property
@@ -197,6 +200,7 @@ class Evaluation:
             "link_budget_bytes_per_second": self.link_budget_bytes_per_second,
             "link_budget_utilisation": self.link_budget_utilisation,
             "prefill_balance": self.prefill_balance,
+            "routed_throughput_rps": self.routed_throughput_rps,
             "model": self.form.value,
         }
 
@@ -258,6 +262,7 @@ def evaluate(
         stage_bounds=applicable,
         egress_bytes_per_second=egress,
         link_budget_bytes_per_second=budget,
+        routed_throughput_rps=float(rates.routed_rps[0]),
         form=form,
     )
 
@@ -274,6 +279,8 @@ class StageRates:
     pd_prefill_rps: FloatArray
     decode_rps: FloatArray
     bounds: dict[Stage, FloatArray]
+    routed_rps: FloatArray
+    """Λ as the router routes: eq. 6 with the link's overflow prefilled locally (`link_overflow_bound`)."""
 
     def max_throughput(self) -> FloatArray:
         bounds = list(self.bounds.values())
@@ -295,14 +302,19 @@ def stage_rates(
     form: ModelForm = ModelForm.PER_REQUEST,
 ) -> StageRates:
     """The vectorised core. `split` arrays index thresholds; the count arrays broadcast against them."""
-    prfaas_seconds, pd_seconds = prefill_seconds(profile, workload, split, form)
-    prfaas_compute = prfaas_instances / prfaas_seconds
+    prfaas_seconds = side_seconds(profile.prfaas_prefill, workload, split, form)
+    pd_seconds = side_seconds(profile.pd_prefill, workload, split, form)
+    prfaas_compute = prfaas_instances / prfaas_seconds[0]
     prfaas_egress = link_budget_bytes_per_second / profile.kv_size.bytes_for(split.mean_long)
-    pd_prefill = pd_prefill_instances / pd_seconds
+    pd_prefill = pd_prefill_instances / pd_seconds[1]
     decode = decode_instances * profile.decode.requests_per_second(workload.mean_output_tokens)
+    prfaas_egress = np.broadcast_to(prfaas_egress, split.mean_long.shape)
+    overflow = link_overflow_bound(
+        split, egress_rps=prfaas_egress, pd_prefill_instances=pd_prefill_instances, pd_seconds=pd_seconds
+    )
     return StageRates(
         prfaas_compute_rps=prfaas_compute,
-        prfaas_egress_rps=np.broadcast_to(prfaas_egress, split.mean_long.shape),
+        prfaas_egress_rps=prfaas_egress,
         pd_prefill_rps=pd_prefill,
         decode_rps=np.asarray(decode, dtype=np.float64),
         bounds={
@@ -311,20 +323,47 @@ def stage_rates(
             Stage.PD_PREFILL: _per_request(pd_prefill, split.kept_fraction, split.has_short),
             Stage.PD_DECODE: np.asarray(decode, dtype=np.float64),
         },
+        routed_rps=np.minimum(
+            np.minimum(overflow, np.asarray(decode, dtype=np.float64)),
+            _per_request(prfaas_compute, split.offloaded_fraction, split.has_long),
+        ),
     )
 
 
-def prefill_seconds(
-    profile: SystemProfile, workload: Workload, split: LengthSplit, form: ModelForm
+def side_seconds(
+    curve: PrefillTimeModel, workload: Workload, split: LengthSplit, form: ModelForm
 ) -> tuple[FloatArray, FloatArray]:
-    """Mean prefill seconds of an offloaded request on PrfaaS and of a kept one on the PD cluster."""
+    """Mean prefill seconds on `curve` of a request above the threshold and of one at or below it."""
     if form is ModelForm.PAPER:
-        return profile.prfaas_prefill.seconds_for(split.mean_long), profile.pd_prefill.seconds_for(
-            split.mean_short
-        )
-    prfaas, _ = workload.class_means(profile.prfaas_prefill.seconds_for(workload.lengths), split)
-    _, pd = workload.class_means(profile.pd_prefill.seconds_for(workload.lengths), split)
-    return prfaas, pd
+        return curve.seconds_for(split.mean_long), curve.seconds_for(split.mean_short)
+    return workload.class_means(curve.seconds_for(workload.lengths), split)
+
+
+def link_overflow_bound(
+    split: LengthSplit,
+    *,
+    egress_rps: FloatArray,
+    pd_prefill_instances: IntArray,
+    pd_seconds: tuple[FloatArray, FloatArray],
+) -> FloatArray:
+    """The PD-prefill bound on Λ as the router routes when the link binds: the long requests the link
+    cannot take are prefilled locally, not lost.
+
+    Eq. 6 caps Λ at B / (p · S_kv(l_long)) with a hard threshold; the router instead offloads a long
+    request only when the link has room (its link-budget check) and prefills the rest locally. With
+    Λp long arrivals/s and C = B / S_kv(l_long) of them leaving by the link, the local work
+    Λ(1-p)·T_pd,short + (Λp - C)·T_pd,long must fit N_p when Λp > C; below that it is eq. 4.
+    `pd_seconds` is (long, short) mean prefill time on the PD GPUs. PrfaaS compute is not credited
+    this way (the router moves a request off a busy PrfaaS queue only near the TTFT SLO).
+    """
+    p, q = split.offloaded_fraction, split.kept_fraction
+    pd_long, pd_short = pd_seconds
+    kept_only = _per_request(pd_prefill_instances / pd_short, q, split.has_short)  # eq. 4's bound
+    link_full = _per_request(egress_rps, p, split.has_long)  # the Λ at which long requests fill the link
+    with np.errstate(divide="ignore", invalid="ignore"):
+        overflowing = (pd_prefill_instances + egress_rps * pd_long) / (q * pd_short + p * pd_long)
+    bound = np.where(kept_only > link_full, overflowing, kept_only)
+    return np.asarray(bound, dtype=np.float64)
 
 
 def _per_request(stage_rps: FloatArray, fraction: FloatArray, used: npt.NDArray[np.bool_]) -> FloatArray:
