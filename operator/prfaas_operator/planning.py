@@ -107,9 +107,18 @@ class Observation:
     offloaded_fraction: float
     """Share of those requests the router sent to the PrfaaS cluster."""
     arrival_rps: float | None
+    """Requests offered per second, whatever became of them: routed, rerouted, refused (429) or failed."""
     egress_bytes_per_second: float | None
     queue_depths: Mapping[str, float] = field(default_factory=dict)
     """Mean queued requests per engine role over the window (roles with no series are absent)."""
+    rejected_rps: float | None = None
+    """Of the offered, refused early (429): in the arrival rate, absent from the length histograms
+    (the router records the lengths of the requests it served)."""
+    rerouted_rps: float | None = None
+    """Of the offered, moved to the other route than their length asks for (TTFT, link budget)."""
+    measured_link_bytes_per_second: float | None = None
+    """The link's bandwidth as measured from the transfers; None when unknown (then the configured
+    bandwidth is planned with, never zero)."""
 
 
 def observe_histograms(
@@ -121,6 +130,9 @@ def observe_histograms(
     arrival_rps: float | None,
     egress_bytes_per_second: float | None,
     queue_depths: Mapping[str, float] | None = None,
+    rejected_rps: float | None = None,
+    rerouted_rps: float | None = None,
+    measured_link_bytes_per_second: float | None = None,
     min_requests: float = DEFAULT_MIN_REQUESTS,
     source: str,
 ) -> Observation | NoData:
@@ -145,6 +157,9 @@ def observe_histograms(
         arrival_rps=arrival_rps,
         egress_bytes_per_second=egress_bytes_per_second,
         queue_depths=dict(queue_depths or {}),
+        rejected_rps=rejected_rps,
+        rerouted_rps=rerouted_rps,
+        measured_link_bytes_per_second=measured_link_bytes_per_second,
     )
 
 
@@ -233,9 +248,20 @@ def system_profile(spec: api.PrfaasDeploymentSpec) -> SystemProfile:
     )
 
 
-def link_budget(spec: api.PrfaasDeploymentSpec) -> float:
-    """Bytes/s offloaded KV may use: bandwidth x headroom."""
-    return spec.link.bandwidth_gbps * 1e9 / 8 * spec.link.headroom
+def link_budget(spec: api.PrfaasDeploymentSpec, measured_bytes_per_second: float | None = None) -> float:
+    """Bytes/s offloaded KV may use: bandwidth x headroom, the bandwidth as measured when known (never
+    above the configured one, which the router's budget never exceeds either)."""
+    return link_bandwidth(spec, measured_bytes_per_second) * spec.link.headroom
+
+
+def link_bandwidth(spec: api.PrfaasDeploymentSpec, measured_bytes_per_second: float | None) -> float:
+    """The bandwidth to plan with: the measured one when it is a usable number, else the configured one."""
+    configured = spec.link.bandwidth_gbps * 1e9 / 8
+    if measured_bytes_per_second is None or not (
+        math.isfinite(measured_bytes_per_second) and measured_bytes_per_second > 0
+    ):
+        return configured
+    return min(measured_bytes_per_second, configured)
 
 
 def decide(
@@ -259,7 +285,9 @@ def decide(
         profile = system_profile(spec)
     except ProfileError as err:
         return Decision(Action.HOLD, Reason.PROFILE_REFUSED, f"prefill profile refused: {err}", inputs=inputs)
-    budget = link_budget(spec)
+    measured = observed.measured_link_bytes_per_second
+    budget = link_budget(spec, measured)
+    inputs["link"] = _link_input(spec, measured)
     form = ModelForm(spec.planner.throughput_model.value)
     try:
         now_eval = evaluate(
@@ -350,7 +378,9 @@ def summarize(observed: Observation) -> dict[str, str]:
     inputs = {
         "window": f"{observed.window_seconds:g}s",
         "requests": f"{observed.requests:.0f}",
-        "arrivalRate": _or_unknown(observed.arrival_rps, "{:.3g} req/s"),
+        "arrivalRate": _or_unknown(observed.arrival_rps, "{:.3g} req/s offered"),
+        "rejectedRate": _or_unknown(observed.rejected_rps, "{:.3g} req/s"),
+        "reroutedRate": _or_unknown(observed.rerouted_rps, "{:.3g} req/s"),
         "meanUncachedTokens": f"{workload.mean_input_tokens:.0f}",
         "p90UncachedTokens": f"{_quantile(workload, 0.9):.0f}",
         "meanOutputTokens": f"{workload.mean_output_tokens:.0f}",
@@ -365,6 +395,16 @@ def summarize(observed: Observation) -> dict[str, str]:
             f"{role}={depth:.1f}" for role, depth in sorted(observed.queue_depths.items())
         )
     return inputs
+
+
+def _link_input(spec: api.PrfaasDeploymentSpec, measured: float | None) -> str:
+    """status.planner.inputs.link: the bandwidth planned with and where it came from."""
+    gbps = link_bandwidth(spec, measured) * 8 / 1e9
+    if measured is None:
+        return f"{gbps:.3g} Gbit/s configured (not measured)"
+    if not (math.isfinite(measured) and measured > 0):
+        return f"{gbps:.3g} Gbit/s configured (the measurement {measured!r} is unusable)"
+    return f"{gbps:.3g} Gbit/s measured ({measured * 8 / 1e9:.3g}; configured {spec.link.bandwidth_gbps:g})"
 
 
 def _load(observed: Observation, in_force: Evaluation) -> dict[str, str]:

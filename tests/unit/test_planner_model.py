@@ -85,6 +85,43 @@ def test_the_per_request_form_never_predicts_more_than_the_papers_on_convex_curv
         assert per_request.max_throughput_rps == pytest.approx(paper.max_throughput_rps, rel=1e-9)
 
 
+def test_as_the_router_routes_the_long_requests_the_link_cannot_take_are_prefilled_locally() -> None:
+    # the allocation above: eq. 6 stops at the link (2/3 req/s); the router sends the link what it
+    # carries (C = 1/3 req/s of long requests) and prefills the rest locally: Λ·0.5·2 s (short) +
+    # (Λ·0.5 - 1/3)·4 s (long) = 1 local instance -> Λ = 7/9
+    result = evaluate(PROFILE, TWO_LENGTHS, Allocation(2000, 2, 1, 3), link_budget_bytes_per_second=1e6)
+    assert result.max_throughput_rps == pytest.approx(2 / 3)
+    assert result.routed_throughput_rps == pytest.approx(7 / 9)
+    assert result.as_dict()["routed_throughput_rps"] == pytest.approx(7 / 9)
+    # where the link does not bind, the router's Λ is eq. 6's
+    roomy = evaluate(PROFILE, TWO_LENGTHS, Allocation(2000, 2, 1, 3), link_budget_bytes_per_second=1e8)
+    assert roomy.routed_throughput_rps == pytest.approx(roomy.max_throughput_rps)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    profiles(),
+    workloads(max_length=200_000, max_points=12),
+    st.integers(0, 200_000),
+    st.integers(0, 3),
+    st.integers(0, 3),
+    st.floats(1e6, 1e11),
+)
+def test_the_router_never_serves_less_than_eq_6_and_more_only_where_the_link_binds(
+    profile: SystemProfile, workload: Workload, threshold: int, prfaas: int, local: int, budget: float
+) -> None:
+    result = evaluate(
+        profile, workload, Allocation(threshold, prfaas, local, 2), link_budget_bytes_per_second=budget
+    )
+    routed = result.routed_throughput_rps
+    assert math.isfinite(routed) and routed >= result.max_throughput_rps * (1 - 1e-9)
+    if Stage.PRFAAS_EGRESS not in result.binding:
+        assert routed == pytest.approx(result.max_throughput_rps, rel=1e-9)
+    assert routed <= min(
+        bound for stage, bound in result.stage_bounds.items() if stage is not Stage.PRFAAS_EGRESS
+    ) * (1 + 1e-9)
+
+
 def test_nothing_offloaded_makes_prfaas_no_bound() -> None:
     result = evaluate(PROFILE, TWO_LENGTHS, Allocation(None, 0, 2, 1), link_budget_bytes_per_second=None)
     assert result.offloaded_fraction == 0

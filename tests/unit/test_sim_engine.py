@@ -18,7 +18,7 @@ from prfaas_sim.engine import EngineSettings, LinkChange, Simulation, run_system
 from prfaas_sim.planning import PlannerSettings
 from prfaas_sim.results import RunStats
 from prfaas_sim.routing import LinkCheck
-from prfaas_sim.scenarios import GBIT, saturation
+from prfaas_sim.scenarios import GBIT, LinkDropSetup, link_drop, saturation
 from prfaas_sim.sources import RateSchedule, RequestSpec, SourceError, poisson_requests, trace_requests
 from prfaas_sim.systems import Deployments, default_slo, deployments, load_profile
 
@@ -180,3 +180,18 @@ def test_arrivals_that_go_back_in_time_are_refused(systems):
     requests = [RequestSpec(5.0, 1000, 10, None), RequestSpec(4.0, 1000, 10, None)]
     with pytest.raises(SourceError, match="back in time"):
         run_system(systems.specs[Strategy.HOMOGENEOUS_PD], requests)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_in_the_link_drop_the_planner_loop_helps_or_holds(systems, workload, seed):
+    """The README's link drop (100 -> 10 Gbit/s at 0.9x Λ_max): re-planning must not lose requests
+    against the same router without the loop, and keeps at least 97% within the SLOs."""
+    setup = LinkDropSetup(rate=2.97, duration=3600.0, drop_at=1200.0, to_gbps=10.0, informed_after=30.0)
+    results = {
+        variant.label: result
+        for variant, result in link_drop(systems, workload, setup, seed=seed, window=60.0).items()
+    }
+    without, with_loop = results["link budget check (product)"], results["link budget check + planner loop"]
+    assert with_loop.slo_attainment >= without.slo_attainment
+    assert with_loop.slo_attainment >= 0.97
+    assert any("apply:" in line for line in with_loop.planner_log), with_loop.planner_log
