@@ -271,7 +271,9 @@ MODEL_NOTES = [
     "/v1/loads does) and its BS_max; the config's decode capacity is BS_max and mean output x T_decode.",
     "- Planner loop (PrfaaS-PD where stated): the operator's own decision (`prfaas_operator.planning.decide`) "
     "every 300 s on the last 600 s of the router's uncached-token and output-token histograms (metrics-contract "
-    "buckets, requests it routed), hysteresis 5%, cooldown 600 s (the CRD defaults), holding on fewer than 50 "
+    "buckets, requests it routed) and of what was offered (every arrival, the 429s, the reroutes), the link as "
+    "configured (a measured bandwidth is not simulated), hysteresis 5%, cooldown 600 s (the CRD defaults), "
+    "holding on fewer than 50 "
     "requests; the threshold applies at once, a split change drains the moving instances and restarts them in "
     "their new role 120 s later (an assumption). The baselines keep their allocation.",
     "- Not simulated: engine failures and retries, clients retrying after a 429, the Abundant bandwidth mode "
@@ -297,8 +299,8 @@ def render(study: Study, plots: Sequence[str]) -> str:
         "",
         "## Case study: maximum goodput",
         "",
-        "All rates in req/s. Λ_max: the planner's model (paper eq. 6) at the planner's allocation. Saturation: "
-        "each system driven at 1.3x its Λ_max on an unlimited link with admission off, completions per second. "
+        "All rates in req/s. Λ_max: the planner's model (paper eq. 6, prefill time averaged over each side's "
+        "requests) at the planner's allocation. Saturation: each system driven at 1.3x its Λ_max on an unlimited link with admission off, completions per second. "
         "Offered limit: the highest offered rate at which the given fraction of requests meets the SLOs "
         f"(interpolated on the sweep grid of {sweep.rates[1] - sweep.rates[0]:g} req/s, router admission on); "
         "max goodput: the most SLO-meeting requests per second at or below that limit.",
