@@ -6,11 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from prfaas_operator.planner import Strategy
+from prfaas_operator.planner import ModelForm, Strategy
 from prfaas_sim.scenarios import model_check
 from prfaas_sim.sources import SourceError, lognormal_sample
 from prfaas_sim.study import heavy_tailed_workloads
-from prfaas_sim.systems import load_profile
+from prfaas_sim.systems import default_slo, deployments, load_profile
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = REPO / "data" / "profiles" / "case-study.yaml"
@@ -47,3 +47,16 @@ def test_the_generated_log_normal_sample_is_seeded_truncated_and_heavy_tailed() 
     assert first.mean_input_tokens > 1.5 * median  # a heavy right tail
     with pytest.raises(SourceError, match="sigma > 0"):
         lognormal_sample(mu=9, sigma=0, min_tokens=128, max_tokens=131072, output_tokens=1, count=1, seed=1)
+
+
+def test_the_simulator_plans_its_deployments_in_either_form_of_the_model() -> None:
+    document = load_profile(PROFILE)
+    workload = document.default_workload()
+    slo = default_slo(document)
+    per_request = deployments(document, workload, slo=slo)
+    paper = deployments(document, workload, slo=slo, form=ModelForm.PAPER)
+    for strategy in Strategy:
+        assert per_request.plan(strategy).evaluation.form is ModelForm.PER_REQUEST
+        assert paper.plan(strategy).evaluation.form is ModelForm.PAPER
+        assert paper.analytical_rps(strategy) > per_request.analytical_rps(strategy)
+    assert paper.analytical_rps(Strategy.PRFAAS_PD) == pytest.approx(3.297, abs=5e-4)  # the README's table
