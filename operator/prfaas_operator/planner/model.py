@@ -305,10 +305,19 @@ def stage_rates(
     prfaas_seconds = side_seconds(profile.prfaas_prefill, workload, split, form)
     pd_seconds = side_seconds(profile.pd_prefill, workload, split, form)
     prfaas_compute = prfaas_instances / prfaas_seconds[0]
-    prfaas_egress = link_budget_bytes_per_second / profile.kv_size.bytes_for(split.mean_long)
+    prfaas_egress = np.broadcast_to(
+        link_budget_bytes_per_second / profile.kv_size.bytes_for(split.mean_long), split.mean_long.shape
+    )
     pd_prefill = pd_prefill_instances / pd_seconds[1]
-    decode = decode_instances * profile.decode.requests_per_second(workload.mean_output_tokens)
-    prfaas_egress = np.broadcast_to(prfaas_egress, split.mean_long.shape)
+    decode = np.asarray(
+        decode_instances * profile.decode.requests_per_second(workload.mean_output_tokens), dtype=np.float64
+    )
+    bounds = {
+        Stage.PRFAAS_COMPUTE: _per_request(prfaas_compute, split.offloaded_fraction, split.has_long),
+        Stage.PRFAAS_EGRESS: _per_request(prfaas_egress, split.offloaded_fraction, split.has_long),
+        Stage.PD_PREFILL: _per_request(pd_prefill, split.kept_fraction, split.has_short),
+        Stage.PD_DECODE: decode,
+    }
     overflow = link_overflow_bound(
         split, egress_rps=prfaas_egress, pd_prefill_instances=pd_prefill_instances, pd_seconds=pd_seconds
     )
@@ -316,17 +325,9 @@ def stage_rates(
         prfaas_compute_rps=prfaas_compute,
         prfaas_egress_rps=prfaas_egress,
         pd_prefill_rps=pd_prefill,
-        decode_rps=np.asarray(decode, dtype=np.float64),
-        bounds={
-            Stage.PRFAAS_COMPUTE: _per_request(prfaas_compute, split.offloaded_fraction, split.has_long),
-            Stage.PRFAAS_EGRESS: _per_request(prfaas_egress, split.offloaded_fraction, split.has_long),
-            Stage.PD_PREFILL: _per_request(pd_prefill, split.kept_fraction, split.has_short),
-            Stage.PD_DECODE: np.asarray(decode, dtype=np.float64),
-        },
-        routed_rps=np.minimum(
-            np.minimum(overflow, np.asarray(decode, dtype=np.float64)),
-            _per_request(prfaas_compute, split.offloaded_fraction, split.has_long),
-        ),
+        decode_rps=decode,
+        bounds=bounds,
+        routed_rps=np.minimum(np.minimum(overflow, decode), bounds[Stage.PRFAAS_COMPUTE]),
     )
 
 
