@@ -8,8 +8,13 @@ time passed in, so the rules can be tested without a cluster and replayed offlin
 - solve within the spec's bounds: the PD cluster's instance count is fixed, PrfaaS replicas
   move within [minReplicas, maxReplicas] only with scalePrefillCluster, and the threshold
   moves only when routing.mode is Auto (else the split is solved at the spec's threshold);
-- change only when the predicted Λ_max beats the allocation in force by more than the
-  hysteresis (relative), and not within the cooldown of the last applied change;
+- change only when the predicted capacity beats the allocation in force by more than the
+  hysteresis (relative), and not within the cooldown of the last applied change; capacities are
+  taken as the router routes (eq. 6, but where the link binds the long requests it cannot take
+  are prefilled locally), and where the link binds at the threshold in force that threshold is
+  kept (`_threshold_kept_for_the_link`);
+- plan with the link as measured when the observation carries a usable measurement, else as
+  configured (unknown is never zero);
 - Advisory proposes (Advise) what Auto would apply; prefill and decode always change together,
   as one allocation.
 """
