@@ -44,6 +44,7 @@ class PlannerSettings:
     window_seconds: int = _PLANNER_DEFAULTS["window_seconds"].default
     hysteresis: float = _PLANNER_DEFAULTS["hysteresis"].default
     cooldown_seconds: int = _PLANNER_DEFAULTS["cooldown_seconds"].default
+    throughput_model: api.ThroughputModel = _PLANNER_DEFAULTS["throughput_model"].default
     role_switch_seconds: float = DEFAULT_ROLE_SWITCH_SECONDS
 
     def __post_init__(self) -> None:
@@ -59,6 +60,7 @@ class PlannerSettings:
             window_seconds=self.window_seconds,
             hysteresis=self.hysteresis,
             cooldown_seconds=self.cooldown_seconds,
+            throughput_model=self.throughput_model,
         )
 
 

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from prfaas_operator import api
 from prfaas_operator.planner import ModelForm, Strategy
+from prfaas_sim.planning import PlannerSettings
 from prfaas_sim.scenarios import model_check
 from prfaas_sim.sources import SourceError, lognormal_sample
 from prfaas_sim.study import heavy_tailed_workloads
@@ -60,3 +62,9 @@ def test_the_simulator_plans_its_deployments_in_either_form_of_the_model() -> No
         assert paper.plan(strategy).evaluation.form is ModelForm.PAPER
         assert paper.analytical_rps(strategy) > per_request.analytical_rps(strategy)
     assert paper.analytical_rps(Strategy.PRFAAS_PD) == pytest.approx(3.297, abs=5e-4)  # the README's table
+
+
+def test_the_simulated_planner_loop_takes_the_form_of_the_model_from_its_settings() -> None:
+    assert PlannerSettings().spec().throughput_model is api.ThroughputModel.PER_REQUEST
+    paper = PlannerSettings(throughput_model=api.ThroughputModel.PAPER)
+    assert paper.spec().throughput_model is api.ThroughputModel.PAPER
