@@ -29,6 +29,11 @@ ROUTE_PRFAAS = "prfaas"
 ROUTE_LOCAL = "local"
 ROUTES = (ROUTE_PRFAAS, ROUTE_LOCAL)
 
+# label values the planner reads: requests_total{outcome} of a request refused early (429), and
+# decisions_total{reason} of a request sent to the other route than its length asks for
+OUTCOME_REJECTED = "rejected"
+REROUTE_REASONS = ("ttft_reroute", "link_budget")
+
 
 def token_buckets(low: int = 64, high: int = 262144, ratio: float = 1.25) -> tuple[float, ...]:
     """Geometric bucket bounds from low to high inclusive, each at most `ratio` times the last."""

@@ -326,6 +326,13 @@ class PlannerMode(enum.StrEnum):
     AUTO = "Auto"
 
 
+class ThroughputModel(enum.StrEnum):
+    """The planner's form of the throughput model (prfaas_operator.planner.ModelForm)."""
+
+    PER_REQUEST = "PerRequest"
+    PAPER = "Paper"
+
+
 class SloSpec(_Model):
     """Service-level objectives the router admits against and the planner plans for."""
 
@@ -370,6 +377,11 @@ class PlannerSpec(_Model):
     )
     scale_prefill_cluster: bool = Field(
         default=False, description="Let the planner move PrfaaS replicas within [minReplicas, maxReplicas]."
+    )
+    throughput_model: ThroughputModel = Field(
+        default=ThroughputModel.PER_REQUEST,
+        description="PerRequest: each side's prefill time averaged over its requests; Paper: taken at "
+        "each side's mean length (the paper's eq. 3-4, which overstates capacity on heavy tails).",
     )
 
 

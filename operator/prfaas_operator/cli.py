@@ -18,6 +18,7 @@ from prfaas_core.profiles import ProfileError
 
 from prfaas_operator.planner import (
     DEFAULT_THRESHOLD_STEP_TOKENS,
+    ModelForm,
     PlanError,
     ProfileDocument,
     Workload,
@@ -78,6 +79,11 @@ def _add_plan(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     plan.add_argument(
         "--threshold-step", type=int, default=DEFAULT_THRESHOLD_STEP_TOKENS, help="grid step of t in tokens"
     )
+    plan.add_argument(
+        "--paper-model",
+        action="store_true",
+        help="the paper's model: prefill time at each side's mean length, not averaged over its requests",
+    )
     plan.add_argument("--json", action="store_true", help="machine-readable output")
     plan.set_defaults(run=_run_plan)
 
@@ -89,7 +95,11 @@ def _run_plan(args: argparse.Namespace) -> int:
         document = parse_profile(_read(args.profile), source=str(args.profile))
         workload = _plan_workload(args, document)
         comparison = compare(
-            document, workload, headroom=args.headroom, threshold_step_tokens=args.threshold_step
+            document,
+            workload,
+            headroom=args.headroom,
+            threshold_step_tokens=args.threshold_step,
+            form=ModelForm.PAPER if args.paper_model else ModelForm.PER_REQUEST,
         )
     except (ProfileError, WorkloadError, PlanError, OSError, UnicodeDecodeError) as err:
         return _refuse("plan", str(err))

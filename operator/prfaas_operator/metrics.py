@@ -64,13 +64,13 @@ class OperatorMetrics:
         )
         self.planner_predicted_rps = Gauge(
             "prfaas_operator_planner_predicted_throughput_rps",
-            "Λ_max the model predicts at the planner's last proposal (requests/s).",
+            "Requests/s the model predicts, as the router routes, at the planner's last proposal.",
             ["namespace", "name"],
             registry=registry,
         )
         self.planner_current_rps = Gauge(
             "prfaas_operator_planner_current_throughput_rps",
-            "Λ_max the model predicts for the allocation in force at the last decision (requests/s).",
+            "Requests/s the model predicts, as the router routes, for the allocation in force at the last decision.",
             ["namespace", "name"],
             registry=registry,
         )

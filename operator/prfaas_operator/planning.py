@@ -8,8 +8,13 @@ time passed in, so the rules can be tested without a cluster and replayed offlin
 - solve within the spec's bounds: the PD cluster's instance count is fixed, PrfaaS replicas
   move within [minReplicas, maxReplicas] only with scalePrefillCluster, and the threshold
   moves only when routing.mode is Auto (else the split is solved at the spec's threshold);
-- change only when the predicted Λ_max beats the allocation in force by more than the
-  hysteresis (relative), and not within the cooldown of the last applied change;
+- change only when the predicted capacity beats the allocation in force by more than the
+  hysteresis (relative), and not within the cooldown of the last applied change; capacities are
+  taken as the router routes (eq. 6, but where the link binds the long requests it cannot take
+  are prefilled locally), and where the link binds at the threshold in force that threshold is
+  kept (`_threshold_kept_for_the_link`);
+- plan with the link as measured when the observation carries a usable measurement, else as
+  configured (unknown is never zero);
 - Advisory proposes (Advise) what Auto would apply; prefill and decode always change together,
   as one allocation.
 """
@@ -32,8 +37,10 @@ from prfaas_operator.planner import (
     Allocation,
     DecodeProfile,
     Evaluation,
+    ModelForm,
     Plan,
     PlanError,
+    Stage,
     SystemProfile,
     Workload,
     WorkloadError,
@@ -105,9 +112,18 @@ class Observation:
     offloaded_fraction: float
     """Share of those requests the router sent to the PrfaaS cluster."""
     arrival_rps: float | None
+    """Requests offered per second, whatever became of them: routed, rerouted, refused (429) or failed."""
     egress_bytes_per_second: float | None
     queue_depths: Mapping[str, float] = field(default_factory=dict)
     """Mean queued requests per engine role over the window (roles with no series are absent)."""
+    rejected_rps: float | None = None
+    """Of the offered, refused early (429): in the arrival rate, absent from the length histograms
+    (the router records the lengths of the requests it served)."""
+    rerouted_rps: float | None = None
+    """Of the offered, moved to the other route than their length asks for (TTFT, link budget)."""
+    measured_link_bytes_per_second: float | None = None
+    """The link's bandwidth as measured from the transfers; None when unknown (then the configured
+    bandwidth is planned with, never zero)."""
 
 
 def observe_histograms(
@@ -119,6 +135,9 @@ def observe_histograms(
     arrival_rps: float | None,
     egress_bytes_per_second: float | None,
     queue_depths: Mapping[str, float] | None = None,
+    rejected_rps: float | None = None,
+    rerouted_rps: float | None = None,
+    measured_link_bytes_per_second: float | None = None,
     min_requests: float = DEFAULT_MIN_REQUESTS,
     source: str,
 ) -> Observation | NoData:
@@ -143,6 +162,9 @@ def observe_histograms(
         arrival_rps=arrival_rps,
         egress_bytes_per_second=egress_bytes_per_second,
         queue_depths=dict(queue_depths or {}),
+        rejected_rps=rejected_rps,
+        rerouted_rps=rerouted_rps,
+        measured_link_bytes_per_second=measured_link_bytes_per_second,
     )
 
 
@@ -231,9 +253,20 @@ def system_profile(spec: api.PrfaasDeploymentSpec) -> SystemProfile:
     )
 
 
-def link_budget(spec: api.PrfaasDeploymentSpec) -> float:
-    """Bytes/s offloaded KV may use: bandwidth x headroom."""
-    return spec.link.bandwidth_gbps * 1e9 / 8 * spec.link.headroom
+def link_budget(spec: api.PrfaasDeploymentSpec, measured_bytes_per_second: float | None = None) -> float:
+    """Bytes/s offloaded KV may use: bandwidth x headroom, the bandwidth as measured when known (never
+    above the configured one, which the router's budget never exceeds either)."""
+    return link_bandwidth(spec, measured_bytes_per_second) * spec.link.headroom
+
+
+def link_bandwidth(spec: api.PrfaasDeploymentSpec, measured_bytes_per_second: float | None) -> float:
+    """The bandwidth to plan with: the measured one when it is a usable number, else the configured one."""
+    configured = spec.link.bandwidth_gbps * 1e9 / 8
+    if measured_bytes_per_second is None or not (
+        math.isfinite(measured_bytes_per_second) and measured_bytes_per_second > 0
+    ):
+        return configured
+    return min(measured_bytes_per_second, configured)
 
 
 def decide(
@@ -257,34 +290,60 @@ def decide(
         profile = system_profile(spec)
     except ProfileError as err:
         return Decision(Action.HOLD, Reason.PROFILE_REFUSED, f"prefill profile refused: {err}", inputs=inputs)
-    budget = link_budget(spec)
+    measured = observed.measured_link_bytes_per_second
+    budget = link_budget(spec, measured)
+    inputs["link"] = _link_input(spec, measured)
+    form = ModelForm(spec.planner.throughput_model.value)
     try:
-        now_eval = evaluate(profile, observed.workload, in_force, link_budget_bytes_per_second=budget)
-        plan = _solve(spec, profile, observed.workload, in_force, budget)
+        now_eval = evaluate(
+            profile, observed.workload, in_force, link_budget_bytes_per_second=budget, form=form
+        )
+        plan = _solve(spec, profile, observed.workload, in_force, budget, form)
+        best = _threshold_kept_for_the_link(
+            plan, in_force, profile, observed.workload, budget, form, planner.hysteresis
+        )
     except PlanError as err:
         return Decision(Action.HOLD, Reason.PLAN_ERROR, f"cannot plan: {err}", inputs=inputs)
-    best = plan.evaluation
     # the numbers behind every outcome from here on; only action, code and reason differ
     proposal = Decision(
         Action.HOLD,
         Reason.AT_OPTIMUM,
         "",
         proposed=best.allocation,
-        predicted_rps=best.max_throughput_rps,
-        current_rps=now_eval.max_throughput_rps,
+        predicted_rps=best.routed_throughput_rps,
+        current_rps=now_eval.routed_throughput_rps,
         binding_stage="+".join(stage.value for stage in best.binding),
         inputs={**inputs, **_load(observed, now_eval)},
     )
-    if _already_optimal(in_force, plan):
+    if best.allocation == in_force or _already_optimal(in_force, plan):
         reason = f"the allocation in force is optimal for the observed workload: {explain(now_eval)}"
         return replace(proposal, reason=reason)
-    change = f"{describe_change(in_force, best.allocation)} would take Λ_max {_rps_change(now_eval, best)}"
-    if not _beats_hysteresis(best.max_throughput_rps, now_eval.max_throughput_rps, planner.hysteresis):
+    if best.routed_throughput_rps <= now_eval.routed_throughput_rps:
+        reason = (
+            f"the allocation in force serves {now_eval.routed_throughput_rps:.3g} req/s as the router routes "
+            f"(the long requests the link cannot take prefilled locally), no less than the model's optimum "
+            f"({describe_change(in_force, best.allocation)}: {best.routed_throughput_rps:.3g} req/s)"
+        )
+        return replace(
+            proposal,
+            proposed=in_force,
+            predicted_rps=now_eval.routed_throughput_rps,
+            binding_stage="+".join(stage.value for stage in now_eval.binding),
+            reason=reason,
+        )
+    change = (
+        f"{describe_change(in_force, best.allocation)} would take Λ as the router routes "
+        f"{_rps_change(now_eval, best)}"
+    )
+    if not _beats_hysteresis(best.routed_throughput_rps, now_eval.routed_throughput_rps, planner.hysteresis):
         reason = f"{change}, not above the hysteresis of {planner.hysteresis:.0%}"
         return replace(proposal, code=Reason.WITHIN_HYSTERESIS, reason=reason)
     if planner.mode == api.PlannerMode.ADVISORY:
         return replace(
-            proposal, action=Action.ADVISE, code=Reason.GAIN, reason=f"advice: {change}; {plan.reason}"
+            proposal,
+            action=Action.ADVISE,
+            code=Reason.GAIN,
+            reason=f"advice: {change}; with a hard threshold (eq. 6) {explain(best)}",
         )
     if last_applied_at is not None:
         waited = (now - last_applied_at).total_seconds()
@@ -298,7 +357,7 @@ def decide(
         proposal,
         action=Action.APPLY,
         code=Reason.GAIN,
-        reason=f"{change}; {plan.reason}",
+        reason=f"{change}; with a hard threshold (eq. 6) {explain(best)}",
         inputs={**proposal.inputs, LAST_APPLIED_INPUT: rfc3339(now)},
     )
 
@@ -324,7 +383,9 @@ def summarize(observed: Observation) -> dict[str, str]:
     inputs = {
         "window": f"{observed.window_seconds:g}s",
         "requests": f"{observed.requests:.0f}",
-        "arrivalRate": _or_unknown(observed.arrival_rps, "{:.3g} req/s"),
+        "arrivalRate": _or_unknown(observed.arrival_rps, "{:.3g} req/s offered"),
+        "rejectedRate": _or_unknown(observed.rejected_rps, "{:.3g} req/s"),
+        "reroutedRate": _or_unknown(observed.rerouted_rps, "{:.3g} req/s"),
         "meanUncachedTokens": f"{workload.mean_input_tokens:.0f}",
         "p90UncachedTokens": f"{_quantile(workload, 0.9):.0f}",
         "meanOutputTokens": f"{workload.mean_output_tokens:.0f}",
@@ -341,11 +402,21 @@ def summarize(observed: Observation) -> dict[str, str]:
     return inputs
 
 
+def _link_input(spec: api.PrfaasDeploymentSpec, measured: float | None) -> str:
+    """status.planner.inputs.link: the bandwidth planned with and where it came from."""
+    gbps = link_bandwidth(spec, measured) * 8 / 1e9
+    if measured is None:
+        return f"{gbps:.3g} Gbit/s configured (not measured)"
+    if not (math.isfinite(measured) and measured > 0):
+        return f"{gbps:.3g} Gbit/s configured (the measurement {measured!r} is unusable)"
+    return f"{gbps:.3g} Gbit/s measured ({measured * 8 / 1e9:.3g}; configured {spec.link.bandwidth_gbps:g})"
+
+
 def _load(observed: Observation, in_force: Evaluation) -> dict[str, str]:
-    """Arrival rate over the capacity the model predicts for the allocation in force."""
-    if observed.arrival_rps is None or not in_force.max_throughput_rps > 0:
+    """Arrival rate over the capacity the model predicts for the allocation in force, as the router routes."""
+    if observed.arrival_rps is None or not in_force.routed_throughput_rps > 0:
         return {}
-    return {"load": f"{observed.arrival_rps / in_force.max_throughput_rps:.0%} of predicted capacity"}
+    return {"load": f"{observed.arrival_rps / in_force.routed_throughput_rps:.0%} of predicted capacity"}
 
 
 def _solve(
@@ -354,6 +425,7 @@ def _solve(
     workload: Workload,
     in_force: Allocation,
     budget: float,
+    form: ModelForm,
 ) -> Plan:
     prefill = spec.prefill_cluster
     prfaas = (
@@ -370,7 +442,44 @@ def _solve(
         fixed_threshold_tokens=None
         if spec.routing.mode == api.RoutingMode.AUTO
         else spec.routing.threshold_tokens,
+        form=form,
     )
+
+
+def _threshold_kept_for_the_link(
+    plan: Plan,
+    in_force: Allocation,
+    profile: SystemProfile,
+    workload: Workload,
+    budget: float,
+    form: ModelForm,
+    hysteresis: float,
+) -> Evaluation:
+    """The plan, or its counts with the threshold in force where the link binds at that threshold and the
+    router, rerouting what the link cannot take, serves within the hysteresis of the plan.
+
+    Eq. 6 answers a binding link by raising t until the offloads just fit it, but the router keeps a
+    link full only from an excess of offers (an offload waits for room, the rest is prefilled
+    locally): a link offered just its capacity idles between offers. Measured in the simulated link
+    drop: the plan's counts at the threshold in force kept more requests within the SLOs than the
+    plan itself.
+    """
+    best = plan.evaluation
+    if in_force.threshold_tokens == best.allocation.threshold_tokens:
+        return best
+    kept = evaluate(
+        profile,
+        workload,
+        replace(best.allocation, threshold_tokens=in_force.threshold_tokens),
+        link_budget_bytes_per_second=budget,
+        form=form,
+    )
+    link_binds = Stage.PRFAAS_EGRESS in kept.binding
+    if link_binds and not _beats_hysteresis(
+        best.routed_throughput_rps, kept.routed_throughput_rps, hysteresis
+    ):
+        return kept
+    return best
 
 
 def _already_optimal(in_force: Allocation, plan: Plan) -> bool:
@@ -404,9 +513,9 @@ def _gain(predicted: float, current: float) -> float:
 
 
 def _rps_change(before: Evaluation, after: Evaluation) -> str:
-    gain = _gain(after.max_throughput_rps, before.max_throughput_rps)
+    gain = _gain(after.routed_throughput_rps, before.routed_throughput_rps)
     relative = f"+{gain:.0%}" if math.isfinite(gain) else "from none"
-    return f"from {before.max_throughput_rps:.3g} to {after.max_throughput_rps:.3g} req/s ({relative})"
+    return f"from {before.routed_throughput_rps:.3g} to {after.routed_throughput_rps:.3g} req/s ({relative})"
 
 
 def _model_allocation(allocation: api.Allocation) -> Allocation:

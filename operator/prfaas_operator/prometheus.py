@@ -2,7 +2,9 @@
 
 It reads only names of `prfaas_core.metrics_contract`: the router's uncached-token histogram
 (summed over routes: the uncached distribution the model needs), its output-token histogram,
-requests_total, kv_egress_bytes_total, and the engines' sglang:num_queue_reqs. Histograms are
+requests_total (all outcomes: what was offered; and the 429s), decisions_total (the reroutes),
+kv_egress_bytes_total, and the engines' sglang:num_queue_reqs. The link's measured bandwidth has
+no metric yet: it is left unknown (None), and the planner uses the configured one. Histograms are
 read with increase() over the window on their _bucket series; planning.observe_histograms turns
 them into the Observation, as it does for the simulator.
 
@@ -169,6 +171,14 @@ class PrometheusObserver:
                 f"sum(rate({contract.KV_EGRESS_BYTES_TOTAL}{{{router}}}[{window}]))", at
             ),
             queue_depths=self._queue_depths(selector, window, at),
+            rejected_rps=self._event_rate(
+                f'{contract.REQUESTS_TOTAL}{{{router},outcome="{contract.OUTCOME_REJECTED}"}}', window, at
+            ),
+            rerouted_rps=self._event_rate(
+                f'{contract.DECISIONS_TOTAL}{{{router},reason=~"{"|".join(contract.REROUTE_REASONS)}"}}',
+                window,
+                at,
+            ),
             min_requests=self.min_requests,
             source=f"Prometheus, last {window}",
         )
@@ -198,6 +208,11 @@ class PrometheusObserver:
         return {
             series["metric"].get(ROLE_LABEL, ""): _sample(series)[1] for series in self._query(promql, at)
         }
+
+    def _event_rate(self, series: str, window: str, at: float) -> float:
+        """The summed rate of a labelled counter of the router, whose freshness is already checked: a
+        labelled series appears with its first event, so none at all means none happened."""
+        return self._scalar(f"sum(rate({series}[{window}]))", at) or 0.0
 
     def _scalar(self, promql: str, at: float) -> float | None:
         """The single value of an aggregate, or None when no series matched (unknown, not zero)."""

@@ -18,7 +18,7 @@ from prfaas_sim.engine import EngineSettings
 from prfaas_sim.planning import PlannerSettings
 from prfaas_sim.scenarios import LinkDropSetup, burst, link_drop, rate_sweep, trace_prefix
 from prfaas_sim.sources import RateSchedule, SourceError
-from prfaas_sim.study import FULL, QUICK, overload_study, run_study
+from prfaas_sim.study import FULL, QUICK, model_checks, overload_study, run_study
 from prfaas_sim.systems import default_slo, deployments, load_profile
 
 BAD_INPUT = 2
@@ -83,6 +83,16 @@ def _parser() -> argparse.ArgumentParser:
     past.add_argument("--factors", type=float, nargs="+", default=list(FULL.overload_factors))
     past.add_argument("--duration", type=float, default=FULL.overload_seconds)
     past.add_argument("--warmup", type=float, default=FULL.overload_warmup)
+
+    check = _command(
+        commands,
+        "saturation",
+        "simulated saturation against the model (both forms) on heavy-tailed workloads",
+        _run_saturation,
+    )
+    check.add_argument("--trace", type=Path, help="also a JSONL trace's prompt lengths")
+    check.add_argument("--duration", type=float, default=FULL.model_check_seconds)
+    check.add_argument("--warmup", type=float, default=FULL.model_check_warmup)
 
     trace = _command(commands, "trace", "a JSONL trace with prefix reuse off and on", _run_trace)
     trace.add_argument("--trace", type=Path, required=True)
@@ -220,6 +230,14 @@ def _run_overload(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     print("\n".join(report.overload_table(runs)))
+    return 0
+
+
+def _run_saturation(args: argparse.Namespace) -> int:
+    checks = model_checks(
+        load_profile(args.profile), args.trace, duration=args.duration, warmup=args.warmup, seed=args.seed
+    )
+    print("\n".join(report.model_check_table(checks)))
     return 0
 
 

@@ -1,7 +1,9 @@
 """The operator's long-timescale loop as the simulator runs it: the product's own decision, on simulated metrics.
 
 What the operator reads from Prometheus is what the router exports: histograms of uncached
-prompt tokens and of output tokens on the metrics contract's buckets, and requests by route.
+prompt tokens and of output tokens on the metrics contract's buckets (requests it served),
+requests by route, and what was offered: every arrival, the 429s and the reroutes. The link's
+measured bandwidth is not simulated: the loop plans with the configured one.
 The simulator keeps the same counters over a sliding window and hands them to the operator's
 pure `observe_histograms` and `decide`, for the PrfaasDeployment a user would apply for the
 profile's PrfaaS-PD deployment. Every rule (hold on missing data, hysteresis, cooldown, bounds)
@@ -18,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from prfaas_core.metrics_contract import ROUTE_LOCAL, ROUTE_PRFAAS, TOKEN_BUCKETS
+from prfaas_core.metrics_contract import REROUTE_REASONS, ROUTE_LOCAL, ROUTE_PRFAAS, TOKEN_BUCKETS
 from prfaas_core.router_config import LinkSpec
 from prfaas_operator import api
 from prfaas_operator.planner import Allocation, ProfileDocument
@@ -42,6 +44,7 @@ class PlannerSettings:
     window_seconds: int = _PLANNER_DEFAULTS["window_seconds"].default
     hysteresis: float = _PLANNER_DEFAULTS["hysteresis"].default
     cooldown_seconds: int = _PLANNER_DEFAULTS["cooldown_seconds"].default
+    throughput_model: api.ThroughputModel = _PLANNER_DEFAULTS["throughput_model"].default
     role_switch_seconds: float = DEFAULT_ROLE_SWITCH_SECONDS
 
     def __post_init__(self) -> None:
@@ -57,6 +60,7 @@ class PlannerSettings:
             window_seconds=self.window_seconds,
             hysteresis=self.hysteresis,
             cooldown_seconds=self.cooldown_seconds,
+            throughput_model=self.throughput_model,
         )
 
 
@@ -166,11 +170,13 @@ _BUCKETS = len(TOKEN_BUCKETS) + 1
 class _Slice:
     """The router's counters for one slice of time."""
 
-    __slots__ = ("arrivals", "egress_bytes", "index", "outputs", "routes", "uncached")
+    __slots__ = ("arrivals", "egress_bytes", "index", "outputs", "rejected", "rerouted", "routes", "uncached")
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.arrivals = 0
+        self.rejected = 0
+        self.rerouted = 0
         self.egress_bytes = 0.0
         self.routes = {ROUTE_LOCAL: 0, ROUTE_PRFAAS: 0}
         self.uncached = [0] * _BUCKETS
@@ -199,7 +205,9 @@ class ObservationWindow:
         current = slices[-1]
         current.arrivals += 1
         if routed is None:
+            current.rejected += 1
             return
+        current.rerouted += routed.reason.value in REROUTE_REASONS
         current.routes[routed.route] += 1
         current.egress_bytes += routed.egress_bytes
         current.uncached[bisect.bisect_left(TOKEN_BUCKETS, routed.uncached_tokens)] += 1
@@ -220,6 +228,8 @@ class ObservationWindow:
             window_seconds=window,
             arrival_rps=sum(entry.arrivals for entry in recent) / window,
             egress_bytes_per_second=sum(entry.egress_bytes for entry in recent) / window,
+            rejected_rps=sum(entry.rejected for entry in recent) / window,
+            rerouted_rps=sum(entry.rerouted for entry in recent) / window,
             source=f"last {window:g} s of routed requests",
         )
 

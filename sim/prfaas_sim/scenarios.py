@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prfaas_core.router_config import Slo
-from prfaas_operator.planner import ProfileDocument, Strategy, Workload
+from prfaas_operator.planner import ModelForm, ProfileDocument, Strategy, Workload, evaluate
 
 from prfaas_sim.engine import EngineSettings, LinkChange, run_system
 from prfaas_sim.planning import PlannerSettings
@@ -227,8 +227,7 @@ def saturation(
     """
     if not overload > 1:
         raise ValueError(f"saturation needs an overload factor above 1, got {overload}")
-    slo = Slo(ttft_seconds=NO_ADMISSION_TTFT_SECONDS, tpot_seconds=NO_ADMISSION_TTFT_SECONDS)
-    systems = deployments(with_bandwidth(document, UNLIMITED_LINK_GBPS), workload, slo=slo)
+    systems = saturation_deployments(document, workload)
     engine = EngineSettings(warmup_seconds=warmup)
     results = {}
     for strategy, spec in systems.specs.items():
@@ -242,6 +241,50 @@ def saturation(
             run_system(unlimited, poisson_requests(workload, schedule, seed, output_sigma), engine),
         )
     return results
+
+
+def saturation_deployments(document: ProfileDocument, workload: Workload) -> Deployments:
+    """The three systems as `saturation` runs them: planned for an unlimited link, admission off."""
+    slo = Slo(ttft_seconds=NO_ADMISSION_TTFT_SECONDS, tpot_seconds=NO_ADMISSION_TTFT_SECONDS)
+    return deployments(with_bandwidth(document, UNLIMITED_LINK_GBPS), workload, slo=slo)
+
+
+@dataclass(frozen=True)
+class ModelCheck:
+    """One workload at saturation: the model in both forms at the planner's allocation, and the simulation."""
+
+    label: str
+    workload: Workload
+    runs: dict[Strategy, tuple[float, float, RunResult]]
+    """Per system: Λ_max per request (the planner's default), Λ_max in the paper's form, the run."""
+
+
+def model_check(
+    document: ProfileDocument,
+    label: str,
+    workload: Workload,
+    *,
+    overload: float,
+    duration: float,
+    warmup: float,
+    seed: int,
+) -> ModelCheck:
+    """`saturation`, with the paper's form of the model evaluated at the same allocations beside it."""
+    systems = saturation_deployments(document, workload)
+    runs = {}
+    for strategy, (model, run) in saturation(
+        document, workload, overload=overload, duration=duration, warmup=warmup, seed=seed
+    ).items():
+        spec, plan = systems.specs[strategy], systems.plan(strategy)
+        paper = evaluate(
+            spec.profile,
+            workload,
+            spec.allocation,
+            link_budget_bytes_per_second=plan.evaluation.link_budget_bytes_per_second,
+            form=ModelForm.PAPER,
+        )
+        runs[strategy] = (model, paper.max_throughput_rps, run)
+    return ModelCheck(label, workload, runs)
 
 
 @dataclass(frozen=True)

@@ -116,6 +116,27 @@ def _length_draws(workload: Workload, rng: np.random.Generator) -> Iterator[int]
         yield from (max(1, round(float(v))) for v in rng.choice(support, size=LENGTH_CHUNK, p=weights))
 
 
+def lognormal_sample(
+    *, mu: float, sigma: float, min_tokens: int, max_tokens: int, output_tokens: float, count: int, seed: int
+) -> Workload:
+    """`count` prompt lengths drawn (seeded) from ln L ~ N(mu, sigma^2) within [min, max]: a heavy-tailed
+    sample that stands in for a trace (draws outside the range are drawn again, i.e. truncated)."""
+    if not (sigma > 0 and 0 < min_tokens < max_tokens and count >= 1):
+        raise SourceError(
+            f"log-normal sample needs sigma > 0, 0 < min < max and count >= 1, got {sigma}, {count}"
+        )
+    rng = np.random.default_rng(seed)
+    kept = np.empty(0)
+    while len(kept) < count:
+        draws = np.round(rng.lognormal(mu, sigma, size=count))
+        kept = np.concatenate([kept, draws[(draws >= min_tokens) & (draws <= max_tokens)]])
+    return Workload.from_samples(
+        kept[:count],
+        np.full(count, float(output_tokens)),
+        source=f"log-normal sample (mu={mu:g}, sigma={sigma:g}, [{min_tokens}, {max_tokens}], {count}, seed {seed})",
+    )
+
+
 @dataclass(frozen=True)
 class TraceInfo:
     """What a first pass over a trace learns: how many requests over how long."""

@@ -20,16 +20,18 @@ from prfaas_sim.planning import PlannerSettings
 from prfaas_sim.report import Study
 from prfaas_sim.scenarios import (
     LinkDropSetup,
+    ModelCheck,
     OverloadRuns,
     OverloadWorkload,
     burst,
     link_drop,
+    model_check,
     overload,
     rate_sweep,
     saturation,
     trace_prefix,
 )
-from prfaas_sim.sources import RateSchedule
+from prfaas_sim.sources import RateSchedule, lognormal_sample
 from prfaas_sim.systems import default_slo, deployments
 
 
@@ -43,6 +45,8 @@ class StudyPlan:
     saturation_overload: float = 1.3
     saturation_seconds: float = 3600.0
     saturation_warmup: float = 600.0
+    model_check_seconds: float = 7200.0  # heavy tails: a long run, so the sample's tail is the workload's
+    model_check_warmup: float = 1800.0
     drop_load: float = 0.9  # x PrfaaS-PD's Λ_max
     drop_seconds: float = 3600.0
     drop_at: float = 1200.0
@@ -73,6 +77,8 @@ QUICK = StudyPlan(
     warmup_seconds=100.0,
     saturation_seconds=600.0,
     saturation_warmup=200.0,
+    model_check_seconds=600.0,
+    model_check_warmup=200.0,
     drop_seconds=600.0,
     drop_at=200.0,
     burst_start=200.0,
@@ -84,6 +90,43 @@ QUICK = StudyPlan(
     overload_seconds=1200.0,
     overload_warmup=400.0,
 )
+
+
+HEAVY_TAIL_SAMPLE_SEED = 7
+"""Seed of the generated log-normal samples (fixed: the same sample in every report)."""
+
+
+def heavy_tailed_workloads(document: ProfileDocument, trace: Path | None) -> tuple[tuple[str, Workload], ...]:
+    """Where T at the mean length and the mean of T part: the profile's own, a trace, and generated samples
+    of log-normals with sigma 1.5 and 2 (median about 8K tokens, within the profile's [128, 131072])."""
+    loads = [("profile workload (log-normal, sigma 1)", document.default_workload())]
+    if trace is not None:
+        with trace.open(encoding="utf-8") as lines:
+            loads.append((f"{trace.name} (its lengths)", Workload.from_trace(lines, source=trace.name)))
+    for sigma in (1.5, 2.0):
+        sample = lognormal_sample(
+            mu=9.0,
+            sigma=sigma,
+            min_tokens=128,
+            max_tokens=131072,
+            output_tokens=1024,
+            count=20000,
+            seed=HEAVY_TAIL_SAMPLE_SEED,
+        )
+        loads.append(
+            (f"log-normal sample, sigma {sigma:g} (20000 prompts, seed {HEAVY_TAIL_SAMPLE_SEED})", sample)
+        )
+    return tuple(loads)
+
+
+def model_checks(
+    document: ProfileDocument, trace: Path | None, *, duration: float, warmup: float, seed: int
+) -> tuple[ModelCheck, ...]:
+    """`model_check` on each of `heavy_tailed_workloads`, at 1.3x each system's Λ_max."""
+    return tuple(
+        model_check(document, label, workload, overload=1.3, duration=duration, warmup=warmup, seed=seed)
+        for label, workload in heavy_tailed_workloads(document, trace)
+    )
 
 
 def overload_workloads(document: ProfileDocument) -> tuple[OverloadWorkload, ...]:
@@ -169,6 +212,9 @@ def run_study(
         warmup=plan.overload_warmup,
         seed=seed,
     )
+    checked = model_checks(
+        document, trace, duration=plan.model_check_seconds, warmup=plan.model_check_warmup, seed=seed
+    )
     traced = None
     if trace is not None:
         with trace.open(encoding="utf-8") as lines:
@@ -189,6 +235,7 @@ def run_study(
         slo=slo,
         seed=seed,
         saturation=saturated,
+        model_checks=checked,
         sweep=sweep,
         link_drop_setup=drop,
         link_drop=dropped,

@@ -14,6 +14,7 @@ from prfaas_core.router_config import LinkSpec, Slo
 from prfaas_operator.api import SloSpec
 from prfaas_operator.planner import (
     Comparison,
+    ModelForm,
     Plan,
     ProfileDocument,
     Strategy,
@@ -76,13 +77,14 @@ def deployments(
     link_latency_seconds: float = DEFAULT_LINK_LATENCY_SECONDS,
     planner: PlannerSettings | None = None,
     link_check: LinkCheck = LinkCheck.BUDGET,
+    form: ModelForm = ModelForm.PER_REQUEST,
 ) -> Deployments:
-    """Solve the three deployments on `workload` and build one spec each.
+    """Solve the three deployments on `workload` (with the model in `form`) and build one spec each.
 
     `planner` (the long-timescale loop) runs for PrfaaS-PD only: the baselines are static, as in
     the paper.
     """
-    comparison = compare(document, workload)
+    comparison = compare(document, workload, form=form)
     link = LinkSpec(
         bandwidth_bytes_per_second=document.link.bandwidth_bytes_per_second,
         headroom=document.link.headroom,

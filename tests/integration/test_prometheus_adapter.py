@@ -43,9 +43,21 @@ class History:
     points: list[tuple[int, dict[str, float]]] = field(default_factory=list)
     _totals: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
-    def step(self, at: int, requests: Sequence[tuple[int, int]], egress: float = 0.0) -> None:
-        """Requests (uncached, output tokens) served in the step ending at `at`."""
+    def step(
+        self,
+        at: int,
+        requests: Sequence[tuple[int, int]],
+        egress: float = 0.0,
+        *,
+        rejected: int = 0,
+        rerouted: int = 0,
+    ) -> None:
+        """Requests (uncached, output tokens) served in the step ending at `at`, and the refused (429)
+        and rerouted ones (by the link budget, among the served)."""
         totals = self._totals
+        if rejected or rerouted:
+            totals["rejected"] += rejected
+            totals["rerouted"] += rerouted
         for route in contract.ROUTES:
             totals[f"count|{route}"] += 0  # both routes exist from the start, as in the router
         for uncached, output in requests:
@@ -87,6 +99,18 @@ class History:
                     f"{totals.get(f'req|{route}', 0.0)} {at}"
                 )
         for at, totals in self.points:
+            if "rejected" in totals:
+                lines[contract.REQUESTS_TOTAL.removesuffix("_total")].append(
+                    f'{contract.REQUESTS_TOTAL}{{{self.labels},route="none",outcome="{contract.OUTCOME_REJECTED}"}} '
+                    f"{totals['rejected']} {at}"
+                )
+                lines[contract.DECISIONS_TOTAL.removesuffix("_total")] += [
+                    f'{contract.DECISIONS_TOTAL}{{{self.labels},route="none",reason="slo_reject"}} '
+                    f"{totals['rejected']} {at}",
+                    f'{contract.DECISIONS_TOTAL}{{{self.labels},route="local",reason="link_budget"}} '
+                    f"{totals['rerouted']} {at}",
+                ]
+        for at, totals in self.points:
             lines[contract.KV_EGRESS_BYTES_TOTAL.removesuffix("_total")].append(
                 f"{contract.KV_EGRESS_BYTES_TOTAL}{{{self.labels}}} {totals['egress']} {at}"
             )
@@ -121,6 +145,7 @@ def render(histories: Sequence[History], gauges: Sequence[tuple[str, float, Sequ
         contract.UNCACHED_TOKENS: "histogram",
         contract.OUTPUT_TOKENS: "histogram",
         contract.REQUESTS_TOTAL.removesuffix("_total"): "counter",
+        contract.DECISIONS_TOTAL.removesuffix("_total"): "counter",
         contract.KV_EGRESS_BYTES_TOTAL.removesuffix("_total"): "counter",
     }
     text = []
@@ -150,7 +175,7 @@ def prometheus_with_history(tmp_path_factory: pytest.TempPathFactory) -> Iterato
     )
     for at in times:
         cycle = [(STEADY_LENGTHS[k % 3], STEADY_OUTPUT) for k in range(2 * STEP)]
-        steady.step(at, cycle, egress=EGRESS_PER_STEP)
+        steady.step(at, cycle, egress=EGRESS_PER_STEP, rejected=STEP // 3, rerouted=STEP // 5)
         other.step(at, [(100000, 5000)] * 50)  # a neighbour with very different traffic
         quiet.step(at, [(2000, 100)] if at % 60 < STEP else [])  # one request a minute
         overflow.step(at, [(4000, 100), (300000, 100)] * 10)  # some beyond the largest bucket
@@ -182,7 +207,11 @@ def test_one_deployment_is_observed_from_its_own_series(prometheus_with_history:
     seen = observe(prometheus_with_history, "steady")
     assert isinstance(seen, Observation), seen
     assert seen.requests == pytest.approx(2 * WINDOW, rel=0.03)
-    assert seen.arrival_rps == pytest.approx(2.0, rel=0.03)
+    # offered: the 2 served and the 1/3 refused requests per second; 1/5 per second rerouted
+    assert seen.arrival_rps == pytest.approx(2.0 + 1 / 3, rel=0.03)
+    assert seen.rejected_rps == pytest.approx(1 / 3, rel=0.03)
+    assert seen.rerouted_rps == pytest.approx(1 / 5, rel=0.03)
+    assert seen.measured_link_bytes_per_second is None  # no metric of it yet: unknown, not zero
     assert seen.egress_bytes_per_second == pytest.approx(EGRESS_PER_STEP / STEP, rel=0.03)
     assert seen.offloaded_fraction == pytest.approx(1 / 3, rel=0.03)  # 20000 tokens went to PrfaaS
     assert seen.queue_depths == pytest.approx({"pd-decode": 4.0, "prfaas-prefill": 2.0})

@@ -44,9 +44,11 @@ _DELETE = object()
 def test_case_study_json_reproduces_the_papers_ordering(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["plan", "--profile", str(_write_profile(tmp_path, CASE_STUDY)), "--json"]) == 0
+    profile = str(_write_profile(tmp_path, CASE_STUDY))
+    assert main(["plan", "--profile", profile, "--paper-model", "--json"]) == 0
     report = json.loads(capsys.readouterr().out, parse_constant=lambda name: pytest.fail(f"{name} in JSON"))
     plans = {plan["strategy"]: plan for plan in report["plans"]}
+    assert {plan["model"] for plan in report["plans"]} == {"Paper"}
     prfaas, homogeneous, naive = plans["prfaas_pd"], plans["homogeneous_pd"], plans["naive_heterogeneous"]
     # the paper: +54% over homogeneous PD and +32% over naive heterogeneous PD
     assert prfaas["ratio_to_homogeneous_pd"] == pytest.approx(1.54, rel=0.05)
@@ -73,6 +75,26 @@ def test_case_study_json_reproduces_the_papers_ordering(
     for plan in report["plans"]:
         assert plan["binding"] and set(plan["binding"]) <= {stage.value for stage in Stage}
         assert plan["max_throughput_rps"] <= min(plan["stage_bounds_rps"].values()) * (1 + 1e-12)
+
+
+def test_the_default_model_averages_prefill_time_over_the_requests(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """T is convex in l, so T at a side's mean length understates the side's mean prefill time: the
+    per-request default predicts less than the paper's form, most for homogeneous PD (every length
+    on one side), and it keeps the paper's ordering of the three deployments."""
+    profile = str(_write_profile(tmp_path, CASE_STUDY))
+    capacity = {}
+    for flags in ((), ("--paper-model",)):
+        assert main(["plan", "--profile", profile, *flags, "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        capacity[flags] = {plan["strategy"]: plan["max_throughput_rps"] for plan in report["plans"]}
+        assert {plan["model"] for plan in report["plans"]} == {"Paper" if flags else "PerRequest"}
+    default, paper = capacity[()], capacity[("--paper-model",)]
+    drop = {strategy: 1 - default[strategy] / paper[strategy] for strategy in default}
+    assert 0.04 < drop["homogeneous_pd"] < 0.10
+    assert 0 < drop["prfaas_pd"] < 0.025 and 0 < drop["naive_heterogeneous"] < drop["homogeneous_pd"]
+    assert default["prfaas_pd"] > default["naive_heterogeneous"] > default["homogeneous_pd"]
 
 
 def test_the_console_script_prints_one_table(tmp_path: Path) -> None:
@@ -223,12 +245,12 @@ def test_the_verdict_says_when_prfaas_pd_does_not_pay_and_what_would_make_it_pay
     assert (
         capsys.readouterr()
         .out.rstrip()
-        .endswith("verdict: PrfaaS-PD pays, 1.56x the throughput of homogeneous PD")
+        .endswith("verdict: PrfaaS-PD pays, 1.67x the throughput of homogeneous PD")
     )
     slow = _edited(("link", "bandwidth_gbps"), 2)
     assert main(["plan", "--profile", str(_write_profile(tmp_path, slow)), "--json"]) == 0
     verdict = json.loads(capsys.readouterr().out)["verdict"]
-    assert verdict.startswith("verdict: PrfaaS-PD does NOT pay here: 0.74x homogeneous PD"), verdict
+    assert verdict.startswith("verdict: PrfaaS-PD does NOT pay here: 0.81x homogeneous PD"), verdict
     assert "PD decode binds at" in verdict
     assert "more PrfaaS instances alone do not make it pay" in verdict
     enough = float(verdict.split("it pays from a link of about ")[1].split(" Gbit/s")[0])

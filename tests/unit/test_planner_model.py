@@ -13,6 +13,7 @@ from prfaas_core.profiles import KvSizeModel, PrefillTimeModel, ProfileError
 from prfaas_operator.planner import (
     Allocation,
     DecodeProfile,
+    ModelForm,
     PlanError,
     Stage,
     SystemProfile,
@@ -47,6 +48,78 @@ def test_hand_computed_allocation_where_the_link_binds() -> None:
     assert result.egress_bytes_per_second == pytest.approx(1e6)
     assert result.link_budget_utilisation == pytest.approx(1.0)
     assert result.prefill_balance == pytest.approx(2 / 3)
+
+
+def test_prefill_time_is_averaged_over_the_requests_unless_the_paper_form_is_asked_for() -> None:
+    # T(l) = 1 + (l/1000)^2 s; lengths 1000 and 3000 on one side: E[T] = (2 + 10) / 2 = 6 s, T(E[l]) = 5 s
+    quadratic = SystemProfile(
+        kv_size=KvSizeModel(bytes_per_token=1000.0),
+        prfaas_prefill=PrefillTimeModel(c0=1.0, c1=0.0, c2=1e-6),
+        pd_prefill=PrefillTimeModel(c0=1.0, c1=0.0, c2=1e-6),
+        decode=DecodeProfile(max_batch=100, step_seconds=0.1),
+    )
+    local = Allocation(None, 0, 3, 1)
+    offloaded = Allocation(0, 3, 0, 1)
+    for allocation, stage in ((local, Stage.PD_PREFILL), (offloaded, Stage.PRFAAS_COMPUTE)):
+        per_request = evaluate(quadratic, TWO_LENGTHS, allocation, link_budget_bytes_per_second=1e12)
+        paper = evaluate(
+            quadratic, TWO_LENGTHS, allocation, link_budget_bytes_per_second=1e12, form=ModelForm.PAPER
+        )
+        assert per_request.stage_bounds[stage] == pytest.approx(3 / 6)
+        assert paper.stage_bounds[stage] == pytest.approx(3 / 5)
+        assert (per_request.form, paper.form) == (ModelForm.PER_REQUEST, ModelForm.PAPER)
+        assert per_request.as_dict()["model"] == "PerRequest"
+
+
+@settings(max_examples=100, deadline=None)
+@given(profiles(), workloads(max_length=200_000, max_points=12), st.integers(0, 200_000))
+def test_the_per_request_form_never_predicts_more_than_the_papers_on_convex_curves(
+    profile: SystemProfile, workload: Workload, threshold: int
+) -> None:
+    """Jensen: a convex T averaged over a side is at least T at the side's mean, with equality for one length."""
+    allocation = Allocation(threshold, 2, 2, 2)
+    per_request = evaluate(profile, workload, allocation, link_budget_bytes_per_second=1e9)
+    paper = evaluate(profile, workload, allocation, link_budget_bytes_per_second=1e9, form=ModelForm.PAPER)
+    assert per_request.max_throughput_rps <= paper.max_throughput_rps * (1 + 1e-9)
+    if len(workload.lengths) == 1:
+        assert per_request.max_throughput_rps == pytest.approx(paper.max_throughput_rps, rel=1e-9)
+
+
+def test_as_the_router_routes_the_long_requests_the_link_cannot_take_are_prefilled_locally() -> None:
+    # the allocation above: eq. 6 stops at the link (2/3 req/s); the router sends the link what it
+    # carries (C = 1/3 req/s of long requests) and prefills the rest locally: Λ·0.5·2 s (short) +
+    # (Λ·0.5 - 1/3)·4 s (long) = 1 local instance -> Λ = 7/9
+    result = evaluate(PROFILE, TWO_LENGTHS, Allocation(2000, 2, 1, 3), link_budget_bytes_per_second=1e6)
+    assert result.max_throughput_rps == pytest.approx(2 / 3)
+    assert result.routed_throughput_rps == pytest.approx(7 / 9)
+    assert result.as_dict()["routed_throughput_rps"] == pytest.approx(7 / 9)
+    # where the link does not bind, the router's Λ is eq. 6's
+    roomy = evaluate(PROFILE, TWO_LENGTHS, Allocation(2000, 2, 1, 3), link_budget_bytes_per_second=1e8)
+    assert roomy.routed_throughput_rps == pytest.approx(roomy.max_throughput_rps)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    profiles(),
+    workloads(max_length=200_000, max_points=12),
+    st.integers(0, 200_000),
+    st.integers(0, 3),
+    st.integers(0, 3),
+    st.floats(1e6, 1e11),
+)
+def test_the_router_never_serves_less_than_eq_6_and_more_only_where_the_link_binds(
+    profile: SystemProfile, workload: Workload, threshold: int, prfaas: int, local: int, budget: float
+) -> None:
+    result = evaluate(
+        profile, workload, Allocation(threshold, prfaas, local, 2), link_budget_bytes_per_second=budget
+    )
+    routed = result.routed_throughput_rps
+    assert math.isfinite(routed) and routed >= result.max_throughput_rps * (1 - 1e-9)
+    if Stage.PRFAAS_EGRESS not in result.binding:
+        assert routed == pytest.approx(result.max_throughput_rps, rel=1e-9)
+    assert routed <= min(
+        bound for stage, bound in result.stage_bounds.items() if stage is not Stage.PRFAAS_EGRESS
+    ) * (1 + 1e-9)
 
 
 def test_nothing_offloaded_makes_prfaas_no_bound() -> None:

@@ -13,6 +13,7 @@ from prfaas_operator.planner import (
     Allocation,
     DecodeProfile,
     Evaluation,
+    ModelForm,
     PlanError,
     Stage,
     Strategy,
@@ -33,6 +34,7 @@ def reference_throughput(
     pd_prefill: int,
     decode: int,
     budget: float,
+    form: ModelForm = ModelForm.PER_REQUEST,
 ) -> float:
     """Eq. 3-6 written out with plain sums, independent of the planner's prefix-sum machinery."""
     pairs = list(zip(workload.lengths.tolist(), workload.weights.tolist(), strict=True))
@@ -42,14 +44,23 @@ def reference_throughput(
     if long:
         p = sum(weight for _, weight in long)
         l_long = sum(length * weight for length, weight in long) / p
-        compute = prfaas / profile.prfaas_prefill.seconds_for(l_long)
+        compute = prfaas / _side_seconds(profile.prfaas_prefill, long, l_long, form)
         egress = budget / profile.kv_size.bytes_for(l_long)
         bounds.append(min(compute, egress) / p)
     if short:
         kept = sum(weight for _, weight in short)
         l_short = sum(length * weight for length, weight in short) / kept
-        bounds.append(pd_prefill / profile.pd_prefill.seconds_for(l_short) / kept)
+        bounds.append(pd_prefill / _side_seconds(profile.pd_prefill, short, l_short, form) / kept)
     return min(bounds)
+
+
+def _side_seconds(
+    curve: PrefillTimeModel, side: list[tuple[float, float]], mean_length: float, form: ModelForm
+) -> float:
+    """The side's mean prefill time (per request), or T at its mean length (the paper's form)."""
+    if form is ModelForm.PAPER:
+        return curve.seconds_for(mean_length)
+    return sum(curve.seconds_for(length) * weight for length, weight in side) / sum(w for _, w in side)
 
 
 budgets = st.floats(1e6, 1e11)
@@ -120,6 +131,30 @@ def test_solver_finds_the_brute_force_grid_optimum(
     evaluation = plan.evaluation
     assert all(plan.max_throughput_rps <= bound for bound in evaluation.stage_bounds.values())
     assert math.isfinite(plan.max_throughput_rps) and plan.reason
+
+
+@settings(max_examples=60, deadline=None)
+@given(profiles(), workloads(max_length=20_000, max_points=12), st.integers(2, 6), budgets, steps)
+def test_the_paper_form_finds_the_grid_optimum_of_t_at_the_mean_length(
+    profile: SystemProfile, workload: Workload, pd: int, budget: float, step: int
+) -> None:
+    plan = solve_prfaas_pd(
+        profile,
+        workload,
+        pd_instances=pd,
+        prfaas_instances=2,
+        link_budget_bytes_per_second=budget,
+        threshold_step_tokens=step,
+        form=ModelForm.PAPER,
+    )
+    grid = range(0, math.ceil(workload.max_length / step) * step + 1, step)
+    best = max(
+        reference_throughput(profile, workload, threshold, 2, split, pd - split, budget, ModelForm.PAPER)
+        for split in range(pd)
+        for threshold in grid
+    )
+    assert plan.max_throughput_rps == pytest.approx(best, rel=1e-9)
+    assert plan.evaluation.form is ModelForm.PAPER
 
 
 @settings(max_examples=80, deadline=None)

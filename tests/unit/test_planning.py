@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prfaas_operator import api, crd
 from prfaas_operator.builders import effective_allocation, planner_allocation_problem
-from prfaas_operator.planner import Allocation, Workload, evaluate, solve_prfaas_pd
+from prfaas_operator.planner import Allocation, Stage, Workload, evaluate, solve_prfaas_pd
 from prfaas_operator.planning import (
     LAST_APPLIED_INPUT,
     Action,
@@ -361,6 +362,10 @@ def test_a_gain_of_exactly_the_hysteresis_holds() -> None:
         hysteresis=0.5,
         cooldown=0,
     )
+    # the numbers were chosen for the paper's form of the model (prefill time at each side's mean)
+    spec = spec.model_copy(
+        update={"planner": spec.planner.model_copy(update={"throughput_model": api.ThroughputModel.PAPER})}
+    )
     decision = auto_decision(spec, in_force(spec), lognormal(500, sigma=1.375, output=564))
     assert decision.predicted_rps is not None and decision.current_rps is not None
     assert decision.predicted_rps / decision.current_rps == pytest.approx(1.5, rel=1e-12)
@@ -454,3 +459,62 @@ def test_histograms_with_too_few_requests_or_mass_past_the_last_bucket_are_no_da
     assert isinstance(seen, Observation)
     assert seen.requests == 60 and seen.offloaded_fraction == pytest.approx(0.25)
     assert 512 < seen.workload.mean_input_tokens < 8192 and seen.egress_bytes_per_second is None
+
+
+def test_the_spec_chooses_the_form_of_the_model() -> None:
+    """PerRequest (the default) averages prefill time over the requests; Paper takes it at the mean length,
+    which predicts more on a heavy-tailed workload for the same allocation."""
+    spec = make_spec(routing="Fixed")
+    heavy = lognormal(8000, sigma=1.5)
+    assert spec.planner.throughput_model is api.ThroughputModel.PER_REQUEST
+    paper = spec.model_copy(
+        update={"planner": spec.planner.model_copy(update={"throughput_model": api.ThroughputModel.PAPER})}
+    )
+    per_request_rps = auto_decision(spec, in_force(spec), heavy).current_rps
+    paper_rps = auto_decision(paper, in_force(paper), heavy).current_rps
+    assert per_request_rps is not None and paper_rps is not None
+    assert per_request_rps < paper_rps
+
+
+def measured(workload: Workload, bytes_per_second: float | None) -> Observation:
+    return replace(observation(workload), measured_link_bytes_per_second=bytes_per_second)
+
+
+def test_a_measured_link_replaces_the_configured_one_and_unknown_is_not_zero() -> None:
+    spec = make_spec()  # 100 Gbit/s configured
+    workload = lognormal(16000)
+    slow = decide(spec, in_force(spec), measured(workload, 5e9 / 8), last_applied_at=None, now=NOW)
+    unknown = decide(spec, in_force(spec), measured(workload, None), last_applied_at=None, now=NOW)
+    faster = decide(spec, in_force(spec), measured(workload, 400e9 / 8), last_applied_at=None, now=NOW)
+    unusable = decide(spec, in_force(spec), measured(workload, 0.0), last_applied_at=None, now=NOW)
+    assert slow is not None and unknown is not None and faster is not None and unusable is not None
+    assert slow.inputs["link"].startswith("5 Gbit/s measured")
+    assert unknown.inputs["link"] == "100 Gbit/s configured (not measured)"
+    assert faster.inputs["link"].startswith("100 Gbit/s measured")  # never above the configured link
+    assert unusable.inputs["link"].startswith("100 Gbit/s configured (the measurement 0.0 is unusable)")
+    assert slow.current_rps is not None and unknown.current_rps is not None
+    assert slow.current_rps < unknown.current_rps  # the slow link is planned with
+    assert (faster.current_rps, unusable.current_rps) == (unknown.current_rps, unknown.current_rps)
+    assert link_budget(spec, 5e9 / 8) == pytest.approx(5e9 / 8 * spec.link.headroom)
+
+
+def test_when_the_link_binds_the_planner_adds_local_prefill_and_keeps_the_threshold() -> None:
+    """The link drop in miniature: at 10 Gbit/s the link binds at the threshold in force. Eq. 6 would
+    raise the threshold until the offloads fit; the router instead keeps the link full and prefills
+    the excess locally, so the loop moves an instance to local prefill and keeps the threshold."""
+    spec = make_spec(hysteresis=0.05, cooldown=0)
+    workload = lognormal(16000)
+    decision = decide(spec, in_force(spec), measured(workload, 10e9 / 8), last_applied_at=None, now=NOW)
+    assert decision is not None and decision.proposed is not None
+    before = evaluate(
+        system_profile(spec),
+        workload,
+        as_model(in_force(spec)),
+        link_budget_bytes_per_second=link_budget(spec, 10e9 / 8),
+    )
+    assert Stage.PRFAAS_EGRESS in before.binding
+    assert decision.current_rps == pytest.approx(before.routed_throughput_rps)
+    assert decision.action is Action.APPLY, decision.reason
+    assert decision.proposed.threshold_tokens == spec.routing.threshold_tokens
+    assert decision.proposed.pd_prefill_instances > spec.pd_cluster.prefill_instances
+    assert "as the router routes" in decision.reason

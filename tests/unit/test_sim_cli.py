@@ -23,8 +23,8 @@ def test_sweep_prints_every_point_and_each_systems_limit(capsys):
     assert code == 0
     rows = [line for line in out.splitlines() if line.startswith("| PrfaaS-PD |")]
     assert len(rows) == 2
-    assert "PrfaaS-PD: model Λ_max 3.297 req/s" in out
-    assert "homogeneous PD: model Λ_max 2.110 req/s" in out
+    assert "PrfaaS-PD: model Λ_max 3.237 req/s" in out
+    assert "homogeneous PD: model Λ_max 1.932 req/s" in out
 
 
 def test_overload_prints_each_system_on_each_workload_against_its_saturation(capsys):
@@ -43,7 +43,7 @@ def test_the_quick_report_writes_the_tables_and_readable_plots(tmp_path, capsys)
     markdown = (tmp_path / "results.md").read_text(encoding="utf-8")
     for heading in ("## Case study: maximum goodput", "## Link drop", "## Burst", "## Past saturation"):
         assert heading in markdown
-    assert "| PrfaaS-PD | 3.30 |" in markdown  # the model's Λ_max next to the simulated numbers
+    assert "| PrfaaS-PD | 3.24 |" in markdown  # the model's Λ_max next to the simulated numbers
     for plot in ("sweep.png", "link_drop.png", "burst.png"):
         assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -99,3 +99,23 @@ def test_the_module_runs_as_a_program():
     )
     assert done.returncode == BAD_INPUT
     assert "cannot read profile" in done.stderr
+
+
+def test_saturation_prints_both_forms_of_the_model_beside_the_simulation(capsys):
+    args = [
+        "saturation",
+        "--profile",
+        str(PROFILE),
+        "--trace",
+        str(TRACE),
+        "--duration",
+        "600",
+        "--warmup",
+        "200",
+    ]
+    assert main(args) == 0
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()[2:]]
+    assert len(rows) == 12  # the profile's workload, the trace and two log-normal samples x three systems
+    assert any("mooncake-synthetic.jsonl" in row[0] for row in rows)
+    assert {row[2] for row in rows} == {"PrfaaS-PD", "homogeneous PD", "naive hetero PD"}
+    assert all(float(row[4]) >= float(row[3]) for row in rows)  # the paper's form never predicts less

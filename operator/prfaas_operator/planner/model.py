@@ -5,9 +5,13 @@
     Θ_pd-d   = N_d · BS_max / (T_decode · L_out)                        (5)
     Λ_max    = min(Θ_prfaas / p, Θ_pd-p / (1 - p), Θ_pd-d)              (6)
 
-As in the paper, prefill times are taken at the conditional MEAN length of each side, and
-the link and intra-cluster RDMA are otherwise free. A side that receives no requests (p = 0
-or p = 1) is not a bound. The same vectorised function serves one allocation (`evaluate`)
+Prefill time grows near-quadratically with the length, so T at a side's mean length is not
+the side's mean prefill time: on heavy-tailed workloads it overstates capacity. By default
+(`ModelForm.PER_REQUEST`) T is averaged over each side's requests, E[T(L) | side]; the paper's
+form, T(E[L | side]), stays available as `ModelForm.PAPER` (it reproduces the paper's case
+study). S_kv is affine in l, so the egress bound is the same in both. The link and
+intra-cluster RDMA are otherwise free. A side that receives no requests (p = 0 or p = 1) is
+not a bound. The same vectorised function serves one allocation (`evaluate`)
 and the solver's whole grid, so the two cannot drift apart.
 """
 
@@ -31,6 +35,15 @@ BINDING_TOLERANCE = 1e-9
 
 class PlanError(ValueError):
     """The planner cannot answer: an impossible link budget, bad counts, or a profile that does not cover the workload."""
+
+
+class ModelForm(enum.StrEnum):
+    """How a side's prefill time is taken from its length distribution."""
+
+    PER_REQUEST = "PerRequest"
+    """E[T(L) | side]: the mean over the side's requests (what the engines really spend)."""
+    PAPER = "Paper"
+    """T(E[L | side]): the paper's eq. 3-4, T at the side's mean length."""
 
 
 class Stage(enum.StrEnum):
@@ -130,6 +143,10 @@ class Evaluation:
     stage_bounds: Mapping[Stage, float]  # the Λ each stage alone allows, for stages that are bounds
     egress_bytes_per_second: float  # Λ_max · p · S_kv(l_long)
     link_budget_bytes_per_second: float | None
+    routed_throughput_rps: float
+    """Λ as the router routes: eq. 6, but long requests the link cannot take are prefilled locally
+    (`link_overflow_bound`); equal to Λ_max unless the link binds, above it where it does."""
+    form: ModelForm = ModelForm.PER_REQUEST
 
     @property
     def prfaas_rps(self) -> float | None:
@@ -183,6 +200,8 @@ class Evaluation:
             "link_budget_bytes_per_second": self.link_budget_bytes_per_second,
             "link_budget_utilisation": self.link_budget_utilisation,
             "prefill_balance": self.prefill_balance,
+            "routed_throughput_rps": self.routed_throughput_rps,
+            "model": self.form.value,
         }
 
 
@@ -196,6 +215,7 @@ def evaluate(
     allocation: Allocation,
     *,
     link_budget_bytes_per_second: float | None,
+    form: ModelForm = ModelForm.PER_REQUEST,
 ) -> Evaluation:
     """Λ_max and its breakdown for one allocation (eq. 3-6). The budget may be None only if nothing is offloaded."""
     offloads = allocation.threshold_tokens is not None
@@ -215,6 +235,7 @@ def evaluate(
         pd_prefill_instances=np.array([allocation.pd_prefill_instances]),
         decode_instances=np.array([allocation.decode_instances]),
         link_budget_bytes_per_second=budget if budget is not None else math.inf,
+        form=form,
     )
     bounds = {stage: float(bound[0]) for stage, bound in rates.bounds.items()}
     applicable = {
@@ -241,6 +262,8 @@ def evaluate(
         stage_bounds=applicable,
         egress_bytes_per_second=egress,
         link_budget_bytes_per_second=budget,
+        routed_throughput_rps=float(rates.routed_rps[0]),
+        form=form,
     )
 
 
@@ -256,6 +279,8 @@ class StageRates:
     pd_prefill_rps: FloatArray
     decode_rps: FloatArray
     bounds: dict[Stage, FloatArray]
+    routed_rps: FloatArray
+    """Λ as the router routes: eq. 6 with the link's overflow prefilled locally (`link_overflow_bound`)."""
 
     def max_throughput(self) -> FloatArray:
         bounds = list(self.bounds.values())
@@ -274,24 +299,72 @@ def stage_rates(
     pd_prefill_instances: IntArray,
     decode_instances: IntArray,
     link_budget_bytes_per_second: float,
+    form: ModelForm = ModelForm.PER_REQUEST,
 ) -> StageRates:
     """The vectorised core. `split` arrays index thresholds; the count arrays broadcast against them."""
-    prfaas_compute = prfaas_instances / profile.prfaas_prefill.seconds_for(split.mean_long)
-    prfaas_egress = link_budget_bytes_per_second / profile.kv_size.bytes_for(split.mean_long)
-    pd_prefill = pd_prefill_instances / profile.pd_prefill.seconds_for(split.mean_short)
-    decode = decode_instances * profile.decode.requests_per_second(workload.mean_output_tokens)
+    prfaas_seconds = side_seconds(profile.prfaas_prefill, workload, split, form)
+    pd_seconds = side_seconds(profile.pd_prefill, workload, split, form)
+    prfaas_compute = prfaas_instances / prfaas_seconds[0]
+    prfaas_egress = np.broadcast_to(
+        link_budget_bytes_per_second / profile.kv_size.bytes_for(split.mean_long), split.mean_long.shape
+    )
+    pd_prefill = pd_prefill_instances / pd_seconds[1]
+    decode = np.asarray(
+        decode_instances * profile.decode.requests_per_second(workload.mean_output_tokens), dtype=np.float64
+    )
+    bounds = {
+        Stage.PRFAAS_COMPUTE: _per_request(prfaas_compute, split.offloaded_fraction, split.has_long),
+        Stage.PRFAAS_EGRESS: _per_request(prfaas_egress, split.offloaded_fraction, split.has_long),
+        Stage.PD_PREFILL: _per_request(pd_prefill, split.kept_fraction, split.has_short),
+        Stage.PD_DECODE: decode,
+    }
+    overflow = link_overflow_bound(
+        split, egress_rps=prfaas_egress, pd_prefill_instances=pd_prefill_instances, pd_seconds=pd_seconds
+    )
     return StageRates(
         prfaas_compute_rps=prfaas_compute,
-        prfaas_egress_rps=np.broadcast_to(prfaas_egress, split.mean_long.shape),
+        prfaas_egress_rps=prfaas_egress,
         pd_prefill_rps=pd_prefill,
-        decode_rps=np.asarray(decode, dtype=np.float64),
-        bounds={
-            Stage.PRFAAS_COMPUTE: _per_request(prfaas_compute, split.offloaded_fraction, split.has_long),
-            Stage.PRFAAS_EGRESS: _per_request(prfaas_egress, split.offloaded_fraction, split.has_long),
-            Stage.PD_PREFILL: _per_request(pd_prefill, split.kept_fraction, split.has_short),
-            Stage.PD_DECODE: np.asarray(decode, dtype=np.float64),
-        },
+        decode_rps=decode,
+        bounds=bounds,
+        routed_rps=np.minimum(np.minimum(overflow, decode), bounds[Stage.PRFAAS_COMPUTE]),
     )
+
+
+def side_seconds(
+    curve: PrefillTimeModel, workload: Workload, split: LengthSplit, form: ModelForm
+) -> tuple[FloatArray, FloatArray]:
+    """Mean prefill seconds on `curve` of a request above the threshold and of one at or below it."""
+    if form is ModelForm.PAPER:
+        return curve.seconds_for(split.mean_long), curve.seconds_for(split.mean_short)
+    return workload.class_means(curve.seconds_for(workload.lengths), split)
+
+
+def link_overflow_bound(
+    split: LengthSplit,
+    *,
+    egress_rps: FloatArray,
+    pd_prefill_instances: IntArray,
+    pd_seconds: tuple[FloatArray, FloatArray],
+) -> FloatArray:
+    """The PD-prefill bound on Λ as the router routes when the link binds: the long requests the link
+    cannot take are prefilled locally, not lost.
+
+    Eq. 6 caps Λ at B / (p · S_kv(l_long)) with a hard threshold; the router instead offloads a long
+    request only when the link has room (its link-budget check) and prefills the rest locally. With
+    Λp long arrivals/s and C = B / S_kv(l_long) of them leaving by the link, the local work
+    Λ(1-p)·T_pd,short + (Λp - C)·T_pd,long must fit N_p when Λp > C; below that it is eq. 4.
+    `pd_seconds` is (long, short) mean prefill time on the PD GPUs. PrfaaS compute is not credited
+    this way (the router moves a request off a busy PrfaaS queue only near the TTFT SLO).
+    """
+    p, q = split.offloaded_fraction, split.kept_fraction
+    pd_long, pd_short = pd_seconds
+    kept_only = _per_request(pd_prefill_instances / pd_short, q, split.has_short)  # eq. 4's bound
+    link_full = _per_request(egress_rps, p, split.has_long)  # the Λ at which long requests fill the link
+    with np.errstate(divide="ignore", invalid="ignore"):
+        overflowing = (pd_prefill_instances + egress_rps * pd_long) / (q * pd_short + p * pd_long)
+    bound = np.where(kept_only > link_full, overflowing, kept_only)
+    return np.asarray(bound, dtype=np.float64)
 
 
 def _per_request(stage_rps: FloatArray, fraction: FloatArray, used: npt.NDArray[np.bool_]) -> FloatArray:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from prfaas_operator.planner.model import PlanError
+from prfaas_operator.planner.model import ModelForm, PlanError
 from prfaas_operator.planner.profile_file import ProfileDocument
 from prfaas_operator.planner.solver import (
     DEFAULT_THRESHOLD_STEP_TOKENS,
@@ -101,6 +101,7 @@ def compare(
     *,
     headroom: float | None = None,
     threshold_step_tokens: int = DEFAULT_THRESHOLD_STEP_TOKENS,
+    form: ModelForm = ModelForm.PER_REQUEST,
 ) -> Comparison:
     """Solve the three deployments the profile names, on one workload and one link."""
     deployments = document.deployments
@@ -119,6 +120,7 @@ def compare(
             prfaas_instances=prfaas_instances,
             link_budget_bytes_per_second=budget * bandwidth_factor,
             threshold_step_tokens=threshold_step_tokens,
+            form=form,
         )
 
     prfaas = solve(1.0, prfaas_pd.prfaas.instances)
@@ -128,6 +130,7 @@ def compare(
         document.system_profile(prfaas_gpu=homogeneous_pool.gpu, pd_gpu=homogeneous_pool.gpu),
         workload,
         instances=homogeneous_pool.instances,
+        form=form,
     )
     naive = deployments.naive_hetero
     naive_plan = solve_naive_heterogeneous(
@@ -136,6 +139,7 @@ def compare(
         prfaas_instances=naive.prfaas.instances,
         pd_instances=naive.pd.instances,
         link_budget_bytes_per_second=budget,
+        form=form,
     )
     bandwidth = document.link.bandwidth_bytes_per_second
     remedies = (
@@ -183,6 +187,7 @@ def render_table(comparison: Comparison) -> str:
         f"mean output {workload.mean_output_tokens:.0f} tokens",
         f"link: {link:g} Gbit/s x headroom {comparison.link_headroom:g} = "
         f"{link * comparison.link_headroom:g} Gbit/s budget for KV egress",
+        f"model: {_FORM_WORDS[comparison.prfaas_pd.evaluation.form]}",
         "",
     ]
     rows = [[header for header, _ in _HEADERS], [unit for _, unit in _HEADERS]]
@@ -197,6 +202,12 @@ def render_table(comparison: Comparison) -> str:
     lines += [f"{plan.strategy.label}: {plan.reason}" for plan in comparison.plans]
     lines += ["", comparison.verdict()]
     return "\n".join(lines)
+
+
+_FORM_WORDS = {
+    ModelForm.PER_REQUEST: "prefill time averaged over each side's requests (--paper-model: at each side's mean)",
+    ModelForm.PAPER: "the paper's, prefill time at each side's mean length (eq. 3-4)",
+}
 
 
 def _row(comparison: Comparison, plan: Plan) -> list[str]:

@@ -24,6 +24,7 @@ import numpy as np
 from prfaas_operator.planner.model import (
     Allocation,
     Evaluation,
+    ModelForm,
     PlanError,
     Stage,
     SystemProfile,
@@ -113,6 +114,7 @@ def solve_prfaas_pd(
     link_budget_bytes_per_second: float,
     threshold_step_tokens: int = DEFAULT_THRESHOLD_STEP_TOKENS,
     fixed_threshold_tokens: int | None = None,
+    form: ModelForm = ModelForm.PER_REQUEST,
 ) -> Plan:
     """Best (t, N_p, N_d) with N_p + N_d = pd_instances, and N_prfaas fixed or within (min, max).
 
@@ -141,6 +143,7 @@ def solve_prfaas_pd(
         pd_prefill_instances=pd_prefill,
         decode_instances=pd_instances - pd_prefill,
         link_budget_bytes_per_second=budget,
+        form=form,
     )
     throughput = rates.max_throughput()
     best = float(throughput.max())
@@ -166,7 +169,7 @@ def solve_prfaas_pd(
         pd_prefill_instances=int(split_index),
         decode_instances=pd_instances - int(split_index),
     )
-    evaluation = evaluate(profile, workload, allocation, link_budget_bytes_per_second=budget)
+    evaluation = evaluate(profile, workload, allocation, link_budget_bytes_per_second=budget, form=form)
     if fixed_threshold_tokens is None:
         first, last = _run_around(near[count_index, split_index], int(threshold_index))
         diagnostics = SolveDiagnostics(
@@ -181,7 +184,13 @@ def solve_prfaas_pd(
     return Plan(Strategy.PRFAAS_PD, evaluation, explain(evaluation), diagnostics)
 
 
-def solve_homogeneous_pd(profile: SystemProfile, workload: Workload, *, instances: int) -> Plan:
+def solve_homogeneous_pd(
+    profile: SystemProfile,
+    workload: Workload,
+    *,
+    instances: int,
+    form: ModelForm = ModelForm.PER_REQUEST,
+) -> Plan:
     """Plain PD on one GPU type: nothing offloaded, the best prefill/decode split of `instances`."""
     if instances < 2:
         raise PlanError(
@@ -197,6 +206,7 @@ def solve_homogeneous_pd(profile: SystemProfile, workload: Workload, *, instance
         pd_prefill_instances=pd_prefill,
         decode_instances=instances - pd_prefill,
         link_budget_bytes_per_second=math.inf,
+        form=form,
     )
     chosen = int(pd_prefill[int(np.argmax(rates.max_throughput()))])
     allocation = Allocation(
@@ -205,7 +215,7 @@ def solve_homogeneous_pd(profile: SystemProfile, workload: Workload, *, instance
         pd_prefill_instances=chosen,
         decode_instances=instances - chosen,
     )
-    evaluation = evaluate(profile, workload, allocation, link_budget_bytes_per_second=None)
+    evaluation = evaluate(profile, workload, allocation, link_budget_bytes_per_second=None, form=form)
     diagnostics = SolveDiagnostics(
         candidates=len(pd_prefill), threshold_step_tokens=None, threshold_range_tokens=None
     )
@@ -219,6 +229,7 @@ def solve_naive_heterogeneous(
     prfaas_instances: int,
     pd_instances: int,
     link_budget_bytes_per_second: float,
+    form: ModelForm = ModelForm.PER_REQUEST,
 ) -> Plan:
     """Every prefill on the PrfaaS instances, every PD instance decodes, no length routing (t = 0)."""
     if prfaas_instances < 1:
@@ -230,7 +241,7 @@ def solve_naive_heterogeneous(
         decode_instances=pd_instances,
     )
     evaluation = evaluate(
-        profile, workload, allocation, link_budget_bytes_per_second=link_budget_bytes_per_second
+        profile, workload, allocation, link_budget_bytes_per_second=link_budget_bytes_per_second, form=form
     )
     diagnostics = SolveDiagnostics(candidates=1, threshold_step_tokens=None, threshold_range_tokens=None)
     return Plan(Strategy.NAIVE_HETEROGENEOUS, evaluation, explain(evaluation), diagnostics)

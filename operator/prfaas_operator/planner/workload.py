@@ -54,6 +54,8 @@ class LengthSplit:
     mean_short: FloatArray
     has_long: npt.NDArray[np.bool_]
     has_short: npt.NDArray[np.bool_]
+    boundary: IntArray
+    """Index of the first support point above each threshold (the long side starts there)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -276,7 +278,36 @@ class Workload:
         last = count - 1
         mean_long = np.clip(mean_long, self.lengths[np.minimum(index, last)], self.max_length)
         mean_short = np.clip(mean_short, self.min_length, self.lengths[np.maximum(index - 1, 0)])
-        return LengthSplit(long_weight, short_weight, mean_long, mean_short, has_long, has_short)
+        return LengthSplit(long_weight, short_weight, mean_long, mean_short, has_long, has_short, index)
+
+    def class_means(self, values: FloatArray, split: LengthSplit) -> tuple[FloatArray, FloatArray]:
+        """E[f(L) | L > t] and E[f(L) | L <= t] for `values` = f at each support point.
+
+        What a class of requests costs on average when the cost is not linear in the length
+        (prefill time): the mean of f, not f at the mean. A side with no requests holds f at the
+        nearest support point as a placeholder, like `mean_long` / `mean_short`.
+        """
+        if values.shape != self.lengths.shape:
+            raise WorkloadError(f"{self.source}: need one value per support point")
+        weighted = self.weights * values
+        zero = np.zeros(1)
+        prefix = np.concatenate([zero, np.cumsum(weighted)])
+        suffix = np.concatenate([np.cumsum(weighted[::-1])[::-1], zero])
+        index = split.boundary
+        last = len(self.lengths) - 1
+        long = np.divide(
+            suffix[index],
+            split.offloaded_fraction,
+            out=values[np.minimum(index, last)].astype(np.float64),
+            where=split.has_long,
+        )
+        short = np.divide(
+            prefix[index],
+            split.kept_fraction,
+            out=values[np.maximum(index - 1, 0)].astype(np.float64),
+            where=split.has_short,
+        )
+        return long, short
 
 
 def parse_workload_spec(spec: str) -> Workload:
