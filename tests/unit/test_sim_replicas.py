@@ -57,15 +57,15 @@ def test_replicas_each_with_the_whole_budget_overcommit_the_link(study):
 
 
 def test_stale_shared_accounting_overcommits_but_less_than_no_fix(study):
-    """Measured peaks 1.09-1.25 against 2.34-2.52, over the horizon 1-5% of the time against 37-43% (seeds 1-4)."""
+    """Measured peaks 1.12-1.25 against 2.34-2.52, over the horizon 1-6% of the time against 36-43% (seeds 1-4)."""
     stale, whole = _run(study, BudgetScheme.SHARED, poll=1.0), _run(study, BudgetScheme.WHOLE)
     assert 1 < stale.peak_overcommit < whole.peak_overcommit
     assert 0 < stale.time_overcommitted < whole.time_overcommitted / 4
 
 
 def test_the_static_share_meets_the_slo_as_well_as_exact_shared_accounting(study):
-    """SLO met, seeds 1-4: static share 0.832/0.882/0.842/0.878, exact shared 0.818/0.881/0.844/0.878,
-    whole budget each 0.794/0.864/0.813/0.827."""
+    """SLO met, seeds 1-4: static share 0.832/0.878/0.840/0.885, exact shared 0.818/0.884/0.838/0.889,
+    whole budget each 0.794/0.858/0.811/0.838."""
     static = _run(study, BudgetScheme.STATIC_SHARE).result.slo_attainment
     assert static >= _run(study, BudgetScheme.SHARED).result.slo_attainment - 0.03
     assert static > _run(study, BudgetScheme.WHOLE).result.slo_attainment
@@ -79,7 +79,7 @@ def test_the_static_share_costs_a_bounded_share_of_the_offloads(study):
 
 def test_what_replicas_still_lose_is_their_partial_view_of_the_queues(study):
     """Sharing the engines' load as well gives back one router's results; each replica reading its own
-    queued work as 1/N of the queue leaves 6-9 points of SLO (seeds 1-4)."""
+    queued work as 1/N of the queue leaves 5-9 points of SLO (seeds 1-4)."""
     reference = _run(study, BudgetScheme.WHOLE, count=1).result
     bound = _run(study, BudgetScheme.SHARED, shared_load=True).result
     assert (bound.offloaded_fraction, bound.slo_attainment) == (
