@@ -115,6 +115,16 @@ class RouterMetrics:
             "Estimated KV bytes on the cross-cluster link",
             registry=r,
         )
+        self.link_measured = Gauge(
+            contract.LINK_MEASURED_BYTES_PER_SECOND,
+            "Bandwidth the link delivered by the engines' recent KV transfers, smoothed (NaN: none recent)",
+            registry=r,
+        )
+        self.link_estimate = Gauge(
+            contract.LINK_ESTIMATE_BYTES_PER_SECOND,
+            "Link bandwidth the offload budget follows: the measured one, else back towards the configured",
+            registry=r,
+        )
         self.retries = _Cached(
             Counter(
                 contract.PREFIX + "upstream_retries_total",
