@@ -108,6 +108,8 @@ class Observation:
     egress_bytes_per_second: float | None
     queue_depths: Mapping[str, float] = field(default_factory=dict)
     """Mean queued requests per engine role over the window (roles with no series are absent)."""
+    measured_link_bytes_per_second: float | None = None
+    """The link bandwidth the router measured from recent KV transfers (None: none recent)."""
 
 
 def observe_histograms(
@@ -119,6 +121,7 @@ def observe_histograms(
     arrival_rps: float | None,
     egress_bytes_per_second: float | None,
     queue_depths: Mapping[str, float] | None = None,
+    measured_link_bytes_per_second: float | None = None,
     min_requests: float = DEFAULT_MIN_REQUESTS,
     source: str,
 ) -> Observation | NoData:
@@ -143,6 +146,7 @@ def observe_histograms(
         arrival_rps=arrival_rps,
         egress_bytes_per_second=egress_bytes_per_second,
         queue_depths=dict(queue_depths or {}),
+        measured_link_bytes_per_second=measured_link_bytes_per_second,
     )
 
 

@@ -2,7 +2,8 @@
 
 It reads only names of `prfaas_core.metrics_contract`: the router's uncached-token histogram
 (summed over routes: the uncached distribution the model needs), its output-token histogram,
-requests_total, kv_egress_bytes_total, and the engines' sglang:num_queue_reqs. Histograms are
+requests_total, kv_egress_bytes_total, link_measured_bytes_per_second (the least of the
+router replicas'), and the engines' sglang:num_queue_reqs. Histograms are
 read with increase() over the window on their _bucket series; planning.observe_histograms turns
 them into the Observation, as it does for the simulator.
 
@@ -169,6 +170,10 @@ class PrometheusObserver:
                 f"sum(rate({contract.KV_EGRESS_BYTES_TOTAL}{{{router}}}[{window}]))", at
             ),
             queue_depths=self._queue_depths(selector, window, at),
+            # NaN (nothing measured lately) fails the comparison: no series, so None, never zero
+            measured_link_bytes_per_second=self._scalar(
+                f"min({contract.LINK_MEASURED_BYTES_PER_SECOND}{{{router}}} > 0)", at
+            ),
             min_requests=self.min_requests,
             source=f"Prometheus, last {window}",
         )
