@@ -3,8 +3,8 @@
 Every series carries ``model_name`` and ``engine_type`` (prefill, decode, or unified for a
 non-PD engine). Gauges are read from the engine's state when scraped, so they are never stale
 and cost nothing per request. The KV transfer histograms are observed by the prefill, as SGLang
-does, once the decode confirmed the last byte, in the real system's units (see
-``FakeEngine._observe_transfer``). The two names of our own, for tests and the testbed's link
+does, once the decode confirmed the last byte: wall-clock time, and bytes at the real link's
+rate (see ``FakeEngine._observe_transfer``). The two names of our own, for tests and the testbed's link
 accounting (payload bytes only, frame headers excluded):
 
 * ``prfaas_fake_engine_kv_bytes_sent_total``: KV bytes a prefill engine put on the wire;

@@ -945,15 +945,18 @@ class FakeEngine:
         self._emitter(run)(0)
 
     def _observe_transfer(self, wire_bytes: int, seconds: float) -> None:
-        """SGLang's prefill-side transfer metrics, in the real system's units: the bytes and time
-        the engines emulate (``kv_scale`` of the bytes, in ``time_scale`` of the time) scaled back,
-        so a router reads the link the CR describes. Time scale 0 (instant compute) keeps the time."""
-        real_bytes = wire_bytes / self.settings.kv_scale
-        time_scale = self.settings.time_scale
-        real_seconds = seconds / time_scale if time_scale > 0 else seconds
-        self.metrics.observe_transfer(real_bytes, real_seconds)
-        speed = real_bytes / BYTES_PER_GIB / real_seconds if real_seconds > 0 else 0.0
-        self._last_transfer = (speed, real_seconds * 1000)
+        """SGLang's prefill-side transfer metrics, with the link's real rate over the time that passed.
+
+        Everything that reads them (a router) lives in wall-clock time, so the time is as
+        measured; the bytes are those a link of the real rate carries in it: the bytes sent
+        (``kv_scale`` of the real ones, in ``time_scale`` of the real time) times
+        ``time_scale / kv_scale``. Their ratio is the real link's rate, which the CR names.
+        Time scale 0 (instant compute) counts as 1.
+        """
+        real_bytes = wire_bytes * (self.settings.time_scale or 1.0) / self.settings.kv_scale
+        self.metrics.observe_transfer(real_bytes, seconds)
+        speed = real_bytes / BYTES_PER_GIB / seconds if seconds > 0 else 0.0
+        self._last_transfer = (speed, seconds * 1000)
 
     async def _decode_leg(self, run: _ItemRun) -> None:
         """SGLang's decode: prealloc (wait for the prefill) -> transfer queue -> waiting queue -> running."""
