@@ -113,6 +113,7 @@ class RouterService:
             self.metrics,
             options.link_estimate,
             lambda: self.snapshot.model if self.snapshot is not None else None,
+            lambda: self._dispatcher.link_inflight_bytes if self._dispatcher is not None else 0.0,
             interval_seconds=options.link_poll_interval_seconds,
             timeout_seconds=options.load_poll_timeout_seconds,
         )

@@ -5,14 +5,21 @@ The router's link budget is the configured bandwidth times headroom; a link that
 own transfer metrics (SGLang's ``sglang:kv_transfer_total_mb`` and ``kv_transfer_latency_ms``
 histograms, one observation per transfer, from the end of the forward pass to the last byte
 delivered) are read every interval as deltas summed over the PrfaaS prefill engines, and each
-interval gives one sample:
+interval with transfers gives one sample, covering the time since the previous sample (a
+transfer longer than an interval completes in one of them):
 
-- bytes moved over the time the link was busy moving them. That time is at most the interval
+- bytes moved over the time the link was busy moving them. That time is at most the time covered
   (transfers that overlap share the link: their summed latencies exceed the wall time) and at
   most the summed transfer latencies, less one one-way latency per transfer (propagation every
   transfer pays whatever its size). Overlap within a shorter busy period makes the sample low,
   never high: the estimate errs towards a smaller budget;
 - an interval without a transfer is no sample: an idle link is not a slow one.
+
+Transfers that share a slow link all finish late (each gets its share), so after a drop the
+first sample can be long in coming. Meanwhile the link's non-delivery bounds it: while some
+prefill has computed KV not yet delivered (SGLang's ``num_prefill_inflight_queue_reqs`` > 0) the
+link is busy, and in that time it cannot have carried more than the transfers that completed
+plus every KV byte still out (`stalled_bound`); the estimate never stays above that bound.
 
 Samples are clamped to [floor, configured] and smoothed by an exponential average in time
 (`half_life_seconds`), starting from the configured bandwidth. The floor (a fraction of the
@@ -87,6 +94,11 @@ def sample_bytes_per_second(
     return moved.bytes / busy
 
 
+def stalled_bound(completed_bytes: float, outstanding_bytes: float, busy_seconds: float) -> float:
+    """The most a link busy for `busy_seconds` can deliver per second, given what it delivered."""
+    return (completed_bytes + outstanding_bytes) / busy_seconds
+
+
 class LinkEstimator:
     """The smoothed estimate; time is passed in, so replays and tests drive it."""
 
@@ -102,6 +114,12 @@ class LinkEstimator:
         weight = 1.0 - 0.5 ** (wall_seconds / self.rules.half_life_seconds)
         self._value = current + weight * (clamped - current)
         self._measured_at = now
+
+    def cap(self, now: float, bound: float, configured: float) -> None:
+        """The link delivers at most `bound` (bytes/s): an estimate above it comes down at once."""
+        if bound < self.estimate(now, configured):
+            self._value = max(bound, self.floor(configured))
+            self._measured_at = now
 
     def estimate(self, now: float, configured: float) -> float:
         """Bytes/s the link delivers as far as the transfers show, within [floor, configured]."""

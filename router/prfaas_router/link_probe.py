@@ -5,7 +5,9 @@ reads SGLang's per-transfer histograms `sglang:kv_transfer_total_mb` (MiB) and
 `sglang:kv_transfer_latency_ms` (their `_sum` and `_count`, summed over the engine's series).
 The change since the engine's previous answer, summed over engines, is one interval's
 transfers; an engine that did not answer, or whose totals went back (a restart), adds nothing
-this time. The dispatcher routes with `limit(model)`: the config's model with its link at the
+this time. It also reads `sglang:num_prefill_inflight_queue_reqs` (KV computed, not yet
+delivered): while that stays above zero the link is busy, and `link_estimate.stalled_bound`
+caps the estimate with what was delivered in that time. The dispatcher routes with `limit(model)`: the config's model with its link at the
 estimate.
 """
 
@@ -17,6 +19,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from prfaas_core import metrics_contract as contract
 from prfaas_core.router_config import Pool
@@ -30,6 +33,7 @@ from prfaas_router.link_estimate import (
     TransferTotals,
     limited,
     sample_bytes_per_second,
+    stalled_bound,
 )
 from prfaas_router.metrics import RouterMetrics
 from prfaas_router.policy import PolicyModel
@@ -41,13 +45,22 @@ log = logging.getLogger("prfaas_router.link_probe")
 METRICS_PATH = "/metrics"
 
 
-def parse_transfer_totals(text: str) -> TransferTotals | None:
-    """An engine's cumulative KV transfers from its exposition; None when it reports none."""
+@dataclass(frozen=True, slots=True)
+class EngineTransfers:
+    totals: TransferTotals
+    undelivered: float
+    """Requests whose KV is computed and not yet delivered (0 when the engine does not say)."""
+
+
+def parse_engine_transfers(text: str) -> EngineTransfers | None:
+    """An engine's KV transfers from its exposition; None when it reports no transfer totals."""
     sums = {contract.ENGINE_KV_TRANSFER_TOTAL_MB: 0.0, contract.ENGINE_KV_TRANSFER_LATENCY_MS: 0.0}
-    count = 0.0
+    count = undelivered = 0.0
     seen = False
     try:
         for family in text_string_to_metric_families(text):
+            if family.name == contract.ENGINE_PREFILL_INFLIGHT_QUEUE_REQS:
+                undelivered += sum(sample.value for sample in family.samples)
             if family.name not in sums:
                 continue
             for sample in family.samples:
@@ -61,13 +74,14 @@ def parse_transfer_totals(text: str) -> TransferTotals | None:
                     count += sample.value
     except ValueError:
         return None
-    if not seen or not all(math.isfinite(value) for value in (*sums.values(), count)):
+    if not seen or not all(math.isfinite(value) for value in (*sums.values(), count, undelivered)):
         return None
-    return TransferTotals(
+    totals = TransferTotals(
         bytes=sums[contract.ENGINE_KV_TRANSFER_TOTAL_MB] * BYTES_PER_MIB,
         seconds=sums[contract.ENGINE_KV_TRANSFER_LATENCY_MS] / 1000,
         transfers=count,
     )
+    return EngineTransfers(totals, undelivered)
 
 
 class LinkProbe:
@@ -80,6 +94,7 @@ class LinkProbe:
         metrics: RouterMetrics,
         rules: LinkEstimateRules,
         current_model: Callable[[], PolicyModel | None],
+        outstanding_bytes: Callable[[], float],
         *,
         interval_seconds: float,
         timeout_seconds: float,
@@ -87,11 +102,14 @@ class LinkProbe:
         self._upstream = upstream
         self._fleet = fleet
         self._current_model = current_model
+        self._outstanding_bytes = outstanding_bytes
         self._interval = interval_seconds
         self._timeout = timeout_seconds
         self.estimator = LinkEstimator(rules)
         self._totals: dict[str, TransferTotals] = {}
-        self._polled_at: float | None = None
+        self._sampled_at: float | None = None  # the end of the last interval that gave a sample
+        self._busy_since: float | None = None  # since when some KV has been computed and not delivered
+        self._completed_while_busy = 0.0
         self._limited: tuple[PolicyModel, float, PolicyModel] | None = None
         metrics.link_estimate.set_function(self._estimate_or_nan)
         metrics.link_measured.set_function(self._measured_or_nan)
@@ -116,29 +134,50 @@ class LinkProbe:
         answers = await asyncio.gather(*(self._read(worker.url) for worker in workers))
         now = time.monotonic()
         moved = NO_TRANSFERS
-        for worker, totals in zip(workers, answers, strict=True):
-            if totals is None:
+        undelivered = 0.0
+        for worker, answer in zip(workers, answers, strict=True):
+            if answer is None:
                 continue
+            undelivered += answer.undelivered
             earlier = self._totals.get(worker.name)
-            self._totals[worker.name] = totals
-            delta = totals.since(earlier) if earlier is not None else None
+            self._totals[worker.name] = answer.totals
+            delta = answer.totals.since(earlier) if earlier is not None else None
             if delta is not None:
                 moved = moved + delta
         for gone in self._totals.keys() - {worker.name for worker in workers}:
             del self._totals[gone]
-        polled_at, self._polled_at = self._polled_at, now
         model = self._current_model()
-        if polled_at is None or model is None:
+        if self._sampled_at is None or model is None:
+            self._sampled_at = now
             return
-        sample = sample_bytes_per_second(moved, now - polled_at, model.link_latency)
+        # a transfer longer than a poll interval completes in one: the sample covers every
+        # interval since the last one that gave a sample
+        wall = now - self._sampled_at
+        sample = sample_bytes_per_second(moved, wall, model.link_latency)
         if sample is not None:
-            self.estimator.observe(now, sample, now - polled_at, model.link_bandwidth)
+            self.estimator.observe(now, sample, wall, model.link_bandwidth)
+            self._sampled_at = now
+        self._bound_by_non_delivery(now, undelivered, moved.bytes, model.link_bandwidth)
 
-    async def _read(self, url: str) -> TransferTotals | None:
+    def _bound_by_non_delivery(
+        self, now: float, undelivered: float, completed: float, configured: float
+    ) -> None:
+        if undelivered <= 0:
+            self._busy_since = None
+            return
+        if self._busy_since is None:
+            self._busy_since, self._completed_while_busy = now, 0.0
+            return
+        self._completed_while_busy += completed
+        busy = now - self._busy_since
+        bound = stalled_bound(self._completed_while_busy, self._outstanding_bytes(), busy)
+        self.estimator.cap(now, bound, configured)
+
+    async def _read(self, url: str) -> EngineTransfers | None:
         with contextlib.suppress(TimeoutError, UpstreamError):
             status, body = await self._upstream.get(target(url, METRICS_PATH), self._timeout)
             if status == 200:
-                return parse_transfer_totals(body.decode(errors="replace"))
+                return parse_engine_transfers(body.decode(errors="replace"))
         return None
 
     def _estimate_or_nan(self) -> float:

@@ -94,9 +94,24 @@ def router_gauge(system: LiveSystem, name: str) -> float | None:
     return None if value != value else value  # NaN: nothing measured lately
 
 
-def measured_gbps(system: LiveSystem) -> float | None:
+def measured_gbps(system: LiveSystem, say_since: float | None = None) -> float | None:
+    """The router's measured bandwidth; with `say_since`, printed with what it has in flight."""
     value = router_gauge(system, "prfaas_router_link_measured_bytes_per_second")
-    return None if value is None else value / BYTES_PER_GBIT
+    gbps = None if value is None else value / BYTES_PER_GBIT
+    if say_since is not None:
+        inflight = router_gauge(system, "prfaas_router_link_inflight_bytes") or 0.0
+        print(
+            f"  t={time.monotonic() - say_since:5.1f}s measured {gbps} Gbit/s, KV in flight {inflight / 1e9:.1f} GB"
+        )
+    return gbps
+
+
+def watch(system: LiveSystem, seconds: float, since: float) -> None:
+    """Print the router's view of the link every 2 s for `seconds`."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        measured_gbps(system, say_since=since)
+        time.sleep(min(2.0, max(0.0, end - time.monotonic())))
 
 
 def offloaded_share(results: list[RequestResult], start: float, end: float) -> float:
@@ -157,7 +172,7 @@ def test_a_link_drop_is_measured_and_offloads_give_way(
     with BackgroundTraffic(
         system.router_url() or "", "kimi-linear", long_prompts(TRAFFIC_SECONDS)
     ) as traffic:
-        time.sleep(DROP_AFTER_SECONDS)
+        watch(system, DROP_AFTER_SECONDS, traffic.started_at)
         before = measured_gbps(system)
         set_link_rate(system, dropped)
         dropped_at = time.monotonic()
@@ -167,7 +182,7 @@ def test_a_link_drop_is_measured_and_offloads_give_way(
         wait_until(
             f"the router to measure under {MEASURED_AFTER_DROP_AT_MOST:.0%} of {CONFIGURED_GBPS:g} Gbit/s",
             lambda: (
-                (seen := measured_gbps(system)) is not None
+                (seen := measured_gbps(system, say_since=traffic.started_at)) is not None
                 and seen < MEASURED_AFTER_DROP_AT_MOST * CONFIGURED_GBPS
             ),
             TRACKING_SECONDS,

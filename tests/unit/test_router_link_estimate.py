@@ -14,8 +14,9 @@ from prfaas_router.link_estimate import (
     TransferTotals,
     limited,
     sample_bytes_per_second,
+    stalled_bound,
 )
-from prfaas_router.link_probe import parse_transfer_totals
+from prfaas_router.link_probe import EngineTransfers, parse_engine_transfers
 from router_cases import make_model
 
 CONFIGURED = 1e9
@@ -88,6 +89,20 @@ def test_a_stale_estimate_returns_towards_the_configured_bandwidth() -> None:
     half_back = estimator.estimate(now + RULES.stale_after_seconds + RULES.half_life_seconds, CONFIGURED)
     assert half_back == pytest.approx((low + CONFIGURED) / 2)
     assert estimator.estimate(now + 1000.0, CONFIGURED) == pytest.approx(CONFIGURED)
+
+
+def test_a_link_that_delivers_nothing_while_busy_is_bounded_at_once() -> None:
+    # busy 10 s, 1 GB completed, 4 GB still out: it cannot have carried more than 500 MB/s
+    bound = stalled_bound(completed_bytes=1e9, outstanding_bytes=4e9, busy_seconds=10.0)
+    assert bound == pytest.approx(5e8)
+    estimator = LinkEstimator(RULES)
+    estimator.cap(10.0, bound, CONFIGURED)
+    assert estimator.estimate(10.0, CONFIGURED) == pytest.approx(5e8)
+    assert estimator.measured(10.0, CONFIGURED) == pytest.approx(5e8)
+    estimator.cap(11.0, 2 * CONFIGURED, CONFIGURED)  # a bound above the estimate says nothing
+    assert estimator.estimate(11.0, CONFIGURED) == pytest.approx(5e8)
+    estimator.cap(12.0, 0.0, CONFIGURED)  # nor below the floor
+    assert estimator.estimate(12.0, CONFIGURED) == pytest.approx(RULES.floor_fraction * CONFIGURED)
 
 
 def test_a_lower_configured_bandwidth_caps_the_estimate_at_once() -> None:
@@ -163,7 +178,13 @@ sglang:num_queue_reqs{engine_type="prefill",model_name="m"} 2.0
 
 
 def test_sglang_transfer_histograms_are_read_in_bytes_and_seconds() -> None:
-    assert parse_transfer_totals(EXPOSITION) == TransferTotals(12.0 * BYTES_PER_MIB, 1.5, 3.0)
+    undelivered = 'sglang:num_prefill_inflight_queue_reqs{engine_type="prefill",model_name="m"} 2.0\n'
+    assert parse_engine_transfers(EXPOSITION) == EngineTransfers(
+        TransferTotals(12.0 * BYTES_PER_MIB, 1.5, 3.0), 0.0
+    )
+    assert parse_engine_transfers(EXPOSITION + undelivered) == EngineTransfers(
+        TransferTotals(12.0 * BYTES_PER_MIB, 1.5, 3.0), 2.0
+    )
 
 
 @pytest.mark.parametrize(
@@ -176,4 +197,4 @@ def test_sglang_transfer_histograms_are_read_in_bytes_and_seconds() -> None:
     ],
 )
 def test_an_engine_without_readable_transfer_totals_adds_nothing(text: str) -> None:
-    assert parse_transfer_totals(text) is None
+    assert parse_engine_transfers(text) is None
