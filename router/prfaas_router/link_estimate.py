@@ -17,9 +17,9 @@ transfer longer than an interval completes in one of them):
 
 Transfers that share a slow link all finish late (each gets its share), so after a drop the
 first sample can be long in coming. Meanwhile the link's non-delivery bounds it: while some
-prefill has computed KV not yet delivered (SGLang's ``num_prefill_inflight_queue_reqs`` > 0) the
-link is busy, and in that time it cannot have carried more than the transfers that completed
-plus every KV byte still out (`stalled_bound`); the estimate never stays above that bound.
+prefill has computed KV not yet delivered (SGLang's ``num_prefill_inflight_queue_reqs`` > 0)
+and no transfer completes, the link cannot have carried more than every KV byte still out
+(`stalled_bound`); after a half-life of that the estimate never stays above the bound.
 
 Samples are clamped to [floor, configured] and smoothed by an exponential average in time
 (`half_life_seconds`), starting from the configured bandwidth. The floor (a fraction of the
@@ -94,9 +94,9 @@ def sample_bytes_per_second(
     return moved.bytes / busy
 
 
-def stalled_bound(completed_bytes: float, outstanding_bytes: float, busy_seconds: float) -> float:
-    """The most a link busy for `busy_seconds` can deliver per second, given what it delivered."""
-    return (completed_bytes + outstanding_bytes) / busy_seconds
+def stalled_bound(outstanding_bytes: float, stalled_seconds: float) -> float:
+    """The most a link can deliver per second that finished no transfer in `stalled_seconds`."""
+    return outstanding_bytes / stalled_seconds
 
 
 class LinkEstimator:

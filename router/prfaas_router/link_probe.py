@@ -6,8 +6,8 @@ reads SGLang's per-transfer histograms `sglang:kv_transfer_total_mb` (MiB) and
 The change since the engine's previous answer, summed over engines, is one interval's
 transfers; an engine that did not answer, or whose totals went back (a restart), adds nothing
 this time. It also reads `sglang:num_prefill_inflight_queue_reqs` (KV computed, not yet
-delivered): while that stays above zero the link is busy, and `link_estimate.stalled_bound`
-caps the estimate with what was delivered in that time. The dispatcher routes with `limit(model)`: the config's model with its link at the
+delivered): while that stays above zero and no transfer completes, `link_estimate.stalled_bound`
+caps the estimate. The dispatcher routes with `limit(model)`: the config's model with its link at the
 estimate.
 """
 
@@ -108,8 +108,7 @@ class LinkProbe:
         self.estimator = LinkEstimator(rules)
         self._totals: dict[str, TransferTotals] = {}
         self._sampled_at: float | None = None  # the end of the last interval that gave a sample
-        self._busy_since: float | None = None  # since when some KV has been computed and not delivered
-        self._completed_while_busy = 0.0
+        self._stalled_since: float | None = None  # KV undelivered and no transfer completed since then
         self._limited: tuple[PolicyModel, float, PolicyModel] | None = None
         metrics.link_estimate.set_function(self._estimate_or_nan)
         metrics.link_measured.set_function(self._measured_or_nan)
@@ -162,16 +161,16 @@ class LinkProbe:
     def _bound_by_non_delivery(
         self, now: float, undelivered: float, completed: float, configured: float
     ) -> None:
-        if undelivered <= 0:
-            self._busy_since = None
+        """While KV waits undelivered and no transfer completes, the link carried less than what is out."""
+        if undelivered <= 0 or completed > 0:
+            self._stalled_since = now if undelivered > 0 else None
             return
-        if self._busy_since is None:
-            self._busy_since, self._completed_while_busy = now, 0.0
+        if self._stalled_since is None:
+            self._stalled_since = now
             return
-        self._completed_while_busy += completed
-        busy = now - self._busy_since
-        bound = stalled_bound(self._completed_while_busy, self._outstanding_bytes(), busy)
-        self.estimator.cap(now, bound, configured)
+        stalled = now - self._stalled_since
+        if stalled >= self.estimator.rules.half_life_seconds:
+            self.estimator.cap(now, stalled_bound(self._outstanding_bytes(), stalled), configured)
 
     async def _read(self, url: str) -> EngineTransfers | None:
         with contextlib.suppress(TimeoutError, UpstreamError):

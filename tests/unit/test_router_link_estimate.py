@@ -92,8 +92,8 @@ def test_a_stale_estimate_returns_towards_the_configured_bandwidth() -> None:
 
 
 def test_a_link_that_delivers_nothing_while_busy_is_bounded_at_once() -> None:
-    # busy 10 s, 1 GB completed, 4 GB still out: it cannot have carried more than 500 MB/s
-    bound = stalled_bound(completed_bytes=1e9, outstanding_bytes=4e9, busy_seconds=10.0)
+    # nothing finished for 10 s, 5 GB still out: it cannot have carried more than 500 MB/s
+    bound = stalled_bound(outstanding_bytes=5e9, stalled_seconds=10.0)
     assert bound == pytest.approx(5e8)
     estimator = LinkEstimator(RULES)
     estimator.cap(10.0, bound, CONFIGURED)
