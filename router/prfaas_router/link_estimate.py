@@ -11,8 +11,10 @@ transfer longer than an interval completes in one of them):
 - bytes moved over the time the link was busy moving them. That time is at most the time covered
   (transfers that overlap share the link: their summed latencies exceed the wall time) and at
   most the summed transfer latencies, less one one-way latency per transfer (propagation every
-  transfer pays whatever its size). Overlap within a shorter busy period makes the sample low,
-  never high: the estimate errs towards a smaller budget;
+  transfer pays whatever its size). Overlap within a shorter busy period makes the sample low:
+  the estimate errs towards a smaller budget. KV sent while the prefill still computes (layer
+  by layer) is not in SGLang's latency, which makes it high: a link barely slower than the KV
+  is produced reads fast, one that backs transfers up reads true;
 - an interval without a transfer is no sample: an idle link is not a slow one.
 
 Transfers that share a slow link all finish late (each gets its share), so after a drop the
