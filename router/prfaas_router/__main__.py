@@ -42,6 +42,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterOptions:
     parser.add_argument(
         "--link-poll-interval-seconds", type=float, default=defaults.link_poll_interval_seconds
     )
+    parser.add_argument("--link-poll-timeout-seconds", type=float, default=defaults.link_poll_timeout_seconds)
     parser.add_argument("--link-half-life-seconds", type=float, default=link.half_life_seconds)
     parser.add_argument("--link-floor-fraction", type=float, default=link.floor_fraction)
     parser.add_argument("--link-stale-after-seconds", type=float, default=link.stale_after_seconds)
@@ -158,6 +159,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterOptions:
         load_poll_interval_seconds=args.load_poll_interval_seconds,
         load_poll_timeout_seconds=args.load_poll_timeout_seconds,
         link_poll_interval_seconds=args.link_poll_interval_seconds,
+        link_poll_timeout_seconds=args.link_poll_timeout_seconds,
         link_estimate=link_rules,
         breaker_failure_threshold=args.breaker_failure_threshold,
         breaker_cooldown_seconds=args.breaker_cooldown_seconds,

@@ -51,6 +51,7 @@ class RouterOptions:
     load_poll_interval_seconds: float = 1.0  # decode engines' /v1/loads, for the decode-wait estimate
     load_poll_timeout_seconds: float = 1.0
     link_poll_interval_seconds: float = 1.0  # PrfaaS prefill engines' /metrics, for the live link estimate
+    link_poll_timeout_seconds: float = 3.0  # the answers cross the link, behind the KV when it is congested
     link_estimate: LinkEstimateRules = field(default_factory=LinkEstimateRules)
     breaker_failure_threshold: int = 3
     breaker_cooldown_seconds: float = 5.0
@@ -115,7 +116,7 @@ class RouterService:
             lambda: self.snapshot.model if self.snapshot is not None else None,
             lambda: self._dispatcher.link_inflight_bytes if self._dispatcher is not None else 0.0,
             interval_seconds=options.link_poll_interval_seconds,
-            timeout_seconds=options.load_poll_timeout_seconds,
+            timeout_seconds=options.link_poll_timeout_seconds,
         )
         self._dispatcher = Dispatcher(
             self._upstream,

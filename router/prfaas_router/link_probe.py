@@ -5,9 +5,10 @@ reads SGLang's per-transfer histograms `sglang:kv_transfer_total_mb` (MiB) and
 `sglang:kv_transfer_latency_ms` (their `_sum` and `_count`, summed over the engine's series).
 The change since the engine's previous answer, summed over engines, is one interval's
 transfers; an engine that did not answer, or whose totals went back (a restart), adds nothing
-this time. It also reads `sglang:num_prefill_inflight_queue_reqs` (KV computed, not yet
+this time. The engines' answers cross the link: on a congested one they queue behind the KV,
+hence a timeout of a few seconds. It also reads `sglang:num_prefill_inflight_queue_reqs` (KV computed, not yet
 delivered): while that stays above zero and no transfer completes, `link_estimate.stalled_bound`
-caps the estimate. The dispatcher routes with `limit(model)`: the config's model with its link at the
+caps the estimate (a poll some engine did not answer leaves that bound as it was). The dispatcher routes with `limit(model)`: the config's model with its link at the
 estimate.
 """
 
@@ -156,7 +157,8 @@ class LinkProbe:
         if sample is not None:
             self.estimator.observe(now, sample, wall, model.link_bandwidth)
             self._sampled_at = now
-        self._bound_by_non_delivery(now, undelivered, moved.bytes, model.link_bandwidth)
+        if all(answer is not None for answer in answers):  # a silent engine may hold undelivered KV
+            self._bound_by_non_delivery(now, undelivered, moved.bytes, model.link_bandwidth)
 
     def _bound_by_non_delivery(
         self, now: float, undelivered: float, completed: float, configured: float
