@@ -46,7 +46,7 @@ DROPPED_GBPS = 2.0
 LATENCY_MS = 5.0
 TRAFFIC_SECONDS = 100.0  # wall
 DROP_AFTER_SECONDS = 35.0
-TRACKING_SECONDS = 20.0
+TRACKING_SECONDS = 30.0
 """The router's measured bandwidth is below MEASURED_AFTER_DROP_AT_MOST of the configured one this
 long after the drop (router defaults: 1 s polls, 5 s half-life)."""
 MEASURED_AFTER_DROP_AT_MOST = 0.4
@@ -193,7 +193,10 @@ def test_a_link_drop_is_measured_and_offloads_give_way(
         planner_sees: list[Observation | NoData] = []
         wait_until(
             "the planner's observation to carry the measured bandwidth",
-            lambda: link_is_observed_low(system, planner_sees),
+            lambda: (
+                measured_gbps(system, say_since=traffic.started_at) is not None
+                and link_is_observed_low(system, planner_sees)
+            ),
             PLANNER_SEES_WITHIN_SECONDS,
         )
         driver = traffic.wait(timeout_s=TRAFFIC_SECONDS + 120)
