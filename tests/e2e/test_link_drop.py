@@ -9,7 +9,12 @@ One PrfaasDeployment (2 PrfaaS prefill instances, 2+2 PD instances, a 20 Gbit/s 
    request fails, and the planner's input, read from Prometheus as the operator reads it,
    carries the measured bandwidth.
 
-Needs the testbed with network namespaces (the delay line and tc act on them).
+Needs the testbed with network namespaces (the delay line and tc act on them); about 3 minutes:
+
+    export PATH=$PWD/.venv/bin:$PATH
+    e2e/testbed/testbed.sh up   # imports this tree's images
+    python -m pytest -q -s tests/e2e/test_link_drop.py   # -s: the router's view, second by second
+    e2e/testbed/testbed.sh down
 """
 
 from __future__ import annotations
