@@ -20,10 +20,18 @@ INFLIGHT_TOKENS = PREFIX + "inflight_tokens"  # gauge {pool}
 TTFT_SECONDS = PREFIX + "ttft_seconds"  # histogram {route}
 THRESHOLD_TOKENS = PREFIX + "threshold_tokens"  # gauge
 CONFIG_VERSION = PREFIX + "config_version"  # gauge
+LINK_MEASURED_BYTES_PER_SECOND = PREFIX + "link_measured_bytes_per_second"  # gauge, NaN when unmeasured
+LINK_ESTIMATE_BYTES_PER_SECOND = PREFIX + "link_estimate_bytes_per_second"  # gauge: what the budget follows
 
 # engine metrics (SGLang names; the fake engine exports the same)
 ENGINE_QUEUE_REQS = "sglang:num_queue_reqs"
 ENGINE_RUNNING_REQS = "sglang:num_running_reqs"
+ENGINE_PREFILL_INFLIGHT_QUEUE_REQS = (
+    "sglang:num_prefill_inflight_queue_reqs"  # gauge: KV computed, not delivered
+)
+ENGINE_KV_TRANSFER_TOTAL_MB = "sglang:kv_transfer_total_mb"  # histogram per transfer, MiB (prefill side)
+ENGINE_KV_TRANSFER_LATENCY_MS = "sglang:kv_transfer_latency_ms"  # histogram: forward end to last byte
+ENGINE_KV_TRANSFER_SPEED_GB_S = "sglang:kv_transfer_speed_gb_s"  # histogram: total_mb / 1024 / seconds
 
 ROUTE_PRFAAS = "prfaas"
 ROUTE_LOCAL = "local"

@@ -93,6 +93,7 @@ class LinkNamespace:
 
     netns: str
     netns_device: str  # the veth end inside `netns`: its egress carries PrfaaS -> PD (the KV)
+    host_address: str  # the veth end here: the source of what goes from here to the pods
 
 
 @dataclass(frozen=True)
@@ -234,6 +235,7 @@ def parse_testbed_env(text: str) -> Testbed:
         link = LinkNamespace(
             netns=_required(values, "PRFAAS_TESTBED_LINK_NETNS"),
             netns_device=_required(values, "PRFAAS_TESTBED_LINK_NS_DEV"),
+            host_address=_required(values, "PRFAAS_TESTBED_LINK_HOST_IP"),
         )
         clusters[Cluster.PRFAAS] = replace(clusters[Cluster.PRFAAS], pod_netns=link.netns)
     image_dir = None

@@ -28,11 +28,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from prfaas_testbed.clusters import Testbed, TestbedError, ensure_testbed, is_testbed_up, teardown_testbed
 from prfaas_testbed.link import LinkShape, describe
 from prfaas_testbed.pod_workloads import Scales
 from prfaas_testbed.prometheus import PrometheusError
+from prfaas_testbed.rtt import connect_rtt_seconds
 from prfaas_testbed.system import (
     REPO,
     LiveSystem,
@@ -63,6 +65,22 @@ SETTLE_SECONDS = 30.0
 
 def say(text: str) -> None:
     print(f"[demo] {text}", flush=True)
+
+
+def link_round_trip(system: LiveSystem) -> str:
+    """The round trip TCP sees to the first PrfaaS prefill (a connect's handshake), measured now."""
+    pools = (system.router_config() or {}).get("pools") or {}
+    endpoints = pools.get("prfaas_prefill") or []
+    if not endpoints:
+        return "n/a (no PrfaaS prefill in the router config)"
+    where = urlsplit(endpoints[0]["url"])
+    if where.hostname is None or where.port is None:
+        return f"n/a ({endpoints[0]['url']!r} has no host and port)"
+    try:
+        seconds = connect_rtt_seconds(where.hostname, where.port)
+    except OSError as err:
+        return f"n/a ({where.netloc}: {err})"
+    return f"{seconds * 1000:.2f} ms to {where.netloc} (median TCP handshake of 5)"
 
 
 @dataclass
@@ -300,6 +318,7 @@ class Demo:
         print(
             f"  link: {describe(system.link_mode, LinkShape.of_spec(cr['spec']), self.scales) if cr else 'n/a'}"
         )
+        print(f"  link round trip: {link_round_trip(system)}")
         if self.scales.time_scale != 1:
             print(
                 f"  time scale {self.scales.time_scale:g}: engines compute {1 / self.scales.time_scale:g}x faster and requests "

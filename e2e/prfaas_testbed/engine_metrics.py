@@ -2,7 +2,9 @@
 
 Every series carries ``model_name`` and ``engine_type`` (prefill, decode, or unified for a
 non-PD engine). Gauges are read from the engine's state when scraped, so they are never stale
-and cost nothing per request. The two names of our own, for tests and the testbed's link
+and cost nothing per request. The KV transfer histograms are observed by the prefill, as SGLang
+does, once the decode confirmed the last byte: wall-clock time, and bytes at the real link's
+rate (see ``FakeEngine._observe_transfer``). The two names of our own, for tests and the testbed's link
 accounting (payload bytes only, frame headers excluded):
 
 * ``prfaas_fake_engine_kv_bytes_sent_total``: KV bytes a prefill engine put on the wire;
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 
+from prfaas_core import metrics_contract as contract
 from prfaas_core.metrics_contract import TOKEN_BUCKETS, TTFT_BUCKETS
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -22,6 +25,8 @@ PREFIX = "sglang:"
 KV_BYTES_SENT = "prfaas_fake_engine_kv_bytes_sent_total"
 KV_BYTES_RECEIVED = "prfaas_fake_engine_kv_bytes_received_total"
 LABELS = ("model_name", "engine_type")
+BYTES_PER_MIB = 1024 * 1024
+BYTES_PER_GIB = 1024 * BYTES_PER_MIB
 
 GAUGES: dict[str, str] = {
     "num_running_reqs": "The number of running requests.",
@@ -122,35 +127,21 @@ class EngineMetrics:
         self.generation_tokens_histogram = histogram(
             PREFIX + "generation_tokens_histogram", "Generation tokens per request.", _COUNT_BUCKETS
         ).labels(**labels)
+        # SGLang's prefill-side transfer histograms, with its help texts and buckets
         self.kv_transfer_speed = histogram(
-            PREFIX + "kv_transfer_speed_gb_s",
-            "KV transfer speed in GB/s (bytes actually sent).",
-            (0.0001, 0.001, 0.01, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0),
+            contract.ENGINE_KV_TRANSFER_SPEED_GB_S,
+            "Histogram of KV cache transfer speed in GB/s.",
+            (0.1, 0.5, 1, 5, 10, 25, 50, 100, 200, 400),
         ).labels(**labels)
         self.kv_transfer_latency = histogram(
-            PREFIX + "kv_transfer_latency_ms",
-            "KV transfer latency in ms, from the prefill's arrival to the last byte.",
-            (
-                1.0,
-                5.0,
-                10.0,
-                25.0,
-                50.0,
-                100.0,
-                250.0,
-                500.0,
-                1000.0,
-                2500.0,
-                5000.0,
-                10000.0,
-                30000.0,
-                60000.0,
-            ),
+            contract.ENGINE_KV_TRANSFER_LATENCY_MS,
+            "Histogram of KV cache transfer latency in ms.",
+            (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000),
         ).labels(**labels)
         self.kv_transfer_total_mb = histogram(
-            PREFIX + "kv_transfer_total_mb",
-            "KV transferred per request in MB (bytes actually sent).",
-            (0.001, 0.01, 0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0),
+            contract.ENGINE_KV_TRANSFER_TOTAL_MB,
+            "Histogram of KV cache transfer size in MB.",
+            (1, 5, 10, 50, 100, 500, 1000, 5000, 10000),
         ).labels(**labels)
         self.registry.register(_Gauges((model_name, engine_type), gauges))
 
@@ -174,11 +165,12 @@ class EngineMetrics:
         if ttft_seconds is not None and generation_tokens > 1:
             self.time_per_output_token.observe((e2e_seconds - ttft_seconds) / (generation_tokens - 1))
 
-    def observe_transfer(self, kv_bytes: int, seconds: float) -> None:
-        self.kv_transfer_total_mb.observe(kv_bytes / 1e6)
+    def observe_transfer(self, kv_bytes: float, seconds: float) -> None:
+        """One transfer as SGLang's prefill observes it: MiB, ms, and GiB/s (its "MB" and "GB")."""
+        self.kv_transfer_total_mb.observe(kv_bytes / BYTES_PER_MIB)
         self.kv_transfer_latency.observe(seconds * 1000)
         if seconds > 0:
-            self.kv_transfer_speed.observe(kv_bytes / seconds / 1e9)
+            self.kv_transfer_speed.observe(kv_bytes / BYTES_PER_GIB / seconds)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -49,7 +49,7 @@ from prfaas_core.profiles import KvSizeModel, PrefillTimeModel, ProfileError
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from prfaas_testbed import engine_protocol as proto
-from prfaas_testbed.engine_metrics import EngineMetrics
+from prfaas_testbed.engine_metrics import BYTES_PER_GIB, EngineMetrics
 from prfaas_testbed.engine_timing import (
     DecodeProfile,
     kv_wire_bytes,
@@ -546,7 +546,7 @@ class FakeEngine:
         self._cached_total = 0
         self._generated_total = 0
         self._throughput = (0.0, 0, 0.0)  # (sampled at, generated then, tokens/s)
-        self._last_transfer = (0.0, 0.0)  # (GB/s, ms) of the latest KV transfer received
+        self._last_transfer = (0.0, 0.0)  # (GB/s, ms) of the latest KV transfer sent
         self._ready_at = 0.0
         self._stopping = False
         self.port = settings.port
@@ -924,12 +924,14 @@ class FakeEngine:
             finally:
                 self._prefill_bootstrap_waiting -= 1
             await self._compute_prefill(run, transfer)
+            forward_done = asyncio.get_running_loop().time()
             self._prefill_inflight += 1
             try:
                 await self._bootstrap.wait_delivered(transfer, self.settings.transfer_timeout)
             finally:
                 self._prefill_inflight -= 1
             failure = None
+            self._observe_transfer(kv_bytes, asyncio.get_running_loop().time() - forward_done)
         except KvBootstrapError as err:
             failure = str(err)
             self.metrics.bootstrap_failed.inc()
@@ -941,6 +943,20 @@ class FakeEngine:
         finally:
             self._bootstrap.release(transfer, failure)
         self._emitter(run)(0)
+
+    def _observe_transfer(self, wire_bytes: int, seconds: float) -> None:
+        """SGLang's prefill-side transfer metrics, with the link's real rate over the time that passed.
+
+        Everything that reads them (a router) lives in wall-clock time, so the time is as
+        measured; the bytes are those a link of the real rate carries in it: the bytes sent
+        (``kv_scale`` of the real ones, in ``time_scale`` of the real time) times
+        ``time_scale / kv_scale``. Their ratio is the real link's rate, which the CR names.
+        Time scale 0 (instant compute) counts as 1.
+        """
+        real_bytes = wire_bytes * (self.settings.time_scale or 1.0) / self.settings.kv_scale
+        self.metrics.observe_transfer(real_bytes, seconds)
+        speed = real_bytes / BYTES_PER_GIB / seconds if seconds > 0 else 0.0
+        self._last_transfer = (speed, seconds * 1000)
 
     async def _decode_leg(self, run: _ItemRun) -> None:
         """SGLang's decode: prealloc (wait for the prefill) -> transfer queue -> waiting queue -> running."""
@@ -977,9 +993,6 @@ class FakeEngine:
                     run.item.prompt.tokens,
                 )
             run.cached_tokens = received.cached_tokens
-            self.metrics.observe_transfer(received.kv_bytes, received.transfer_seconds)
-            seconds = received.transfer_seconds
-            self._last_transfer = (received.kv_bytes / seconds / 1e9 if seconds > 0 else 0.0, seconds * 1000)
         self._resident.add(run)
         await self._decode.generate(run.item.max_new_tokens, self._emitter(run))
 

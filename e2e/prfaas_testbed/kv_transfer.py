@@ -11,6 +11,10 @@ and the KV then moves prefill -> decode. Here the same port also carries the byt
   while the prefill request has not arrived or is queued, ``H`` (JSON: kv_bytes,
   prompt_tokens) once it has, ``D`` data frames of zeros released layer by layer while the
   prefill computes, then ``E`` (JSON: cached_tokens) or ``X`` (JSON: message) on failure;
+* the decode confirms the last byte with ``POST /kv_done?room=R``: only then is the KV
+  delivered for the prefill (as SGLang's prefill learns a transfer's completion from its
+  transfer engine), so its request, and its transfer's latency, end when the bytes have crossed
+  the link, not when they were handed to a socket buffer;
 * the payload bytes are exactly round(S_kv(l) * kv_scale); frame headers are not counted;
 * a decode whose prefill never comes fails after the bootstrap timeout; a prefill that
   dies mid-transfer breaks the TCP stream and the decode fails at once; a link that goes
@@ -116,6 +120,8 @@ class RoomTransfer:
         self.computed = False
         self.registered = False
         self.connected = asyncio.Event()
+        self.streamed = False
+        """Every frame is written; the decode's confirmation is awaited."""
         self.delivered = asyncio.Event()
         self.changed = asyncio.Event()
         self.failure: str | None = None
@@ -182,6 +188,7 @@ class KvBootstrapServer:
         app.router.add_get("/health", self._health)
         app.router.add_get("/route", self._route)
         app.router.add_get("/kv", self._kv)
+        app.router.add_post("/kv_done", self._kv_done)
         return app
 
     # ------------------------------------------------------------------ the prefill request's side
@@ -297,7 +304,8 @@ class KvBootstrapServer:
             transfer.fail(gone)
             raise
         finally:
-            self._forget(transfer)
+            if not transfer.streamed:
+                self._forget(transfer)
         return response
 
     def _refuse(self, room: int, message: str) -> None:
@@ -355,7 +363,19 @@ class KvBootstrapServer:
             await self._wait_or_keepalive(transfer, response, self.heartbeat_seconds, pending)
         pending.append(_json_frame(KIND_END, {"cached_tokens": transfer.cached_tokens}))
         await response.write_eof(b"".join(pending))
+        transfer.streamed = True  # the room stays known until the prefill request ends (`release`)
+
+    async def _kv_done(self, request: web.Request) -> web.Response:
+        """The decode has every byte of the room (the prefill's transfer completes)."""
+        try:
+            room = int(request.query["room"])
+        except (KeyError, ValueError):
+            return web.json_response({"error": "query parameter room must be an integer"}, status=400)
+        transfer = self._rooms.get(room)
+        if transfer is None or not transfer.streamed or transfer.failure is not None:
+            return web.json_response({"error": f"bootstrap_room {room} has no finished transfer"}, status=409)
         transfer.delivered.set()
+        return web.Response(text="OK")
 
     @staticmethod
     async def _flush(response: web.StreamResponse, pending: list[bytes | memoryview]) -> None:
@@ -383,8 +403,6 @@ class ReceivedKv:
     kv_bytes: int
     prompt_tokens: int
     cached_tokens: int
-    transfer_seconds: float
-    """From the prefill's arrival (the H frame) to the last byte."""
 
 
 def _url_host(host: str) -> str:
@@ -446,18 +464,30 @@ class KvReceiver:
                 raise KvBootstrapError(await self._refusal(response, where))
             hello = await self._hello(response, target.room, where, deadline)
             on_bootstrapped()
-            started = loop.time()
             cached = await self._payload(response, hello["kv_bytes"], target.room, where)
         except BaseException:
             response.close()  # drop the connection: the prefill's sender sees the decode go
             raise
         response.release()
+        await self._confirm(url.removesuffix("/kv") + "/kv_done", target.room, where)
         return ReceivedKv(
-            kv_bytes=hello["kv_bytes"],
-            prompt_tokens=hello["prompt_tokens"],
-            cached_tokens=cached,
-            transfer_seconds=loop.time() - started,
+            kv_bytes=hello["kv_bytes"], prompt_tokens=hello["prompt_tokens"], cached_tokens=cached
         )
+
+    async def _confirm(self, url: str, room: int, where: str) -> None:
+        """Tell the prefill the last byte arrived; without it the prefill fails the transfer."""
+        assert self._session is not None
+        try:
+            async with self._session.post(url, params={"room": str(room)}, timeout=self._timeout) as response:
+                if response.status != 200:
+                    raise KvTransferError(
+                        f"KV transfer from {where} for bootstrap_room {room}: the prefill refused the confirmation "
+                        f"with HTTP {response.status}"
+                    )
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise KvTransferError(
+                f"KV transfer from {where} for bootstrap_room {room}: cannot confirm it ({type(err).__name__})"
+            ) from err
 
     @staticmethod
     async def _refusal(response: aiohttp.ClientResponse, where: str) -> str:

@@ -5,8 +5,10 @@ Where the machine allows network namespaces, the PrfaaS cluster's pods live in o
 veth pair; ``tc_commands`` rate-shapes it with a token bucket filter from the CR's link spec.
 Every byte between the clusters crosses it (KV, requests, health checks, scrapes), and the KV
 direction has one queue for the whole link, as on a real one. Delay would need netem, which
-this machine's kernel lacks (``tc qdisc ... netem``: "Specified qdisc kind is unknown"), so the
-CR's latency is not emulated and the summary says so.
+this machine's kernel lacks (``tc qdisc ... netem``: "Specified qdisc kind is unknown"), so a
+CR with a latency gets a delay line (``delay_line``): the pods' traffic goes through a TUN pair
+whose relay holds each packet for the one-way latency, and the same tbf shapes the namespace's
+TUN. The veth pair stays shaped as well, for the moments the relay is not running.
 
 Elsewhere the fallback DESIGN.md names runs: the KV sender of every PrfaaS prefill engine paces
 its sends with a token bucket (``fake_engine --link-rate-bytes-per-second``).
@@ -86,12 +88,23 @@ _TBF_MIN_BURST_BYTES = 256 * 1024  # above a veth's 64 KiB GSO packets: tbf drop
 _TBF_QUEUE_SECONDS = 2.0  # KV may wait this long on the link before packets are dropped
 
 
-def tc_commands(shape: LinkShape | None, scales: Scales, *, netns: str, netns_device: str) -> list[list[str]]:
-    """The tc command that makes the veth pair the CR's link (None: unshaped, as fast as it goes).
+def delay_seconds(shape: LinkShape | None, scales: Scales) -> float:
+    """The one-way delay the delay line holds each packet for, in testbed (wall-clock) time."""
+    return 0.0 if shape is None else shape.latency_seconds * scales.time_scale
 
-    PrfaaS -> PD (the KV) leaves by the namespace's end of the pair: a token bucket filter there
-    is one queue for the whole link. `replace` makes it idempotent. Only the rate is emulated:
-    delay needs netem, which the kernels this testbed runs on do not ship (see `describe`).
+
+def delay_line_devices(netns_device: str) -> tuple[str, str]:
+    """(here, in the namespace): the delay line's TUN names, beside the veth pair's."""
+    stem = netns_device.removesuffix("n")
+    return stem + "dh", stem + "dn"
+
+
+def tc_commands(shape: LinkShape | None, scales: Scales, *, netns: str, netns_device: str) -> list[list[str]]:
+    """The tc command that makes a device in the namespace the CR's rate (None: unshaped).
+
+    PrfaaS -> PD (the KV) leaves by the namespace's end of the veth pair, or by its TUN when the
+    delay line runs: a token bucket filter there is one queue for the whole link. `replace`
+    makes it idempotent. The delay is the delay line's (`delay_seconds`).
     """
     if shape is None:
         return [["tc", "-n", netns, "qdisc", "replace", "dev", netns_device, "root", "pfifo_fast"]]
@@ -129,7 +142,10 @@ def describe(mode: LinkMode, shape: LinkShape | None, scales: Scales) -> str:
             f"time-scale {scales.time_scale:g}), one queue for the whole link"
         )
         if shape.latency_seconds > 0:
-            text += f"; the CR's {shape.latency_seconds * 1000:g} ms latency is NOT emulated (no netem in this kernel)"
+            text += (
+                f"; {delay_seconds(shape, scales) * 1000:g} ms each way (the CR's {shape.latency_seconds * 1000:g} ms "
+                "in testbed time) by a delay line: a TUN pair whose relay holds every packet (no netem in this kernel)"
+            )
         return text
     text = (
         f"in-engine token bucket (fallback; netns+veth+tc not used): {gbps:g} Gbit/s link = "

@@ -60,6 +60,8 @@ from prfaas_testbed.link import (
     LinkMode,
     LinkShape,
     LinkSpecError,
+    delay_line_devices,
+    delay_seconds,
     engine_link_rate,
     prfaas_instances_of,
     tc_commands,
@@ -81,6 +83,7 @@ log = logging.getLogger("prfaas_testbed.runner")
 SCRAPE_ROLES = ("router", "prfaas-prefill", "pd-prefill", "pd-decode", "operator")
 """One Prometheus job per role; a pod's role is its prfaas.io/role label, else its workload kind."""
 PROBE_TIMEOUT_MAX_SECONDS = 3.0
+DELAY_LINE_START_SECONDS = 10.0
 """Probes run every probe_seconds; a longer timeout would keep the supervisor from noticing a stop."""
 STATUS_FILE = "status.json"
 CONTROL_FILE = "control.json"
@@ -434,6 +437,8 @@ class Runner:
         self.testbed = testbed
         self.link_mode = resolve_link_mode(settings.link_mode, testbed)
         self._link_applied: LinkShape | object | None = _NOT_SHAPED
+        self._delay_line: asyncio.subprocess.Process | None = None
+        self._delay_line_seconds = 0.0
         self.settings = settings
         self.programs = programs or Programs(
             python=sys.executable, router=str(Path(sys.executable).with_name("prfaas-router"))
@@ -732,23 +737,72 @@ class Runner:
         except LinkSpecError as err:
             log.warning("link: %s; left unshaped", err)
             shape = None
-        if self._link_applied == shape:
+        delay = delay_seconds(shape, self.settings.scales)
+        relay_gone = self._delay_line is not None and self._delay_line.returncode is not None
+        if self._link_applied == shape and not relay_gone:
             return
-        for command in tc_commands(
-            shape,
-            self.settings.scales,
-            netns=link.netns,
-            netns_device=link.netns_device,
-        ):
-            process = await asyncio.create_subprocess_exec(
-                *command, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
-            )
-            _, error = await process.communicate()
-            if process.returncode != 0:
-                log.warning("link: %s failed: %s", " ".join(command), error.decode(errors="replace").strip())
-                return
+        if (delay != self._delay_line_seconds or relay_gone) and not await self._run_delay_line(delay):
+            return
+        devices = [link.netns_device]
+        if self._delay_line is not None:  # its TUN carries the pods' traffic: it gets the same rate
+            devices.append(delay_line_devices(link.netns_device)[1])
+        for device in devices:
+            for command in tc_commands(shape, self.settings.scales, netns=link.netns, netns_device=device):
+                process = await asyncio.create_subprocess_exec(
+                    *command, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE
+                )
+                _, error = await process.communicate()
+                if process.returncode != 0:
+                    log.warning(
+                        "link: %s failed: %s", " ".join(command), error.decode(errors="replace").strip()
+                    )
+                    return
         self._link_applied = shape
         log.info("link shaped: %s", "unshaped" if shape is None else f"{shape}")
+
+    async def _run_delay_line(self, seconds: float) -> bool:
+        """(Re)start the delay line holding packets `seconds` each way (0: none, the veth pair alone).
+
+        False when it did not come up; the link is then left as it was, and the next poll retries.
+        """
+        await self._stop_delay_line()
+        self._delay_line_seconds = 0.0
+        if seconds <= 0:
+            return True
+        link = self.testbed.link
+        assert link is not None
+        host_device, netns_device = delay_line_devices(link.netns_device)
+        process = await asyncio.create_subprocess_exec(
+            self.programs.python, "-m", "prfaas_testbed.delay_line",
+            "--netns", link.netns, "--pod-cidr", str(self.testbed.pod_cidr(Cluster.PRFAAS)),
+            "--src", link.host_address, "--host-device", host_device, "--netns-device", netns_device,
+            "--delay-ms", f"{seconds * 1000:g}",
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert process.stdout is not None
+        try:
+            ready = await asyncio.wait_for(process.stdout.readline(), DELAY_LINE_START_SECONDS)
+        except TimeoutError:
+            ready = b""
+        if ready.strip() != b"ready":
+            log.warning(
+                "link: the delay line did not start (see its log above); the CR's latency is not emulated"
+            )
+            process.kill()
+            await process.wait()
+            return False
+        self._delay_line, self._delay_line_seconds = process, seconds
+        return True
+
+    async def _stop_delay_line(self) -> None:
+        process, self._delay_line = self._delay_line, None
+        if process is not None and process.returncode is None:
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), DELAY_LINE_START_SECONDS)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
 
     def _write_targets(self) -> None:
         if self.settings.targets_dir is None:
@@ -832,6 +886,7 @@ class Runner:
         self.supervisors.clear()
         self._by_ip.clear()
         self._write_status()
+        await self._stop_delay_line()
         for client in self.clients.values():
             await client.close()
 

@@ -9,7 +9,8 @@
 # local process bound to its pod IP. The emulated cross-cluster link (DESIGN.md): the PrfaaS
 # cluster's pod range exists only inside the network namespace prfaas-<id>, joined to this one
 # by a veth pair (10.230.255.1 here, .2 there) that the runner shapes with tc from the CR's link
-# spec. Where the machine does not allow namespaces (not root, no iproute2) the PrfaaS pods use
+# spec; a CR with a latency also gets the runner's delay line (prfaas_testbed/delay_line.py).
+# Where the machine does not allow namespaces (not root, no iproute2) the PrfaaS pods use
 # loopback too and the engines pace their KV sends instead; PRFAAS_TESTBED_LINK=loopback forces
 # that. The choice is made at the first `up` of a state dir and kept. Nothing points elsewhere.
 #
@@ -436,6 +437,7 @@ env_exports() {
     echo "export PRFAAS_TESTBED_LINK_NETNS=$LINK_NETNS"
     echo "export PRFAAS_TESTBED_LINK_HOST_DEV=$LINK_HOST_DEV"
     echo "export PRFAAS_TESTBED_LINK_NS_DEV=$LINK_NS_DEV"
+    echo "export PRFAAS_TESTBED_LINK_HOST_IP=$LINK_HOST_IP"
   fi
   for cluster in "${CLUSTERS[@]}"; do
     upper=$(echo "$cluster" | tr '[:lower:]' '[:upper:]')

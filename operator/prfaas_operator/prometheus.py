@@ -3,8 +3,8 @@
 It reads only names of `prfaas_core.metrics_contract`: the router's uncached-token histogram
 (summed over routes: the uncached distribution the model needs), its output-token histogram,
 requests_total (all outcomes: what was offered; and the 429s), decisions_total (the reroutes),
-kv_egress_bytes_total, and the engines' sglang:num_queue_reqs. The link's measured bandwidth has
-no metric yet: it is left unknown (None), and the planner uses the configured one. Histograms are
+kv_egress_bytes_total, link_measured_bytes_per_second (the least of the router replicas'), and the
+engines' sglang:num_queue_reqs. Histograms are
 read with increase() over the window on their _bucket series; planning.observe_histograms turns
 them into the Observation, as it does for the simulator.
 
@@ -178,6 +178,10 @@ class PrometheusObserver:
                 f'{contract.DECISIONS_TOTAL}{{{router},reason=~"{"|".join(contract.REROUTE_REASONS)}"}}',
                 window,
                 at,
+            ),
+            # NaN (nothing measured lately) fails the comparison: no series, so None, never zero
+            measured_link_bytes_per_second=self._scalar(
+                f"min({contract.LINK_MEASURED_BYTES_PER_SECOND}{{{router}}} > 0)", at
             ),
             min_requests=self.min_requests,
             source=f"Prometheus, last {window}",

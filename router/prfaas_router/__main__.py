@@ -17,6 +17,7 @@ from prometheus_client import disable_created_metrics
 from prfaas_router.app import RouterOptions, RouterService
 from prfaas_router.configmap_source import ConfigMapRef
 from prfaas_router.drain import DRAIN_SIGNAL, Drain
+from prfaas_router.link_estimate import LinkEstimateRules
 from prfaas_router.listener import ClientLimits, GuardedSite
 from prfaas_router.payloads import Limits
 from prfaas_router.tokenizer import TokenizerError
@@ -39,6 +40,14 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterOptions:
         "--load-poll-interval-seconds", type=float, default=defaults.load_poll_interval_seconds
     )
     parser.add_argument("--load-poll-timeout-seconds", type=float, default=defaults.load_poll_timeout_seconds)
+    link = defaults.link_estimate
+    parser.add_argument(
+        "--link-poll-interval-seconds", type=float, default=defaults.link_poll_interval_seconds
+    )
+    parser.add_argument("--link-poll-timeout-seconds", type=float, default=defaults.link_poll_timeout_seconds)
+    parser.add_argument("--link-half-life-seconds", type=float, default=link.half_life_seconds)
+    parser.add_argument("--link-floor-fraction", type=float, default=link.floor_fraction)
+    parser.add_argument("--link-stale-after-seconds", type=float, default=link.stale_after_seconds)
     parser.add_argument("--breaker-failure-threshold", type=int, default=defaults.breaker_failure_threshold)
     parser.add_argument("--breaker-cooldown-seconds", type=float, default=defaults.breaker_cooldown_seconds)
     parser.add_argument("--connect-timeout-seconds", type=float, default=defaults.connect_timeout_seconds)
@@ -149,6 +158,12 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterOptions:
     ):
         if value < 1:
             parser.error(f"{name} must be at least 1, got {value}")
+    try:
+        link_rules = LinkEstimateRules(
+            args.link_half_life_seconds, args.link_floor_fraction, args.link_stale_after_seconds
+        )
+    except ValueError as err:
+        parser.error(f"link estimate: {err}")
     return RouterOptions(
         config_path=args.config,
         host=args.host,
@@ -160,6 +175,9 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterOptions:
         health_failure_threshold=args.health_failure_threshold,
         load_poll_interval_seconds=args.load_poll_interval_seconds,
         load_poll_timeout_seconds=args.load_poll_timeout_seconds,
+        link_poll_interval_seconds=args.link_poll_interval_seconds,
+        link_poll_timeout_seconds=args.link_poll_timeout_seconds,
+        link_estimate=link_rules,
         breaker_failure_threshold=args.breaker_failure_threshold,
         breaker_cooldown_seconds=args.breaker_cooldown_seconds,
         connect_timeout_seconds=args.connect_timeout_seconds,

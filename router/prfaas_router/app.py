@@ -21,6 +21,8 @@ from prfaas_router.config_watch import ConfigWatcher
 from prfaas_router.configmap_source import ConfigMapRef, ConfigMapSource, InCluster, NotInCluster
 from prfaas_router.drain import Drain
 from prfaas_router.health import HealthChecker
+from prfaas_router.link_estimate import LinkEstimateRules
+from prfaas_router.link_probe import LinkProbe
 from prfaas_router.listener import ClientLimits
 from prfaas_router.loads import LoadPoller
 from prfaas_router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
@@ -49,6 +51,9 @@ class RouterOptions:
     health_failure_threshold: int = 1
     load_poll_interval_seconds: float = 1.0  # decode engines' /v1/loads, for the decode-wait estimate
     load_poll_timeout_seconds: float = 1.0
+    link_poll_interval_seconds: float = 1.0  # PrfaaS prefill engines' /metrics, for the live link estimate
+    link_poll_timeout_seconds: float = 3.0  # the answers cross the link, behind the KV when it is congested
+    link_estimate: LinkEstimateRules = field(default_factory=LinkEstimateRules)
     breaker_failure_threshold: int = 3
     breaker_cooldown_seconds: float = 5.0
     connect_timeout_seconds: float = 1.0
@@ -109,6 +114,16 @@ class RouterService:
             read_timeout_seconds=options.read_timeout_seconds,
             keepalive_seconds=options.upstream_keepalive_seconds,
         )
+        self._link = LinkProbe(
+            self._upstream,
+            self.fleet,
+            self.metrics,
+            options.link_estimate,
+            lambda: self.snapshot.model if self.snapshot is not None else None,
+            lambda: self._dispatcher.link_inflight_bytes if self._dispatcher is not None else 0.0,
+            interval_seconds=options.link_poll_interval_seconds,
+            timeout_seconds=options.link_poll_timeout_seconds,
+        )
         self._dispatcher = Dispatcher(
             self._upstream,
             self.fleet,
@@ -116,6 +131,7 @@ class RouterService:
             SessionTable(options.session_capacity),
             options.max_attempts,
             options.client_stall_seconds,
+            self._link,
         )
         self._health = HealthChecker(
             self._upstream,
@@ -139,6 +155,7 @@ class RouterService:
             asyncio.create_task(self.watcher.run()),
             asyncio.create_task(self._health.run()),
             asyncio.create_task(loads.run()),
+            asyncio.create_task(self._link.run()),
         ]
         if self.config_map is not None:
             self._tasks.append(asyncio.create_task(self.config_map.run()))

@@ -120,6 +120,16 @@ class RouterMetrics:
             "KV bytes this replica may have in flight: its share of the link budget over one TTFT SLO",
             registry=r,
         )
+        self.link_measured = Gauge(
+            contract.LINK_MEASURED_BYTES_PER_SECOND,
+            "Bandwidth the link delivered by the engines' recent KV transfers, smoothed (NaN: none recent)",
+            registry=r,
+        )
+        self.link_estimate = Gauge(
+            contract.LINK_ESTIMATE_BYTES_PER_SECOND,
+            "Link bandwidth the offload budget follows: the measured one, else back towards the configured",
+            registry=r,
+        )
         self.retries = _Cached(
             Counter(
                 contract.PREFIX + "upstream_retries_total",

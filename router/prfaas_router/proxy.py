@@ -38,6 +38,7 @@ from aiohttp.http_writer import HttpVersion11
 from prfaas_core.metrics_contract import ROUTE_PRFAAS
 from prfaas_core.router_config import Pool, RouterConfig
 
+from prfaas_router.link_probe import LinkProbe
 from prfaas_router.metrics import RouterMetrics
 from prfaas_router.payloads import (
     ApiError,
@@ -165,8 +166,10 @@ class Dispatcher:
         sessions: SessionTable,
         max_attempts: int,
         client_stall_seconds: float,
+        link: LinkProbe,
     ) -> None:
         self._upstream = upstream
+        self._link = link
         self._client_stall_seconds = client_stall_seconds
         self._fleet = fleet
         self._metrics = metrics
@@ -206,7 +209,7 @@ class Dispatcher:
                 prfaas=self._candidates(Pool.PRFAAS_PREFILL, now, excluded),
                 decode=self._candidates(Pool.DECODE, now, excluded),
             )
-            decision = decide(snapshot.model, view, pools, self.link_inflight_bytes)
+            decision = decide(self._link.limit(snapshot.model), view, pools, self.link_inflight_bytes)
             if isinstance(decision, Rejection):
                 metrics.decisions.labels(NO_ROUTE, decision.reason.value).inc()
                 metrics.requests.labels(

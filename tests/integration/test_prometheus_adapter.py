@@ -33,6 +33,7 @@ OUTPUT_BUCKETS = contract.token_buckets(low=1, high=262144, ratio=2.0)  # the ro
 STEADY_LENGTHS = (1000, 3000, 20000)  # uncached tokens, cycled: 2 requests/s in all
 STEADY_OUTPUT = 200
 EGRESS_PER_STEP = 3e9
+MEASURED_LINK = 5e9  # bytes/s the steady router measured; the other's is NaN (nothing measured)
 
 
 @dataclass
@@ -135,7 +136,11 @@ def _histogram_point(
     return lines
 
 
-def render(histories: Sequence[History], gauges: Sequence[tuple[str, float, Sequence[int]]]) -> str:
+def render(
+    histories: Sequence[History],
+    gauges: Sequence[tuple[str, float, Sequence[int]]],
+    links: Sequence[tuple[str, float, Sequence[int]]],
+) -> str:
     """OpenMetrics text: families contiguous, each series' points in time order."""
     by_family: dict[str, list[str]] = defaultdict(list)
     for history in histories:
@@ -154,6 +159,9 @@ def render(histories: Sequence[History], gauges: Sequence[tuple[str, float, Sequ
     text.append(f"# TYPE {contract.ENGINE_QUEUE_REQS} gauge")
     for labels, value, times in gauges:
         text += [f"{contract.ENGINE_QUEUE_REQS}{{{labels}}} {value} {at}" for at in times]
+    text.append(f"# TYPE {contract.LINK_MEASURED_BYTES_PER_SECOND} gauge")
+    for labels, value, times in links:
+        text += [f"{contract.LINK_MEASURED_BYTES_PER_SECOND}{{{labels}}} {value} {at}" for at in times]
     return "\n".join(text) + "\n"
 
 
@@ -189,7 +197,8 @@ def prometheus_with_history(tmp_path_factory: pytest.TempPathFactory) -> Iterato
         (f'namespace="{NAMESPACE}",pod="steady-router-7d9f8-abcde"', 9.0, times),  # not an engine
     ]
     workdir = tmp_path_factory.mktemp("prometheus-adapter")
-    backfill_openmetrics(render([steady, other, quiet, stale, overflow], gauges), workdir / "tsdb")
+    links = [(steady.labels, MEASURED_LINK, times), (other.labels, float("nan"), times)]
+    backfill_openmetrics(render([steady, other, quiet, stale, overflow], gauges, links), workdir / "tsdb")
     server = start_prometheus(workdir / "server", tsdb_dir=workdir / "tsdb")
     yield server
     server.stop()
@@ -215,6 +224,7 @@ def test_one_deployment_is_observed_from_its_own_series(prometheus_with_history:
     assert seen.egress_bytes_per_second == pytest.approx(EGRESS_PER_STEP / STEP, rel=0.03)
     assert seen.offloaded_fraction == pytest.approx(1 / 3, rel=0.03)  # 20000 tokens went to PrfaaS
     assert seen.queue_depths == pytest.approx({"pd-decode": 4.0, "prfaas-prefill": 2.0})
+    assert seen.measured_link_bytes_per_second == pytest.approx(MEASURED_LINK)
     workload = seen.workload
     # one support point per length, in the bucket that holds it, a third of the mass each
     assert len(workload.lengths) == 3
@@ -224,6 +234,14 @@ def test_one_deployment_is_observed_from_its_own_series(prometheus_with_history:
         assert bounds[index] < point <= bounds[index + 1]
     assert workload.weights == pytest.approx([1 / 3] * 3, rel=0.03)
     assert 128 < workload.mean_output_tokens <= 256  # the bucket holding 200
+
+
+def test_a_link_the_router_has_not_measured_is_unknown_not_zero(
+    prometheus_with_history: PrometheusServer,
+) -> None:
+    seen = observe(prometheus_with_history, "other")  # its gauge is NaN: no transfer seen lately
+    assert isinstance(seen, Observation), seen
+    assert seen.measured_link_bytes_per_second is None
 
 
 @pytest.mark.parametrize(

@@ -187,9 +187,15 @@ def test_exports_with_a_link_namespace_put_only_prfaas_pods_in_a_private_range()
     link = (
         "export PRFAAS_TESTBED_LINK=netns\nexport PRFAAS_TESTBED_LINK_NETNS=prfaas-abc123\n"
         "export PRFAAS_TESTBED_LINK_HOST_DEV=pfabc123h\nexport PRFAAS_TESTBED_LINK_NS_DEV=pfabc123n\n"
+        "export PRFAAS_TESTBED_LINK_HOST_IP=10.230.255.1\n"
     )
     bed = parse_testbed_env(link + EXPORTS.replace("127.100.0.0/16", "10.231.0.0/16"))
-    assert bed.link is not None and (bed.link.netns, bed.link.netns_device) == ("prfaas-abc123", "pfabc123n")
+    assert bed.link is not None
+    assert (bed.link.netns, bed.link.netns_device, bed.link.host_address) == (
+        "prfaas-abc123",
+        "pfabc123n",
+        "10.230.255.1",
+    )
     assert bed.cluster_of_pod_ip("10.231.4.2") is Cluster.PRFAAS
     assert parse_testbed_env(EXPORTS).link is None
     with pytest.raises(TestbedError, match="not a range the testbed owns"):  # private only with the namespace

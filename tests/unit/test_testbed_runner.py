@@ -26,6 +26,8 @@ from prfaas_testbed.link import (
     LinkMode,
     LinkShape,
     LinkSpecError,
+    delay_line_devices,
+    delay_seconds,
     describe,
     engine_link_rate,
     prfaas_instances_of,
@@ -261,7 +263,20 @@ def test_the_link_description_says_what_ran_and_what_did_not() -> None:
     assert "token bucket" in text and "100 Gbit/s" in text and "5 ms latency is NOT emulated" in text
     assert "unshaped" in describe(LinkMode.UNSHAPED, None, Scales())
     veth = describe(LinkMode.NETNS_TC, LinkShape(12.5e9, 0.005), Scales(time_scale=1, kv_scale=1e-3))
-    assert "veth" in veth and "100 Mbit/s of scaled KV" in veth and "5 ms latency is NOT emulated" in veth
+    assert (
+        "veth" in veth
+        and "100 Mbit/s of scaled KV" in veth
+        and "5 ms each way" in veth
+        and "delay line" in veth
+    )
+    slow = describe(LinkMode.NETNS_TC, LinkShape(12.5e9, 0.005), Scales(time_scale=2, kv_scale=1e-3))
+    assert "10 ms each way (the CR's 5 ms in testbed time)" in slow
+
+
+def test_the_delay_line_holds_the_latency_in_testbed_time_beside_the_veth_pair() -> None:
+    assert delay_seconds(LinkShape(12.5e9, 0.005), Scales(time_scale=2)) == pytest.approx(0.01)
+    assert delay_seconds(None, Scales()) == 0.0
+    assert delay_line_devices("pfa2ce57n") == ("pfa2ce57dh", "pfa2ce57dn")
 
 
 def test_the_veth_is_one_token_bucket_for_the_whole_scaled_link() -> None:

@@ -1,0 +1,191 @@
+"""Feeds the live link estimate (`link_estimate`) from the PrfaaS prefill engines' own metrics.
+
+Every interval the router GETs `/metrics` from each PrfaaS prefill instance, all at once, and
+reads SGLang's per-transfer histograms `sglang:kv_transfer_total_mb` (MiB) and
+`sglang:kv_transfer_latency_ms` (their `_sum` and `_count`, summed over the engine's series).
+The change since the engine's previous answer, summed over engines, is one interval's
+transfers; an engine that did not answer, or whose totals went back (a restart), adds nothing
+this time. The engines' answers cross the link: on a congested one they queue behind the KV,
+hence a timeout of a few seconds. It also reads `sglang:num_prefill_inflight_queue_reqs` (KV computed, not yet
+delivered): while that stays above zero and no transfer completes, `link_estimate.stalled_bound`
+caps the estimate (a poll some engine did not answer leaves that bound as it was). The dispatcher routes with `limit(model)`: the config's model with its link at the
+estimate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prfaas_core import metrics_contract as contract
+from prfaas_core.router_config import Pool
+from prometheus_client.parser import text_string_to_metric_families
+
+from prfaas_router.link_estimate import (
+    BYTES_PER_MIB,
+    NO_TRANSFERS,
+    LinkEstimateRules,
+    LinkEstimator,
+    TransferTotals,
+    limited,
+    sample_bytes_per_second,
+    stalled_bound,
+)
+from prfaas_router.metrics import RouterMetrics
+from prfaas_router.policy import PolicyModel
+from prfaas_router.upstream import Upstream, UpstreamError, target
+from prfaas_router.workers import Fleet
+
+log = logging.getLogger("prfaas_router.link_probe")
+
+METRICS_PATH = "/metrics"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTransfers:
+    totals: TransferTotals
+    undelivered: float
+    """Requests whose KV is computed and not yet delivered (0 when the engine does not say)."""
+
+
+def parse_engine_transfers(text: str) -> EngineTransfers | None:
+    """An engine's KV transfers from its exposition; None when it reports no transfer totals."""
+    sums = {contract.ENGINE_KV_TRANSFER_TOTAL_MB: 0.0, contract.ENGINE_KV_TRANSFER_LATENCY_MS: 0.0}
+    count = undelivered = 0.0
+    seen = False
+    try:
+        for family in text_string_to_metric_families(text):
+            if family.name == contract.ENGINE_PREFILL_INFLIGHT_QUEUE_REQS:
+                undelivered += sum(sample.value for sample in family.samples)
+            if family.name not in sums:
+                continue
+            for sample in family.samples:
+                if sample.name == family.name + "_sum":
+                    sums[family.name] += sample.value
+                    seen = True
+                elif (
+                    sample.name == family.name + "_count"
+                    and family.name == contract.ENGINE_KV_TRANSFER_LATENCY_MS
+                ):
+                    count += sample.value
+    except ValueError:
+        return None
+    if not seen or not all(math.isfinite(value) for value in (*sums.values(), count, undelivered)):
+        return None
+    totals = TransferTotals(
+        bytes=sums[contract.ENGINE_KV_TRANSFER_TOTAL_MB] * BYTES_PER_MIB,
+        seconds=sums[contract.ENGINE_KV_TRANSFER_LATENCY_MS] / 1000,
+        transfers=count,
+    )
+    return EngineTransfers(totals, undelivered)
+
+
+class LinkProbe:
+    """Polls the engines, keeps the estimate, exports it, and limits the policy model by it."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        fleet: Fleet,
+        metrics: RouterMetrics,
+        rules: LinkEstimateRules,
+        current_model: Callable[[], PolicyModel | None],
+        outstanding_bytes: Callable[[], float],
+        *,
+        interval_seconds: float,
+        timeout_seconds: float,
+    ) -> None:
+        self._upstream = upstream
+        self._fleet = fleet
+        self._current_model = current_model
+        self._outstanding_bytes = outstanding_bytes
+        self._interval = interval_seconds
+        self._timeout = timeout_seconds
+        self.estimator = LinkEstimator(rules)
+        self._totals: dict[str, TransferTotals] = {}
+        self._sampled_at: float | None = None  # the end of the last interval that gave a sample
+        self._stalled_since: float | None = None  # KV undelivered and no transfer completed since then
+        self._limited: tuple[PolicyModel, float, PolicyModel] | None = None
+        metrics.link_estimate.set_function(self._estimate_or_nan)
+        metrics.link_measured.set_function(self._measured_or_nan)
+
+    async def run(self) -> None:
+        while True:
+            await self.poll_all()
+            await asyncio.sleep(self._interval)
+
+    def limit(self, model: PolicyModel) -> PolicyModel:
+        """`model` with its link at the current estimate (the same object while neither changed)."""
+        estimate = self.estimator.estimate(time.monotonic(), model.link_bandwidth)
+        cached = self._limited
+        if cached is not None and cached[0] is model and cached[1] == estimate:
+            return cached[2]
+        result = limited(model, estimate)
+        self._limited = (model, estimate, result)
+        return result
+
+    async def poll_all(self) -> None:
+        workers = self._fleet.pools[Pool.PRFAAS_PREFILL]
+        answers = await asyncio.gather(*(self._read(worker.url) for worker in workers))
+        now = time.monotonic()
+        moved = NO_TRANSFERS
+        undelivered = 0.0
+        for worker, answer in zip(workers, answers, strict=True):
+            if answer is None:
+                continue
+            undelivered += answer.undelivered
+            earlier = self._totals.get(worker.name)
+            self._totals[worker.name] = answer.totals
+            delta = answer.totals.since(earlier) if earlier is not None else None
+            if delta is not None:
+                moved = moved + delta
+        for gone in self._totals.keys() - {worker.name for worker in workers}:
+            del self._totals[gone]
+        model = self._current_model()
+        if self._sampled_at is None or model is None:
+            self._sampled_at = now
+            return
+        # a transfer longer than a poll interval completes in one: the sample covers every
+        # interval since the last one that gave a sample
+        wall = now - self._sampled_at
+        sample = sample_bytes_per_second(moved, wall, model.link_latency)
+        if sample is not None:
+            self.estimator.observe(now, sample, wall, model.link_bandwidth)
+            self._sampled_at = now
+        if all(answer is not None for answer in answers):  # a silent engine may hold undelivered KV
+            self._bound_by_non_delivery(now, undelivered, moved.bytes, model.link_bandwidth)
+
+    def _bound_by_non_delivery(
+        self, now: float, undelivered: float, completed: float, configured: float
+    ) -> None:
+        """While KV waits undelivered and no transfer completes, the link carried less than what is out."""
+        if undelivered <= 0 or completed > 0:
+            self._stalled_since = now if undelivered > 0 else None
+            return
+        if self._stalled_since is None:
+            self._stalled_since = now
+            return
+        stalled = now - self._stalled_since
+        if stalled >= self.estimator.rules.half_life_seconds:
+            self.estimator.cap(now, stalled_bound(self._outstanding_bytes(), stalled), configured)
+
+    async def _read(self, url: str) -> EngineTransfers | None:
+        with contextlib.suppress(TimeoutError, UpstreamError):
+            status, body = await self._upstream.get(target(url, METRICS_PATH), self._timeout)
+            if status == 200:
+                return parse_engine_transfers(body.decode(errors="replace"))
+        return None
+
+    def _estimate_or_nan(self) -> float:
+        model = self._current_model()
+        return math.nan if model is None else self.estimator.estimate(time.monotonic(), model.link_bandwidth)
+
+    def _measured_or_nan(self) -> float:
+        model = self._current_model()
+        measured = None if model is None else self.estimator.measured(time.monotonic(), model.link_bandwidth)
+        return math.nan if measured is None else measured

@@ -1,0 +1,200 @@
+"""The live link estimate: its samples, its smoothing, floor and staleness, and the budget it sets."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from prfaas_router.link_estimate import (
+    BYTES_PER_MIB,
+    LinkEstimateRules,
+    LinkEstimator,
+    TransferTotals,
+    limited,
+    sample_bytes_per_second,
+    stalled_bound,
+)
+from prfaas_router.link_probe import EngineTransfers, parse_engine_transfers
+from router_cases import make_model
+
+CONFIGURED = 1e9
+RULES = LinkEstimateRules(half_life_seconds=5.0, floor_fraction=0.05, stale_after_seconds=30.0)
+
+
+def feed(estimator: LinkEstimator, sample: float, start: float, seconds: float, step: float = 1.0) -> float:
+    """One sample every `step` seconds from `start` for `seconds`; returns the time it ended."""
+    now = start
+    for _ in range(round(seconds / step)):
+        now += step
+        estimator.observe(now, sample, step, CONFIGURED)
+    return now
+
+
+def test_a_lone_transfer_is_its_bytes_over_its_latency_less_propagation() -> None:
+    moved = TransferTotals(bytes=100e6, seconds=0.21, transfers=1)
+    assert sample_bytes_per_second(moved, wall_seconds=1.0, latency_seconds=0.01) == pytest.approx(500e6)
+
+
+def test_overlapping_transfers_count_the_wall_time_once() -> None:
+    # four transfers sharing the link for the whole second: 400 MB in 1 s, not in 4 s
+    moved = TransferTotals(bytes=400e6, seconds=4.0, transfers=4)
+    assert sample_bytes_per_second(moved, wall_seconds=1.0, latency_seconds=0.0) == pytest.approx(400e6)
+
+
+def test_an_interval_without_transfers_is_no_evidence() -> None:
+    assert sample_bytes_per_second(TransferTotals(0.0, 0.0, 0.0), 1.0, 0.0) is None
+
+
+def test_a_transfer_quicker_than_its_propagation_says_the_link_did_not_limit_it() -> None:
+    assert sample_bytes_per_second(TransferTotals(1e6, 0.005, 1), 1.0, 0.01) == math.inf
+
+
+def test_nothing_measured_holds_the_configured_bandwidth() -> None:
+    estimator = LinkEstimator(RULES)
+    assert estimator.estimate(100.0, CONFIGURED) == CONFIGURED
+    assert estimator.measured(100.0, CONFIGURED) is None
+
+
+def test_a_drop_is_followed_within_four_half_lives() -> None:
+    estimator = LinkEstimator(RULES)
+    now = feed(estimator, CONFIGURED, 0.0, 10.0)
+    now = feed(estimator, 0.1 * CONFIGURED, now, 4 * RULES.half_life_seconds)
+    assert estimator.estimate(now, CONFIGURED) < 0.2 * CONFIGURED
+    assert estimator.measured(now, CONFIGURED) == estimator.estimate(now, CONFIGURED)
+
+
+def test_half_way_after_one_half_life_whatever_the_sampling_step() -> None:
+    for step in (0.25, 1.0, 5.0):
+        estimator = LinkEstimator(RULES)
+        now = feed(estimator, 0.5 * CONFIGURED, 0.0, RULES.half_life_seconds, step)
+        assert estimator.estimate(now, CONFIGURED) == pytest.approx(0.75 * CONFIGURED)
+
+
+def test_the_floor_and_the_configured_bandwidth_bound_every_sample() -> None:
+    estimator = LinkEstimator(RULES)
+    now = feed(estimator, 0.0, 0.0, 100.0)
+    assert estimator.estimate(now, CONFIGURED) == pytest.approx(RULES.floor_fraction * CONFIGURED, rel=1e-4)
+    now = feed(estimator, math.inf, now, 100.0)
+    assert estimator.estimate(now, CONFIGURED) == pytest.approx(CONFIGURED)
+
+
+def test_a_stale_estimate_returns_towards_the_configured_bandwidth() -> None:
+    estimator = LinkEstimator(RULES)
+    now = feed(estimator, 0.1 * CONFIGURED, 0.0, 60.0)
+    low = estimator.estimate(now, CONFIGURED)
+    assert estimator.estimate(now + RULES.stale_after_seconds, CONFIGURED) == low
+    assert estimator.measured(now + RULES.stale_after_seconds + 0.1, CONFIGURED) is None
+    half_back = estimator.estimate(now + RULES.stale_after_seconds + RULES.half_life_seconds, CONFIGURED)
+    assert half_back == pytest.approx((low + CONFIGURED) / 2)
+    assert estimator.estimate(now + 1000.0, CONFIGURED) == pytest.approx(CONFIGURED)
+
+
+def test_a_link_that_delivers_nothing_while_busy_is_bounded_at_once() -> None:
+    # nothing finished for 10 s, 5 GB still out: it cannot have carried more than 500 MB/s
+    bound = stalled_bound(outstanding_bytes=5e9, stalled_seconds=10.0)
+    assert bound == pytest.approx(5e8)
+    estimator = LinkEstimator(RULES)
+    estimator.cap(10.0, bound, CONFIGURED)
+    assert estimator.estimate(10.0, CONFIGURED) == pytest.approx(5e8)
+    assert estimator.measured(10.0, CONFIGURED) == pytest.approx(5e8)
+    estimator.cap(11.0, 2 * CONFIGURED, CONFIGURED)  # a bound above the estimate says nothing
+    assert estimator.estimate(11.0, CONFIGURED) == pytest.approx(5e8)
+    estimator.cap(12.0, 0.0, CONFIGURED)  # nor below the floor
+    assert estimator.estimate(12.0, CONFIGURED) == pytest.approx(RULES.floor_fraction * CONFIGURED)
+
+
+def test_a_lower_configured_bandwidth_caps_the_estimate_at_once() -> None:
+    estimator = LinkEstimator(RULES)
+    now = feed(estimator, CONFIGURED, 0.0, 10.0)
+    assert estimator.estimate(now, CONFIGURED / 4) == CONFIGURED / 4
+
+
+@given(
+    st.lists(
+        st.tuples(st.floats(0.0, 1e12, allow_nan=False) | st.just(math.inf), st.floats(0.01, 100.0)),
+        min_size=1,
+        max_size=30,
+    ),
+    st.floats(0.0, 1e4),
+)
+def test_the_estimate_stays_within_floor_and_configured(
+    samples: list[tuple[float, float]], later: float
+) -> None:
+    estimator = LinkEstimator(RULES)
+    now = 0.0
+    for sample, step in samples:
+        now += step
+        estimator.observe(now, sample, step, CONFIGURED)
+        value = estimator.estimate(now + later, CONFIGURED)
+        assert RULES.floor_fraction * CONFIGURED * (1 - 1e-12) <= value <= CONFIGURED
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"half_life_seconds": 0.0},
+        {"floor_fraction": 0.0},
+        {"floor_fraction": 1.5},
+        {"stale_after_seconds": -1.0},
+    ],
+)
+def test_rules_refuse_what_cannot_work(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        LinkEstimateRules(**kwargs)
+
+
+def test_the_budget_follows_the_estimate_and_never_exceeds_the_configured_one() -> None:
+    model = make_model()
+    half = limited(model, model.link_bandwidth / 2)
+    assert half.link_bandwidth == model.link_bandwidth / 2
+    assert half.link_horizon_bytes == pytest.approx(model.link_horizon_bytes / 2)
+    assert limited(model, model.link_bandwidth * 3) is model
+
+
+def test_totals_going_back_mean_a_restart_not_negative_transfers() -> None:
+    before = TransferTotals(10.0, 2.0, 3.0)
+    assert TransferTotals(15.0, 2.5, 4.0).since(before) == TransferTotals(5.0, 0.5, 1.0)
+    assert TransferTotals(1.0, 0.1, 1.0).since(before) is None
+
+
+EXPOSITION = """\
+# HELP sglang:kv_transfer_total_mb Histogram of KV cache transfer size in MB.
+# TYPE sglang:kv_transfer_total_mb histogram
+sglang:kv_transfer_total_mb_bucket{engine_type="prefill",le="1.0",model_name="m"} 1.0
+sglang:kv_transfer_total_mb_bucket{engine_type="prefill",le="+Inf",model_name="m"} 3.0
+sglang:kv_transfer_total_mb_count{engine_type="prefill",model_name="m"} 3.0
+sglang:kv_transfer_total_mb_sum{engine_type="prefill",model_name="m"} 12.0
+# HELP sglang:kv_transfer_latency_ms Histogram of KV cache transfer latency in ms.
+# TYPE sglang:kv_transfer_latency_ms histogram
+sglang:kv_transfer_latency_ms_bucket{engine_type="prefill",le="+Inf",model_name="m"} 3.0
+sglang:kv_transfer_latency_ms_count{engine_type="prefill",model_name="m"} 3.0
+sglang:kv_transfer_latency_ms_sum{engine_type="prefill",model_name="m"} 1500.0
+# HELP sglang:num_queue_reqs The number of requests in the waiting queue.
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{engine_type="prefill",model_name="m"} 2.0
+"""
+
+
+def test_sglang_transfer_histograms_are_read_in_bytes_and_seconds() -> None:
+    undelivered = 'sglang:num_prefill_inflight_queue_reqs{engine_type="prefill",model_name="m"} 2.0\n'
+    assert parse_engine_transfers(EXPOSITION) == EngineTransfers(
+        TransferTotals(12.0 * BYTES_PER_MIB, 1.5, 3.0), 0.0
+    )
+    assert parse_engine_transfers(EXPOSITION + undelivered) == EngineTransfers(
+        TransferTotals(12.0 * BYTES_PER_MIB, 1.5, 3.0), 2.0
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "sglang:num_queue_reqs 1\n",
+        "this is { not an exposition\n",
+        EXPOSITION.replace("1500.0", "NaN"),
+    ],
+)
+def test_an_engine_without_readable_transfer_totals_adds_nothing(text: str) -> None:
+    assert parse_engine_transfers(text) is None
