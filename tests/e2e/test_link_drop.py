@@ -6,8 +6,9 @@ One PrfaasDeployment (2 PrfaaS prefill instances, 2+2 PD instances, a 20 Gbit/s 
 1. TCP's round trip to a PrfaaS prefill pod is the CR's, through the delay line;
 2. mid-run `tc` cuts the link to 2 Gbit/s behind everyone's back (the CR still says 20): the
    router's measured bandwidth follows within TRACKING_SECONDS, the offload share drops, no
-   request fails, and the planner's input, read from Prometheus as the operator reads it,
-   carries the measured bandwidth.
+   request fails, the planner's input, read from Prometheus as the operator reads it, carries
+   the measured bandwidth, and the planner's next decision (Advisory) plans with it and says
+   so in status.planner.inputs.link.
 
 Needs the testbed with network namespaces (the delay line and tc act on them); about 3 minutes:
 
@@ -63,7 +64,14 @@ BYTES_PER_GBIT = 1e9 / 8
 def deployment(live_system: LiveSystem) -> LiveSystem:
     if live_system.link_mode is not LinkMode.NETNS_TC:
         pytest.skip("the link's latency and a tc rate change need the testbed's network namespaces")
-    cr = customise_cr(load_sample_cr(), live_system.layout, name=CR_NAME)
+    assert live_system.prometheus is not None
+    cr = customise_cr(
+        load_sample_cr(),
+        live_system.layout,
+        name=CR_NAME,
+        prometheus_url=live_system.prometheus.url,
+        planner={"mode": "Advisory", "intervalSeconds": 10, "windowSeconds": 60},
+    )
     spec = cr["spec"]
     spec["prefillCluster"].update(replicas=2, minReplicas=1, maxReplicas=3)
     spec["pdCluster"].update(instances=4, prefillInstances=2, decodeInstances=2)
@@ -117,6 +125,18 @@ def watch(system: LiveSystem, seconds: float, since: float) -> None:
     while time.monotonic() < end:
         measured_gbps(system, say_since=since)
         time.sleep(min(2.0, max(0.0, end - time.monotonic())))
+
+
+def planner_link_input(system: LiveSystem) -> str:
+    """status.planner.inputs.link: the bandwidth the planner's last decision planned with."""
+    cr = system.cr() or {}
+    return str((((cr.get("status") or {}).get("planner") or {}).get("inputs") or {}).get("link", ""))
+
+
+def planned_measured_gbps(system: LiveSystem) -> float | None:
+    """The measured bandwidth the planner's last decision planned with; None if it used the configured one."""
+    found = re.match(r"([\d.]+) Gbit/s measured", planner_link_input(system))
+    return float(found.group(1)) if found else None
 
 
 def offloaded_share(results: list[RequestResult], start: float, end: float) -> float:
@@ -204,6 +224,15 @@ def test_a_link_drop_is_measured_and_offloads_give_way(
             ),
             PLANNER_SEES_WITHIN_SECONDS,
         )
+        # ...and the planner's next decision plans with it and says so
+        wait_until(
+            "the planner's decision to name the measured bandwidth",
+            lambda: (
+                (planned := planned_measured_gbps(system)) is not None
+                and planned < MEASURED_AFTER_DROP_AT_MOST * CONFIGURED_GBPS
+            ),
+            PLANNER_SEES_WITHIN_SECONDS,
+        )
         driver = traffic.wait(timeout_s=TRAFFIC_SECONDS + 120)
     print(
         f"measured {before} Gbit/s before the drop, {after} Gbit/s {tracked_after:.1f} s after it "
@@ -216,6 +245,7 @@ def test_a_link_drop_is_measured_and_offloads_give_way(
     share_after = offloaded_share(results, dropped_at + TRACKING_SECONDS, dropped_at + TRAFFIC_SECONDS)
     print(f"offloaded {share_before:.0%} before the drop, {share_after:.0%} once measured; {summary}")
     print(f"the planner's observation: {planner_sees[-1]}")
+    print(f"the planner's decision: link {planner_link_input(system)!r}")
     assert before is None or before > 0.5 * CONFIGURED_GBPS, (
         "the router thought the link slow before the drop"
     )
