@@ -117,7 +117,8 @@ class RouterMetrics:
         )
         self.link_horizon_bytes = Gauge(
             contract.PREFIX + "link_horizon_bytes",
-            "KV bytes this replica may have in flight: its share of the link budget over one TTFT SLO",
+            "KV bytes this replica may have in flight at the configured bandwidth: its share of the link "
+            "budget over one TTFT SLO (a lower live estimate lowers it in proportion)",
             registry=r,
         )
         self.link_measured = Gauge(
