@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
-from live_traffic import E2E_TIME_SCALE, BackgroundTraffic, logs_hint
+from live_traffic import E2E_TIME_SCALE, BackgroundTraffic, kubectl, logs_hint
 from prfaas_operator.planning import NoData, Observation
 from prfaas_operator.prometheus import PrometheusObserver, SeriesSelector
 from prfaas_testbed.link import (
@@ -40,7 +40,7 @@ from prfaas_testbed.link import (
     tc_commands,
 )
 from prfaas_testbed.rtt import connect_rtt_seconds
-from prfaas_testbed.system import LiveSystem, customise_cr, load_sample_cr, wait_until
+from prfaas_testbed.system import LiveSystem, LiveSystemError, customise_cr, load_sample_cr, wait_until
 from prfaas_testbed.traffic import PlannedRequest, RequestResult, TrafficSummary, lognormal_requests
 
 pytestmark = [pytest.mark.e2e, pytest.mark.testbed, pytest.mark.prometheus, pytest.mark.timeout(600)]
@@ -57,6 +57,7 @@ TRACKING_SECONDS = 30.0
 long after the drop (router defaults: 1 s polls, 5 s half-life)."""
 MEASURED_AFTER_DROP_AT_MOST = 0.4
 PLANNER_SEES_WITHIN_SECONDS = 30.0  # Prometheus scrapes the router every few seconds
+PLANNER_DECIDES_WITHIN_SECONDS = 60.0  # then the loop decides every 10 s, each decision a status write
 BYTES_PER_GBIT = 1e9 / 8
 
 
@@ -131,6 +132,15 @@ def planner_link_input(system: LiveSystem) -> str:
     """status.planner.inputs.link: the bandwidth the planner's last decision planned with."""
     cr = system.cr() or {}
     return str((((cr.get("status") or {}).get("planner") or {}).get("inputs") or {}).get("link", ""))
+
+
+def operator_log_tail(system: LiveSystem) -> str:
+    """The planner's last lines in the operators' logs, to tell why it did not decide."""
+    lines = []
+    for pod in system.runner_pods(kind="operator"):
+        shown = kubectl(system, "-n", system.layout.system_namespace, "logs", pod["pod"], "--tail", "400")
+        lines += [f"{pod['pod']}: {line}" for line in shown.stdout.splitlines() if "planner" in line][-8:]
+    return "operator logs:\n" + "\n".join(lines)
 
 
 def planned_measured_gbps(system: LiveSystem) -> float | None:
@@ -225,14 +235,18 @@ def test_a_link_drop_is_measured_and_offloads_give_way(
             PLANNER_SEES_WITHIN_SECONDS,
         )
         # ...and the planner's next decision plans with it and says so
-        wait_until(
-            "the planner's decision to name the measured bandwidth",
-            lambda: (
-                (planned := planned_measured_gbps(system)) is not None
-                and planned < MEASURED_AFTER_DROP_AT_MOST * CONFIGURED_GBPS
-            ),
-            PLANNER_SEES_WITHIN_SECONDS,
-        )
+        try:
+            wait_until(
+                "the planner's decision to name the measured bandwidth",
+                lambda: (
+                    (planned := planned_measured_gbps(system)) is not None
+                    and planned < MEASURED_AFTER_DROP_AT_MOST * CONFIGURED_GBPS
+                ),
+                PLANNER_DECIDES_WITHIN_SECONDS,
+            )
+        except LiveSystemError as err:
+            planner = ((system.cr() or {}).get("status") or {}).get("planner")
+            raise AssertionError(f"{err}; status.planner: {planner}; {operator_log_tail(system)}") from None
         driver = traffic.wait(timeout_s=TRAFFIC_SECONDS + 120)
     print(
         f"measured {before} Gbit/s before the drop, {after} Gbit/s {tracked_after:.1f} s after it "

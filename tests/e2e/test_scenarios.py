@@ -570,6 +570,6 @@ def test_workload_shift_makes_the_planner_rescale(deployment: LiveSystem) -> Non
 
     wait_until("the StatefulSets and the router config to follow the planner", followed, 90)
     events = system.events(["PlannerApplied"])
-    assert events and "Λ_max" in str(events[-1].get("message")), events
+    assert events and "would take Λ as the router routes" in str(events[-1].get("message")), events
     summary = driver.summary()
     assert summary.outcomes.get("failed", 0) == 0, f"{summary.line()} {summary.errors} {logs_hint(system)}"

@@ -220,7 +220,6 @@ def test_one_deployment_is_observed_from_its_own_series(prometheus_with_history:
     assert seen.arrival_rps == pytest.approx(2.0 + 1 / 3, rel=0.03)
     assert seen.rejected_rps == pytest.approx(1 / 3, rel=0.03)
     assert seen.rerouted_rps == pytest.approx(1 / 5, rel=0.03)
-    assert seen.measured_link_bytes_per_second is None  # no metric of it yet: unknown, not zero
     assert seen.egress_bytes_per_second == pytest.approx(EGRESS_PER_STEP / STEP, rel=0.03)
     assert seen.offloaded_fraction == pytest.approx(1 / 3, rel=0.03)  # 20000 tokens went to PrfaaS
     assert seen.queue_depths == pytest.approx({"pd-decode": 4.0, "prfaas-prefill": 2.0})
