@@ -30,6 +30,7 @@ ENGINE_PREFILL_INFLIGHT_QUEUE_REQS = (
     "sglang:num_prefill_inflight_queue_reqs"  # gauge: KV computed, not delivered
 )
 ENGINE_KV_TRANSFER_TOTAL_MB = "sglang:kv_transfer_total_mb"  # histogram per transfer, MiB (prefill side)
+BYTES_PER_MIB = 1024 * 1024  # SGLang's "MB" in that name
 ENGINE_KV_TRANSFER_LATENCY_MS = "sglang:kv_transfer_latency_ms"  # histogram: forward end to last byte
 ENGINE_KV_TRANSFER_SPEED_GB_S = "sglang:kv_transfer_speed_gb_s"  # histogram: total_mb / 1024 / seconds
 

@@ -78,7 +78,7 @@ def open_tun(name: str) -> int:
 def route_commands(
     netns: str, pod_cidr: str, src: str, host_device: str, netns_device: str
 ) -> list[list[str]]:
-    """The ip commands that put the relay on the path of the pod range (idempotent)."""
+    """The ip commands that put the relay on the path of the pod range (after `stale_rule_removal`)."""
     network = ipaddress.ip_network(pod_cidr)
     halves = list(network.subnets(prefixlen_diff=1))
     ns = ["ip", "-n", netns]
@@ -87,9 +87,13 @@ def route_commands(
         [*ns, "link", "set", netns_device, "mtu", str(MTU), "up"],
         *(["ip", "route", "replace", str(half), "dev", host_device, "src", src] for half in halves),
         [*ns, "route", "replace", "default", "dev", netns_device, "table", str(RULE_TABLE)],
-        [*ns, "rule", "del", "priority", str(RULE_PRIORITY)],
         [*ns, "rule", "add", "priority", str(RULE_PRIORITY), "from", str(network), "lookup", str(RULE_TABLE)],
     ]
+
+
+def stale_rule_removal(netns: str) -> list[str]:
+    """Deletes a rule a previous relay left (it fails harmlessly when there is none)."""
+    return ["ip", "-n", netns, "rule", "del", "priority", str(RULE_PRIORITY)]
 
 
 class DelayLine:
@@ -157,9 +161,9 @@ async def relay(args: argparse.Namespace) -> None:
     host_fd = open_tun(args.host_device)
     with _in_netns(args.netns):
         netns_fd = open_tun(args.netns_device)
+    subprocess.run(stale_rule_removal(args.netns), check=False, capture_output=True)
     for command in route_commands(args.netns, args.pod_cidr, args.src, args.host_device, args.netns_device):
-        check = "rule" not in command or "add" in command  # deleting a rule that is not there is fine
-        subprocess.run(command, check=check, capture_output=True)
+        subprocess.run(command, check=True, capture_output=True)
     line = DelayLine(host_fd, netns_fd, args.delay_ms / 1000)
     line.start()
     print("ready", flush=True)  # the runner waits for this line

@@ -25,8 +25,7 @@ PREFIX = "sglang:"
 KV_BYTES_SENT = "prfaas_fake_engine_kv_bytes_sent_total"
 KV_BYTES_RECEIVED = "prfaas_fake_engine_kv_bytes_received_total"
 LABELS = ("model_name", "engine_type")
-BYTES_PER_MIB = 1024 * 1024
-BYTES_PER_GIB = 1024 * BYTES_PER_MIB
+BYTES_PER_GIB = 1024 * contract.BYTES_PER_MIB
 
 GAUGES: dict[str, str] = {
     "num_running_reqs": "The number of running requests.",
@@ -165,12 +164,16 @@ class EngineMetrics:
         if ttft_seconds is not None and generation_tokens > 1:
             self.time_per_output_token.observe((e2e_seconds - ttft_seconds) / (generation_tokens - 1))
 
-    def observe_transfer(self, kv_bytes: float, seconds: float) -> None:
-        """One transfer as SGLang's prefill observes it: MiB, ms, and GiB/s (its "MB" and "GB")."""
-        self.kv_transfer_total_mb.observe(kv_bytes / BYTES_PER_MIB)
+    def observe_transfer(self, kv_bytes: float, seconds: float) -> float:
+        """One transfer as SGLang's prefill observes it: MiB, ms, and GiB/s (its "MB" and "GB").
+        Returns the speed in GiB/s (0 for a transfer of no duration, which is not observed)."""
+        self.kv_transfer_total_mb.observe(kv_bytes / contract.BYTES_PER_MIB)
         self.kv_transfer_latency.observe(seconds * 1000)
-        if seconds > 0:
-            self.kv_transfer_speed.observe(kv_bytes / BYTES_PER_GIB / seconds)
+        if seconds <= 0:
+            return 0.0
+        speed = kv_bytes / BYTES_PER_GIB / seconds
+        self.kv_transfer_speed.observe(speed)
+        return speed
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -49,7 +49,7 @@ from prfaas_core.profiles import KvSizeModel, PrefillTimeModel, ProfileError
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from prfaas_testbed import engine_protocol as proto
-from prfaas_testbed.engine_metrics import BYTES_PER_GIB, EngineMetrics
+from prfaas_testbed.engine_metrics import EngineMetrics
 from prfaas_testbed.engine_timing import (
     DecodeProfile,
     kv_wire_bytes,
@@ -954,8 +954,7 @@ class FakeEngine:
         Time scale 0 (instant compute) counts as 1.
         """
         real_bytes = wire_bytes * (self.settings.time_scale or 1.0) / self.settings.kv_scale
-        self.metrics.observe_transfer(real_bytes, seconds)
-        speed = real_bytes / BYTES_PER_GIB / seconds if seconds > 0 else 0.0
+        speed = self.metrics.observe_transfer(real_bytes, seconds)
         self._last_transfer = (speed, seconds * 1000)
 
     async def _decode_leg(self, run: _ItemRun) -> None:

@@ -400,7 +400,6 @@ class KvBootstrapServer:
 
 @dataclass(frozen=True)
 class ReceivedKv:
-    kv_bytes: int
     prompt_tokens: int
     cached_tokens: int
 
@@ -470,9 +469,7 @@ class KvReceiver:
             raise
         response.release()
         await self._confirm(url.removesuffix("/kv") + "/kv_done", target.room, where)
-        return ReceivedKv(
-            kv_bytes=hello["kv_bytes"], prompt_tokens=hello["prompt_tokens"], cached_tokens=cached
-        )
+        return ReceivedKv(prompt_tokens=hello["prompt_tokens"], cached_tokens=cached)
 
     async def _confirm(self, url: str, room: int, where: str) -> None:
         """Tell the prefill the last byte arrived; without it the prefill fails the transfer."""

@@ -83,8 +83,8 @@ log = logging.getLogger("prfaas_testbed.runner")
 SCRAPE_ROLES = ("router", "prfaas-prefill", "pd-prefill", "pd-decode", "operator")
 """One Prometheus job per role; a pod's role is its prfaas.io/role label, else its workload kind."""
 PROBE_TIMEOUT_MAX_SECONDS = 3.0
-DELAY_LINE_START_SECONDS = 10.0
 """Probes run every probe_seconds; a longer timeout would keep the supervisor from noticing a stop."""
+DELAY_LINE_START_SECONDS = 10.0
 STATUS_FILE = "status.json"
 CONTROL_FILE = "control.json"
 OWNER_UID_LABEL = "prfaas.io/owner-uid"

@@ -27,7 +27,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-import numpy as np
 from prfaas_core.metrics_contract import ROUTE_PRFAAS
 from prfaas_core.profiles import KvSizeModel, ProfileError
 
@@ -387,7 +386,7 @@ def summarize(observed: Observation) -> dict[str, str]:
         "rejectedRate": _or_unknown(observed.rejected_rps, "{:.3g} req/s"),
         "reroutedRate": _or_unknown(observed.rerouted_rps, "{:.3g} req/s"),
         "meanUncachedTokens": f"{workload.mean_input_tokens:.0f}",
-        "p90UncachedTokens": f"{_quantile(workload, 0.9):.0f}",
+        "p90UncachedTokens": f"{workload.quantile(0.9):.0f}",
         "meanOutputTokens": f"{workload.mean_output_tokens:.0f}",
         "offloadedFraction": f"{observed.offloaded_fraction:.2f}",
         "egress": _or_unknown(
@@ -531,11 +530,6 @@ def _threshold(allocation: Allocation) -> int:
     if allocation.threshold_tokens is None:
         raise ValueError("a PrfaaS-PD allocation always has a threshold")
     return allocation.threshold_tokens
-
-
-def _quantile(workload: Workload, q: float) -> float:
-    cumulative = np.cumsum(workload.weights)
-    return float(workload.lengths[min(int(np.searchsorted(cumulative, q)), len(workload.lengths) - 1)])
 
 
 def _or_unknown(value: float | None, template: str) -> str:

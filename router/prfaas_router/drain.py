@@ -44,9 +44,8 @@ class Drain:
             log.info("draining: not ready, connections close after their response")
 
     def delay_left(self, now: float) -> float:
-        """Seconds the listener must stay open yet: the delay counts from the drain's start."""
-        if self.began is None:
-            return self.delay_seconds
+        """Seconds the listener must stay open yet: the delay counts from the drain's start (begun)."""
+        assert self.began is not None, "delay_left before begin()"
         return max(0.0, self.began + self.delay_seconds - now)
 
 

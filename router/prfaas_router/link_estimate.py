@@ -39,8 +39,6 @@ from dataclasses import dataclass, replace
 
 from prfaas_router.policy import PolicyModel
 
-BYTES_PER_MIB = 1024 * 1024
-
 
 @dataclass(frozen=True, slots=True)
 class LinkEstimateRules:

@@ -27,7 +27,6 @@ from prfaas_core.router_config import Pool
 from prometheus_client.parser import text_string_to_metric_families
 
 from prfaas_router.link_estimate import (
-    BYTES_PER_MIB,
     NO_TRANSFERS,
     LinkEstimateRules,
     LinkEstimator,
@@ -78,7 +77,7 @@ def parse_engine_transfers(text: str) -> EngineTransfers | None:
     if not seen or not all(math.isfinite(value) for value in (*sums.values(), count, undelivered)):
         return None
     totals = TransferTotals(
-        bytes=sums[contract.ENGINE_KV_TRANSFER_TOTAL_MB] * BYTES_PER_MIB,
+        bytes=sums[contract.ENGINE_KV_TRANSFER_TOTAL_MB] * contract.BYTES_PER_MIB,
         seconds=sums[contract.ENGINE_KV_TRANSFER_LATENCY_MS] / 1000,
         transfers=count,
     )

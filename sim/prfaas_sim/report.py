@@ -10,7 +10,6 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-import numpy as np
 from prfaas_core.router_config import Slo
 from prfaas_operator.planner import Strategy
 
@@ -126,9 +125,7 @@ def model_check_table(checks: Sequence[ModelCheck]) -> list[str]:
     ]
     for check in checks:
         workload = check.workload
-        tail = workload.lengths[
-            min(int(np.searchsorted(np.cumsum(workload.weights), 0.99)), len(workload.lengths) - 1)
-        ]
+        tail = workload.quantile(0.99)
         for strategy, (model, paper, run) in check.runs.items():
             lines.append(
                 f"| {check.label} | {workload.mean_input_tokens:.0f} / {tail:.0f} | {strategy.label} "

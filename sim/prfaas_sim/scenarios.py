@@ -219,15 +219,16 @@ def saturation(
     warmup: float,
     seed: int,
     output_sigma: float = 0.0,
+    systems: Deployments | None = None,
 ) -> dict[Strategy, tuple[float, RunResult]]:
     """Each system driven at `overload` x its Λ_max on an unlimited link, without admission control.
 
     Returns (analytical Λ_max, run); the run's `throughput_rps` is the simulated saturation
-    throughput, the quantity eq. 6 predicts.
+    throughput, the quantity eq. 6 predicts. `systems`: `saturation_deployments` when already planned.
     """
     if not overload > 1:
         raise ValueError(f"saturation needs an overload factor above 1, got {overload}")
-    systems = saturation_deployments(document, workload)
+    systems = systems or saturation_deployments(document, workload)
     engine = EngineSettings(warmup_seconds=warmup)
     results = {}
     for strategy, spec in systems.specs.items():
@@ -273,7 +274,7 @@ def model_check(
     systems = saturation_deployments(document, workload)
     runs = {}
     for strategy, (model, run) in saturation(
-        document, workload, overload=overload, duration=duration, warmup=warmup, seed=seed
+        document, workload, overload=overload, duration=duration, warmup=warmup, seed=seed, systems=systems
     ).items():
         spec, plan = systems.specs[strategy], systems.plan(strategy)
         paper = evaluate(

@@ -7,8 +7,8 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from prfaas_core.metrics_contract import BYTES_PER_MIB
 from prfaas_router.link_estimate import (
-    BYTES_PER_MIB,
     LinkEstimateRules,
     LinkEstimator,
     TransferTotals,

@@ -319,7 +319,12 @@ def stage_rates(
         Stage.PD_DECODE: decode,
     }
     overflow = link_overflow_bound(
-        split, egress_rps=prfaas_egress, pd_prefill_instances=pd_prefill_instances, pd_seconds=pd_seconds
+        split,
+        egress_rps=prfaas_egress,
+        pd_prefill_instances=pd_prefill_instances,
+        pd_seconds=pd_seconds,
+        kept_only=bounds[Stage.PD_PREFILL],
+        link_full=bounds[Stage.PRFAAS_EGRESS],
     )
     return StageRates(
         prfaas_compute_rps=prfaas_compute,
@@ -346,6 +351,8 @@ def link_overflow_bound(
     egress_rps: FloatArray,
     pd_prefill_instances: IntArray,
     pd_seconds: tuple[FloatArray, FloatArray],
+    kept_only: FloatArray,
+    link_full: FloatArray,
 ) -> FloatArray:
     """The PD-prefill bound on Λ as the router routes when the link binds: the long requests the link
     cannot take are prefilled locally, not lost.
@@ -354,13 +361,12 @@ def link_overflow_bound(
     request only when the link has room (its link-budget check) and prefills the rest locally. With
     Λp long arrivals/s and C = B / S_kv(l_long) of them leaving by the link, the local work
     Λ(1-p)·T_pd,short + (Λp - C)·T_pd,long must fit N_p when Λp > C; below that it is eq. 4.
-    `pd_seconds` is (long, short) mean prefill time on the PD GPUs. PrfaaS compute is not credited
+    `pd_seconds` is (long, short) mean prefill time on the PD GPUs; `kept_only` is eq. 4's bound and
+    `link_full` the Λ at which long requests fill the link (eq. 6's egress bound). PrfaaS compute is not credited
     this way (the router moves a request off a busy PrfaaS queue only near the TTFT SLO).
     """
     p, q = split.offloaded_fraction, split.kept_fraction
     pd_long, pd_short = pd_seconds
-    kept_only = _per_request(pd_prefill_instances / pd_short, q, split.has_short)  # eq. 4's bound
-    link_full = _per_request(egress_rps, p, split.has_long)  # the Λ at which long requests fill the link
     with np.errstate(divide="ignore", invalid="ignore"):
         overflowing = (pd_prefill_instances + egress_rps * pd_long) / (q * pd_short + p * pd_long)
     bound = np.where(kept_only > link_full, overflowing, kept_only)

@@ -256,6 +256,11 @@ class Workload:
     def max_length(self) -> float:
         return float(self.lengths[-1])
 
+    def quantile(self, q: float) -> float:
+        """The smallest support length with at least `q` of the mass at or below it."""
+        cumulative = np.cumsum(self.weights)
+        return float(self.lengths[min(int(np.searchsorted(cumulative, q)), len(self.lengths) - 1)])
+
     def split(self, thresholds: IntArray | FloatArray) -> LengthSplit:
         """p, l_long and l_short for each threshold (a request is offloaded when L > t)."""
         index = np.searchsorted(self.lengths, thresholds, side="right")
