@@ -582,11 +582,12 @@ def decision_benchmark(samples: int) -> dict[str, dict[str, float]]:
     decision: hashing all of a prompt (done when it is learnt, after its prefill) and decoding
     a 128K-id JSON body.
     """
-    from prfaas_core.router_config import Pool, RouterConfig
+    from prfaas_core.router_config import RouterConfig
+    from prfaas_core.routing.policy import PolicyModel, Pools, Rejection, RequestView, decide
+    from prfaas_core.routing.prefix_index import PrefixIndex
+    from prfaas_core.routing.workers import Fleet
+    from prfaas_core.vocabulary import Pool
     from prfaas_router.payloads import Kind, ParsedRequest, parse, prompt_keys
-    from prfaas_router.policy import PolicyModel, Pools, Rejection, RequestView, decide
-    from prfaas_router.prefix_index import PrefixIndex
-    from prfaas_router.workers import Fleet
 
     config = RouterConfig.model_validate(
         config_doc(

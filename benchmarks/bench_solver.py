@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from prfaas_operator.planner import Workload, parse_profile, solve_prfaas_pd
+from prfaas_core.throughput import Workload, parse_profile, solve_prfaas_pd
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE_CANDIDATES = (

@@ -34,10 +34,6 @@ BYTES_PER_MIB = 1024 * 1024  # SGLang's "MB" in that name
 ENGINE_KV_TRANSFER_LATENCY_MS = "sglang:kv_transfer_latency_ms"  # histogram: forward end to last byte
 ENGINE_KV_TRANSFER_SPEED_GB_S = "sglang:kv_transfer_speed_gb_s"  # histogram: total_mb / 1024 / seconds
 
-ROUTE_PRFAAS = "prfaas"
-ROUTE_LOCAL = "local"
-ROUTES = (ROUTE_PRFAAS, ROUTE_LOCAL)
-
 # label values the planner reads: requests_total{outcome} of a request refused early (429), and
 # decisions_total{reason} of a request sent to the other route than its length asks for
 OUTCOME_REJECTED = "rejected"

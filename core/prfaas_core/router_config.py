@@ -7,12 +7,12 @@ clusters, so the router needs no credentials for the remote cluster.
 
 from __future__ import annotations
 
-import enum
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from prfaas_core.profiles import KvSizeModel, PrefillTimeModel, ProfileError
+from prfaas_core.vocabulary import Pool
 
 SCHEMA: Literal["prfaas.io/router-config/v1"] = "prfaas.io/router-config/v1"
 CONFIG_FILE_NAME = "router-config.json"
@@ -20,14 +20,6 @@ CONFIG_FILE_NAME = "router-config.json"
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Pool(enum.StrEnum):
-    """The three worker pools a request may touch."""
-
-    PRFAAS_PREFILL = "prfaas_prefill"
-    LOCAL_PREFILL = "local_prefill"
-    DECODE = "decode"
 
 
 class Endpoint(_Strict):

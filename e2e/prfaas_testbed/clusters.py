@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import yaml
+from prfaas_core.vocabulary import LABEL_PART_OF
 
 if TYPE_CHECKING:
     import lightkube
@@ -332,7 +333,7 @@ def _encoded_kubeconfig(kubeconfig: Path) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-_SECRET_LABELS = {"app.kubernetes.io/part-of": "prfaas"}
+_SECRET_LABELS = {LABEL_PART_OF: "prfaas"}
 
 
 def kubeconfig_secret(

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-ROLE_LABEL = "prfaas.io/role"
+from prfaas_core.vocabulary import GPU_PRODUCT_LABEL, LABEL_ROLE
+
 WILDCARD_ADDRESS = "0.0.0.0"
 FAKE_ENGINE_PROFILES = {"NVIDIA-H200": "h200", "NVIDIA-H20": "h20"}
 """GPU product label -> built-in fake-engine timing profile (the case study's hardware)."""
@@ -331,7 +331,7 @@ def observed_role(facts: PodFacts) -> tuple[WorkloadKind, str, int | None] | Non
     if kind is None:
         return None
     args = [str(arg) for arg in facts.container.get("args") or []]
-    return kind, facts.labels.get(ROLE_LABEL) or kind.value, _metrics_port(facts, kind, args)
+    return kind, facts.labels.get(LABEL_ROLE) or kind.value, _metrics_port(facts, kind, args)
 
 
 def flag_value(args: Sequence[str], flag: str) -> str | None:
@@ -365,7 +365,7 @@ def local_process(
     env = container_environment(facts, base_env)
     configmaps, mounts = _configmap_volumes(facts, pod_dir / "volumes")
     args = _pod_args(facts, env, mounts)
-    role = facts.labels.get(ROLE_LABEL) or kind.value
+    role = facts.labels.get(LABEL_ROLE) or kind.value
     notes: list[str] = []
     service_account = None
     kubeconfig_path = None

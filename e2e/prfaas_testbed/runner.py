@@ -54,6 +54,7 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Node, Pod, ServiceAccount
+from prfaas_core.vocabulary import GROUP, KIND, LABEL_OWNER_UID, PLURAL, VERSION, Role
 
 from prfaas_testbed.clusters import Cluster, Testbed, describe_testbed
 from prfaas_testbed.link import (
@@ -80,20 +81,17 @@ from prfaas_testbed.prometheus import ScrapeJob, TargetGroup, write_file_sd
 
 log = logging.getLogger("prfaas_testbed.runner")
 
-SCRAPE_ROLES = ("router", "prfaas-prefill", "pd-prefill", "pd-decode", "operator")
+SCRAPE_ROLES = (*Role, "operator")
 """One Prometheus job per role; a pod's role is its prfaas.io/role label, else its workload kind."""
 PROBE_TIMEOUT_MAX_SECONDS = 3.0
 """Probes run every probe_seconds; a longer timeout would keep the supervisor from noticing a stop."""
 DELAY_LINE_START_SECONDS = 10.0
 STATUS_FILE = "status.json"
 CONTROL_FILE = "control.json"
-OWNER_UID_LABEL = "prfaas.io/owner-uid"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 FIELD_MANAGER = "prfaas-testbed-runner"
 
-PrfaasDeploymentResource = create_namespaced_resource(
-    "prfaas.io", "v1alpha1", "PrfaasDeployment", "prfaasdeployments"
-)
+PrfaasDeploymentResource = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
 
 
 _NOT_SHAPED = object()  # the link as this runner found it: shaped by nobody it knows of
@@ -582,7 +580,7 @@ class Runner:
             != "prefill"
         ):
             return None
-        owner_uid = facts.labels.get(OWNER_UID_LABEL)
+        owner_uid = facts.labels.get(LABEL_OWNER_UID)
         async for found in self.clients[Cluster.PD].list(PrfaasDeploymentResource, namespace="*"):
             cr = _as_dict(found)
             if (cr.get("metadata") or {}).get("uid") == owner_uid:

@@ -32,6 +32,7 @@ from lightkube.models.authentication_v1 import TokenRequestSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Pod, Secret, ServiceAccount
 from lightkube.types import PatchType
+from prfaas_core.vocabulary import GROUP, KIND, PLURAL, VERSION
 
 from prfaas_testbed.clusters import KUBECONFIG_SECRET_KEY, Cluster, Testbed, store_kubeconfig_secret
 from prfaas_testbed.link import LinkMode
@@ -46,9 +47,7 @@ CHART = REPO / "charts" / "prfaas-operator"
 SAMPLE_CR = REPO / "examples" / "prfaasdeployment.yaml"
 FIELD_MANAGER = "prfaas-testbed"
 PIDS_FILE = "pids.json"
-PrfaasDeployment = create_namespaced_resource(
-    "prfaas.io", "v1alpha1", "PrfaasDeployment", "prfaasdeployments"
-)
+PrfaasDeployment = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
 
 
 class LiveSystemError(RuntimeError):

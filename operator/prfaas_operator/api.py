@@ -11,15 +11,9 @@ from __future__ import annotations
 import enum
 from typing import Annotated, Any, Literal
 
+from prfaas_core.vocabulary import API_VERSION
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints
 from pydantic.alias_generators import to_camel
-
-GROUP = "prfaas.io"
-VERSION = "v1alpha1"
-KIND = "PrfaasDeployment"
-PLURAL = "prfaasdeployments"
-SINGULAR = "prfaasdeployment"
-SHORT_NAMES = ("prfaas", "pfd")
 
 
 def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, JsonValue]:
@@ -327,7 +321,7 @@ class PlannerMode(enum.StrEnum):
 
 
 class ThroughputModel(enum.StrEnum):
-    """The planner's form of the throughput model (prfaas_operator.planner.ModelForm)."""
+    """The planner's form of the throughput model (prfaas_core.throughput.ModelForm)."""
 
     PER_REQUEST = "PerRequest"
     PAPER = "Paper"
@@ -624,7 +618,7 @@ class PrfaasDeployment(_Model):
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
-    api_version: Literal["prfaas.io/v1alpha1"] = Field(default="prfaas.io/v1alpha1", alias="apiVersion")
+    api_version: Literal["prfaas.io/v1alpha1"] = Field(default=API_VERSION, alias="apiVersion")
     kind: Literal["PrfaasDeployment"] = "PrfaasDeployment"
     metadata: dict[str, Any] = Field(default_factory=dict)
     spec: PrfaasDeploymentSpec

@@ -27,17 +27,36 @@ from prfaas_core.router_config import (
     Endpoint,
     KvSize,
     LinkSpec,
-    Pool,
     Pools,
     PrefillTime,
     RouterConfig,
     Slo,
 )
-
-from prfaas_operator.api import (
+from prfaas_core.vocabulary import (
+    ANNOTATION_BOOTSTRAP_PORT,
+    ANNOTATION_CONFIG_CHECKSUM,
+    ANNOTATION_CREATED_BY,
+    ANNOTATION_FINGERPRINT,
+    ANNOTATION_OWNER,
+    GPU_PRODUCT_LABEL,
+    GPU_RESOURCE,
     GROUP,
     KIND,
+    LABEL_DEPLOYMENT,
+    LABEL_FINGERPRINT,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    LABEL_NAME,
+    LABEL_OWNER,
+    LABEL_OWNER_UID,
+    LABEL_ROLE,
+    MANAGER,
     VERSION,
+    Pool,
+    Role,
+)
+
+from prfaas_operator.api import (
     Allocation,
     ModelSpec,
     PlannerMode,
@@ -48,32 +67,10 @@ from prfaas_operator.api import (
     RoutingMode,
     TokenizerSource,
 )
-from prfaas_operator.status import (
-    GPU_RESOURCE,
-    ROLE_PD_DECODE,
-    ROLE_PD_PREFILL,
-    ROLE_PRFAAS_PREFILL,
-    ROLE_ROUTER,
-    PodInfo,
-)
+from prfaas_operator.status import PodInfo
 
 Manifest = dict[str, Any]
 
-MANAGER = "prfaas-operator"
-LABEL_NAME = "app.kubernetes.io/name"
-LABEL_INSTANCE = "app.kubernetes.io/instance"
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-LABEL_DEPLOYMENT = "prfaas.io/deployment"
-LABEL_ROLE = "prfaas.io/role"
-LABEL_FINGERPRINT = "prfaas.io/fingerprint"
-LABEL_OWNER = "prfaas.io/owner"
-LABEL_OWNER_UID = "prfaas.io/owner-uid"
-ANNOTATION_FINGERPRINT = "prfaas.io/fingerprint"
-ANNOTATION_OWNER = "prfaas.io/owner"
-ANNOTATION_CREATED_BY = "prfaas.io/created-by"
-ANNOTATION_CONFIG_CHECKSUM = "prfaas.io/router-config-checksum"
-ANNOTATION_BOOTSTRAP_PORT = "sglang.ai/bootstrap-port"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 ROUTER_CONFIG_DIR = "/etc/prfaas"
 ROUTER_TOKENIZER_DIR = "/etc/prfaas-tokenizer"
@@ -414,15 +411,15 @@ def engine_roles(spec: PrfaasDeploymentSpec, owner: Owner, allocation: Allocatio
     pc, pd = spec.prefill_cluster, spec.pd_cluster
     return [
         EngineRole(
-            ROLE_PRFAAS_PREFILL, "prefill", names.prfaas_prefill, pc.namespace, pc,
+            Role.PRFAAS_PREFILL, "prefill", names.prfaas_prefill, pc.namespace, pc,
             allocation.prefill_cluster_replicas, pc.port, pc.bootstrap_port, remote=True,
         ),
         EngineRole(
-            ROLE_PD_PREFILL, "prefill", names.pd_prefill, owner.namespace, pd,
+            Role.PD_PREFILL, "prefill", names.pd_prefill, owner.namespace, pd,
             allocation.pd_prefill_instances, pd.port, pd.bootstrap_port, remote=False,
         ),
         EngineRole(
-            ROLE_PD_DECODE, "decode", names.pd_decode, owner.namespace, pd,
+            Role.PD_DECODE, "decode", names.pd_decode, owner.namespace, pd,
             allocation.pd_decode_instances, pd.port, pd.bootstrap_port, remote=False,
         ),
     ]  # fmt: skip
@@ -496,7 +493,7 @@ def router_configmap(owner: Owner, config: RouterConfig) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _metadata(names.router_config, owner.namespace, owner, ROLE_ROUTER, remote=False),
+        "metadata": _metadata(names.router_config, owner.namespace, owner, Role.ROUTER, remote=False),
         "data": {ROUTER_CONFIG_KEY: config.to_json()},
     }
 
@@ -539,7 +536,7 @@ def router_deployment(spec: PrfaasDeploymentSpec, owner: Owner, config_json: str
     """
     names = Names.of(owner.name)
     router = spec.router
-    metadata = _metadata(names.router, owner.namespace, owner, ROLE_ROUTER, remote=False)
+    metadata = _metadata(names.router, owner.namespace, owner, Role.ROUTER, remote=False)
     if config_json is not None:
         metadata["annotations"] = {ANNOTATION_CONFIG_CHECKSUM: config_checksum(config_json)}
     args = [
@@ -593,9 +590,9 @@ def router_deployment(spec: PrfaasDeploymentSpec, owner: Owner, config_json: str
         "spec": {
             "replicas": router.replicas,
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-            "selector": {"matchLabels": selector_labels(owner, ROLE_ROUTER)},
+            "selector": {"matchLabels": selector_labels(owner, Role.ROUTER)},
             "template": {
-                "metadata": {"labels": child_labels(owner, ROLE_ROUTER, remote=False)},
+                "metadata": {"labels": child_labels(owner, Role.ROUTER, remote=False)},
                 "spec": {
                     "containers": [container],
                     "terminationGracePeriodSeconds": grace,
@@ -623,7 +620,7 @@ def router_access(owner: Owner) -> list[Manifest]:
     which RBAC's resourceNames allows for list and watch too).
     """
     names = Names.of(owner.name)
-    metadata = _metadata(names.router, owner.namespace, owner, ROLE_ROUTER, remote=False)
+    metadata = _metadata(names.router, owner.namespace, owner, Role.ROUTER, remote=False)
     rbac = "rbac.authorization.k8s.io"
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata},
@@ -667,10 +664,10 @@ def router_service(spec: PrfaasDeploymentSpec, owner: Owner) -> Manifest:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(Names.of(owner.name).router, owner.namespace, owner, ROLE_ROUTER, remote=False),
+        "metadata": _metadata(Names.of(owner.name).router, owner.namespace, owner, Role.ROUTER, remote=False),
         "spec": {
             "type": service.type,
-            "selector": selector_labels(owner, ROLE_ROUTER),
+            "selector": selector_labels(owner, Role.ROUTER),
             "ports": [
                 {"name": "http", "port": service.port, "targetPort": "http", "protocol": "TCP"},
                 {"name": "metrics", "port": metrics_port, "targetPort": "http", "protocol": "TCP"},
@@ -730,9 +727,9 @@ def choose_pools(
             return [p for p in pods if p.fingerprint == fingerprint]
 
         return Pools(
-            prfaas_prefill=ready_endpoints(mine(remote), ROLE_PRFAAS_PREFILL, pc.port, pc.bootstrap_port),
-            local_prefill=ready_endpoints(mine(pd_cluster_pods), ROLE_PD_PREFILL, pd.port, pd.bootstrap_port),
-            decode=ready_endpoints(mine(pd_cluster_pods), ROLE_PD_DECODE, pd.port, None),
+            prfaas_prefill=ready_endpoints(mine(remote), Role.PRFAAS_PREFILL, pc.port, pc.bootstrap_port),
+            local_prefill=ready_endpoints(mine(pd_cluster_pods), Role.PD_PREFILL, pd.port, pd.bootstrap_port),
+            decode=ready_endpoints(mine(pd_cluster_pods), Role.PD_DECODE, pd.port, None),
         )
 
     def serviceable(pools: Pools) -> bool:

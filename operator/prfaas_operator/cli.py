@@ -15,8 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from prfaas_core.profiles import ProfileError
-
-from prfaas_operator.planner import (
+from prfaas_core.throughput import (
     DEFAULT_THRESHOLD_STEP_TOKENS,
     ModelForm,
     PlanError,

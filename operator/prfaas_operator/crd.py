@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import yaml
+from prfaas_core import vocabulary
 from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, NoDefault
 from pydantic_core import core_schema
@@ -29,7 +30,7 @@ from pydantic_core import core_schema
 from prfaas_operator import api
 from prfaas_operator.builders import MAX_CR_NAME_LENGTH
 
-CRD_NAME = f"{api.PLURAL}.{api.GROUP}"
+CRD_NAME = f"{vocabulary.PLURAL}.{vocabulary.GROUP}"
 CRD_FILE_NAME = f"{CRD_NAME}.yaml"
 # Where --write puts the CRD, relative to the repository root: the plain copy users apply
 # and the chart's crds/ directory (Helm installs it before the templates).
@@ -287,19 +288,19 @@ def crd_manifest() -> dict[str, Any]:
         "kind": "CustomResourceDefinition",
         "metadata": {"name": CRD_NAME},
         "spec": {
-            "group": api.GROUP,
+            "group": vocabulary.GROUP,
             "scope": "Namespaced",
             "names": {
-                "kind": api.KIND,
-                "listKind": f"{api.KIND}List",
-                "plural": api.PLURAL,
-                "singular": api.SINGULAR,
-                "shortNames": list(api.SHORT_NAMES),
+                "kind": vocabulary.KIND,
+                "listKind": f"{vocabulary.KIND}List",
+                "plural": vocabulary.PLURAL,
+                "singular": vocabulary.SINGULAR,
+                "shortNames": list(vocabulary.SHORT_NAMES),
                 "categories": list(CATEGORIES),
             },
             "versions": [
                 {
-                    "name": api.VERSION,
+                    "name": vocabulary.VERSION,
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},

@@ -19,16 +19,14 @@ import os
 from typing import Any
 
 import kopf
+from prfaas_core.vocabulary import ANNOTATION_PREFIX, FINALIZER, GROUP, PLURAL, VERSION
 from prometheus_client import CollectorRegistry
 
-from prfaas_operator.api import GROUP, PLURAL, VERSION
 from prfaas_operator.kube import Clusters
 from prfaas_operator.metrics import OperatorMetrics
 from prfaas_operator.planner_loop import PLANNER_TICK_SECONDS, PlannerLoop
 from prfaas_operator.reconcile import ReconcileOptions, ReconcileOutcome, Reconciler
 
-FINALIZER = "prfaas.io/finalizer"
-ANNOTATION_PREFIX = "prfaas.io"
 RESOURCE = (GROUP, VERSION, PLURAL)
 
 

@@ -18,7 +18,8 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
-from prfaas_operator.builders import LABEL_MANAGED_BY, MANAGER
+from prfaas_core.vocabulary import LABEL_MANAGED_BY, MANAGER
+
 from prfaas_operator.kube import EXPIRED, ClusterError
 from prfaas_operator.status import Problem
 

@@ -37,9 +37,9 @@ from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod, Secret, Servi
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 from lightkube.types import PatchType
+from prfaas_core.vocabulary import GROUP, KIND, MANAGER, PLURAL, VERSION
 
-from prfaas_operator.api import GROUP, KIND, PLURAL, VERSION, SecretKeyRef
-from prfaas_operator.builders import MANAGER
+from prfaas_operator.api import SecretKeyRef
 from prfaas_operator.status import Problem
 
 log = logging.getLogger(__name__)

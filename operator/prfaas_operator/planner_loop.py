@@ -19,9 +19,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import kopf
+from prfaas_core.vocabulary import KIND
 from pydantic import ValidationError
 
-from prfaas_operator.api import KIND, PlannerDecision, PrfaasDeploymentSpec, PrfaasDeploymentStatus
+from prfaas_operator.api import PlannerDecision, PrfaasDeploymentSpec, PrfaasDeploymentStatus
 from prfaas_operator.builders import effective_allocation
 from prfaas_operator.kube import ClusterError
 from prfaas_operator.planning import (

@@ -27,12 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from prfaas_core.metrics_contract import ROUTE_PRFAAS
 from prfaas_core.profiles import KvSizeModel, ProfileError
-
-from prfaas_operator import api
-from prfaas_operator.builders import fitted_prefill_time
-from prfaas_operator.planner import (
+from prfaas_core.throughput import (
     Allocation,
     DecodeProfile,
     Evaluation,
@@ -46,7 +42,11 @@ from prfaas_operator.planner import (
     evaluate,
     solve_prfaas_pd,
 )
-from prfaas_operator.planner.solver import explain
+from prfaas_core.throughput.solver import explain
+from prfaas_core.vocabulary import ROUTE_PRFAAS
+
+from prfaas_operator import api
+from prfaas_operator.builders import fitted_prefill_time
 from prfaas_operator.status import rfc3339
 
 LAST_APPLIED_INPUT = "lastApplied"

@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx2
 from prfaas_core import metrics_contract as contract
+from prfaas_core.vocabulary import ENGINE_ROLES
 
 from prfaas_operator.builders import Names
 from prfaas_operator.kube import redacted_server
@@ -37,7 +38,6 @@ DEFAULT_MAX_STALENESS_SECONDS = 120.0
 REQUEST_TIMEOUT_SECONDS = 10.0
 
 ROLE_LABEL = "role"
-_ENGINE_ROLES = ("prfaas-prefill", "pd-prefill", "pd-decode")
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class SeriesSelector:
 
     @classmethod
     def for_deployment(cls, namespace: str, name: str, prefill_namespace: str) -> SeriesSelector:
-        roles = "|".join(_ENGINE_ROLES)
+        roles = "|".join(ENGINE_ROLES)
         namespaces = "|".join(_regex_literal(ns) for ns in sorted({namespace, prefill_namespace}))
         engine_pods = f"{_regex_literal(name)}-({roles})-[0-9]+"
         return cls(

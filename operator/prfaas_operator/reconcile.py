@@ -30,7 +30,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 from prfaas_core.profiles import ProfileError
-from prfaas_core.router_config import Pool, RouterConfig
+from prfaas_core.router_config import RouterConfig
+from prfaas_core.vocabulary import (
+    ANNOTATION_CREATED_BY,
+    LABEL_INSTANCE,
+    LABEL_MANAGED_BY,
+    LABEL_NAME,
+    LABEL_OWNER,
+    LABEL_ROLE,
+    MANAGER,
+    Pool,
+    Role,
+)
 from pydantic import ValidationError
 
 from prfaas_operator import drain
@@ -42,13 +53,6 @@ from prfaas_operator.api import (
     PrfaasDeploymentStatus,
 )
 from prfaas_operator.builders import (
-    ANNOTATION_CREATED_BY,
-    LABEL_INSTANCE,
-    LABEL_MANAGED_BY,
-    LABEL_NAME,
-    LABEL_OWNER,
-    LABEL_ROLE,
-    MANAGER,
     ROUTER_CONFIG_KEY,
     Names,
     Owner,
@@ -77,10 +81,6 @@ from prfaas_operator.metrics import OperatorMetrics
 from prfaas_operator.status import (
     INVALID_PROFILE,
     INVALID_SPEC,
-    ROLE_PD_DECODE,
-    ROLE_PD_PREFILL,
-    ROLE_PRFAAS_PREFILL,
-    ROLE_ROUTER,
     ClusterObservation,
     PodInfo,
     Problem,
@@ -347,15 +347,15 @@ class Reconciler:
         local_cache = self._cache(self.clusters.local)
         names = Names.of(owner.name)
         for role, name, desired in (
-            (ROLE_PD_PREFILL, names.pd_prefill, choice.allocation.pd_prefill_instances),
-            (ROLE_PD_DECODE, names.pd_decode, choice.allocation.pd_decode_instances),
+            (Role.PD_PREFILL, names.pd_prefill, choice.allocation.pd_prefill_instances),
+            (Role.PD_DECODE, names.pd_decode, choice.allocation.pd_decode_instances),
         ):
             live = await self._live_replicas(self.clusters.local, local_cache, owner.namespace, name)
             self._plan_drain(owner, mem, role, name, desired, live)
         engines = [
             *_held(pd_cluster_engine_objects(spec, owner, choice.allocation, fingerprint), mem.drains),
             router_service(spec, owner),
-            disruption_budget(spec, owner, names.router, owner.namespace, ROLE_ROUTER, remote=False),
+            disruption_budget(spec, owner, names.router, owner.namespace, Role.ROUTER, remote=False),
             *router_access(owner),
         ]
         engines_applied = asyncio.ensure_future(self._apply_local(owner, engines, local_cache, mem))
@@ -368,7 +368,7 @@ class Reconciler:
                 self._plan_drain(
                     owner,
                     mem,
-                    ROLE_PRFAAS_PREFILL,
+                    Role.PRFAAS_PREFILL,
                     names.prfaas_prefill,
                     choice.allocation.prefill_cluster_replicas,
                     live,
@@ -472,7 +472,7 @@ class Reconciler:
         )
         wake: float | None = None
         for role, planned in list(mem.drains.items()):
-            seen = prefill_seen if role == ROLE_PRFAAS_PREFILL else pd_seen
+            seen = prefill_seen if role == Role.PRFAAS_PREFILL else pd_seen
             pods = [pod.name for pod in seen.pods if pod.role == role]
             live = seen.ready.get(role)  # only a hint; finished() also needs the pods gone
             if listed is not None:
@@ -550,9 +550,9 @@ class Reconciler:
         if not cache.synced:
             return ClusterObservation(listing=True)
         namespace, name = spec.prefill_cluster.namespace, Names.of(owner.name).prfaas_prefill
-        selector = {**selector_labels(owner, ROLE_PRFAAS_PREFILL), LABEL_OWNER: label_value(owner.key)}
+        selector = {**selector_labels(owner, Role.PRFAAS_PREFILL), LABEL_OWNER: label_value(owner.key)}
         return ClusterObservation(
-            ready={ROLE_PRFAAS_PREFILL: _ready_replicas(cache["StatefulSet"].get(namespace, name))},
+            ready={Role.PRFAAS_PREFILL: _ready_replicas(cache["StatefulSet"].get(namespace, name))},
             pods=[PodInfo.from_manifest(p) for p in cache["Pod"].select(namespace, selector)],
         )
 
@@ -644,10 +644,10 @@ class Reconciler:
         if not cache.synced:
             return ClusterObservation(listing=True)
         names = Names.of(owner.name)
-        ready = {
-            ROLE_PD_PREFILL: _ready_replicas(cache["StatefulSet"].get(owner.namespace, names.pd_prefill)),
-            ROLE_PD_DECODE: _ready_replicas(cache["StatefulSet"].get(owner.namespace, names.pd_decode)),
-            ROLE_ROUTER: _ready_replicas(cache["Deployment"].get(owner.namespace, names.router)),
+        ready: dict[str, int] = {
+            Role.PD_PREFILL: _ready_replicas(cache["StatefulSet"].get(owner.namespace, names.pd_prefill)),
+            Role.PD_DECODE: _ready_replicas(cache["StatefulSet"].get(owner.namespace, names.pd_decode)),
+            Role.ROUTER: _ready_replicas(cache["Deployment"].get(owner.namespace, names.router)),
         }
         selector = {LABEL_NAME: "prfaas", LABEL_INSTANCE: label_value(owner.name)}
         pods = [PodInfo.from_manifest(p) for p in cache["Pod"].select(owner.namespace, selector)]

@@ -22,12 +22,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from prfaas_operator.api import Allocation, Condition, ConditionType, PrfaasDeploymentStatus, RoleCounts
+from prfaas_core.vocabulary import GPU_RESOURCE, LABEL_FINGERPRINT, LABEL_ROLE, Role
 
-ROLE_PRFAAS_PREFILL = "prfaas-prefill"
-ROLE_PD_PREFILL = "pd-prefill"
-ROLE_PD_DECODE = "pd-decode"
-ROLE_ROUTER = "router"
+from prfaas_operator.api import Allocation, Condition, ConditionType, PrfaasDeploymentStatus, RoleCounts
 
 # Reasons (CamelCase, stable: alerts and tests match on them).
 INSTANCES_READY = "InstancesReady"
@@ -42,7 +39,6 @@ AS_EXPECTED = "AsExpected"
 INVALID_PROFILE = "InvalidProfile"
 INVALID_SPEC = "InvalidSpec"
 
-GPU_RESOURCE = "nvidia.com/gpu"
 UNVERIFIED_NOTE = (
     "Not verified by the operator: that decode pods in the PD cluster can reach the PrfaaS prefill "
     "pods' IPs (bootstrap port and KV transfer ports); it has no path to test it."
@@ -82,8 +78,8 @@ class PodInfo:
             unschedulable = scheduled.get("message") or scheduled.get("reason") or "not scheduled"
         return cls(
             name=str(metadata.get("name", "")),
-            role=labels.get("prfaas.io/role"),
-            fingerprint=labels.get("prfaas.io/fingerprint"),
+            role=labels.get(LABEL_ROLE),
+            fingerprint=labels.get(LABEL_FINGERPRINT),
             ip=status.get("podIP") or None,
             ready=ready,
             deleting=metadata.get("deletionTimestamp") is not None,
@@ -241,21 +237,21 @@ def compute_status(inputs: StatusInputs) -> PrfaasDeploymentStatus:
     previous = inputs.previous
     prfaas = _counts(
         allocation.prefill_cluster_replicas,
-        ROLE_PRFAAS_PREFILL,
+        Role.PRFAAS_PREFILL,
         inputs.prefill_cluster,
         previous.prefill_cluster,
     )
     pd_prefill = _counts(
-        allocation.pd_prefill_instances, ROLE_PD_PREFILL, inputs.pd_cluster, previous.pd_prefill
+        allocation.pd_prefill_instances, Role.PD_PREFILL, inputs.pd_cluster, previous.pd_prefill
     )
-    decode = _counts(allocation.pd_decode_instances, ROLE_PD_DECODE, inputs.pd_cluster, previous.pd_decode)
-    router = _counts(inputs.router_replicas, ROLE_ROUTER, inputs.pd_cluster, previous.router)
+    decode = _counts(allocation.pd_decode_instances, Role.PD_DECODE, inputs.pd_cluster, previous.pd_decode)
+    router = _counts(inputs.router_replicas, Role.ROUTER, inputs.pd_cluster, previous.router)
 
     note = UNVERIFIED_NOTE if inputs.prefill_cluster_is_remote else ""
     prefill_ready = _workload_condition(
         ConditionType.PREFILL_CLUSTER_READY,
         inputs.prefill_cluster,
-        [(ROLE_PRFAAS_PREFILL, f"PrfaaS prefill in namespace {inputs.prefill_namespace}", prfaas)],
+        [(Role.PRFAAS_PREFILL, f"PrfaaS prefill in namespace {inputs.prefill_namespace}", prfaas)],
         REACHABILITY_UNVERIFIED if inputs.prefill_cluster_is_remote else INSTANCES_READY,
         note,
         inputs,
@@ -263,7 +259,7 @@ def compute_status(inputs: StatusInputs) -> PrfaasDeploymentStatus:
     pd_ready = _workload_condition(
         ConditionType.PD_CLUSTER_READY,
         inputs.pd_cluster,
-        [(ROLE_PD_PREFILL, "local prefill", pd_prefill), (ROLE_PD_DECODE, "decode", decode)],
+        [(Role.PD_PREFILL, "local prefill", pd_prefill), (Role.PD_DECODE, "decode", decode)],
         INSTANCES_READY,
         "",
         inputs,

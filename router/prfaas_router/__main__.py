@@ -12,12 +12,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from aiohttp import web
+from prfaas_core.routing.link_estimate import LinkEstimateRules
 from prometheus_client import disable_created_metrics
 
 from prfaas_router.app import RouterOptions, RouterService
 from prfaas_router.configmap_source import ConfigMapRef
 from prfaas_router.drain import DRAIN_SIGNAL, Drain
-from prfaas_router.link_estimate import LinkEstimateRules
 from prfaas_router.listener import ClientLimits, GuardedSite
 from prfaas_router.payloads import Limits
 from prfaas_router.tokenizer import TokenizerError

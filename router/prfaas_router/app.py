@@ -15,24 +15,25 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from prfaas_core.router_config import Pool, RouterConfig
+from prfaas_core.router_config import RouterConfig
+from prfaas_core.routing.link_estimate import LinkEstimateRules
+from prfaas_core.routing.policy import PolicyModel, SessionTable
+from prfaas_core.routing.prefix_index import PrefixIndex
+from prfaas_core.routing.workers import Fleet
+from prfaas_core.vocabulary import Pool
 
 from prfaas_router.config_watch import ConfigWatcher
 from prfaas_router.configmap_source import ConfigMapRef, ConfigMapSource, InCluster, NotInCluster
 from prfaas_router.drain import Drain
 from prfaas_router.health import HealthChecker
-from prfaas_router.link_estimate import LinkEstimateRules
 from prfaas_router.link_probe import LinkProbe
 from prfaas_router.listener import ClientLimits
 from prfaas_router.loads import LoadPoller
 from prfaas_router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
 from prfaas_router.payloads import ApiError, Kind, Limits, parse, prompt_keys, request_id
-from prfaas_router.policy import PolicyModel, SessionTable
-from prfaas_router.prefix_index import PrefixIndex
 from prfaas_router.proxy import REQUEST_ID_HEADER, Dispatcher, Exchange, Snapshot, error_response
 from prfaas_router.tokenizer import PromptTokenizer
 from prfaas_router.upstream import Upstream
-from prfaas_router.workers import Fleet
 
 log = logging.getLogger("prfaas_router")
 

@@ -20,10 +20,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from prfaas_core.router_config import RouterConfig
+from prfaas_core.routing.policy import ConfigRefused, PolicyModel
 from pydantic import ValidationError
 
 from prfaas_router.metrics import RouterMetrics
-from prfaas_router.policy import ConfigRefused, PolicyModel
 
 log = logging.getLogger("prfaas_router.config")
 

@@ -22,9 +22,10 @@ import contextlib
 import logging
 import time
 
+from prfaas_core.routing.workers import BreakerState, Fleet, Worker
+
 from prfaas_router.metrics import RouterMetrics
 from prfaas_router.upstream import Upstream, UpstreamError, target
-from prfaas_router.workers import BreakerState, Fleet, Worker
 
 log = logging.getLogger("prfaas_router.health")
 

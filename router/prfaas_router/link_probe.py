@@ -23,10 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from prfaas_core import metrics_contract as contract
-from prfaas_core.router_config import Pool
-from prometheus_client.parser import text_string_to_metric_families
-
-from prfaas_router.link_estimate import (
+from prfaas_core.routing.link_estimate import (
     NO_TRANSFERS,
     LinkEstimateRules,
     LinkEstimator,
@@ -35,10 +32,13 @@ from prfaas_router.link_estimate import (
     sample_bytes_per_second,
     stalled_bound,
 )
+from prfaas_core.routing.policy import PolicyModel
+from prfaas_core.routing.workers import Fleet
+from prfaas_core.vocabulary import Pool
+from prometheus_client.parser import text_string_to_metric_families
+
 from prfaas_router.metrics import RouterMetrics
-from prfaas_router.policy import PolicyModel
 from prfaas_router.upstream import Upstream, UpstreamError, target
-from prfaas_router.workers import Fleet
 
 log = logging.getLogger("prfaas_router.link_probe")
 

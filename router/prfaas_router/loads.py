@@ -15,10 +15,10 @@ import contextlib
 import json
 import logging
 
-from prfaas_core.router_config import Pool
+from prfaas_core.routing.workers import EngineLoad, Fleet, Worker
+from prfaas_core.vocabulary import Pool
 
 from prfaas_router.upstream import Upstream, UpstreamError, target
-from prfaas_router.workers import EngineLoad, Fleet, Worker
 
 log = logging.getLogger("prfaas_router.loads")
 

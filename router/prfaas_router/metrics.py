@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Generic, TypeVar
 
 from prfaas_core import metrics_contract as contract
-from prfaas_core.router_config import Pool
+from prfaas_core import vocabulary
+from prfaas_core.vocabulary import Pool
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -163,7 +164,7 @@ class RouterMetrics:
         )
         for pool in Pool:
             self.inflight_tokens.labels(pool.value)
-        for route in contract.ROUTES:
+        for route in vocabulary.ROUTES:
             self.uncached_tokens.labels(route)
             self.ttft.labels(route)
 

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import simdjson
-
-from prfaas_router.prefix_index import PromptKey, key_for_text, key_for_tokens, token_buffer
+from prfaas_core.routing.prefix_index import PromptKey, key_for_text, key_for_tokens, token_buffer
 
 
 class Kind(enum.StrEnum):

@@ -35,8 +35,20 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.http_writer import HttpVersion11
-from prfaas_core.metrics_contract import ROUTE_PRFAAS
-from prfaas_core.router_config import Pool, RouterConfig
+from prfaas_core.router_config import RouterConfig
+from prfaas_core.routing.policy import (
+    Decision,
+    PolicyModel,
+    Pools,
+    Rejection,
+    RequestView,
+    SessionPin,
+    SessionTable,
+    decide,
+)
+from prfaas_core.routing.prefix_index import PrefixIndex, PromptKey
+from prfaas_core.routing.workers import Fleet, Worker
+from prfaas_core.vocabulary import ROUTE_PRFAAS, Pool
 
 from prfaas_router.link_probe import LinkProbe
 from prfaas_router.metrics import RouterMetrics
@@ -48,19 +60,7 @@ from prfaas_router.payloads import (
     last_completion_tokens,
     with_bootstrap,
 )
-from prfaas_router.policy import (
-    Decision,
-    PolicyModel,
-    Pools,
-    Rejection,
-    RequestView,
-    SessionPin,
-    SessionTable,
-    decide,
-)
-from prfaas_router.prefix_index import PrefixIndex, PromptKey
 from prfaas_router.upstream import Reply, Target, Upstream, UpstreamError, target
-from prfaas_router.workers import Fleet, Worker
 
 log = logging.getLogger("prfaas_router.proxy")
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from prfaas_core.profiles import ProfileError
-from prfaas_operator.planner import PlanError, WorkloadError
+from prfaas_core.throughput import PlanError, WorkloadError
 
 from prfaas_sim import replicas, report
 from prfaas_sim.engine import EngineSettings

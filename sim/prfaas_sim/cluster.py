@@ -3,7 +3,7 @@
 Prefill (one SGLang prefill engine): requests are served first come, first served, one forward
 at a time. The profile's T(l) is the measured prefill time of one request (SGLang's chunking of
 a long prompt included), so by default each request runs alone and takes T(l) less what its
-prefix hit saves (`prfaas_router.policy.prefill_seconds`, the router's own cost model: a hit saves
+prefix hit saves (`prfaas_core.routing.policy.prefill_seconds`, the router's own cost model: a hit saves
 the attention over the prefix, and only an exact whole-prompt hit saves the linear-attention work).
 Optionally (`batch_tokens` > 0) queued requests are packed into one forward while their
 prompt tokens fit, as SGLang's scheduler does up to its chunked-prefill size: the batch then
@@ -23,9 +23,9 @@ import math
 from collections import deque
 
 from prfaas_core.profiles import PrefillTimeModel
-from prfaas_router.policy import Decision, prefill_seconds
-from prfaas_router.prefix_index import PrefixIndex, PromptKey
-from prfaas_router.workers import EngineLoad
+from prfaas_core.routing.policy import Decision, prefill_seconds
+from prfaas_core.routing.prefix_index import PrefixIndex, PromptKey
+from prfaas_core.routing.workers import EngineLoad
 
 from prfaas_sim.link import Flow
 

@@ -29,12 +29,12 @@ from prfaas_core.router_config import (
     Slo,
 )
 from prfaas_core.router_config import Pools as ConfigPools
+from prfaas_core.routing.policy import Decision
+from prfaas_core.routing.prefix_index import PrefixIndex, PromptKey
+from prfaas_core.throughput import Allocation, SystemProfile
+from prfaas_core.throughput.workload import TRACE_BLOCK_TOKENS
 from prfaas_operator import api
-from prfaas_operator.planner import Allocation, SystemProfile
-from prfaas_operator.planner.workload import TRACE_BLOCK_TOKENS
 from prfaas_operator.planning import Action, decide
-from prfaas_router.policy import Decision
-from prfaas_router.prefix_index import PrefixIndex, PromptKey
 
 from prfaas_sim.cluster import DecodeInstance, PrefillInstance, SimRequest
 from prfaas_sim.link import Link

@@ -20,12 +20,13 @@ from collections import deque
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from prfaas_core.metrics_contract import REROUTE_REASONS, ROUTE_LOCAL, ROUTE_PRFAAS, TOKEN_BUCKETS
+from prfaas_core.metrics_contract import REROUTE_REASONS, TOKEN_BUCKETS
 from prfaas_core.router_config import LinkSpec
+from prfaas_core.routing.policy import Decision as RouteDecision
+from prfaas_core.throughput import Allocation, ProfileDocument
+from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS
 from prfaas_operator import api
-from prfaas_operator.planner import Allocation, ProfileDocument
 from prfaas_operator.planning import NoData, Observation, observe_histograms
-from prfaas_router.policy import Decision as RouteDecision
 
 _PLANNER_DEFAULTS = api.PlannerSpec.model_fields
 DEFAULT_ROLE_SWITCH_SECONDS = 120.0

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prfaas_core.router_config import RouterConfig
-from prfaas_operator.planner import ProfileDocument, Strategy, Workload
-from prfaas_router.policy import Decision, PolicyModel, Rejection
-from prfaas_router.workers import EngineLoad
+from prfaas_core.routing.policy import Decision, PolicyModel, Rejection
+from prfaas_core.routing.workers import EngineLoad
+from prfaas_core.throughput import ProfileDocument, Strategy, Workload
 
 from prfaas_sim.cluster import SimRequest
 from prfaas_sim.engine import EngineSettings, Simulation

@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from prfaas_core.router_config import Slo
-from prfaas_operator.planner import Strategy
+from prfaas_core.throughput import Strategy
 
 from prfaas_sim.results import RunResult
 from prfaas_sim.scenarios import (
@@ -249,7 +249,7 @@ MODEL_NOTES = [
     "## What is simulated, and what is assumed",
     "",
     "- Prefill: each instance serves its queue first come, first served, one request per forward, for the "
-    "profiled T(l) of the request (`prfaas_router.policy.prefill_seconds`: a prefix hit saves the attention "
+    "profiled T(l) of the request (`prfaas_core.routing.policy.prefill_seconds`: a prefix hit saves the attention "
     "over the prefix; only an exact whole-prompt hit also saves the linear-attention work). Packing several "
     "short prompts into one forward (`EngineSettings.prefill_batch_tokens`) is available but off: whether the "
     "profile's constant term is per-forward overhead is unknown.",

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from prfaas_core.metrics_contract import ROUTE_PRFAAS
 from prfaas_core.router_config import Slo
-from prfaas_router.policy import Decision, Rejection
+from prfaas_core.routing.policy import Decision, Rejection
+from prfaas_core.vocabulary import ROUTE_PRFAAS
 
 from prfaas_sim.cluster import SimRequest
 from prfaas_sim.stats import LogHistogram, TimeSeries

@@ -1,6 +1,6 @@
 """The router as the simulator drives it: the product's policy, fleet and prefix index, fed simulated time.
 
-Only the glue the router process itself does around `prfaas_router.policy.decide` lives here:
+Only the glue the router process itself does around `prfaas_core.routing.policy.decide` lives here:
 per-cluster prefix indexes learnt on dispatch, workers' outstanding work begun on dispatch and
 ended when the router would see the response (prefill: when its KV has reached the decode side;
 decode: when the stream ends), and the KV bytes in flight on the link. The decision is the
@@ -15,11 +15,11 @@ import math
 from collections.abc import Callable
 from typing import Protocol
 
-from prfaas_core.metrics_contract import ROUTE_LOCAL, ROUTE_PRFAAS
-from prfaas_core.router_config import Pool, RouterConfig
-from prfaas_router.policy import Decision, PolicyModel, Pools, Rejection, RequestView, decide
-from prfaas_router.prefix_index import NO_HIT, PrefixIndex
-from prfaas_router.workers import EngineLoad, Fleet
+from prfaas_core.router_config import RouterConfig
+from prfaas_core.routing.policy import Decision, PolicyModel, Pools, Rejection, RequestView, decide
+from prfaas_core.routing.prefix_index import NO_HIT, PrefixIndex
+from prfaas_core.routing.workers import EngineLoad, Fleet
+from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS, Pool
 
 from prfaas_sim.cluster import SimRequest
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prfaas_core.router_config import Slo
-from prfaas_operator.planner import ModelForm, ProfileDocument, Strategy, Workload, evaluate
+from prfaas_core.throughput import ModelForm, ProfileDocument, Strategy, Workload, evaluate
 
 from prfaas_sim.engine import EngineSettings, LinkChange, run_system
 from prfaas_sim.planning import PlannerSettings

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-from prfaas_operator.planner import Workload
+from prfaas_core.throughput import Workload
 
 LENGTH_CHUNK = 4096
 """Lengths are drawn from numpy this many at a time (one call per request would dominate the run)."""

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prfaas_core.router_config import Slo
-from prfaas_operator.planner import ProfileDocument, Strategy, Workload
-from prfaas_operator.planner.workload import parse_workload_spec
+from prfaas_core.throughput import ProfileDocument, Strategy, Workload
+from prfaas_core.throughput.workload import parse_workload_spec
 
 from prfaas_sim.engine import EngineSettings
 from prfaas_sim.planning import PlannerSettings

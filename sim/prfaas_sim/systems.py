@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prfaas_core.router_config import LinkSpec, Slo
-from prfaas_operator.api import SloSpec
-from prfaas_operator.planner import (
+from prfaas_core.throughput import (
     Comparison,
     ModelForm,
     Plan,
@@ -23,6 +22,7 @@ from prfaas_operator.planner import (
     compare,
     parse_profile,
 )
+from prfaas_operator.api import SloSpec
 
 from prfaas_sim.engine import SystemSpec
 from prfaas_sim.planning import PlannerSettings, deployment_spec

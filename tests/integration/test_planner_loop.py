@@ -34,7 +34,7 @@ from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import ConfigMap, Event, Namespace
 from operator_harness import OperatorProcess, free_loopback_port, router_on_kwok, run_operator
 from polling import get_or_none, wait_until
-from prfaas_core import metrics_contract as contract
+from prfaas_core import vocabulary
 from prfaas_core.router_config import RouterConfig
 from prfaas_operator import crd
 from prfaas_operator.kube import PrfaasDeploymentResource
@@ -104,12 +104,12 @@ class Feeder:
             count = self._random.poisson(phase.requests_per_second * tick)
             lengths = self._random.lognormal(math.log(phase.median_tokens), phase.sigma, count)
             for length in np.clip(lengths, 16, 131072).astype(int):
-                route = contract.ROUTE_PRFAAS if length > SPEC_THRESHOLD else contract.ROUTE_LOCAL
+                route = vocabulary.ROUTE_PRFAAS if length > SPEC_THRESHOLD else vocabulary.ROUTE_LOCAL
                 self.metrics.requests.labels(route, "ok").inc()
                 self.metrics.prompt_tokens.observe(length)
                 self.metrics.uncached_tokens.labels(route).observe(length)
                 self.metrics.output_tokens.observe(OUTPUT_TOKENS)
-                if route == contract.ROUTE_PRFAAS:
+                if route == vocabulary.ROUTE_PRFAAS:
                     self.metrics.kv_egress_bytes.inc(17143 * length + 180358647)
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 from operator_harness import free_loopback_port
 from prfaas_core import metrics_contract as contract
+from prfaas_core import vocabulary
 from prfaas_operator.planning import NoData, Observation, Reason
 from prfaas_operator.prometheus import PrometheusObserver, SeriesSelector
 
@@ -59,10 +60,10 @@ class History:
         if rejected or rerouted:
             totals["rejected"] += rejected
             totals["rerouted"] += rerouted
-        for route in contract.ROUTES:
+        for route in vocabulary.ROUTES:
             totals[f"count|{route}"] += 0  # both routes exist from the start, as in the router
         for uncached, output in requests:
-            route = contract.ROUTE_PRFAAS if uncached > 8192 else contract.ROUTE_LOCAL
+            route = vocabulary.ROUTE_PRFAAS if uncached > 8192 else vocabulary.ROUTE_LOCAL
             index = bisect.bisect_left(contract.TOKEN_BUCKETS, uncached)
             totals[f"unc|{route}|{index}"] += 1
             totals[f"count|{route}"] += 1
@@ -74,7 +75,7 @@ class History:
 
     def families(self) -> dict[str, list[str]]:
         lines: dict[str, list[str]] = defaultdict(list)
-        for route in contract.ROUTES:
+        for route in vocabulary.ROUTES:
             for at, totals in self.points:
                 lines[contract.UNCACHED_TOKENS] += _histogram_point(
                     contract.UNCACHED_TOKENS,
@@ -93,7 +94,7 @@ class History:
                 0.0,
                 at,
             )
-        for route in contract.ROUTES:
+        for route in vocabulary.ROUTES:
             for at, totals in self.points:
                 lines[contract.REQUESTS_TOTAL.removesuffix("_total")].append(
                     f'{contract.REQUESTS_TOTAL}{{{self.labels},route="{route}",outcome="ok"}} '

@@ -24,11 +24,11 @@ from lightkube.models.authentication_v1 import TokenRequestSpec
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, ServiceAccount
 from prfaas_core.router_config import RouterConfig
+from prfaas_core.routing.policy import PolicyModel
 from prfaas_operator.builders import Names, Owner, router_access
 from prfaas_router.config_watch import ConfigWatcher
 from prfaas_router.configmap_source import ConfigMapRef, ConfigMapSource, InCluster
 from prfaas_router.metrics import RouterMetrics
-from prfaas_router.policy import PolicyModel
 from prfaas_testbed.clusters import Testbed
 
 pytestmark = [pytest.mark.testbed, pytest.mark.timeout(120)]

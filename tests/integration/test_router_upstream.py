@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from aiohttp import web
 from prfaas_core.router_config import Endpoint, Pools
+from prfaas_core.routing.workers import Fleet
 from prfaas_router.health import HealthChecker
 from prfaas_router.metrics import RouterMetrics
 from prfaas_router.upstream import Reply, Upstream, UpstreamError, target
-from prfaas_router.workers import Fleet
 
 pytestmark = pytest.mark.timeout(60)
 

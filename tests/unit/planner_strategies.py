@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 from prfaas_core.profiles import KvSizeModel, PrefillTimeModel
-from prfaas_operator.planner import DecodeProfile, SystemProfile, Workload
+from prfaas_core.throughput import DecodeProfile, SystemProfile, Workload
 
 
 @st.composite

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from prfaas_core.router_config import Endpoint, Pool, RouterConfig
-from prfaas_router.policy import PolicyModel, Pools
-from prfaas_router.workers import CircuitBreaker, Worker
+from prfaas_core.router_config import Endpoint, RouterConfig
+from prfaas_core.routing.policy import PolicyModel, Pools
+from prfaas_core.routing.workers import CircuitBreaker, Worker
+from prfaas_core.vocabulary import Pool
 
 # the case study's curves (data/profiles/case-study.yaml) fitted with PrefillTimeModel.fit, rounded
 H200 = {"c0": 0.389, "c1": 4.107e-5, "c2": 9.476e-11}

@@ -17,13 +17,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prfaas_core.profiles import ProfileError
 from prfaas_core.router_config import RouterConfig
+from prfaas_core.vocabulary import ANNOTATION_CONFIG_CHECKSUM, LABEL_FINGERPRINT, LABEL_OWNER, LABEL_OWNER_UID
 from prfaas_operator import builders
 from prfaas_operator.api import Allocation, PrfaasDeploymentSpec
 from prfaas_operator.builders import (
-    ANNOTATION_CONFIG_CHECKSUM,
-    LABEL_FINGERPRINT,
-    LABEL_OWNER,
-    LABEL_OWNER_UID,
     Owner,
     PoolChoice,
     build_router_config,

@@ -101,7 +101,7 @@ def test_refusals_say_what_to_do() -> None:
 
 def test_field_manager_is_its_own() -> None:
     # not the operator's: its applies of children and this CRD must not take each other's fields
-    from prfaas_operator.builders import MANAGER
+    from prfaas_core.vocabulary import MANAGER
 
     assert crd_apply.FIELD_MANAGER == "prfaas-operator-crd" != MANAGER
 

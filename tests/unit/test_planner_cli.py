@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 import yaml
+from prfaas_core.throughput import ProfileFileError, Stage, parse_profile
 from prfaas_operator.cli import main
-from prfaas_operator.planner import ProfileFileError, Stage, parse_profile
 
 # The paper's case study, as shipped with the repository.
 CASE_STUDY: dict[str, Any] = yaml.safe_load(

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from planner_strategies import profiles, workloads
 from prfaas_core.profiles import KvSizeModel, PrefillTimeModel
-from prfaas_operator.planner import (
+from prfaas_core.throughput import (
     Allocation,
     DecodeProfile,
     Evaluation,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from prfaas_operator.planner import PlanError, Workload, WorkloadError, parse_workload_spec, threshold_grid
+from prfaas_core.throughput import PlanError, Workload, WorkloadError, parse_workload_spec, threshold_grid
 from scipy import integrate, stats
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 from prfaas_core.router_config import RouterConfig
+from prfaas_core.routing.policy import PolicyModel
 from prfaas_router.app import RouterOptions, RouterService
 from prfaas_router.config_watch import ConfigWatcher
 from prfaas_router.metrics import RouterMetrics
-from prfaas_router.policy import PolicyModel
 from router_cases import config_doc
 
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from prfaas_core.metrics_contract import BYTES_PER_MIB
-from prfaas_router.link_estimate import (
+from prfaas_core.routing.link_estimate import (
     LinkEstimateRules,
     LinkEstimator,
     TransferTotals,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from prfaas_core.routing.workers import EngineLoad
 from prfaas_router.loads import parse_loads
-from prfaas_router.workers import EngineLoad
 
 
 def answer(*ranks: dict[str, object]) -> bytes:

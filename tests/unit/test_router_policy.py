@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prfaas_core.profiles import PrefillTimeModel
-from prfaas_router.policy import (
+from prfaas_core.routing.policy import (
     DECODE_WAIT_Z,
     ConfigRefused,
     Decision,
@@ -23,8 +23,8 @@ from prfaas_router.policy import (
     prefill_seconds,
     rendezvous,
 )
-from prfaas_router.prefix_index import PrefixHit
-from prfaas_router.workers import EngineLoad
+from prfaas_core.routing.prefix_index import PrefixHit
+from prfaas_core.routing.workers import EngineLoad
 from router_cases import make_config, make_model, pools
 
 T = 8192  # the threshold of the default test config

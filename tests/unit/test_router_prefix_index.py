@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from prfaas_router.prefix_index import (
+from prfaas_core.routing.prefix_index import (
     NO_HIT,
     PrefixIndex,
     PromptKey,

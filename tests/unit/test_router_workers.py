@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from prfaas_core.router_config import Endpoint, Pool
-from prfaas_router.workers import BreakerState, CircuitBreaker, Fleet, Worker
+from prfaas_core.router_config import Endpoint
+from prfaas_core.routing.workers import BreakerState, CircuitBreaker, Fleet, Worker
+from prfaas_core.vocabulary import Pool
 from router_cases import config_doc, make_config
 
 

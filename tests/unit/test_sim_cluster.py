@@ -2,7 +2,7 @@
 
 import pytest
 from prfaas_core.profiles import PrefillTimeModel
-from prfaas_router.prefix_index import PrefixIndex, PromptKey
+from prfaas_core.routing.prefix_index import PrefixIndex, PromptKey
 from prfaas_sim.cluster import DecodeInstance, PrefillInstance, SimRequest
 
 H20 = PrefillTimeModel.fit([(1024, 0.690), (8192, 1.571), (32768, 5.086), (131072, 26.814)])

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from prfaas_core.router_config import Slo
-from prfaas_operator.planner import Allocation, ProfileDocument, Strategy, Workload
-from prfaas_router.policy import Rejection
+from prfaas_core.routing.policy import Rejection
+from prfaas_core.throughput import Allocation, ProfileDocument, Strategy, Workload
 from prfaas_sim.engine import EngineSettings, LinkChange, Simulation, run_system
 from prfaas_sim.planning import PlannerSettings
 from prfaas_sim.results import RunStats

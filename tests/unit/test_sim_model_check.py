@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from prfaas_core.throughput import ModelForm, Strategy
 from prfaas_operator import api
-from prfaas_operator.planner import ModelForm, Strategy
 from prfaas_sim.planning import PlannerSettings
 from prfaas_sim.scenarios import model_check
 from prfaas_sim.sources import SourceError, lognormal_sample

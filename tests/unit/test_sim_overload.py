@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from prfaas_operator.planner import Strategy
+from prfaas_core.throughput import Strategy
 from prfaas_sim.scenarios import OverloadRuns, overload
 from prfaas_sim.study import overload_workloads
 from prfaas_sim.systems import default_slo, load_profile

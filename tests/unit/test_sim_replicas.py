@@ -7,7 +7,7 @@ import functools
 from pathlib import Path
 
 import pytest
-from prfaas_operator.planner import Strategy
+from prfaas_core.throughput import Strategy
 from prfaas_sim.cli import main
 from prfaas_sim.engine import EngineSettings, Simulation, run_system
 from prfaas_sim.replicas import (

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from prfaas_operator.planner import Workload
+from prfaas_core.throughput import Workload
 from prfaas_sim.sources import RateSchedule, SourceError, poisson_requests, scan_trace, trace_requests
 
 CASE_STUDY = Workload.truncated_lognormal(

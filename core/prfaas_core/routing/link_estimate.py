@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from prfaas_router.policy import PolicyModel
+from prfaas_core.routing.policy import PolicyModel
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,16 +10,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from prfaas_operator.planner.model import ModelForm, PlanError
-from prfaas_operator.planner.profile_file import ProfileDocument
-from prfaas_operator.planner.solver import (
+from prfaas_core.throughput.model import ModelForm, PlanError
+from prfaas_core.throughput.profile_file import ProfileDocument
+from prfaas_core.throughput.solver import (
     DEFAULT_THRESHOLD_STEP_TOKENS,
     Plan,
     solve_homogeneous_pd,
     solve_naive_heterogeneous,
     solve_prfaas_pd,
 )
-from prfaas_operator.planner.workload import Workload
+from prfaas_core.throughput.workload import Workload
 
 GBIT = 1e9 / 8
 """Bytes per second in one Gbit/s."""

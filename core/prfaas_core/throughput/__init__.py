@@ -5,7 +5,7 @@ simulator all call the same two questions: `evaluate` (what does this allocation
 and what binds?) and `solve_prfaas_pd` (which allocation sustains the most?).
 """
 
-from prfaas_operator.planner.model import (
+from prfaas_core.throughput.model import (
     Allocation,
     DecodeProfile,
     Evaluation,
@@ -15,9 +15,9 @@ from prfaas_operator.planner.model import (
     SystemProfile,
     evaluate,
 )
-from prfaas_operator.planner.profile_file import ProfileDocument, ProfileFileError, parse_profile
-from prfaas_operator.planner.report import Comparison, compare, render_table
-from prfaas_operator.planner.solver import (
+from prfaas_core.throughput.profile_file import ProfileDocument, ProfileFileError, parse_profile
+from prfaas_core.throughput.report import Comparison, compare, render_table
+from prfaas_core.throughput.solver import (
     DEFAULT_THRESHOLD_STEP_TOKENS,
     Plan,
     SolveDiagnostics,
@@ -27,7 +27,7 @@ from prfaas_operator.planner.solver import (
     solve_prfaas_pd,
     threshold_grid,
 )
-from prfaas_operator.planner.workload import Workload, WorkloadError, parse_workload_spec
+from prfaas_core.throughput.workload import Workload, WorkloadError, parse_workload_spec
 
 __all__ = [
     "DEFAULT_THRESHOLD_STEP_TOKENS",

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from prfaas_operator.planner.model import (
+from prfaas_core.throughput.model import (
     Allocation,
     Evaluation,
     ModelForm,
@@ -33,7 +33,7 @@ from prfaas_operator.planner.model import (
     evaluate,
     stage_rates,
 )
-from prfaas_operator.planner.workload import IntArray, Workload
+from prfaas_core.throughput.workload import IntArray, Workload
 
 DEFAULT_THRESHOLD_STEP_TOKENS = 128
 TIE_TOLERANCE = 1e-12

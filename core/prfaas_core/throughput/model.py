@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from prfaas_core.profiles import KvSizeModel, PrefillTimeModel, ProfileError
 
-from prfaas_operator.planner.workload import FloatArray, IntArray, LengthSplit, Workload
+from prfaas_core.profiles import KvSizeModel, PrefillTimeModel, ProfileError
+from prfaas_core.throughput.workload import FloatArray, IntArray, LengthSplit, Workload
 
 BINDING_TOLERANCE = 1e-9
 """Stages whose bound is within this relative distance of Λ_max are reported as binding."""

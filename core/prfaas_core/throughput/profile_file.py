@@ -10,12 +10,12 @@ from __future__ import annotations
 from typing import Literal
 
 import yaml
-from prfaas_core.profiles import KvSizeModel, PrefillTimeModel, ProfileError
-from prfaas_core.router_config import LinkSpec
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from prfaas_operator.planner.model import DecodeProfile, SystemProfile
-from prfaas_operator.planner.workload import Workload
+from prfaas_core.profiles import KvSizeModel, PrefillTimeModel, ProfileError
+from prfaas_core.router_config import LinkSpec
+from prfaas_core.throughput.model import DecodeProfile, SystemProfile
+from prfaas_core.throughput.workload import Workload
 
 MIB = 2**20
 DEFAULT_HEADROOM: float = LinkSpec.model_fields["headroom"].default

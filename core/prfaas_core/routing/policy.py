@@ -37,12 +37,11 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prfaas_core.metrics_contract import ROUTE_LOCAL, ROUTE_PRFAAS
 from prfaas_core.profiles import PrefillTimeModel
-from prfaas_core.router_config import Pool, RouterConfig
-
-from prfaas_router.prefix_index import NO_HIT, PrefixHit
-from prfaas_router.workers import Worker
+from prfaas_core.router_config import RouterConfig
+from prfaas_core.routing.prefix_index import NO_HIT, PrefixHit
+from prfaas_core.routing.workers import Worker
+from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS, Pool
 
 DECODE_WAIT_Z = 1.2816
 """Standard normal 90th percentile: the decode-wait estimate is the wait's P90, not its mean."""

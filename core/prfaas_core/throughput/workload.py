@@ -18,6 +18,7 @@ from statistics import NormalDist
 
 import numpy as np
 import numpy.typing as npt
+
 from prfaas_core.profiles import FloatArray
 
 IntArray = npt.NDArray[np.int64]

@@ -14,7 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from prfaas_core.router_config import Endpoint, Pool, Pools
+from prfaas_core.router_config import Endpoint, Pools
+from prfaas_core.vocabulary import Pool
 
 
 class BreakerState(enum.StrEnum):

@@ -1,0 +1,90 @@
+"""The names every part agrees on: the API group, the roles, the pools, labels and annotations.
+
+One spelling per concept, imported by the operator, the router, the testbed and the simulator.
+A *role* is what a pod is (its `prfaas.io/role` label, a Prometheus job); a *pool* is where the
+router sends a request leg (a key of the router config's `pools`); a *route* is where a
+request's prefill runs (a label value of the router's metrics). The three are distinct
+concepts with fixed maps between them, below.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final
+
+GROUP = "prfaas.io"
+VERSION = "v1alpha1"
+API_VERSION: Final = "prfaas.io/v1alpha1"
+KIND = "PrfaasDeployment"
+PLURAL = "prfaasdeployments"
+SINGULAR = "prfaasdeployment"
+SHORT_NAMES = ("prfaas", "pfd")
+
+
+class Role(enum.StrEnum):
+    """What a pod of one PrfaasDeployment does (its `prfaas.io/role` label)."""
+
+    PRFAAS_PREFILL = "prfaas-prefill"
+    PD_PREFILL = "pd-prefill"
+    PD_DECODE = "pd-decode"
+    ROUTER = "router"
+
+
+ENGINE_ROLES = (Role.PRFAAS_PREFILL, Role.PD_PREFILL, Role.PD_DECODE)
+
+
+class Pool(enum.StrEnum):
+    """A pool of engines the router sends a request leg to (a key of the router config's pools)."""
+
+    PRFAAS_PREFILL = "prfaas_prefill"
+    LOCAL_PREFILL = "local_prefill"
+    DECODE = "decode"
+
+
+POOL_OF_ROLE = {
+    Role.PRFAAS_PREFILL: Pool.PRFAAS_PREFILL,
+    Role.PD_PREFILL: Pool.LOCAL_PREFILL,
+    Role.PD_DECODE: Pool.DECODE,
+}
+
+ROUTE_PRFAAS = "prfaas"
+"""A request whose prefill runs in the PrfaaS cluster (its KV crosses the link)."""
+ROUTE_LOCAL = "local"
+"""A request prefilled and decoded in the PD cluster."""
+ROUTES = (ROUTE_PRFAAS, ROUTE_LOCAL)
+
+MANAGER = "prfaas-operator"
+"""The operator's field manager and `app.kubernetes.io/managed-by` value."""
+
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_PART_OF = "app.kubernetes.io/part-of"
+LABEL_DEPLOYMENT = f"{GROUP}/deployment"
+LABEL_ROLE = f"{GROUP}/role"
+LABEL_FINGERPRINT = f"{GROUP}/fingerprint"
+LABEL_OWNER = f"{GROUP}/owner"
+LABEL_OWNER_UID = f"{GROUP}/owner-uid"
+
+ANNOTATION_PREFIX = GROUP
+ANNOTATION_FINGERPRINT = f"{GROUP}/fingerprint"
+ANNOTATION_OWNER = f"{GROUP}/owner"
+ANNOTATION_CREATED_BY = f"{GROUP}/created-by"
+ANNOTATION_CONFIG_CHECKSUM = f"{GROUP}/router-config-checksum"
+ANNOTATION_BOOTSTRAP_PORT = "sglang.ai/bootstrap-port"
+FINALIZER = f"{GROUP}/finalizer"
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+BITS_PER_BYTE = 8
+
+
+def gbit_per_second_to_bytes(gbps: float) -> float:
+    """A link rate as users write it (Gbit/s) in the bytes per second every budget is kept in."""
+    return gbps * 1e9 / BITS_PER_BYTE
+
+
+def bytes_per_second_to_gbit(bytes_per_second: float) -> float:
+    """The inverse of gbit_per_second_to_bytes, for messages and reports."""
+    return bytes_per_second * BITS_PER_BYTE / 1e9
