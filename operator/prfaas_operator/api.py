@@ -11,7 +11,8 @@ from __future__ import annotations
 import enum
 from typing import Annotated, Any, Literal
 
-from prfaas_core.vocabulary import API_VERSION
+from prfaas_core import router_config
+from prfaas_core.vocabulary import API_VERSION, gbit_per_second_to_bytes
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints
 from pydantic.alias_generators import to_camel
 
@@ -264,6 +265,14 @@ class LinkSpec(_Model):
         description="Fraction of the bandwidth offloaded KV may use (the link budget).",
     )
     latency_ms: float = Field(default=0, ge=0, le=10000, description="One-way latency in milliseconds.")
+
+    def budget(self) -> router_config.LinkSpec:
+        """The link in the core's units (bytes/s, seconds): what the router config and the planner both use."""
+        return router_config.LinkSpec(
+            bandwidth_bytes_per_second=gbit_per_second_to_bytes(self.bandwidth_gbps),
+            headroom=self.headroom,
+            latency_seconds=self.latency_ms / 1000,
+        )
 
 
 class RoutingMode(enum.StrEnum):

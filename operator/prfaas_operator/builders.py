@@ -26,7 +26,6 @@ from prfaas_core.router_config import (
     DecodeCapacity,
     Endpoint,
     KvSize,
-    LinkSpec,
     Pools,
     PrefillTime,
     RouterConfig,
@@ -787,7 +786,6 @@ def build_router_config(
     (the last version recorded in status), so a recreated ConfigMap is not older than what
     the router already runs.
     """
-    link = spec.link
     candidate = RouterConfig(
         version=0,
         served_model_name=spec.model.served_model_name,
@@ -797,11 +795,7 @@ def build_router_config(
         chars_per_token=DEFAULT_CHARS_PER_TOKEN,
         session_affinity_header=spec.routing.session_affinity_header,
         router_replicas=spec.router.replicas,
-        link=LinkSpec(
-            bandwidth_bytes_per_second=link.bandwidth_gbps * 1e9 / 8,
-            headroom=link.headroom,
-            latency_seconds=link.latency_ms / 1000,
-        ),
+        link=spec.link.budget(),
         kv_size=KvSize(
             bytes_per_token=spec.model.kv.bytes_per_token, fixed_bytes=spec.model.kv.fixed_state_bytes
         ),

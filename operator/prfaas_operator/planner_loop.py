@@ -22,7 +22,7 @@ import kopf
 from prfaas_core.vocabulary import KIND
 from pydantic import ValidationError
 
-from prfaas_operator.api import PlannerDecision, PrfaasDeploymentSpec, PrfaasDeploymentStatus
+from prfaas_operator.api import PlannerDecision, PrfaasDeploymentSpec
 from prfaas_operator.builders import effective_allocation
 from prfaas_operator.kube import ClusterError
 from prfaas_operator.planning import (
@@ -38,6 +38,7 @@ from prfaas_operator.planning import (
 )
 from prfaas_operator.prometheus import PrometheusObserver, SeriesSelector
 from prfaas_operator.reconcile import Reconciler
+from prfaas_operator.status import read_status
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class PlannerLoop:
         except ValidationError:
             return None  # the reconcile reports an invalid spec
         uid, name, namespace = metadata["uid"], metadata["name"], metadata["namespace"]
-        previous = _status(body.get("status"))
+        previous = read_status(body.get("status"))
         last_decision = _latest(
             parse_time(previous.planner.time if previous.planner else None), self._decided_at.get(uid)
         )
@@ -166,7 +167,7 @@ class PlannerLoop:
                 patch = {"planner": _replacing(_dump(decision.status(now)), before.get("planner"))}
                 if decision.action is Action.APPLY:
                     spec = PrfaasDeploymentSpec.model_validate(fresh.get("spec") or {})
-                    current = effective_allocation(spec, _status(before).allocation).allocation
+                    current = effective_allocation(spec, read_status(before).allocation).allocation
                     patch["allocation"] = _replacing(
                         _dump(decision.allocation(current)), before.get("allocation")
                     )
@@ -194,13 +195,6 @@ class PlannerLoop:
             metrics.planner_predicted_rps.labels(namespace=namespace, name=name).set(decision.predicted_rps)
         if decision.current_rps is not None:
             metrics.planner_current_rps.labels(namespace=namespace, name=name).set(decision.current_rps)
-
-
-def _status(raw: Any) -> PrfaasDeploymentStatus:
-    try:
-        return PrfaasDeploymentStatus.model_validate(raw or {})
-    except ValidationError:
-        return PrfaasDeploymentStatus()  # the reconcile rewrites an unreadable status
 
 
 def _latest(*moments: datetime | None) -> datetime | None:

@@ -260,7 +260,7 @@ def link_budget(spec: api.PrfaasDeploymentSpec, measured_bytes_per_second: float
 
 def link_bandwidth(spec: api.PrfaasDeploymentSpec, measured_bytes_per_second: float | None) -> float:
     """The bandwidth to plan with: the measured one when it is a usable number, else the configured one."""
-    configured = spec.link.bandwidth_gbps * 1e9 / 8
+    configured = spec.link.budget().bandwidth_bytes_per_second
     if measured_bytes_per_second is None or not (
         math.isfinite(measured_bytes_per_second) and measured_bytes_per_second > 0
     ):

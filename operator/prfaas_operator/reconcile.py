@@ -87,6 +87,7 @@ from prfaas_operator.status import (
     RouterConfigOutcome,
     StatusInputs,
     compute_status,
+    read_status,
     rfc3339,
     status_changed,
     warning_events,
@@ -171,14 +172,6 @@ class DeleteOutcome:
     done: bool
     problem: Problem | None = None
     left_behind: Sequence[str] = ()
-
-
-def _previous_status(raw: Any) -> PrfaasDeploymentStatus:
-    try:
-        return PrfaasDeploymentStatus.model_validate(raw or {})
-    except ValidationError:
-        log.warning("ignoring an unreadable status; it will be rewritten")
-        return PrfaasDeploymentStatus()
 
 
 def _ready_replicas(workload: Mapping[str, Any] | None) -> int:
@@ -325,7 +318,7 @@ class Reconciler:
         metadata = body["metadata"]
         owner = Owner.of(metadata)
         generation = metadata.get("generation")
-        previous = _previous_status(body.get("status"))
+        previous = read_status(body.get("status"))
         if metadata.get("deletionTimestamp"):
             return ReconcileOutcome(None, (), self.options.resync_seconds, "progressing")
         try:

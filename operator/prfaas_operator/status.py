@@ -17,12 +17,14 @@ Two deliberate choices:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from prfaas_core.vocabulary import GPU_RESOURCE, LABEL_FINGERPRINT, LABEL_ROLE, Role
+from pydantic import ValidationError
 
 from prfaas_operator.api import Allocation, Condition, ConditionType, PrfaasDeploymentStatus, RoleCounts
 
@@ -38,6 +40,8 @@ ALL_READY = "AllReady"
 AS_EXPECTED = "AsExpected"
 INVALID_PROFILE = "InvalidProfile"
 INVALID_SPEC = "InvalidSpec"
+
+log = logging.getLogger("prfaas_operator.status")
 
 UNVERIFIED_NOTE = (
     "Not verified by the operator: that decode pods in the PD cluster can reach the PrfaaS prefill "
@@ -311,3 +315,12 @@ def warning_events(before: Sequence[Condition], after: Sequence[Condition]) -> l
 def status_changed(before: PrfaasDeploymentStatus, after: PrfaasDeploymentStatus) -> bool:
     """Whether writing `after` changes anything (transition times are carried over, so equality works)."""
     return before.model_dump() != after.model_dump()
+
+
+def read_status(raw: Any) -> PrfaasDeploymentStatus:
+    """The status subresource as last written; an unreadable one reads as empty (the reconcile rewrites it)."""
+    try:
+        return PrfaasDeploymentStatus.model_validate(raw or {})
+    except ValidationError:
+        log.warning("ignoring an unreadable status; it will be rewritten")
+        return PrfaasDeploymentStatus()
