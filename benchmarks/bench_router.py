@@ -62,6 +62,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prfaas_router.settings import RouterSettings, to_flags
+
 LOADGEN = Path(__file__).resolve().with_name("router_loadgen.py")
 BIN = Path(sys.executable).parent
 MODEL = "bench-model"
@@ -79,7 +81,6 @@ CHARS_PER_TOKEN = 4.0
 KV_SCALE = "1e-6"  # a few hundred KV bytes per request really cross from prefill to decode
 STREAM_STEP_SECONDS = 0.05  # the streams-256 decode's token step
 STREAM_TOKENS = 64
-OUR_FLAGS = ["--log-level", "WARNING"]
 
 
 # ----------------------------------------------------------------------------- processes
@@ -365,7 +366,8 @@ class Bench:
             config_path = logs / f"router-config{suffix}.json"
             config_path.write_text(json.dumps(router_config(self.local, self.prfaas, decode)))
             port = free_port()
-            args = [str(BIN / "prfaas-router"), "--config", str(config_path), "--port", str(port), *OUR_FLAGS]
+            ours = RouterSettings(config_path=config_path, port=port, log_level="WARNING")
+            args = [str(BIN / "prfaas-router"), *to_flags(ours)]
             self._router(("ours", paced), f"ours{suffix}", args, port)
             port = free_port()
             args = smg_args(smg, self.local.url, self.bootstrap_port, decode.url, port)

@@ -26,6 +26,7 @@ from bench_router import (
     router_config,
     start_engine,
 )
+from prfaas_router.settings import RouterSettings, to_flags
 
 
 def main() -> int:
@@ -59,12 +60,7 @@ def main() -> int:
             [
                 *profiler,
                 "prfaas_router",
-                "--config",
-                str(config),
-                "--port",
-                str(port),
-                "--log-level",
-                "WARNING",
+                *to_flags(RouterSettings(config_path=config, port=port, log_level="WARNING")),
             ],
             logs / "ours.log",
         ).start()

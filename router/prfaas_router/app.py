@@ -10,86 +10,45 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 from aiohttp import web
 from prfaas_core.router_config import RouterConfig
-from prfaas_core.routing.link_estimate import LinkEstimateRules
 from prfaas_core.routing.policy import PolicyModel, SessionTable
 from prfaas_core.routing.prefix_index import PrefixIndex
 from prfaas_core.routing.workers import Fleet
 from prfaas_core.vocabulary import Pool
 
 from prfaas_router.config_watch import ConfigWatcher
-from prfaas_router.configmap_source import ConfigMapRef, ConfigMapSource, InCluster, NotInCluster
+from prfaas_router.configmap_source import ConfigMapSource, InCluster, NotInCluster
 from prfaas_router.drain import Drain
 from prfaas_router.health import HealthChecker
 from prfaas_router.link_probe import LinkProbe
-from prfaas_router.listener import ClientLimits
 from prfaas_router.loads import LoadPoller
 from prfaas_router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
-from prfaas_router.payloads import ApiError, Kind, Limits, parse, prompt_keys, request_id
+from prfaas_router.payloads import ApiError, Kind, parse, prompt_keys, request_id
 from prfaas_router.proxy import REQUEST_ID_HEADER, Dispatcher, Exchange, Snapshot, error_response
+from prfaas_router.settings import RouterSettings
 from prfaas_router.tokenizer import PromptTokenizer
 from prfaas_router.upstream import Upstream
 
 log = logging.getLogger("prfaas_router")
 
 
-@dataclass(frozen=True)
-class RouterOptions:
-    """Process settings (CLI flags); routing settings come from the hot-reloaded config file."""
-
-    config_path: Path
-    host: str = "127.0.0.1"
-    port: int = 8000
-    config_poll_seconds: float = 1.0
-    health_path: str = "/health"
-    health_interval_seconds: float = 0.5
-    health_timeout_seconds: float = 0.5
-    health_failure_threshold: int = 1
-    load_poll_interval_seconds: float = 1.0  # decode engines' /v1/loads, for the decode-wait estimate
-    load_poll_timeout_seconds: float = 1.0
-    link_poll_interval_seconds: float = 1.0  # PrfaaS prefill engines' /metrics, for the live link estimate
-    link_poll_timeout_seconds: float = 3.0  # the answers cross the link, behind the KV when it is congested
-    link_estimate: LinkEstimateRules = field(default_factory=LinkEstimateRules)
-    breaker_failure_threshold: int = 3
-    breaker_cooldown_seconds: float = 5.0
-    connect_timeout_seconds: float = 1.0
-    read_timeout_seconds: float = 600.0
-    upstream_keepalive_seconds: float = 4.0
-    max_body_bytes: int = 32 * 1024 * 1024
-    client_body_timeout_seconds: float = 60.0  # for the whole request body to arrive
-    client_stall_seconds: float = 30.0  # a streaming client that reads nothing this long is cut off
-    clients: ClientLimits = field(default_factory=ClientLimits)
-    limits: Limits = field(default_factory=Limits)
-    max_attempts: int = 3
-    prefix_index_blocks: int = 262144
-    prefix_index_prompts: int = 65536
-    session_capacity: int = 65536
-    tokenizer_path: Path | None = None  # count and hash text prompts in real tokens (`tokenizer`)
-    config_map: str | None = None
-    """``NAMESPACE/NAME``: also watch the config's ConfigMap through the API (configmap_source)."""
-    shutdown_delay_seconds: float = 0.0
-    """A draining router keeps its listener open this long after the drain began (`drain`)."""
-    drain_timeout_seconds: float = 60.0
-    """Then requests in flight get this long to finish before they are cut."""
-
-
 class RouterService:
     """Owns the session, the fleet, the config watcher and the background loops."""
 
-    def __init__(self, options: RouterOptions, drain: Drain | None = None) -> None:
-        self.options = options
+    def __init__(self, settings: RouterSettings, drain: Drain | None = None) -> None:
+        self.settings = settings
+        self.limits = settings.limits  # built once, read by every request
         self.metrics = RouterMetrics()
-        self.tokenizer = PromptTokenizer(options.tokenizer_path) if options.tokenizer_path else None
-        self.fleet = Fleet(options.breaker_failure_threshold, options.breaker_cooldown_seconds)
+        self.tokenizer = PromptTokenizer(settings.tokenizer_path) if settings.tokenizer_path else None
+        self.fleet = Fleet(settings.breaker_failure_threshold, settings.breaker_cooldown_seconds)
         self.snapshot: Snapshot | None = None
-        self.drain = drain if drain is not None else Drain(options.shutdown_delay_seconds)
+        self.drain = drain if drain is not None else Drain(settings.shutdown_delay_seconds)
         self.watcher = ConfigWatcher(
-            options.config_path, self._apply, self.metrics, options.config_poll_seconds
+            settings.config_path, self._apply, self.metrics, settings.config_poll_seconds
         )
         self._upstream: Upstream | None = None
         self._dispatcher: Dispatcher | None = None
@@ -97,8 +56,8 @@ class RouterService:
         self._tasks: list[asyncio.Task[None]] = []
         self.config_map: ConfigMapSource | None = None
         self.config_map_problem: str | None = None
-        if options.config_map is not None:
-            ref = ConfigMapRef.parse(options.config_map, key=options.config_path.name)
+        ref = settings.config_map_ref
+        if ref is not None:
             try:
                 credentials = InCluster.from_environment()
             except NotInCluster as err:  # the file still works: serve from it, and say why loudly
@@ -109,48 +68,48 @@ class RouterService:
                 self.watcher.api_source = True
 
     async def start(self) -> None:
-        options = self.options
+        settings = self.settings
         self._upstream = Upstream(
-            connect_timeout_seconds=options.connect_timeout_seconds,
-            read_timeout_seconds=options.read_timeout_seconds,
-            keepalive_seconds=options.upstream_keepalive_seconds,
+            connect_timeout_seconds=settings.connect_timeout_seconds,
+            read_timeout_seconds=settings.read_timeout_seconds,
+            keepalive_seconds=settings.upstream_keepalive_seconds,
         )
         self._link = LinkProbe(
             self._upstream,
             self.fleet,
             self.metrics,
-            options.link_estimate,
+            settings.link_estimate,
             lambda: self.snapshot.model if self.snapshot is not None else None,
             lambda: self._dispatcher.link_inflight_bytes if self._dispatcher is not None else 0.0,
-            interval_seconds=options.link_poll_interval_seconds,
-            timeout_seconds=options.link_poll_timeout_seconds,
+            interval_seconds=settings.link_poll_interval_seconds,
+            timeout_seconds=settings.link_poll_timeout_seconds,
         )
         self._dispatcher = Dispatcher(
             self._upstream,
             self.fleet,
             self.metrics,
-            SessionTable(options.session_capacity),
-            options.max_attempts,
-            options.client_stall_seconds,
+            SessionTable(settings.session_capacity),
+            settings.max_attempts,
+            settings.client_stall_seconds,
             self._link,
         )
         self._health = HealthChecker(
             self._upstream,
             self.fleet,
             self.metrics,
-            path=options.health_path,
-            interval_seconds=options.health_interval_seconds,
-            timeout_seconds=options.health_timeout_seconds,
-            failure_threshold=options.health_failure_threshold,
+            path=settings.health_path,
+            interval_seconds=settings.health_interval_seconds,
+            timeout_seconds=settings.health_timeout_seconds,
+            failure_threshold=settings.health_failure_threshold,
         )
         self.watcher.check()
         if self.watcher.current is None:
-            log.error("starting without a valid config; not ready until %s is valid", options.config_path)
+            log.error("starting without a valid config; not ready until %s is valid", settings.config_path)
         loads = LoadPoller(
             self._upstream,
             self.fleet,
-            interval_seconds=options.load_poll_interval_seconds,
-            timeout_seconds=options.load_poll_timeout_seconds,
+            interval_seconds=settings.load_poll_interval_seconds,
+            timeout_seconds=settings.load_poll_timeout_seconds,
         )
         self._tasks = [
             asyncio.create_task(self.watcher.run()),
@@ -171,7 +130,7 @@ class RouterService:
             await self._upstream.close()
 
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.options.max_body_bytes, middlewares=[_json_errors])
+        app = web.Application(client_max_size=self.settings.max_body_bytes, middlewares=[_json_errors])
         app.router.add_post(Kind.CHAT.value, self._chat)
         app.router.add_post(Kind.COMPLETION.value, self._completion)
         app.router.add_post(Kind.GENERATE.value, self._generate)
@@ -198,9 +157,9 @@ class RouterService:
         if old is not None and same_blocks:
             index_local, index_prfaas = old.index_local, old.index_prfaas
         else:  # hashes of another block size mean nothing: start afresh
-            options = self.options
-            index_local = PrefixIndex(options.prefix_index_blocks, options.prefix_index_prompts)
-            index_prfaas = PrefixIndex(options.prefix_index_blocks, options.prefix_index_prompts)
+            settings = self.settings
+            index_local = PrefixIndex(settings.prefix_index_blocks, settings.prefix_index_prompts)
+            index_prfaas = PrefixIndex(settings.prefix_index_blocks, settings.prefix_index_prompts)
         before = set(self.fleet.workers())
         fresh = self.fleet.reconcile(config.pools)
         for gone in before - set(self.fleet.workers()):
@@ -250,7 +209,7 @@ class RouterService:
         config = snapshot.config
         try:
             raw = await self._read_body(request)
-            body, parsed = parse(kind, raw, self.options.limits)
+            body, parsed = parse(kind, raw, self.limits)
             if (
                 kind is not Kind.GENERATE
                 and parsed.model is not None
@@ -286,7 +245,7 @@ class RouterService:
         return await dispatcher.serve(exchange, snapshot)
 
     async def _read_body(self, request: web.Request) -> bytes:
-        limit = self.options.max_body_bytes
+        limit = self.settings.max_body_bytes
         too_large = ApiError(
             413,
             f"request body exceeds the {limit}-byte limit",
@@ -295,7 +254,7 @@ class RouterService:
         )
         if request.content_length is not None and request.content_length > limit:
             raise too_large
-        seconds = self.options.client_body_timeout_seconds
+        seconds = self.settings.client_body_timeout_seconds
         try:
             async with asyncio.timeout(seconds):
                 return await request.read()
@@ -340,10 +299,10 @@ class RouterService:
         snapshot = self.snapshot
         now = time.monotonic()
         body: dict[str, Any] = {
-            "config_path": str(self.options.config_path),
+            "config_path": str(self.settings.config_path),
             "config_source": self.watcher.source,
             "config_map": None
-            if self.options.config_map is None
+            if self.settings.config_map is None
             else {
                 "watching": self.config_map is not None and self.config_map.connected,
                 "last_error": self.config_map.last_error if self.config_map else self.config_map_problem,

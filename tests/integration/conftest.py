@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prfaas_router.settings import RouterSettings, to_flags
 from router_harness import (
     Cluster,
     Process,
@@ -36,17 +37,10 @@ def start_router(tmp_path: Path) -> Iterator[RouterFactory]:
         config_path = tmp_path / f"router-{index}.json"
         config_path.write_text(json.dumps(doc))
         port = free_port("127.0.0.1")
-        args = [
-            "-m",
-            "prfaas_router",
-            "--config",
-            str(config_path),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ]
-        args += ["--config-poll-seconds", "0.2", *flags]
+        settings = RouterSettings(
+            config_path=config_path, host="127.0.0.1", port=port, config_poll_seconds=0.2
+        )
+        args = ["-m", "prfaas_router", *to_flags(settings), *flags]
         router = Router(
             f"http://127.0.0.1:{port}", config_path, Process(args, tmp_path / f"router-{index}.log")
         )

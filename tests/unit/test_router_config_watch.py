@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from prfaas_core.router_config import RouterConfig
 from prfaas_core.routing.policy import PolicyModel
-from prfaas_router.app import RouterOptions, RouterService
+from prfaas_router.app import RouterService
 from prfaas_router.config_watch import ConfigWatcher
 from prfaas_router.metrics import RouterMetrics
+from prfaas_router.settings import RouterSettings
 from router_cases import config_doc
 
 
@@ -96,8 +97,8 @@ def test_without_in_cluster_credentials_the_router_serves_from_the_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    options = RouterOptions(config_path=tmp_path / "router-config.json", config_map="ns/cm")
-    service = RouterService(options)
+    settings = RouterSettings(config_path=tmp_path / "router-config.json", config_map="ns/cm")
+    service = RouterService(settings)
     assert service.config_map is None and not service.watcher.api_source
     assert "KUBERNETES_SERVICE_HOST is not set; only the mounted file is watched" in str(
         service.config_map_problem

@@ -1,0 +1,215 @@
+"""The router's process settings, defined once: each field carries its type, default and help,
+and the command line is made from the fields (`add_flags`, `from_flags`, `to_flags`).
+
+Routing settings come from the hot-reloaded config file (`prfaas_core.router_config`); these
+are what the process starts with. The operator writes some of them as flags into the router
+Deployment's args, so a flag's spelling is part of that contract: the flag of a field is its
+name with dashes (`config_poll_seconds` -> `--config-poll-seconds`) unless it names another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prfaas_core.routing.link_estimate import LinkEstimateRules
+
+from prfaas_router.configmap_source import ConfigMapRef
+from prfaas_router.listener import ClientLimits
+from prfaas_router.payloads import Limits
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# the defaults of the parts the flags fill in (slotted dataclasses keep them on instances only)
+_LINK = LinkEstimateRules()
+_CLIENTS = ClientLimits()
+_LIMITS = Limits()
+
+
+def setting(
+    default: Any = dataclasses.MISSING,
+    help: str | None = None,
+    *,
+    flag: str | None = None,
+    metavar: str | None = None,
+    choices: Sequence[str] | None = None,
+    at_least: int | None = None,
+) -> Any:
+    """A settings field: its default, its flag's help, and what the flag needs beyond its type."""
+    metadata = {"help": help, "flag": flag, "metavar": metavar, "choices": choices, "at_least": at_least}
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RouterSettings:
+    """Process settings of one router (its flags, in the order `--help` lists them)."""
+
+    config_path: Path = setting(help="router config JSON (hot-reloaded)", flag="--config")  # noqa: RUF009
+    host: str = setting("127.0.0.1")
+    port: int = setting(8000)
+    config_poll_seconds: float = setting(1.0)
+    health_path: str = setting("/health")
+    health_interval_seconds: float = setting(0.5)
+    health_timeout_seconds: float = setting(0.5)
+    health_failure_threshold: int = setting(1, at_least=1)
+    # the decode engines' /v1/loads, for the decode-wait estimate
+    load_poll_interval_seconds: float = setting(1.0)
+    load_poll_timeout_seconds: float = setting(1.0)
+    # the PrfaaS prefill engines' /metrics, for the live link estimate; the answers cross the
+    # link, behind the KV when it is congested (hence the longer timeout)
+    link_poll_interval_seconds: float = setting(1.0)
+    link_poll_timeout_seconds: float = setting(3.0)
+    link_half_life_seconds: float = setting(_LINK.half_life_seconds)
+    link_floor_fraction: float = setting(_LINK.floor_fraction)
+    link_stale_after_seconds: float = setting(_LINK.stale_after_seconds)
+    breaker_failure_threshold: int = setting(3, at_least=1)
+    breaker_cooldown_seconds: float = setting(5.0)
+    connect_timeout_seconds: float = setting(1.0)
+    read_timeout_seconds: float = setting(600.0)
+    upstream_keepalive_seconds: float = setting(
+        4.0,
+        "close idle engine connections after this long (under uvicorn's 5 s, so SGLang never closes one first)",
+    )
+    max_body_bytes: int = setting(32 * 1024 * 1024, at_least=1)
+    shutdown_delay_seconds: float = setting(
+        0.0,
+        "after SIGUSR1 (the preStop hook) or SIGTERM: not ready, connections closed after their "
+        "response, the listener open this long from the drain's start",
+    )
+    drain_timeout_seconds: float = setting(60.0, "then requests in flight get this long to finish")
+    max_client_connections: int = setting(
+        _CLIENTS.max_connections,
+        "past this many open client connections a new one gets 503 with Retry-After "
+        "(lowered to fit the open file limit)",
+        at_least=1,
+    )
+    client_idle_timeout_seconds: float = setting(
+        _CLIENTS.idle_timeout_seconds,
+        "close a client connection idle this long, or that has not sent a whole request head in that time",
+    )
+    client_body_timeout_seconds: float = setting(
+        60.0, "a request body must arrive within this time (else 408)"
+    )
+    client_stall_seconds: float = setting(
+        30.0,
+        "a streaming client that reads nothing this long while the router holds its backlog is cut "
+        "off and its request aborted on both engines",
+    )
+    max_header_bytes: int = setting(
+        _CLIENTS.max_header_bytes, "the longest request line or header field (431 past it)", at_least=1
+    )
+    max_n: int = setting(_LIMITS.max_n, "the largest n (copies) of a request", at_least=1)
+    max_batch: int = setting(
+        _LIMITS.max_batch, "the most generations one request may ask for (prompts x n)", at_least=1
+    )
+    max_context_tokens: int = setting(
+        _LIMITS.context_tokens,
+        "the model's context length: a longer output (max_tokens), or token-id prompt plus output, is refused",
+        at_least=1,
+    )
+    max_attempts: int = setting(3, at_least=1)
+    prefix_index_blocks: int = setting(262144)
+    prefix_index_prompts: int = setting(65536)
+    session_capacity: int = setting(65536)
+    tokenizer_path: Path | None = setting(  # noqa: RUF009 (setting() is a dataclasses.field)
+        None,
+        "the model's tokenizer.json: count and hash text prompts in real tokens (default: estimate)",
+        flag="--tokenizer",
+    )
+    config_map: str | None = setting(
+        None,
+        "also watch the config's ConfigMap through the API with the pod's ServiceAccount "
+        "(seconds, where the kubelet refreshes the mounted file in a minute or more)",
+        metavar="NAMESPACE/NAME",
+    )
+    log_level: str = setting("INFO", choices=LOG_LEVELS)
+
+    def __post_init__(self) -> None:
+        """Refuses settings the router cannot run with (ValueError, naming the flag)."""
+        _ = self.config_map_ref
+        if self.shutdown_delay_seconds < 0 or self.drain_timeout_seconds <= 0:
+            raise ValueError(
+                "--shutdown-delay-seconds must be at least 0 and --drain-timeout-seconds above 0"
+            )
+        for item in dataclasses.fields(self):
+            least, value = item.metadata["at_least"], getattr(self, item.name)
+            if least is not None and value < least:
+                raise ValueError(f"{flag_of(item)} must be at least {least}, got {value}")
+        try:
+            _ = self.link_estimate
+        except ValueError as err:
+            raise ValueError(f"link estimate: {err}") from None
+
+    @property
+    def config_map_ref(self) -> ConfigMapRef | None:
+        if self.config_map is None:
+            return None
+        return ConfigMapRef.parse(self.config_map, key=self.config_path.name)
+
+    @property
+    def link_estimate(self) -> LinkEstimateRules:
+        return LinkEstimateRules(
+            self.link_half_life_seconds, self.link_floor_fraction, self.link_stale_after_seconds
+        )
+
+    @property
+    def clients(self) -> ClientLimits:
+        return ClientLimits(
+            self.max_client_connections, self.client_idle_timeout_seconds, self.max_header_bytes
+        )
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.max_n, self.max_batch, self.max_context_tokens)
+
+
+def flag_of(item: dataclasses.Field[Any]) -> str:
+    flag: str | None = item.metadata["flag"]
+    return flag if flag is not None else "--" + item.name.replace("_", "-")
+
+
+def add_flags(parser: argparse.ArgumentParser, settings: type[Any]) -> None:
+    """One flag per field: its type (the non-None one of an optional), default, help."""
+    hints = typing.get_type_hints(settings)
+    for item in dataclasses.fields(settings):
+        flag = flag_of(item)
+        meta = item.metadata
+        kind = hints[item.name]
+        if isinstance(kind, types.UnionType):
+            (kind,) = (arg for arg in typing.get_args(kind) if arg is not type(None))
+        required = item.default is dataclasses.MISSING
+        parser.add_argument(
+            flag,
+            dest=item.name,
+            type=kind,
+            required=required,
+            default=None if required else item.default,
+            help=meta["help"],
+            choices=meta["choices"],
+            # argparse's own metavar, from the flag rather than the field name
+            metavar=meta["metavar"] or (None if meta["choices"] else flag[2:].replace("-", "_").upper()),
+        )
+
+
+def from_flags(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> RouterSettings:
+    """The settings the flags give (a parser made by `add_flags`); bad ones end in a usage error."""
+    namespace = parser.parse_args(argv)
+    try:
+        return RouterSettings(**vars(namespace))
+    except ValueError as err:
+        parser.error(str(err))
+
+
+def to_flags(settings: RouterSettings) -> list[str]:
+    """The flags that give `settings` back: one for each field not at its default."""
+    args: list[str] = []
+    for item in dataclasses.fields(settings):
+        value = getattr(settings, item.name)
+        if item.default is dataclasses.MISSING or value != item.default:
+            args += [flag_of(item), str(value)]
+    return args
