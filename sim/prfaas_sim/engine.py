@@ -32,7 +32,7 @@ from prfaas_core.router_config import Pools as ConfigPools
 from prfaas_core.routing.policy import Decision
 from prfaas_core.routing.prefix_index import PrefixIndex, PromptKey
 from prfaas_core.throughput import Allocation, SystemProfile
-from prfaas_core.throughput.workload import TRACE_BLOCK_TOKENS
+from prfaas_core.trace import TRACE_BLOCK_TOKENS
 from prfaas_operator import api
 from prfaas_operator.planning import Action, decide
 

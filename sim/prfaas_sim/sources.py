@@ -8,16 +8,16 @@ its timestamps scaled to a target rate.
 
 from __future__ import annotations
 
-import json
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 from prfaas_core.throughput import Workload
+from prfaas_core.trace import TraceError, TraceRecord, read_trace
 
 LENGTH_CHUNK = 4096
 """Lengths are drawn from numpy this many at a time (one call per request would dominate the run)."""
@@ -155,14 +155,13 @@ def scan_trace(path: Path) -> TraceInfo:
     count = 0
     first = last = None
     max_hash = -1
-    for number, record in _records(path):
-        stamp = record.timestamp_ms
+    for stamp, record in _records(path):
         if last is not None and stamp < last:
-            raise SourceError(f"{path}: line {number}: timestamps must not decrease ({stamp} < {last})")
+            raise SourceError(f"{path}: line {record.line}: timestamps must not decrease ({stamp} < {last})")
         first = stamp if first is None else first
         last = stamp
-        if record.hashes:
-            max_hash = max(max_hash, max(record.hashes))
+        if record.hash_ids:
+            max_hash = max(max_hash, max(record.hash_ids))
         count += 1
     if count < 2 or first is None or last is None or last <= first:
         raise SourceError(f"{path}: need at least two requests spanning a positive time")
@@ -186,54 +185,29 @@ def trace_requests(
         offset_hash = copy * (info.max_hash + 1)
         offset_time = copy * period
         origin: float | None = None
-        for _number, record in _records(path):
-            origin = record.timestamp_ms if origin is None else origin
-            hashes = tuple(h + offset_hash for h in record.hashes) if prefix_reuse and record.hashes else None
+        for stamp, record in _records(path):
+            origin = stamp if origin is None else origin
+            hashes = (
+                tuple(h + offset_hash for h in record.hash_ids) if prefix_reuse and record.hash_ids else None
+            )
             yield RequestSpec(
-                offset_time + (record.timestamp_ms - origin) / 1000.0 * scale,
+                offset_time + (stamp - origin) / 1000.0 * scale,
                 record.input_length,
                 record.output_length,
                 hashes,
             )
 
 
-class _Record(NamedTuple):
-    timestamp_ms: float
-    input_length: int
-    output_length: int
-    hashes: Sequence[int]
-
-
-def _records(path: Path) -> Iterator[tuple[int, _Record]]:
+def _records(path: Path) -> Iterator[tuple[float, TraceRecord]]:
+    """The trace's records with their timestamps, read as they are needed (`prfaas_core.trace`)."""
     try:
         handle = path.open(encoding="utf-8")
     except OSError as err:
         raise SourceError(f"cannot read trace {path}: {err.strerror}") from None
     with handle:
-        for number, line in enumerate(handle, start=1):
-            if line.strip():
-                yield number, _parse(line, f"{path}: line {number}")
-
-
-def _parse(line: str, where: str) -> _Record:
-    try:
-        data = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise SourceError(f"{where}: not JSON ({err.msg})") from None
-    if not isinstance(data, dict):
-        raise SourceError(f"{where}: expected a JSON object")
-    stamp = data.get("timestamp")
-    if isinstance(stamp, bool) or not isinstance(stamp, int | float) or not stamp >= 0:
-        raise SourceError(f"{where}: timestamp must be a non-negative number of milliseconds, got {stamp!r}")
-    lengths = []
-    for key in ("input_length", "output_length"):
-        value = data.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise SourceError(f"{where}: {key} must be a positive integer, got {value!r}")
-        lengths.append(value)
-    hashes = data.get("hash_ids", [])
-    if not isinstance(hashes, list) or not all(
-        isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hashes
-    ):
-        raise SourceError(f"{where}: hash_ids must be a list of non-negative integers")
-    return _Record(float(stamp), lengths[0], lengths[1], hashes)
+        try:
+            for record in read_trace(handle, str(path), timed=True):
+                assert record.timestamp_ms is not None  # a timed read has them all
+                yield record.timestamp_ms, record
+        except TraceError as err:
+            raise SourceError(str(err)) from None

@@ -10,9 +10,8 @@ JSONL trace, and Prometheus cumulative histograms (the operator's long-timescale
 
 from __future__ import annotations
 
-import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
@@ -20,11 +19,9 @@ import numpy as np
 import numpy.typing as npt
 
 from prfaas_core.profiles import FloatArray
+from prfaas_core.trace import TRACE_BLOCK_TOKENS, TraceError, read_trace
 
 IntArray = npt.NDArray[np.int64]
-
-TRACE_BLOCK_TOKENS = 512
-"""Mooncake traces hash prompts in 512-token prefix-chained blocks."""
 
 _STANDARD_NORMAL = NormalDist()
 
@@ -213,7 +210,7 @@ class Workload:
         block_tokens: int = TRACE_BLOCK_TOKENS,
         source: str = "trace",
     ) -> Workload:
-        """From JSONL records with `input_length`, `output_length` (and `hash_ids` for prefix reuse).
+        """From a trace's lines (`prfaas_core.trace`): its lengths, and its `hash_ids` for prefix reuse.
 
         Without prefix reuse every prompt is uncached (the paper's case study). With it, the
         requests are replayed in file order against one unbounded cache shared by everyone:
@@ -224,22 +221,25 @@ class Workload:
         inputs: list[int] = []
         outputs: list[int] = []
         seen_blocks: set[int] = set()
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            record = _trace_record(line, f"{source}: line {number}")
-            input_length = _positive_int(record, "input_length", f"{source}: line {number}")
-            outputs.append(_positive_int(record, "output_length", f"{source}: line {number}"))
-            if prefix_reuse:
-                blocks = _hash_ids(record, f"{source}: line {number}")
-                cached_blocks = 0
-                for block in blocks:
-                    if block not in seen_blocks:
-                        break
-                    cached_blocks += 1
-                seen_blocks.update(blocks)
-                input_length = max(input_length - cached_blocks * block_tokens, 1)
-            inputs.append(input_length)
+        try:
+            for record in read_trace(lines, source):
+                input_length = record.input_length
+                outputs.append(record.output_length)
+                if prefix_reuse:
+                    if record.hash_ids is None:
+                        raise WorkloadError(
+                            f"{source}: line {record.line}: prefix reuse needs hash_ids, a list of integers"
+                        )
+                    cached_blocks = 0
+                    for block in record.hash_ids:
+                        if block not in seen_blocks:
+                            break
+                        cached_blocks += 1
+                    seen_blocks.update(record.hash_ids)
+                    input_length = max(input_length - cached_blocks * block_tokens, 1)
+                inputs.append(input_length)
+        except TraceError as err:
+            raise WorkloadError(str(err)) from None
         if not inputs:
             raise WorkloadError(f"{source}: the trace has no requests")
         label = f"{source} ({len(inputs)} requests{', prefix reuse' if prefix_reuse else ''})"
@@ -383,27 +383,3 @@ def _histogram_points(buckets: Sequence[tuple[float, float]], what: str) -> tupl
         raise WorkloadError(f"{what}: no observations")
     midpoints = (np.concatenate([[0.0], bounds[:-1]]) + bounds) / 2
     return midpoints, counts
-
-
-def _trace_record(line: str, where: str) -> Mapping[str, object]:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise WorkloadError(f"{where}: not JSON ({err.msg})") from None
-    if not isinstance(record, dict):
-        raise WorkloadError(f"{where}: expected a JSON object")
-    return record
-
-
-def _positive_int(record: Mapping[str, object], key: str, where: str) -> int:
-    value = record.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise WorkloadError(f"{where}: {key} must be a positive integer, got {value!r}")
-    return value
-
-
-def _hash_ids(record: Mapping[str, object], where: str) -> list[int]:
-    value = record.get("hash_ids")
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise WorkloadError(f"{where}: prefix reuse needs hash_ids, a list of integers")
-    return value
