@@ -585,7 +585,7 @@ def decision_benchmark(samples: int) -> dict[str, dict[str, float]]:
     a 128K-id JSON body.
     """
     from prfaas_core.router_config import RouterConfig
-    from prfaas_core.routing.policy import PolicyModel, Pools, Rejection, RequestView, decide
+    from prfaas_core.routing.policy import AvailableWorkers, PolicyModel, Rejection, RequestView, decide
     from prfaas_core.routing.prefix_index import PrefixIndex
     from prfaas_core.routing.workers import Fleet
     from prfaas_core.vocabulary import Pool
@@ -604,7 +604,7 @@ def decision_benchmark(samples: int) -> dict[str, dict[str, float]]:
     for worker in fleet.workers():
         worker.healthy = True
     now = time.monotonic()
-    pools = Pools(
+    pools = AvailableWorkers(
         fleet.available(Pool.LOCAL_PREFILL, now),
         fleet.available(Pool.PRFAAS_PREFILL, now),
         fleet.available(Pool.DECODE, now),

@@ -14,7 +14,7 @@ from aiohttp import web
 from prometheus_client import disable_created_metrics
 
 from prfaas_router.app import RouterService
-from prfaas_router.drain import DRAIN_SIGNAL, Drain
+from prfaas_router.drain import DRAIN_SIGNAL, ShutdownDrain
 from prfaas_router.listener import GuardedSite
 from prfaas_router.settings import RouterSettings, add_flags, from_flags
 from prfaas_router.tokenizer import TokenizerError
@@ -32,7 +32,7 @@ async def serve(settings: RouterSettings) -> None:
     # First: in a container the router is PID 1, which ignores signals it has no handler for,
     # and starting (the tokenizer, the config) can take a while.
     stop = asyncio.Event()
-    drain = Drain(settings.shutdown_delay_seconds)
+    drain = ShutdownDrain(settings.shutdown_delay_seconds)
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)

@@ -22,7 +22,7 @@ from prfaas_core.vocabulary import Pool
 
 from prfaas_router.config_watch import ConfigWatcher
 from prfaas_router.configmap_source import ConfigMapSource, InCluster, NotInCluster
-from prfaas_router.drain import Drain
+from prfaas_router.drain import ShutdownDrain
 from prfaas_router.health import HealthChecker
 from prfaas_router.link_probe import LinkProbe
 from prfaas_router.loads import LoadPoller
@@ -39,14 +39,14 @@ log = logging.getLogger("prfaas_router")
 class RouterService:
     """Owns the session, the fleet, the config watcher and the background loops."""
 
-    def __init__(self, settings: RouterSettings, drain: Drain | None = None) -> None:
+    def __init__(self, settings: RouterSettings, drain: ShutdownDrain | None = None) -> None:
         self.settings = settings
         self.limits = settings.limits  # built once, read by every request
         self.metrics = RouterMetrics()
         self.tokenizer = PromptTokenizer(settings.tokenizer_path) if settings.tokenizer_path else None
         self.fleet = Fleet(settings.breaker_failure_threshold, settings.breaker_cooldown_seconds)
         self.snapshot: Snapshot | None = None
-        self.drain = drain if drain is not None else Drain(settings.shutdown_delay_seconds)
+        self.drain = drain if drain is not None else ShutdownDrain(settings.shutdown_delay_seconds)
         self.watcher = ConfigWatcher(
             settings.config_path, self._apply, self.metrics, settings.config_poll_seconds
         )

@@ -25,7 +25,7 @@ log = logging.getLogger("prfaas_router")
 DRAIN_SIGNAL = signal.SIGUSR1
 
 
-class Drain:
+class ShutdownDrain:
     """Whether this router is leaving, and since when (monotonic seconds)."""
 
     __slots__ = ("began", "delay_seconds")

@@ -37,9 +37,9 @@ from aiohttp import web
 from aiohttp.http_writer import HttpVersion11
 from prfaas_core.router_config import RouterConfig
 from prfaas_core.routing.policy import (
+    AvailableWorkers,
     Decision,
     PolicyModel,
-    Pools,
     Rejection,
     RequestView,
     SessionPin,
@@ -204,7 +204,7 @@ class Dispatcher:
         failures: list[str] = []
         for _ in range(self._max_attempts):
             now = time.monotonic()
-            pools = Pools(
+            pools = AvailableWorkers(
                 local=self._candidates(Pool.LOCAL_PREFILL, now, excluded),
                 prfaas=self._candidates(Pool.PRFAAS_PREFILL, now, excluded),
                 decode=self._candidates(Pool.DECODE, now, excluded),

@@ -14,7 +14,7 @@ from prfaas_core.profiles import ProfileError
 from prfaas_core.throughput import PlanError, WorkloadError
 
 from prfaas_sim import replicas, report
-from prfaas_sim.engine import EngineSettings
+from prfaas_sim.engine import SimulationSettings
 from prfaas_sim.planning import PlannerSettings
 from prfaas_sim.scenarios import LinkDropSetup, burst, link_drop, rate_sweep, trace_prefix
 from prfaas_sim.sources import RateSchedule, SourceError
@@ -168,7 +168,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
         duration=args.duration,
         warmup=args.warmup,
         seed=args.seed,
-        settings=EngineSettings(prefill_batch_tokens=args.prefill_batch_tokens),
+        settings=SimulationSettings(prefill_batch_tokens=args.prefill_batch_tokens),
     )
     print("\n".join(report.sweep_table(sweep)))
     print()
@@ -250,7 +250,7 @@ def _run_trace(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         slo=default_slo(document, args.ttft_slo),
         planner=PlannerSettings(),
-        settings=EngineSettings(),
+        settings=SimulationSettings(),
     )
     print("\n".join(report.trace_section(runs, [])))
     return 0

@@ -24,11 +24,11 @@ from prfaas_core.router_config import (
     Endpoint,
     KvSize,
     LinkSpec,
+    Pools,
     PrefillTime,
     RouterConfig,
     Slo,
 )
-from prfaas_core.router_config import Pools as ConfigPools
 from prfaas_core.routing.policy import Decision
 from prfaas_core.routing.prefix_index import PrefixIndex, PromptKey
 from prfaas_core.throughput import Allocation, SystemProfile
@@ -81,7 +81,7 @@ class SystemSpec:
 
 
 @dataclass(frozen=True)
-class EngineSettings:
+class SimulationSettings:
     prefill_batch_tokens: int = 0
     """0: one request per prefill forward (the profile's measured case); >0: pack up to this many tokens."""
     cache_tokens_per_instance: int | None = 1_000_000
@@ -129,7 +129,7 @@ class Simulation:
     def __init__(
         self,
         system: SystemSpec,
-        settings: EngineSettings,
+        settings: SimulationSettings,
         link_changes: Iterable[LinkChange] = (),
         routers: RouterTierFactory | None = None,
     ) -> None:
@@ -376,7 +376,7 @@ class Simulation:
                 max_running_requests=profile.decode.max_batch,
                 seconds_per_request=self.system.mean_output_tokens * profile.decode.step_seconds,
             ),
-            pools=ConfigPools(
+            pools=Pools(
                 prfaas_prefill=[_endpoint(instance.name, prefill=True) for instance in self._prfaas],
                 local_prefill=[
                     _endpoint(node.name, prefill=True)
@@ -525,8 +525,8 @@ def _prefill_load(node: _PdNode) -> tuple[int, str]:
 def run_system(
     system: SystemSpec,
     requests: Iterable[RequestSpec],
-    settings: EngineSettings | None = None,
+    settings: SimulationSettings | None = None,
     link_changes: Iterable[LinkChange] = (),
 ) -> RunResult:
     """One simulation run."""
-    return Simulation(system, settings or EngineSettings(), link_changes).run(requests)
+    return Simulation(system, settings or SimulationSettings(), link_changes).run(requests)

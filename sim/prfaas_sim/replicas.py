@@ -35,7 +35,7 @@ from prfaas_core.routing.workers import EngineLoad
 from prfaas_core.throughput import ProfileDocument, Strategy, Workload
 
 from prfaas_sim.cluster import SimRequest
-from prfaas_sim.engine import EngineSettings, Simulation
+from prfaas_sim.engine import Simulation, SimulationSettings
 from prfaas_sim.report import RESULT_HEADER, result_row
 from prfaas_sim.results import RunResult
 from prfaas_sim.routing import SimRouter
@@ -280,7 +280,7 @@ def replica_study(
     slo = default_slo(document, ttft_slo_seconds)
     spec = deployments(document, workload, slo=slo).specs[Strategy.PRFAAS_PD]
     budget = spec.link.budget_bytes_per_second
-    settings = EngineSettings(series_window_seconds=EGRESS_WINDOW_SECONDS)
+    settings = SimulationSettings(series_window_seconds=EGRESS_WINDOW_SECONDS)
     runs = []
     for setup in setups(count, polls):
         simulation = Simulation(

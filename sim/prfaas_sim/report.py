@@ -251,7 +251,7 @@ MODEL_NOTES = [
     "- Prefill: each instance serves its queue first come, first served, one request per forward, for the "
     "profiled T(l) of the request (`prfaas_core.routing.policy.prefill_seconds`: a prefix hit saves the attention "
     "over the prefix; only an exact whole-prompt hit also saves the linear-attention work). Packing several "
-    "short prompts into one forward (`EngineSettings.prefill_batch_tokens`) is available but off: whether the "
+    "short prompts into one forward (`SimulationSettings.prefill_batch_tokens`) is available but off: whether the "
     "profile's constant term is per-forward overhead is unknown.",
     "- Decode: at most BS_max running per instance, a constant step T_decode (the profile's only point); a "
     "request joins at the next step boundary, its first token comes after one step, and it holds its slot "

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from prfaas_core.router_config import RouterConfig
-from prfaas_core.routing.policy import Decision, PolicyModel, Pools, Rejection, RequestView, decide
+from prfaas_core.routing.policy import AvailableWorkers, Decision, PolicyModel, Rejection, RequestView, decide
 from prfaas_core.routing.prefix_index import NO_HIT, PrefixIndex
 from prfaas_core.routing.workers import EngineLoad, Fleet
 from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS, Pool
@@ -92,7 +92,7 @@ class SimRouter:
             hit_prfaas=indexes[ROUTE_PRFAAS].lookup(key) if key is not None else NO_HIT,
         )
         fleet = self._fleet
-        pools = Pools(
+        pools = AvailableWorkers(
             local=fleet.available(Pool.LOCAL_PREFILL, now),
             prfaas=fleet.available(Pool.PRFAAS_PREFILL, now),
             decode=fleet.available(Pool.DECODE, now),

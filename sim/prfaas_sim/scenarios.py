@@ -15,7 +15,7 @@ from pathlib import Path
 from prfaas_core.router_config import Slo
 from prfaas_core.throughput import ModelForm, ProfileDocument, Strategy, Workload, evaluate
 
-from prfaas_sim.engine import EngineSettings, LinkChange, run_system
+from prfaas_sim.engine import LinkChange, SimulationSettings, run_system
 from prfaas_sim.planning import PlannerSettings
 from prfaas_sim.results import RunResult
 from prfaas_sim.routing import LinkCheck
@@ -74,12 +74,12 @@ def rate_sweep(
     duration: float,
     warmup: float,
     seed: int,
-    settings: EngineSettings | None = None,
+    settings: SimulationSettings | None = None,
 ) -> Sweep:
     """Poisson arrivals at each rate for `duration` seconds, statistics after `warmup`."""
     if not rates or any(b <= a for a, b in itertools.pairwise(rates)):
         raise ValueError(f"sweep rates must be a non-empty ascending list, got {list(rates)}")
-    engine = dataclasses.replace(settings or EngineSettings(), warmup_seconds=warmup)
+    engine = dataclasses.replace(settings or SimulationSettings(), warmup_seconds=warmup)
     runs = {
         strategy: tuple(
             run_system(spec, poisson_requests(workload, RateSchedule.constant(rate, duration), seed), engine)
@@ -129,7 +129,7 @@ def link_drop(
     base = systems.specs[Strategy.PRFAAS_PD]
     if base.planner is None:
         raise ValueError("the link-drop scenario needs PrfaaS-PD built with planner settings")
-    engine = EngineSettings(series_window_seconds=window)
+    engine = SimulationSettings(series_window_seconds=window)
     results = {}
     for variant in LINK_DROP_VARIANTS:
         spec = dataclasses.replace(
@@ -150,7 +150,7 @@ def burst(
     systems: Deployments, workload: Workload, schedule: RateSchedule, *, seed: int, window: float
 ) -> dict[Strategy, RunResult]:
     """Every system under the same bursty arrivals."""
-    engine = EngineSettings(series_window_seconds=window)
+    engine = SimulationSettings(series_window_seconds=window)
     return {
         strategy: run_system(spec, poisson_requests(workload, schedule, seed), engine)
         for strategy, spec in systems.specs.items()
@@ -177,7 +177,7 @@ def trace_prefix(
     repeats: int,
     slo: Slo,
     planner: PlannerSettings | None,
-    settings: EngineSettings,
+    settings: SimulationSettings,
 ) -> TraceRuns:
     """The trace at each rate (req/s), once ignoring its hash ids and once with per-instance prefix caches.
 
@@ -229,7 +229,7 @@ def saturation(
     if not overload > 1:
         raise ValueError(f"saturation needs an overload factor above 1, got {overload}")
     systems = systems or saturation_deployments(document, workload)
-    engine = EngineSettings(warmup_seconds=warmup)
+    engine = SimulationSettings(warmup_seconds=warmup)
     results = {}
     for strategy, spec in systems.specs.items():
         unlimited = dataclasses.replace(
@@ -338,7 +338,7 @@ def overload(
         output_sigma=load.output_sigma,
     )
     systems = deployments(document, load.workload, slo=slo)
-    engine = EngineSettings(warmup_seconds=warmup)
+    engine = SimulationSettings(warmup_seconds=warmup)
     runs: dict[Strategy, dict[float, RunResult]] = {}
     blind: dict[Strategy, dict[float, RunResult]] = {}
     for strategy, spec in systems.specs.items():

@@ -15,7 +15,7 @@ from prfaas_core.router_config import Slo
 from prfaas_core.throughput import ProfileDocument, Strategy, Workload
 from prfaas_core.throughput.workload import parse_workload_spec
 
-from prfaas_sim.engine import EngineSettings
+from prfaas_sim.engine import SimulationSettings
 from prfaas_sim.planning import PlannerSettings
 from prfaas_sim.report import Study
 from prfaas_sim.scenarios import (
@@ -227,7 +227,7 @@ def run_study(
             repeats=plan.trace_repeats,
             slo=slo,
             planner=PlannerSettings(),
-            settings=EngineSettings(),
+            settings=SimulationSettings(),
         )
     return Study(
         profile=profile_label,

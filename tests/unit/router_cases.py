@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from prfaas_core.router_config import Endpoint, RouterConfig
-from prfaas_core.routing.policy import PolicyModel, Pools
+from prfaas_core.routing.policy import AvailableWorkers, PolicyModel
 from prfaas_core.routing.workers import CircuitBreaker, Worker
 from prfaas_core.vocabulary import Pool
 
@@ -54,7 +54,7 @@ def make_model(**overrides: Any) -> PolicyModel:
     return PolicyModel.from_config(make_config(**overrides))
 
 
-def pools(local: int = 2, prfaas: int = 2, decode: int = 2) -> tuple[Pools, dict[str, Worker]]:
+def pools(local: int = 2, prfaas: int = 2, decode: int = 2) -> tuple[AvailableWorkers, dict[str, Worker]]:
     """Healthy workers l0.., p0.., d0..; the dict finds them by name."""
     by_name: dict[str, Worker] = {}
     made: dict[Pool, list[Worker]] = {}
@@ -77,4 +77,4 @@ def pools(local: int = 2, prfaas: int = 2, decode: int = 2) -> tuple[Pools, dict
             w.healthy = True
             made[pool].append(w)
             by_name[w.name] = w
-    return Pools(made[Pool.LOCAL_PREFILL], made[Pool.PRFAAS_PREFILL], made[Pool.DECODE]), by_name
+    return AvailableWorkers(made[Pool.LOCAL_PREFILL], made[Pool.PRFAAS_PREFILL], made[Pool.DECODE]), by_name

@@ -14,7 +14,7 @@ import pytest
 from prfaas_core.router_config import Slo
 from prfaas_core.routing.policy import Rejection
 from prfaas_core.throughput import Allocation, ProfileDocument, Strategy, Workload
-from prfaas_sim.engine import EngineSettings, LinkChange, Simulation, run_system
+from prfaas_sim.engine import LinkChange, Simulation, SimulationSettings, run_system
 from prfaas_sim.planning import PlannerSettings
 from prfaas_sim.results import RunStats
 from prfaas_sim.routing import LinkCheck
@@ -94,7 +94,7 @@ def test_every_request_ends_exactly_once_through_rejections_link_drop_and_role_s
             interval_seconds=120, window_seconds=240, cooldown_seconds=240, role_switch_seconds=60
         ),
     )
-    simulation = Simulation(spec, EngineSettings(), [LinkChange(300.0, 10 * GBIT, informed_after=20.0)])
+    simulation = Simulation(spec, SimulationSettings(), [LinkChange(300.0, 10 * GBIT, informed_after=20.0)])
     recorder = Recording(spec.slo, warmup=0.0, series=None)
     simulation.stats = recorder
     tally: Counter[str] = Counter()
@@ -152,7 +152,7 @@ def test_the_planner_loop_fixes_a_bad_split_and_serves_more(systems, workload):
     )
     static = dataclasses.replace(planned, planner=None)
     schedule = RateSchedule.constant(2.8, 2400.0)
-    settings = EngineSettings(warmup_seconds=900.0)
+    settings = SimulationSettings(warmup_seconds=900.0)
     with_loop = run_system(planned, poisson_requests(workload, schedule, 3), settings)
     without = run_system(static, poisson_requests(workload, schedule, 3), settings)
     assert any(line.endswith("restarted as decode") for line in with_loop.planner_log), with_loop.planner_log
@@ -164,11 +164,11 @@ def test_after_a_link_drop_the_link_aware_router_keeps_more_requests_within_the_
     spec = dataclasses.replace(systems.specs[Strategy.PRFAAS_PD], planner=None)
     schedule = RateSchedule.constant(2.97, 1800.0)
     drop = [LinkChange(300.0, 10 * GBIT, informed_after=30.0)]
-    aware = run_system(spec, poisson_requests(workload, schedule, 4), EngineSettings(), drop)
+    aware = run_system(spec, poisson_requests(workload, schedule, 4), SimulationSettings(), drop)
     blind = run_system(
         dataclasses.replace(spec, link_check=LinkCheck.BLIND),
         poisson_requests(workload, schedule, 4),
-        EngineSettings(),
+        SimulationSettings(),
         drop,
     )
     assert aware.slo_attainment > blind.slo_attainment + 0.02

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from prfaas_core.throughput import Strategy
 from prfaas_sim.cli import main
-from prfaas_sim.engine import EngineSettings, Simulation, run_system
+from prfaas_sim.engine import Simulation, SimulationSettings, run_system
 from prfaas_sim.replicas import (
     BudgetScheme,
     BurstyLoad,
@@ -96,7 +96,9 @@ def test_one_replica_behind_the_service_is_the_engines_own_router():
     load = dataclasses.replace(LOAD, duration=240)
     alone = run_system(spec, bursty_requests(workload, load, 3))
     tier = Simulation(
-        spec, EngineSettings(), routers=functools.partial(ReplicaSet, ReplicaSetup(1, BudgetScheme.WHOLE), 3)
+        spec,
+        SimulationSettings(),
+        routers=functools.partial(ReplicaSet, ReplicaSetup(1, BudgetScheme.WHOLE), 3),
     ).run(bursty_requests(workload, load, 3))
     assert dataclasses.replace(tier, series=None) == dataclasses.replace(alone, series=None)
 

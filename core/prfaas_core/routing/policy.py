@@ -196,7 +196,7 @@ class _Option:
     fits_link: bool
 
 
-class Pools:
+class AvailableWorkers:
     """The available workers of each pool at the moment of a decision."""
 
     __slots__ = ("decode", "local", "prfaas")
@@ -208,7 +208,7 @@ class Pools:
 
 
 def decide(
-    model: PolicyModel, request: RequestView, pools: Pools, link_inflight_bytes: float
+    model: PolicyModel, request: RequestView, pools: AvailableWorkers, link_inflight_bytes: float
 ) -> Decision | Rejection:
     """Choose route, prefill and decode for one request, or refuse it early with a reason."""
     if not pools.decode:

@@ -56,26 +56,26 @@ class HardwareSection(_Section):
     decode: DecodeSection | None = None
 
 
-class Pool(_Section):
+class PoolSection(_Section):
     gpu: str
     instances: int = Field(ge=0)
 
 
-class PrfaasPool(Pool):
+class PrfaasPool(PoolSection):
     all_prefill: Literal[True] = True
 
 
-class DecodeOnlyPool(Pool):
+class DecodeOnlyPool(PoolSection):
     decode_only: Literal[True] = True
 
 
 class PrfaasPdDeployment(_Section):
-    prfaas: Pool
-    pd: Pool
+    prfaas: PoolSection
+    pd: PoolSection
 
 
 class HomogeneousDeployment(_Section):
-    pd: Pool
+    pd: PoolSection
 
 
 class NaiveDeployment(_Section):
@@ -83,7 +83,7 @@ class NaiveDeployment(_Section):
     pd: DecodeOnlyPool
 
 
-class Deployments(_Section):
+class DeploymentsSection(_Section):
     prfaas_pd: PrfaasPdDeployment
     homogeneous_pd: HomogeneousDeployment
     naive_hetero: NaiveDeployment
@@ -133,7 +133,7 @@ class WorkloadSection(_Section):
 class ProfileDocument(_Section):
     model: ModelSection
     hardware: dict[str, HardwareSection] = Field(min_length=1)
-    deployments: Deployments
+    deployments: DeploymentsSection
     link: LinkSection
     workload: WorkloadSection | None = None
 
