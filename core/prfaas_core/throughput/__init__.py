@@ -6,10 +6,10 @@ and what binds?) and `solve_prfaas_pd` (which allocation sustains the most?).
 """
 
 from prfaas_core.throughput.model import (
-    Allocation,
     DecodeProfile,
     Evaluation,
     ModelForm,
+    OperatingPoint,
     PlanError,
     Stage,
     SystemProfile,
@@ -31,11 +31,11 @@ from prfaas_core.throughput.workload import Workload, WorkloadError, parse_workl
 
 __all__ = [
     "DEFAULT_THRESHOLD_STEP_TOKENS",
-    "Allocation",
     "Comparison",
     "DecodeProfile",
     "Evaluation",
     "ModelForm",
+    "OperatingPoint",
     "Plan",
     "PlanError",
     "ProfileDocument",

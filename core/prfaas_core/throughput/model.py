@@ -96,7 +96,7 @@ class SystemProfile:
 
 
 @dataclass(frozen=True)
-class Allocation:
+class OperatingPoint:
     """One operating point. A request is offloaded when its uncached length exceeds the threshold;
     `threshold_tokens=None` offloads nothing, 0 offloads everything."""
 
@@ -131,7 +131,7 @@ class Evaluation:
     the PD prefill rate when everything is) is None, never zero.
     """
 
-    allocation: Allocation
+    allocation: OperatingPoint
     max_throughput_rps: float  # Λ_max
     offloaded_fraction: float  # p
     mean_long_tokens: float | None  # l_long
@@ -212,7 +212,7 @@ def _by_bound(item: tuple[Stage, float]) -> float:
 def evaluate(
     profile: SystemProfile,
     workload: Workload,
-    allocation: Allocation,
+    allocation: OperatingPoint,
     *,
     link_budget_bytes_per_second: float | None,
     form: ModelForm = ModelForm.PER_REQUEST,
