@@ -1,8 +1,9 @@
-"""The long-timescale planner: the PrfaaS throughput model (paper eq. 3-8) and its solver.
+"""The PrfaaS throughput model (paper eq. 3-8) and its solver, which the planner's decision asks.
 
-Pure: no Kubernetes, HTTP, Prometheus or clock. The `plan` CLI, the operator's loop and the
-simulator all call the same two questions: `evaluate` (what does this allocation sustain,
-and what binds?) and `solve_prfaas_pd` (which allocation sustains the most?).
+Pure: no Kubernetes, HTTP, Prometheus or clock. The `plan` CLI and the planner's decision
+(`prfaas_core.planning`, for the operator's loop and the simulator) ask the same two questions:
+`evaluate` (what does this operating point sustain, and what binds?) and `solve_prfaas_pd`
+(which operating point sustains the most?).
 """
 
 from prfaas_core.throughput.model import (

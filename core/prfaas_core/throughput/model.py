@@ -97,8 +97,10 @@ class SystemProfile:
 
 @dataclass(frozen=True)
 class OperatingPoint:
-    """One operating point. A request is offloaded when its uncached length exceeds the threshold;
-    `threshold_tokens=None` offloads nothing, 0 offloads everything."""
+    """The threshold and the three pools' instance counts: the one shape of what the planner decides and
+    the reconcile applies (the CR's status.allocation maps to it in `api.Allocation`). A request is
+    offloaded when its uncached length exceeds the threshold; `threshold_tokens=None` offloads
+    nothing, 0 offloads everything."""
 
     threshold_tokens: int | None
     prfaas_instances: int
