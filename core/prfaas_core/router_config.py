@@ -7,7 +7,8 @@ clusters, so the router needs no credentials for the remote cluster.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Sequence
+from typing import Annotated, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -75,6 +76,25 @@ class PrefillTime(_Strict):
         return cls(
             c0=model.c0, c1=model.c1, c2=model.c2, min_tokens=model.min_tokens, max_tokens=model.max_tokens
         )
+
+
+class MeasuredPoint(Protocol):
+    """One measured prefill time as a profile holds it (the CR's ProfilePoint, the simulator's points)."""
+
+    @property
+    def tokens(self) -> float: ...
+    @property
+    def seconds(self) -> float: ...
+
+
+def fitted_prefill_time(points: Sequence[MeasuredPoint]) -> PrefillTime:
+    """T(l) fitted from a cluster's measured points, as the router config carries it (the planner fits
+    the same way); raises ProfileError when the fit is not usable."""
+    return PrefillTime.of(PrefillTimeModel.fit([(point.tokens, point.seconds) for point in points]))
+
+
+DEFAULT_TTFT_SECONDS = 30
+"""The CR's default time-to-first-token objective (prfaas_operator.api.SloSpec), which the simulator runs with too."""
 
 
 class Slo(_Strict):

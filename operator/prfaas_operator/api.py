@@ -11,7 +11,8 @@ from __future__ import annotations
 import enum
 from typing import Annotated, Any, Literal
 
-from prfaas_core import router_config
+from prfaas_core import planning, router_config
+from prfaas_core.throughput import OperatingPoint
 from prfaas_core.vocabulary import API_VERSION, gbit_per_second_to_bytes
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints
 from pydantic.alias_generators import to_camel
@@ -339,7 +340,12 @@ class ThroughputModel(enum.StrEnum):
 class SloSpec(_Model):
     """Service-level objectives the router admits against and the planner plans for."""
 
-    ttft_seconds: float = Field(default=30, gt=0, le=3600, description="Time-to-first-token objective.")
+    ttft_seconds: float = Field(
+        default=router_config.DEFAULT_TTFT_SECONDS,
+        gt=0,
+        le=3600,
+        description="Time-to-first-token objective.",
+    )
     tpot_seconds: float = Field(default=0.05, gt=0, le=60, description="Time-per-output-token objective.")
 
 
@@ -362,7 +368,9 @@ class PlannerSpec(_Model):
         default=PlannerMode.OFF,
         description='"Off" (quote it: bare Off is a YAML boolean); Advisory (status and an Event only); Auto (apply).',
     )
-    interval_seconds: int = Field(default=300, ge=10, le=86400, description="How often the loop runs.")
+    interval_seconds: int = Field(
+        default=planning.DEFAULT_INTERVAL_SECONDS, ge=10, le=86400, description="How often the loop runs."
+    )
     prometheus_url: str | None = Field(
         default=None,
         pattern=r"^https?://",
@@ -370,13 +378,22 @@ class PlannerSpec(_Model):
         description="Prometheus base URL to read metrics from.",
     )
     window_seconds: int = Field(
-        default=600, ge=60, le=86400, description="Look-back window of the observations."
+        default=planning.DEFAULT_WINDOW_SECONDS,
+        ge=60,
+        le=86400,
+        description="Look-back window of the observations.",
     )
     hysteresis: float = Field(
-        default=0.05, ge=0, le=1, description="Apply only when the predicted gain beats this fraction."
+        default=planning.DEFAULT_HYSTERESIS,
+        ge=0,
+        le=1,
+        description="Apply only when the predicted gain beats this fraction.",
     )
     cooldown_seconds: int = Field(
-        default=600, ge=0, le=86400, description="Minimum time between two changes."
+        default=planning.DEFAULT_COOLDOWN_SECONDS,
+        ge=0,
+        le=86400,
+        description="Minimum time between two changes.",
     )
     scale_prefill_cluster: bool = Field(
         default=False, description="Let the planner move PrfaaS replicas within [minReplicas, maxReplicas]."
@@ -580,6 +597,29 @@ class Allocation(_Model):
     )
     router_config_version: int = Field(default=0, description="Version of the router config carrying it.")
 
+    def operating_point(self) -> OperatingPoint:
+        return OperatingPoint(
+            threshold_tokens=self.threshold_tokens,
+            prfaas_instances=self.prefill_cluster_replicas,
+            pd_prefill_instances=self.pd_prefill_instances,
+            decode_instances=self.pd_decode_instances,
+        )
+
+    @classmethod
+    def of(
+        cls, point: OperatingPoint, *, source: Literal["Spec", "Planner"], router_config_version: int
+    ) -> Allocation:
+        if point.threshold_tokens is None:
+            raise ValueError("a PrfaaS-PD allocation always has a threshold")
+        return cls(
+            threshold_tokens=point.threshold_tokens,
+            prefill_cluster_replicas=point.prfaas_instances,
+            pd_prefill_instances=point.pd_prefill_instances,
+            pd_decode_instances=point.decode_instances,
+            source=source,
+            router_config_version=router_config_version,
+        )
+
 
 class PlannerDecision(_Model):
     """The planner's last decision, with its reason and the inputs it used."""
@@ -599,6 +639,45 @@ class PlannerDecision(_Model):
         default=None, description="Stage that limits throughput at the proposal."
     )
     inputs: dict[str, str] = Field(default_factory=dict, description="Summary of the observations used.")
+
+    def proposed(self) -> OperatingPoint | None:
+        """The operating point proposed, or None when the decision proposed none."""
+        prfaas, local, decode = (
+            self.prefill_cluster_replicas,
+            self.pd_prefill_instances,
+            self.pd_decode_instances,
+        )
+        if prfaas is None or local is None or decode is None:
+            return None
+        return OperatingPoint(self.threshold_tokens, prfaas, local, decode)
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        time: str,
+        action: str,
+        reason: str,
+        proposed: OperatingPoint | None,
+        predicted_throughput: float | None,
+        current_throughput: float | None,
+        binding_stage: str | None,
+        inputs: dict[str, str],
+    ) -> PlannerDecision:
+        """The wire shape of a decision proposing `proposed` (None: no proposal)."""
+        return cls(
+            time=time,
+            action=action,
+            reason=reason,
+            threshold_tokens=proposed.threshold_tokens if proposed else None,
+            prefill_cluster_replicas=proposed.prfaas_instances if proposed else None,
+            pd_prefill_instances=proposed.pd_prefill_instances if proposed else None,
+            pd_decode_instances=proposed.decode_instances if proposed else None,
+            predicted_throughput=predicted_throughput,
+            current_throughput=current_throughput,
+            binding_stage=binding_stage,
+            inputs=inputs,
+        )
 
 
 class PrfaasDeploymentStatus(_Model):

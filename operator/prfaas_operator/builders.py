@@ -20,16 +20,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from prfaas_core.profiles import PrefillTimeModel
 from prfaas_core.router_config import (
     CONFIG_FILE_NAME,
     DecodeCapacity,
     Endpoint,
     KvSize,
     Pools,
-    PrefillTime,
     RouterConfig,
     Slo,
+    fitted_prefill_time,
 )
 from prfaas_core.vocabulary import (
     ANNOTATION_BOOTSTRAP_PORT,
@@ -61,7 +60,6 @@ from prfaas_operator.api import (
     PlannerMode,
     PodPlacement,
     PrfaasDeploymentSpec,
-    ProfilePoint,
     ResourceRequirements,
     RoutingMode,
     TokenizerSource,
@@ -746,11 +744,6 @@ def choose_pools(
             )
             return PoolChoice(older, fingerprint, note)
     return PoolChoice(desired, desired_fingerprint)
-
-
-def fitted_prefill_time(points: Sequence[ProfilePoint]) -> PrefillTime:
-    """T(l) fitted from a cluster's profile; raises ProfileError when the fit is not usable."""
-    return PrefillTime.of(PrefillTimeModel.fit([(p.tokens, p.seconds) for p in points]))
 
 
 def decode_capacity(

@@ -3,38 +3,37 @@
 The timer ticks often (PLANNER_TICK_SECONDS) and acts only when spec.planner.intervalSeconds
 have passed since the last decision recorded in status.planner, so the interval follows the
 CR without re-registering handlers. One round: observe Prometheus (prometheus.py), decide
-(planning.py, pure), then write status.planner and, for an applied decision, status.allocation
-(source Planner) in the same patch, so prefill and decode change together. The planner never
-edits the spec (GitOps): the reconcile takes status.allocation in Auto and is run right away
-to roll the change out. An Event is posted for every applied change and for every new advice.
+(planner_adapter.planner_input, then prfaas_core.planning.decide: both pure), then write
+status.planner and, for an applied decision, status.allocation (source Planner) in the same
+patch, so prefill and decode change together. The planner never edits the spec (GitOps): the
+reconcile takes status.allocation in Auto and is run right away to roll the change out. An Event is posted for every applied change and for every new advice.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 import kopf
+from prfaas_core import planning
+from prfaas_core.planning import NO_DATA_REASONS, Action, NoData, Observation
 from prfaas_core.vocabulary import KIND
 from pydantic import ValidationError
 
-from prfaas_operator.api import PlannerDecision, PrfaasDeploymentSpec
+from prfaas_operator.api import PrfaasDeploymentSpec
 from prfaas_operator.builders import effective_allocation
 from prfaas_operator.kube import ClusterError
-from prfaas_operator.planning import (
-    NO_DATA_REASONS,
-    Action,
-    Decision,
-    NoData,
-    Observation,
-    decide,
+from prfaas_operator.planner_adapter import (
+    applied_allocation,
     is_due,
     last_applied,
+    new_advice,
     parse_time,
+    planner_input,
+    planner_status,
 )
 from prfaas_operator.prometheus import PrometheusObserver, SeriesSelector
 from prfaas_operator.reconcile import Reconciler
@@ -85,7 +84,7 @@ class PlannerLoop:
             loop = memo["planner_loop"] = cls(memo["reconciler"])
         return loop
 
-    async def tick(self, body: kopf.Body) -> Decision | None:
+    async def tick(self, body: kopf.Body) -> planning.Decision | None:
         """One look at one CR; decides when due. Returns the decision taken, if any.
 
         Never raises: kopf would retry a failed timer on its own schedule, and the next tick
@@ -100,7 +99,7 @@ class PlannerLoop:
             )
             return None
 
-    async def _tick(self, body: kopf.Body) -> Decision | None:
+    async def _tick(self, body: kopf.Body) -> planning.Decision | None:
         metadata = body["metadata"]
         if metadata.get("deletionTimestamp"):
             self._forget(metadata["uid"])
@@ -125,22 +124,21 @@ class PlannerLoop:
         )
         now = self._wall_clock()
         applied_at = _latest(last_applied(previous.planner), self._applied_at.get(uid))
-        decision = await asyncio.to_thread(
-            functools.partial(decide, spec, current, observed, last_applied_at=applied_at, now=now)
-        )
-        if decision is None:
+        given = planner_input(spec, current, observed, last_applied_at=applied_at, now=now)
+        if given is None:
             return None
+        decision = await asyncio.to_thread(planning.decide, given)
         written = await self._write(metadata, decision, now)
         if written is None:
             return None
         self._decided_at[uid] = now
         self._record(namespace, name, decision)
         log.info("%s/%s: planner %s: %s", namespace, name, decision.action.value, decision.reason)
-        if decision.action is Action.APPLY and decision.proposed is not None:
+        if decision.applied is not None:
             self._applied_at[uid] = now
             kopf.event(body, type="Normal", reason="PlannerApplied", message=_event_message(decision))
             await self.reconciler.reconcile(written, trigger="planner")
-        elif decision.action is Action.ADVISE and _new_advice(previous.planner, decision):
+        elif decision.action is Action.ADVISE and new_advice(previous.planner, decision):
             kopf.event(body, type="Normal", reason="PlannerAdvice", message=_event_message(decision))
         return decision
 
@@ -149,7 +147,7 @@ class PlannerLoop:
         self._applied_at.pop(uid, None)
 
     async def _write(
-        self, metadata: Mapping[str, Any], decision: Decision, now: datetime
+        self, metadata: Mapping[str, Any], decision: planning.Decision, now: datetime
     ) -> dict[str, Any] | None:
         """Patch status.planner (and status.allocation when applied) on the CR as it is now.
 
@@ -164,12 +162,12 @@ class PlannerLoop:
                 if fresh is None or fresh["metadata"].get("generation") != metadata.get("generation"):
                     return None
                 before = fresh.get("status") or {}
-                patch = {"planner": _replacing(_dump(decision.status(now)), before.get("planner"))}
-                if decision.action is Action.APPLY:
+                patch = {"planner": _replacing(_dump(planner_status(decision, now)), before.get("planner"))}
+                if decision.applied is not None:
                     spec = PrfaasDeploymentSpec.model_validate(fresh.get("spec") or {})
                     current = effective_allocation(spec, read_status(before).allocation).allocation
                     patch["allocation"] = _replacing(
-                        _dump(decision.allocation(current)), before.get("allocation")
+                        _dump(applied_allocation(decision, current)), before.get("allocation")
                     )
                 if await local.patch_status(name, namespace, patch, fresh["metadata"].get("resourceVersion")):
                     return await local.get(KIND, name, namespace)
@@ -183,7 +181,7 @@ class PlannerLoop:
         )
         return None
 
-    def _record(self, namespace: str, name: str, decision: Decision) -> None:
+    def _record(self, namespace: str, name: str, decision: planning.Decision) -> None:
         metrics = self.reconciler.metrics  # the operator's, on its registry
         metrics.planner_decisions.labels(action=decision.action.value, reason=decision.code.value).inc()
         no_data = metrics.planner_no_data_rounds.labels(namespace=namespace, name=name)
@@ -219,25 +217,7 @@ def _replacing(new: Mapping[str, Any], old: Any) -> dict[str, Any]:
     return patch
 
 
-def _new_advice(previous: PlannerDecision | None, decision: Decision) -> bool:
-    """Advice differs from the last recorded one (the same advice every interval is not news)."""
-    if previous is None or previous.action != Action.ADVISE.value or decision.proposed is None:
-        return True
-    proposed = decision.proposed
-    return (
-        previous.threshold_tokens,
-        previous.prefill_cluster_replicas,
-        previous.pd_prefill_instances,
-        previous.pd_decode_instances,
-    ) != (
-        proposed.threshold_tokens,
-        proposed.prfaas_instances,
-        proposed.pd_prefill_instances,
-        proposed.decode_instances,
-    )
-
-
-def _event_message(decision: Decision) -> str:
+def _event_message(decision: planning.Decision) -> str:
     """The decision's reason, within the length an Event message may have."""
     text = decision.reason
     return text if len(text) <= EVENT_MESSAGE_LIMIT else text[: EVENT_MESSAGE_LIMIT - 3] + "..."

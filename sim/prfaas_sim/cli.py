@@ -15,7 +15,7 @@ from prfaas_core.throughput import PlanError, WorkloadError
 
 from prfaas_sim import replicas, report
 from prfaas_sim.engine import SimulationSettings
-from prfaas_sim.planning import PlannerSettings
+from prfaas_sim.planner_loop import PlannerSettings
 from prfaas_sim.scenarios import LinkDropSetup, burst, link_drop, rate_sweep, trace_prefix
 from prfaas_sim.sources import RateSchedule, SourceError
 from prfaas_sim.study import FULL, QUICK, model_checks, overload_study, run_study

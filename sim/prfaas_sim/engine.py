@@ -19,6 +19,7 @@ import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from prfaas_core import planning
 from prfaas_core.router_config import (
     DecodeCapacity,
     Endpoint,
@@ -29,16 +30,15 @@ from prfaas_core.router_config import (
     RouterConfig,
     Slo,
 )
-from prfaas_core.routing.policy import Decision
+from prfaas_core.routing import policy
 from prfaas_core.routing.prefix_index import PrefixIndex, PromptKey
-from prfaas_core.throughput import Allocation, SystemProfile
+from prfaas_core.throughput import OperatingPoint, SystemProfile
 from prfaas_core.trace import TRACE_BLOCK_TOKENS
-from prfaas_operator import api
-from prfaas_operator.planning import Action, decide
+from prfaas_core.vocabulary import bytes_per_second_to_gbit
 
 from prfaas_sim.cluster import DecodeInstance, PrefillInstance, SimRequest
 from prfaas_sim.link import Link
-from prfaas_sim.planning import ObservationWindow, PlannerSettings, in_force, moment, planned_spec
+from prfaas_sim.planner_loop import ObservationWindow, PlannerSettings, planner_input
 from prfaas_sim.results import RunResult, RunStats
 from prfaas_sim.routing import LinkCheck, RouterTier, RouterTierFactory, SimRouter
 from prfaas_sim.sources import RequestSpec, SourceError
@@ -63,21 +63,21 @@ class SystemSpec:
 
     label: str
     profile: SystemProfile
-    allocation: Allocation
+    allocation: OperatingPoint
     link: LinkSpec
     slo: Slo
     link_check: LinkCheck = LinkCheck.BUDGET
     planner: PlannerSettings | None = None
     """None: the allocation stays as it is (no long-timescale loop)."""
-    deployment: api.PrfaasDeploymentSpec | None = None
-    """The PrfaasDeployment the operator's loop plans for (see `planning.deployment_spec`); needed with `planner`."""
+    measured: planning.MeasuredProfile | None = None
+    """The hardware as the planner reads it (see `planner_loop.measured_profile`); needed with `planner`."""
     mean_output_tokens: float | None = None
     """Gives the router config its decode capacity (BS_max, mean output x T_decode); None: the router
     leaves the wait for a decode slot out of its TTFT estimate (as it did before it knew decode)."""
 
     def __post_init__(self) -> None:
-        if self.planner is not None and self.deployment is None:
-            raise ValueError(f"{self.label}: the planner loop needs the deployment it plans for")
+        if self.planner is not None and self.measured is None:
+            raise ValueError(f"{self.label}: the planner loop needs the measured profile it plans with")
 
 
 @dataclass(frozen=True)
@@ -262,7 +262,7 @@ class Simulation:
         )
         outcome = self.router.route(request, now)
         self.stats.routed(request, outcome)
-        routed = outcome if isinstance(outcome, Decision) else None
+        routed = outcome if isinstance(outcome, policy.Decision) else None
         if self._window is not None:
             self._window.observe(now, routed, spec.output_tokens)
         if routed is None:
@@ -429,30 +429,33 @@ class Simulation:
             update={"bandwidth_bytes_per_second": bandwidth}
         )
         self.router.apply(self._config())
-        self._log(f"link now configured at {bandwidth * 8 / 1e9:g} Gbit/s")
+        self._log(f"link now configured at {bytes_per_second_to_gbit(bandwidth):g} Gbit/s")
 
     def _plan_tick(self) -> None:
-        """The operator's decision (`prfaas_operator.planning.decide`) on the simulated window."""
-        planner, deployment = self.system.planner, self.system.deployment
-        assert planner is not None and deployment is not None and self._window is not None
+        """The product's decision (`prfaas_core.planning.decide`) on the simulated window."""
+        planner, measured = self.system.planner, self.system.measured
+        assert planner is not None and measured is not None and self._window is not None
         if any(node.draining for node in self._pd):
             self._log("hold: a split change is still in progress")
         else:
-            decision = decide(
-                planned_spec(deployment, self._allocation, self._configured_link, planner),
-                in_force(self._allocation),
-                self._window.observation(self.now),
-                last_applied_at=None if self._last_change is None else moment(self._last_change),
-                now=moment(self.now),
+            decision = planning.decide(
+                planner_input(
+                    planner,
+                    measured,
+                    self._allocation,
+                    self._configured_link,
+                    self._window.observation(self.now),
+                    last_change=self._last_change,
+                    now=self.now,
+                )
             )
-            assert decision is not None  # the loop runs in mode Auto
             self._log(f"{decision.action.value.lower()}: {decision.reason}")
-            if decision.action is Action.APPLY and decision.proposed is not None:
-                self._apply(decision.proposed)
+            if decision.applied is not None:
+                self._apply(decision.applied)
         if self._arrivals_open:
             self._at(self.now + planner.interval_seconds, self._plan_tick)
 
-    def _apply(self, target: Allocation) -> None:
+    def _apply(self, target: OperatingPoint) -> None:
         """Threshold at once; a split change drains the instances that change role, then restarts them."""
         self._last_change = self.now
         self._allocation = target

@@ -33,6 +33,7 @@ from prfaas_core.router_config import RouterConfig
 from prfaas_core.routing.policy import Decision, PolicyModel, Rejection
 from prfaas_core.routing.workers import EngineLoad
 from prfaas_core.throughput import ProfileDocument, Strategy, Workload
+from prfaas_core.vocabulary import bytes_per_second_to_gbit
 
 from prfaas_sim.cluster import SimRequest
 from prfaas_sim.engine import Simulation, SimulationSettings
@@ -305,7 +306,7 @@ def replica_study(
     return ReplicaStudy(
         load=load,
         link_gbps=link_gbps,
-        budget_gbps=budget * 8 / 1e9,
+        budget_gbps=bytes_per_second_to_gbit(budget),
         ttft_slo_seconds=slo.ttft_seconds,
         threshold_tokens=spec.allocation.threshold_tokens,
         seed=seed,

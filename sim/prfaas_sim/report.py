@@ -12,6 +12,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from prfaas_core.router_config import Slo
 from prfaas_core.throughput import Strategy
+from prfaas_core.vocabulary import bytes_per_second_to_gbit
 
 from prfaas_sim.results import RunResult
 from prfaas_sim.scenarios import (
@@ -191,7 +192,7 @@ def phase_row(label: str, window: Window, seconds: float) -> str:
     met = window.good / window.arrivals if window.arrivals else None
     ttft = window.ttft_total / window.ttft_count if window.ttft_count else None
     offloaded = window.offloaded / window.arrivals if window.arrivals else None
-    gbps = window.link_bytes * 8 / 1e9 / seconds if seconds > 0 else 0.0
+    gbps = bytes_per_second_to_gbit(window.link_bytes) / seconds if seconds > 0 else 0.0
     return (
         f"| {label} | {window.arrivals} | {window.good / seconds:.2f} | {_percent(met)} | {window.rejected} "
         f"| {_seconds(ttft)} | {_percent(offloaded)} | {gbps:.2f} |"
@@ -266,7 +267,7 @@ MODEL_NOTES = [
     "ends when its KV reaches decode, on a decode instance when the last token is out. Every second it reads "
     "each decode's running and waiting requests (waiting counts requests whose KV is still to come, as SGLang's "
     "/v1/loads does) and its BS_max; the config's decode capacity is BS_max and mean output x T_decode.",
-    "- Planner loop (PrfaaS-PD where stated): the operator's own decision (`prfaas_operator.planning.decide`) "
+    "- Planner loop (PrfaaS-PD where stated): the operator's own decision (`prfaas_core.planning.decide`) "
     "every 300 s on the last 600 s of the router's uncached-token and output-token histograms (metrics-contract "
     "buckets, requests it routed) and of what was offered (every arrival, the 429s, the reroutes), the link as "
     "configured (a measured bandwidth is not simulated), hysteresis 5%, cooldown 600 s (the CRD defaults), "
@@ -444,7 +445,7 @@ def _per_window(series: TimeSeries, value: str) -> list[float]:
     points = []
     for window in series.windows:
         if value == "gbps":
-            points.append(window.link_bytes * 8 / 1e9 / size)
+            points.append(bytes_per_second_to_gbit(window.link_bytes) / size)
         elif value == "ttft":
             points.append(window.ttft_total / window.ttft_count if window.ttft_count else float("nan"))
         elif value == "met":

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from prfaas_core.router_config import Slo
 from prfaas_core.routing.policy import Decision, Rejection
-from prfaas_core.vocabulary import ROUTE_PRFAAS
+from prfaas_core.vocabulary import ROUTE_PRFAAS, bytes_per_second_to_gbit
 
 from prfaas_sim.cluster import SimRequest
 from prfaas_sim.stats import LogHistogram, TimeSeries
@@ -158,7 +158,9 @@ class RunStats:
             tpot_p90=self.tpot.quantile(0.9),
             offloaded_fraction=self.offloaded / requests if requests else 0.0,
             link_utilisation=link_bytes / link_capacity_bytes if link_capacity_bytes > 0 else None,
-            link_gbps=link_bytes * 8 / 1e9 / simulated_seconds if simulated_seconds > 0 else 0.0,
+            link_gbps=bytes_per_second_to_gbit(link_bytes) / simulated_seconds
+            if simulated_seconds > 0
+            else 0.0,
             simulated_seconds=simulated_seconds,
             throughput_rps=self.completions_at_last_arrival / span if span > 0 else 0.0,
             decisions=dict(sorted(self.decisions.items())),

@@ -14,16 +14,14 @@ from pathlib import Path
 
 from prfaas_core.router_config import Slo
 from prfaas_core.throughput import ModelForm, ProfileDocument, Strategy, Workload, evaluate
+from prfaas_core.vocabulary import gbit_per_second_to_bytes
 
 from prfaas_sim.engine import LinkChange, SimulationSettings, run_system
-from prfaas_sim.planning import PlannerSettings
+from prfaas_sim.planner_loop import PlannerSettings
 from prfaas_sim.results import RunResult
 from prfaas_sim.routing import LinkCheck
 from prfaas_sim.sources import RateSchedule, poisson_requests, scan_trace, trace_requests
 from prfaas_sim.systems import Deployments, deployments, with_bandwidth
-
-GBIT = 1e9 / 8
-"""Bytes per second in one Gbit/s."""
 
 
 @dataclass(frozen=True)
@@ -139,7 +137,9 @@ def link_drop(
             planner=base.planner if variant.planner else None,
         )
         change = LinkChange(
-            setup.drop_at, setup.to_gbps * GBIT, setup.informed_after if variant.informed else None
+            setup.drop_at,
+            gbit_per_second_to_bytes(setup.to_gbps),
+            setup.informed_after if variant.informed else None,
         )
         schedule = RateSchedule.constant(setup.rate, setup.duration)
         results[variant] = run_system(spec, poisson_requests(workload, schedule, seed), engine, [change])

@@ -16,7 +16,7 @@ from prfaas_core.throughput import ProfileDocument, Strategy, Workload
 from prfaas_core.throughput.workload import parse_workload_spec
 
 from prfaas_sim.engine import SimulationSettings
-from prfaas_sim.planning import PlannerSettings
+from prfaas_sim.planner_loop import PlannerSettings
 from prfaas_sim.report import Study
 from prfaas_sim.scenarios import (
     LinkDropSetup,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from prfaas_core.router_config import LinkSpec, Slo
+from prfaas_core.router_config import DEFAULT_TTFT_SECONDS, LinkSpec, Slo
 from prfaas_core.throughput import (
     Comparison,
     ModelForm,
@@ -22,14 +22,11 @@ from prfaas_core.throughput import (
     compare,
     parse_profile,
 )
-from prfaas_operator.api import SloSpec
 
 from prfaas_sim.engine import SystemSpec
-from prfaas_sim.planning import PlannerSettings, deployment_spec
+from prfaas_sim.planner_loop import PlannerSettings, measured_profile
 from prfaas_sim.routing import LinkCheck
 
-DEFAULT_TTFT_SLO_SECONDS: float = SloSpec.model_fields["ttft_seconds"].default
-"""The CRD's default TTFT objective, which the router also admits against."""
 DEFAULT_LINK_LATENCY_SECONDS = 0.005
 """Assumed one-way latency of the inter-cluster link (VPC peering within a region)."""
 
@@ -66,7 +63,7 @@ class Deployments:
 def default_slo(document: ProfileDocument, ttft_seconds: float | None = None) -> Slo:
     """TTFT: the CRD default unless given; TPOT: the profile's decode step (BS_max is chosen to meet it)."""
     step = next(hardware.decode.step_seconds for hardware in document.hardware.values() if hardware.decode)
-    return Slo(ttft_seconds=ttft_seconds or DEFAULT_TTFT_SLO_SECONDS, tpot_seconds=step)
+    return Slo(ttft_seconds=ttft_seconds or DEFAULT_TTFT_SECONDS, tpot_seconds=step)
 
 
 def deployments(
@@ -109,7 +106,7 @@ def deployments(
             slo=slo,
             link_check=link_check,
             planner=planner if looped else None,
-            deployment=deployment_spec(document, prfaas_gpu=prfaas_gpu, pd_gpu=pd_gpu)
+            measured=measured_profile(document, prfaas_gpu=prfaas_gpu, pd_gpu=pd_gpu)
             if looped and planner is not None
             else None,
             mean_output_tokens=workload.mean_output_tokens,

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from live_traffic import E2E_TIME_SCALE, BackgroundTraffic, kubectl, logs_hint
-from prfaas_operator.planning import NoData, Observation
+from prfaas_core.planning import NoData, Observation
 from prfaas_operator.prometheus import PrometheusObserver, SeriesSelector
 from prfaas_testbed.link import (
     LinkMode,

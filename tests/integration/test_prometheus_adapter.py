@@ -19,7 +19,7 @@ import pytest
 from operator_harness import free_loopback_port
 from prfaas_core import metrics_contract as contract
 from prfaas_core import vocabulary
-from prfaas_operator.planning import NoData, Observation, Reason
+from prfaas_core.planning import NoData, Observation, Reason
 from prfaas_operator.prometheus import PrometheusObserver, SeriesSelector
 
 if TYPE_CHECKING:

@@ -8,10 +8,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import cast
 
+from prfaas_core.planning import Action, Decision, Reason
 from prfaas_operator.api import Condition
 from prfaas_operator.metrics import OperatorMetrics
 from prfaas_operator.planner_loop import PlannerLoop
-from prfaas_operator.planning import Action, Decision, Reason
 from prfaas_operator.reconcile import Reconciler
 from prometheus_client import CollectorRegistry, generate_latest
 

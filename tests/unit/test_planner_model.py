@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from planner_strategies import profiles, workloads
 from prfaas_core.profiles import KvSizeModel, PrefillTimeModel, ProfileError
 from prfaas_core.throughput import (
-    Allocation,
     DecodeProfile,
     ModelForm,
+    OperatingPoint,
     PlanError,
     Stage,
     SystemProfile,
@@ -33,7 +33,7 @@ TWO_LENGTHS = Workload.from_weighted([1000, 3000], [1, 1], mean_output_tokens=10
 
 
 def test_hand_computed_allocation_where_the_link_binds() -> None:
-    result = evaluate(PROFILE, TWO_LENGTHS, Allocation(2000, 2, 1, 3), link_budget_bytes_per_second=1e6)
+    result = evaluate(PROFILE, TWO_LENGTHS, OperatingPoint(2000, 2, 1, 3), link_budget_bytes_per_second=1e6)
     assert result.offloaded_fraction == 0.5
     assert (result.mean_long_tokens, result.mean_short_tokens) == (3000, 1000)
     assert result.prfaas_compute_rps == pytest.approx(2 / 4)  # 2 instances / T(3000) = 4 s
@@ -58,8 +58,8 @@ def test_prefill_time_is_averaged_over_the_requests_unless_the_paper_form_is_ask
         pd_prefill=PrefillTimeModel(c0=1.0, c1=0.0, c2=1e-6),
         decode=DecodeProfile(max_batch=100, step_seconds=0.1),
     )
-    local = Allocation(None, 0, 3, 1)
-    offloaded = Allocation(0, 3, 0, 1)
+    local = OperatingPoint(None, 0, 3, 1)
+    offloaded = OperatingPoint(0, 3, 0, 1)
     for allocation, stage in ((local, Stage.PD_PREFILL), (offloaded, Stage.PRFAAS_COMPUTE)):
         per_request = evaluate(quadratic, TWO_LENGTHS, allocation, link_budget_bytes_per_second=1e12)
         paper = evaluate(
@@ -77,7 +77,7 @@ def test_the_per_request_form_never_predicts_more_than_the_papers_on_convex_curv
     profile: SystemProfile, workload: Workload, threshold: int
 ) -> None:
     """Jensen: a convex T averaged over a side is at least T at the side's mean, with equality for one length."""
-    allocation = Allocation(threshold, 2, 2, 2)
+    allocation = OperatingPoint(threshold, 2, 2, 2)
     per_request = evaluate(profile, workload, allocation, link_budget_bytes_per_second=1e9)
     paper = evaluate(profile, workload, allocation, link_budget_bytes_per_second=1e9, form=ModelForm.PAPER)
     assert per_request.max_throughput_rps <= paper.max_throughput_rps * (1 + 1e-9)
@@ -89,12 +89,12 @@ def test_as_the_router_routes_the_long_requests_the_link_cannot_take_are_prefill
     # the allocation above: eq. 6 stops at the link (2/3 req/s); the router sends the link what it
     # carries (C = 1/3 req/s of long requests) and prefills the rest locally: Λ·0.5·2 s (short) +
     # (Λ·0.5 - 1/3)·4 s (long) = 1 local instance -> Λ = 7/9
-    result = evaluate(PROFILE, TWO_LENGTHS, Allocation(2000, 2, 1, 3), link_budget_bytes_per_second=1e6)
+    result = evaluate(PROFILE, TWO_LENGTHS, OperatingPoint(2000, 2, 1, 3), link_budget_bytes_per_second=1e6)
     assert result.max_throughput_rps == pytest.approx(2 / 3)
     assert result.routed_throughput_rps == pytest.approx(7 / 9)
     assert result.as_dict()["routed_throughput_rps"] == pytest.approx(7 / 9)
     # where the link does not bind, the router's Λ is eq. 6's
-    roomy = evaluate(PROFILE, TWO_LENGTHS, Allocation(2000, 2, 1, 3), link_budget_bytes_per_second=1e8)
+    roomy = evaluate(PROFILE, TWO_LENGTHS, OperatingPoint(2000, 2, 1, 3), link_budget_bytes_per_second=1e8)
     assert roomy.routed_throughput_rps == pytest.approx(roomy.max_throughput_rps)
 
 
@@ -111,7 +111,7 @@ def test_the_router_never_serves_less_than_eq_6_and_more_only_where_the_link_bin
     profile: SystemProfile, workload: Workload, threshold: int, prfaas: int, local: int, budget: float
 ) -> None:
     result = evaluate(
-        profile, workload, Allocation(threshold, prfaas, local, 2), link_budget_bytes_per_second=budget
+        profile, workload, OperatingPoint(threshold, prfaas, local, 2), link_budget_bytes_per_second=budget
     )
     routed = result.routed_throughput_rps
     assert math.isfinite(routed) and routed >= result.max_throughput_rps * (1 - 1e-9)
@@ -123,7 +123,7 @@ def test_the_router_never_serves_less_than_eq_6_and_more_only_where_the_link_bin
 
 
 def test_nothing_offloaded_makes_prfaas_no_bound() -> None:
-    result = evaluate(PROFILE, TWO_LENGTHS, Allocation(None, 0, 2, 1), link_budget_bytes_per_second=None)
+    result = evaluate(PROFILE, TWO_LENGTHS, OperatingPoint(None, 0, 2, 1), link_budget_bytes_per_second=None)
     assert result.offloaded_fraction == 0
     assert result.mean_long_tokens is None and result.prfaas_rps is None and result.prfaas_egress_rps is None
     assert set(result.stage_bounds) == {Stage.PD_PREFILL, Stage.PD_DECODE}
@@ -134,14 +134,14 @@ def test_nothing_offloaded_makes_prfaas_no_bound() -> None:
 
 
 def test_a_threshold_above_every_length_offloads_nothing_too() -> None:
-    above = evaluate(PROFILE, TWO_LENGTHS, Allocation(3000, 4, 2, 1), link_budget_bytes_per_second=1e9)
-    never = evaluate(PROFILE, TWO_LENGTHS, Allocation(None, 4, 2, 1), link_budget_bytes_per_second=None)
+    above = evaluate(PROFILE, TWO_LENGTHS, OperatingPoint(3000, 4, 2, 1), link_budget_bytes_per_second=1e9)
+    never = evaluate(PROFILE, TWO_LENGTHS, OperatingPoint(None, 4, 2, 1), link_budget_bytes_per_second=None)
     assert above.max_throughput_rps == never.max_throughput_rps
     assert above.offloaded_fraction == 0 and above.egress_bytes_per_second == 0
 
 
 def test_everything_offloaded_makes_pd_prefill_no_bound() -> None:
-    result = evaluate(PROFILE, TWO_LENGTHS, Allocation(0, 1, 0, 4), link_budget_bytes_per_second=1e12)
+    result = evaluate(PROFILE, TWO_LENGTHS, OperatingPoint(0, 1, 0, 4), link_budget_bytes_per_second=1e12)
     assert result.offloaded_fraction == 1
     assert result.mean_short_tokens is None and result.pd_prefill_rps is None
     assert Stage.PD_PREFILL not in result.stage_bounds
@@ -150,13 +150,15 @@ def test_everything_offloaded_makes_pd_prefill_no_bound() -> None:
 
 
 def test_no_local_prefill_with_short_requests_serves_nothing() -> None:
-    result = evaluate(PROFILE, TWO_LENGTHS, Allocation(2000, 4, 0, 4), link_budget_bytes_per_second=1e12)
+    result = evaluate(PROFILE, TWO_LENGTHS, OperatingPoint(2000, 4, 0, 4), link_budget_bytes_per_second=1e12)
     assert result.max_throughput_rps == 0
     assert result.binding == (Stage.PD_PREFILL,)
 
 
 def test_decode_binds_when_prefill_is_plentiful() -> None:
-    result = evaluate(PROFILE, TWO_LENGTHS, Allocation(2000, 50, 50, 1), link_budget_bytes_per_second=1e12)
+    result = evaluate(
+        PROFILE, TWO_LENGTHS, OperatingPoint(2000, 50, 50, 1), link_budget_bytes_per_second=1e12
+    )
     assert result.binding == (Stage.PD_DECODE,)
     assert result.max_throughput_rps == pytest.approx(1.0)
 
@@ -164,13 +166,13 @@ def test_decode_binds_when_prefill_is_plentiful() -> None:
 @pytest.mark.parametrize("budget", [0.0, -5.0, math.inf, math.nan, None])
 def test_offloading_needs_a_usable_link_budget(budget: float | None) -> None:
     with pytest.raises(PlanError, match="link budget must be a positive, finite"):
-        evaluate(PROFILE, TWO_LENGTHS, Allocation(2000, 1, 1, 1), link_budget_bytes_per_second=budget)
+        evaluate(PROFILE, TWO_LENGTHS, OperatingPoint(2000, 1, 1, 1), link_budget_bytes_per_second=budget)
 
 
 @pytest.mark.parametrize("budget", [0.0, -5.0, math.nan])
 def test_a_given_link_budget_is_checked_even_when_nothing_is_offloaded(budget: float) -> None:
     with pytest.raises(PlanError, match="link budget must be a positive, finite"):
-        evaluate(PROFILE, TWO_LENGTHS, Allocation(None, 0, 1, 1), link_budget_bytes_per_second=budget)
+        evaluate(PROFILE, TWO_LENGTHS, OperatingPoint(None, 0, 1, 1), link_budget_bytes_per_second=budget)
 
 
 @pytest.mark.parametrize(
@@ -183,7 +185,7 @@ def test_a_given_link_budget_is_checked_even_when_nothing_is_offloaded(budget: f
 )
 def test_allocation_refuses_impossible_counts(arguments: tuple[int, int, int, int], cause: str) -> None:
     with pytest.raises(PlanError, match=cause):
-        Allocation(*arguments)
+        OperatingPoint(*arguments)
 
 
 def test_refuses_to_extrapolate_a_prefill_curve() -> None:
@@ -194,9 +196,9 @@ def test_refuses_to_extrapolate_a_prefill_curve() -> None:
         decode=PROFILE.decode,
     )
     with pytest.raises(PlanError, match=r"PrfaaS prefill time profile is valid on \[1, 2000\]"):
-        evaluate(narrow, TWO_LENGTHS, Allocation(2000, 1, 1, 1), link_budget_bytes_per_second=1e9)
+        evaluate(narrow, TWO_LENGTHS, OperatingPoint(2000, 1, 1, 1), link_budget_bytes_per_second=1e9)
     # nothing offloaded: the PrfaaS curve is not used, so its range does not matter
-    evaluate(narrow, TWO_LENGTHS, Allocation(None, 0, 1, 1), link_budget_bytes_per_second=None)
+    evaluate(narrow, TWO_LENGTHS, OperatingPoint(None, 0, 1, 1), link_budget_bytes_per_second=None)
 
 
 def test_decode_profile_refuses_nonsense() -> None:
@@ -210,7 +212,7 @@ def test_decode_profile_refuses_nonsense() -> None:
 
 
 allocations = st.builds(
-    Allocation,
+    OperatingPoint,
     threshold_tokens=st.one_of(st.none(), st.integers(0, 250_000)),
     prfaas_instances=st.integers(0, 64),
     pd_prefill_instances=st.integers(0, 64),
@@ -221,7 +223,7 @@ allocations = st.builds(
 @settings(max_examples=300, deadline=None)
 @given(profiles(), workloads(max_length=200_000, max_points=30), allocations, st.floats(1e6, 1e12))
 def test_throughput_is_the_tightest_bound_and_never_nan(
-    profile: SystemProfile, workload: Workload, allocation: Allocation, budget: float
+    profile: SystemProfile, workload: Workload, allocation: OperatingPoint, budget: float
 ) -> None:
     result = evaluate(profile, workload, allocation, link_budget_bytes_per_second=budget)
     throughput = result.max_throughput_rps
@@ -250,7 +252,7 @@ def test_throughput_is_the_tightest_bound_and_never_nan(
     st.floats(1, 100),
 )
 def test_more_bandwidth_never_lowers_throughput(
-    profile: SystemProfile, workload: Workload, allocation: Allocation, budget: float, factor: float
+    profile: SystemProfile, workload: Workload, allocation: OperatingPoint, budget: float, factor: float
 ) -> None:
     low = evaluate(profile, workload, allocation, link_budget_bytes_per_second=budget)
     high = evaluate(profile, workload, allocation, link_budget_bytes_per_second=budget * factor)

@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from planner_strategies import profiles, workloads
 from prfaas_core.profiles import KvSizeModel, PrefillTimeModel
 from prfaas_core.throughput import (
-    Allocation,
     DecodeProfile,
     Evaluation,
     ModelForm,
+    OperatingPoint,
     PlanError,
     Stage,
     Strategy,
@@ -282,7 +282,7 @@ def test_naive_heterogeneous_offloads_everything(
     plan = solve_naive_heterogeneous(
         profile, workload, prfaas_instances=prfaas, pd_instances=pd, link_budget_bytes_per_second=budget
     )
-    assert plan.allocation == Allocation(0, prfaas, 0, pd)
+    assert plan.allocation == OperatingPoint(0, prfaas, 0, pd)
     assert plan.evaluation.offloaded_fraction == 1
     assert plan.max_throughput_rps == pytest.approx(
         reference_throughput(profile, workload, 0, prfaas, 0, pd, budget), rel=1e-9
@@ -317,7 +317,7 @@ def test_decode_bound_ties_are_broken_towards_balanced_prefill() -> None:
     assert first <= (chosen.threshold_tokens or 0) <= last
 
     def at(threshold: int) -> Evaluation:
-        allocation = Allocation(threshold, 3, chosen.pd_prefill_instances, chosen.decode_instances)
+        allocation = OperatingPoint(threshold, 3, chosen.pd_prefill_instances, chosen.decode_instances)
         return evaluate(LINEAR, SPREAD, allocation, link_budget_bytes_per_second=1e12)
 
     tied = range(first, last + 1, 500)

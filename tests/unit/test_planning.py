@@ -1,4 +1,5 @@
-"""The planner loop's decision rules (pure): modes, no-data holds, bounds, hysteresis, cooldown."""
+"""The planner loop's decision rules as the CR states them (the adapter, then the pure core): modes,
+no-data holds, bounds, hysteresis, cooldown."""
 
 from __future__ import annotations
 
@@ -12,23 +13,20 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from prfaas_core.throughput import Allocation, Stage, Workload, evaluate, solve_prfaas_pd
+from prfaas_core import planning
+from prfaas_core.planning import Action, Decision, NoData, Observation, Reason, observe_histograms
+from prfaas_core.throughput import OperatingPoint, Stage, SystemProfile, Workload, evaluate, solve_prfaas_pd
 from prfaas_operator import api, crd
 from prfaas_operator.builders import effective_allocation, planner_allocation_problem
-from prfaas_operator.planning import (
+from prfaas_operator.planner_adapter import (
     LAST_APPLIED_INPUT,
-    Action,
-    Decision,
-    NoData,
-    Observation,
-    Reason,
-    decide,
+    applied_allocation,
     is_due,
     last_applied,
-    link_budget,
-    observe_histograms,
+    measured_profile,
     parse_time,
-    system_profile,
+    planner_input,
+    planner_status,
 )
 from prfaas_operator.status import rfc3339
 
@@ -91,13 +89,25 @@ def in_force(spec: api.PrfaasDeploymentSpec, **changes: int) -> api.Allocation:
     return effective_allocation(spec, None).allocation.model_copy(update=changes)
 
 
-def as_model(allocation: api.Allocation) -> Allocation:
-    return Allocation(
-        threshold_tokens=allocation.threshold_tokens,
-        prfaas_instances=allocation.prefill_cluster_replicas,
-        pd_prefill_instances=allocation.pd_prefill_instances,
-        decode_instances=allocation.pd_decode_instances,
-    )
+def decide(
+    spec: api.PrfaasDeploymentSpec,
+    current: api.Allocation,
+    observed: Observation | NoData,
+    *,
+    last_applied_at: datetime | None,
+    now: datetime,
+) -> Decision | None:
+    """The loop's decision for this CR, as the planner loop takes it (None in mode Off)."""
+    given = planner_input(spec, current, observed, last_applied_at=last_applied_at, now=now)
+    return None if given is None else planning.decide(given)
+
+
+def system_profile(spec: api.PrfaasDeploymentSpec) -> SystemProfile:
+    return measured_profile(spec).fitted()
+
+
+def link_budget(spec: api.PrfaasDeploymentSpec, measured_bytes_per_second: float | None = None) -> float:
+    return planning.link_budget(spec.link.budget(), measured_bytes_per_second)
 
 
 def auto_decision(spec: api.PrfaasDeploymentSpec, current: api.Allocation, workload: Workload) -> Decision:
@@ -134,10 +144,12 @@ def test_missing_data_holds_with_its_cause_and_proposes_nothing(no_data: NoData)
     assert decision.action is Action.HOLD and decision.code is no_data.code
     assert no_data.reason in decision.reason
     assert decision.proposed is None and decision.predicted_rps is None and decision.current_rps is None
-    assert decision.inputs == {LAST_APPLIED_INPUT: rfc3339(applied)}  # the cooldown survives a hold
+    assert planner_status(decision, NOW).inputs == {
+        LAST_APPLIED_INPUT: rfc3339(applied)
+    }  # the cooldown survives a hold
     with pytest.raises(ValueError, match="only an applied decision"):
-        decision.allocation(in_force(spec))
-    status = decision.status(NOW)
+        applied_allocation(decision, in_force(spec))
+    status = planner_status(decision, NOW)
     assert (status.action, status.threshold_tokens, status.predicted_throughput) == ("Hold", None, None)
 
 
@@ -160,17 +172,20 @@ def test_auto_applies_the_solver_optimum_as_one_allocation() -> None:
     assert decision.proposed == plan.allocation
     assert decision.predicted_rps == pytest.approx(plan.max_throughput_rps)
     before = evaluate(
-        system_profile(spec), workload, as_model(current), link_budget_bytes_per_second=link_budget(spec)
+        system_profile(spec),
+        workload,
+        current.operating_point(),
+        link_budget_bytes_per_second=link_budget(spec),
     )
     assert decision.current_rps == pytest.approx(before.max_throughput_rps)
     assert decision.predicted_rps is not None and decision.predicted_rps > before.max_throughput_rps * 1.05
     assert decision.binding_stage == "+".join(stage.value for stage in plan.evaluation.binding)
     assert f"threshold 19456 -> {plan.allocation.threshold_tokens}" in decision.reason
-    assert decision.inputs[LAST_APPLIED_INPUT] == rfc3339(NOW)
+    assert planner_status(decision, NOW).inputs[LAST_APPLIED_INPUT] == rfc3339(NOW)
     assert decision.inputs["window"] == "600s" and decision.inputs["queueDepth"] == "pd-decode=2.0"
     assert decision.inputs["load"].endswith("of predicted capacity")
 
-    written = decision.allocation(current.model_copy(update={"router_config_version": 7}))
+    written = applied_allocation(decision, current.model_copy(update={"router_config_version": 7}))
     assert written.source == "Planner" and written.router_config_version == 7
     assert (written.threshold_tokens, written.prefill_cluster_replicas) == (
         plan.allocation.threshold_tokens,
@@ -181,7 +196,7 @@ def test_auto_applies_the_solver_optimum_as_one_allocation() -> None:
         plan.allocation.decode_instances,
     )
     assert planner_allocation_problem(spec, written) is None  # the reconcile will take it
-    status = decision.status(NOW)
+    status = planner_status(decision, NOW)
     assert status.time == "2026-05-01T12:00:00Z" and status.action == "Apply"
     assert api.PlannerDecision.model_validate(status.model_dump(by_alias=True, mode="json")) == status
 
@@ -194,9 +209,9 @@ def test_advisory_proposes_what_auto_would_apply_and_ignores_the_cooldown() -> N
     assert auto is not None and advice is not None
     assert advice.action is Action.ADVISE and advice.reason.startswith("advice: ")
     assert advice.proposed == auto.proposed and advice.predicted_rps == auto.predicted_rps
-    assert advice.inputs[LAST_APPLIED_INPUT] == rfc3339(NOW)  # carried, not renewed
+    assert planner_status(advice, NOW).inputs[LAST_APPLIED_INPUT] == rfc3339(NOW)  # carried, not renewed
     with pytest.raises(ValueError):
-        advice.allocation(in_force(spec))
+        applied_allocation(advice, in_force(spec))
 
 
 def test_the_allocation_in_force_at_the_optimum_holds() -> None:
@@ -263,7 +278,7 @@ def test_cooldown_holds_a_change_until_it_has_passed() -> None:
     )
     assert early is not None and early.action is Action.HOLD and early.code is Reason.COOLDOWN
     assert "299s ago" in early.reason and early.proposed is not None
-    assert early.inputs[LAST_APPLIED_INPUT] == rfc3339(NOW - timedelta(seconds=299))
+    assert planner_status(early, NOW).inputs[LAST_APPLIED_INPUT] == rfc3339(NOW - timedelta(seconds=299))
     late = decide(
         spec, in_force(spec), observation(workload), last_applied_at=NOW - timedelta(seconds=300), now=NOW
     )
@@ -288,7 +303,7 @@ def test_fixed_routing_keeps_the_threshold_and_solves_the_best_split_at_it() -> 
     assert decision.proposed is not None and decision.proposed.threshold_tokens == 8192
     profile, budget = system_profile(spec), link_budget(spec)
     every_split = [
-        evaluate(profile, workload, Allocation(8192, 4, n, 8 - n), link_budget_bytes_per_second=budget)
+        evaluate(profile, workload, OperatingPoint(8192, 4, n, 8 - n), link_budget_bytes_per_second=budget)
         for n in range(8)
     ]
     best = max(e.max_throughput_rps for e in every_split)
@@ -346,7 +361,7 @@ def test_every_proposal_respects_the_spec_bounds_and_the_hysteresis(
         assert proposed.threshold_tokens == spec.routing.threshold_tokens
     if decision.action is Action.APPLY:
         assert decision.predicted_rps > decision.current_rps * (1 + spec.planner.hysteresis)
-        assert planner_allocation_problem(spec, decision.allocation(current)) is None
+        assert planner_allocation_problem(spec, applied_allocation(decision, current)) is None
 
 
 def test_a_gain_of_exactly_the_hysteresis_holds() -> None:
@@ -509,7 +524,7 @@ def test_when_the_link_binds_the_planner_adds_local_prefill_and_keeps_the_thresh
     before = evaluate(
         system_profile(spec),
         workload,
-        as_model(in_force(spec)),
+        in_force(spec).operating_point(),
         link_budget_bytes_per_second=link_budget(spec, 10e9 / 8),
     )
     assert Stage.PRFAAS_EGRESS in before.binding

@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 from prfaas_core.router_config import Slo
 from prfaas_core.routing.policy import Rejection
-from prfaas_core.throughput import Allocation, ProfileDocument, Strategy, Workload
+from prfaas_core.throughput import OperatingPoint, ProfileDocument, Strategy, Workload
+from prfaas_core.vocabulary import gbit_per_second_to_bytes
 from prfaas_sim.engine import LinkChange, Simulation, SimulationSettings, run_system
-from prfaas_sim.planning import PlannerSettings
+from prfaas_sim.planner_loop import PlannerSettings
 from prfaas_sim.results import RunStats
 from prfaas_sim.routing import LinkCheck
-from prfaas_sim.scenarios import GBIT, LinkDropSetup, link_drop, saturation
+from prfaas_sim.scenarios import LinkDropSetup, link_drop, saturation
 from prfaas_sim.sources import RateSchedule, RequestSpec, SourceError, poisson_requests, trace_requests
 from prfaas_sim.systems import Deployments, default_slo, deployments, load_profile
 
@@ -87,14 +88,16 @@ def test_every_request_ends_exactly_once_through_rejections_link_drop_and_role_s
     spec = dataclasses.replace(
         systems.specs[Strategy.PRFAAS_PD],
         slo=Slo(ttft_seconds=8.0, tpot_seconds=0.025),
-        allocation=Allocation(
+        allocation=OperatingPoint(
             threshold_tokens=30000, prfaas_instances=4, pd_prefill_instances=1, decode_instances=7
         ),
         planner=PlannerSettings(
             interval_seconds=120, window_seconds=240, cooldown_seconds=240, role_switch_seconds=60
         ),
     )
-    simulation = Simulation(spec, SimulationSettings(), [LinkChange(300.0, 10 * GBIT, informed_after=20.0)])
+    simulation = Simulation(
+        spec, SimulationSettings(), [LinkChange(300.0, gbit_per_second_to_bytes(10), informed_after=20.0)]
+    )
     recorder = Recording(spec.slo, warmup=0.0, series=None)
     simulation.stats = recorder
     tally: Counter[str] = Counter()
@@ -142,7 +145,9 @@ def test_memory_stays_bounded_as_the_trace_grows(systems, workload):
 
 def test_the_planner_loop_fixes_a_bad_split_and_serves_more(systems, workload):
     # too few decode instances: the router can only turn the excess away, the loop adds decodes
-    bad = Allocation(threshold_tokens=19072, prfaas_instances=4, pd_prefill_instances=5, decode_instances=3)
+    bad = OperatingPoint(
+        threshold_tokens=19072, prfaas_instances=4, pd_prefill_instances=5, decode_instances=3
+    )
     planned = dataclasses.replace(
         systems.specs[Strategy.PRFAAS_PD],
         allocation=bad,
@@ -163,7 +168,7 @@ def test_the_planner_loop_fixes_a_bad_split_and_serves_more(systems, workload):
 def test_after_a_link_drop_the_link_aware_router_keeps_more_requests_within_the_slo(systems, workload):
     spec = dataclasses.replace(systems.specs[Strategy.PRFAAS_PD], planner=None)
     schedule = RateSchedule.constant(2.97, 1800.0)
-    drop = [LinkChange(300.0, 10 * GBIT, informed_after=30.0)]
+    drop = [LinkChange(300.0, gbit_per_second_to_bytes(10), informed_after=30.0)]
     aware = run_system(spec, poisson_requests(workload, schedule, 4), SimulationSettings(), drop)
     blind = run_system(
         dataclasses.replace(spec, link_check=LinkCheck.BLIND),

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from prfaas_core.planning import NoData, Reason
 from prfaas_core.throughput import ModelForm, Strategy
-from prfaas_operator import api
-from prfaas_sim.planning import PlannerSettings
+from prfaas_sim.planner_loop import PlannerSettings, planner_input
 from prfaas_sim.scenarios import model_check
 from prfaas_sim.sources import SourceError, lognormal_sample
 from prfaas_sim.study import heavy_tailed_workloads
@@ -65,6 +65,15 @@ def test_the_simulator_plans_its_deployments_in_either_form_of_the_model() -> No
 
 
 def test_the_simulated_planner_loop_takes_the_form_of_the_model_from_its_settings() -> None:
-    assert PlannerSettings().spec().throughput_model is api.ThroughputModel.PER_REQUEST
-    paper = PlannerSettings(throughput_model=api.ThroughputModel.PAPER)
-    assert paper.spec().throughput_model is api.ThroughputModel.PAPER
+    assert PlannerSettings().form is ModelForm.PER_REQUEST
+    document = load_profile(PROFILE)
+    paper = PlannerSettings(form=ModelForm.PAPER)
+    spec = deployments(document, document.default_workload(), slo=default_slo(document), planner=paper).specs[
+        Strategy.PRFAAS_PD
+    ]
+    assert spec.planner is paper and spec.measured is not None
+    no_data = NoData(Reason.TOO_FEW_REQUESTS, "none yet")
+    given = planner_input(
+        paper, spec.measured, spec.allocation, spec.link, no_data, last_change=None, now=0.0
+    )
+    assert given.form is ModelForm.PAPER

@@ -1,15 +1,16 @@
-"""The long-timescale planner: the PrfaaS throughput model (paper eq. 3-8) and its solver.
+"""The PrfaaS throughput model (paper eq. 3-8) and its solver, which the planner's decision asks.
 
-Pure: no Kubernetes, HTTP, Prometheus or clock. The `plan` CLI, the operator's loop and the
-simulator all call the same two questions: `evaluate` (what does this allocation sustain,
-and what binds?) and `solve_prfaas_pd` (which allocation sustains the most?).
+Pure: no Kubernetes, HTTP, Prometheus or clock. The `plan` CLI and the planner's decision
+(`prfaas_core.planning`, for the operator's loop and the simulator) ask the same two questions:
+`evaluate` (what does this operating point sustain, and what binds?) and `solve_prfaas_pd`
+(which operating point sustains the most?).
 """
 
 from prfaas_core.throughput.model import (
-    Allocation,
     DecodeProfile,
     Evaluation,
     ModelForm,
+    OperatingPoint,
     PlanError,
     Stage,
     SystemProfile,
@@ -31,11 +32,11 @@ from prfaas_core.throughput.workload import Workload, WorkloadError, parse_workl
 
 __all__ = [
     "DEFAULT_THRESHOLD_STEP_TOKENS",
-    "Allocation",
     "Comparison",
     "DecodeProfile",
     "Evaluation",
     "ModelForm",
+    "OperatingPoint",
     "Plan",
     "PlanError",
     "ProfileDocument",

@@ -96,9 +96,11 @@ class SystemProfile:
 
 
 @dataclass(frozen=True)
-class Allocation:
-    """One operating point. A request is offloaded when its uncached length exceeds the threshold;
-    `threshold_tokens=None` offloads nothing, 0 offloads everything."""
+class OperatingPoint:
+    """The threshold and the three pools' instance counts: the one shape of what the planner decides and
+    the reconcile applies (the CR's status.allocation maps to it in `api.Allocation`). A request is
+    offloaded when its uncached length exceeds the threshold; `threshold_tokens=None` offloads
+    nothing, 0 offloads everything."""
 
     threshold_tokens: int | None
     prfaas_instances: int
@@ -131,7 +133,7 @@ class Evaluation:
     the PD prefill rate when everything is) is None, never zero.
     """
 
-    allocation: Allocation
+    allocation: OperatingPoint
     max_throughput_rps: float  # Λ_max
     offloaded_fraction: float  # p
     mean_long_tokens: float | None  # l_long
@@ -212,7 +214,7 @@ def _by_bound(item: tuple[Stage, float]) -> float:
 def evaluate(
     profile: SystemProfile,
     workload: Workload,
-    allocation: Allocation,
+    allocation: OperatingPoint,
     *,
     link_budget_bytes_per_second: float | None,
     form: ModelForm = ModelForm.PER_REQUEST,

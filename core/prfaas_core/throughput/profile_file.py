@@ -16,6 +16,7 @@ from prfaas_core.profiles import KvSizeModel, PrefillTimeModel, ProfileError
 from prfaas_core.router_config import LinkSpec
 from prfaas_core.throughput.model import DecodeProfile, SystemProfile
 from prfaas_core.throughput.workload import Workload
+from prfaas_core.vocabulary import gbit_per_second_to_bytes
 
 MIB = 2**20
 DEFAULT_HEADROOM: float = LinkSpec.model_fields["headroom"].default
@@ -95,7 +96,7 @@ class LinkSection(_Section):
 
     @property
     def bandwidth_bytes_per_second(self) -> float:
-        return self.bandwidth_gbps * 1e9 / 8
+        return gbit_per_second_to_bytes(self.bandwidth_gbps)
 
     @property
     def budget_bytes_per_second(self) -> float:

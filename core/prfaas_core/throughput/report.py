@@ -20,9 +20,8 @@ from prfaas_core.throughput.solver import (
     solve_prfaas_pd,
 )
 from prfaas_core.throughput.workload import Workload
+from prfaas_core.vocabulary import bytes_per_second_to_gbit
 
-GBIT = 1e9 / 8
-"""Bytes per second in one Gbit/s."""
 PAYS_MARGIN = 0.005
 """PrfaaS-PD pays when it serves more than this fraction above homogeneous PD (else: a tie or a loss)."""
 SEARCH_FACTORS = (2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
@@ -181,7 +180,7 @@ _HEADERS = (
 def render_table(comparison: Comparison) -> str:
     """One table, one row per deployment, then each plan's reason."""
     workload = comparison.workload
-    link = comparison.link_bandwidth_bytes_per_second / GBIT
+    link = bytes_per_second_to_gbit(comparison.link_bandwidth_bytes_per_second)
     lines = [
         f"workload: {workload.source}; mean uncached input {workload.mean_input_tokens:.0f} tokens, "
         f"mean output {workload.mean_output_tokens:.0f} tokens",
@@ -229,7 +228,7 @@ def _row(comparison: Comparison, plan: Plan) -> list[str]:
         _rate(evaluation.max_throughput_rps),
         f"{comparison.ratio_to_homogeneous(plan):.2f}x",
         f"{evaluation.offloaded_fraction:.1%}",
-        "-" if utilisation is None else f"{evaluation.egress_bytes_per_second / GBIT:.2f}",
+        "-" if utilisation is None else f"{bytes_per_second_to_gbit(evaluation.egress_bytes_per_second):.2f}",
         "-" if utilisation is None else f"{utilisation:.1%}",
         ", ".join(stage.label for stage in evaluation.binding),
     ]
@@ -250,7 +249,7 @@ def _remedies(
     found: list[str] = []
     factor = next((f for f in SEARCH_FACTORS if pays(solve(f, prfaas_instances), baseline)), None)
     if factor is None:
-        most = bandwidth_bytes_per_second * SEARCH_FACTORS[-1] / GBIT
+        most = bytes_per_second_to_gbit(bandwidth_bytes_per_second * SEARCH_FACTORS[-1])
         found.append(f"more bandwidth alone does not make it pay, up to {most:g} Gbit/s")
     else:
         low, high = factor / 2, factor
@@ -258,8 +257,8 @@ def _remedies(
             middle = (low + high) / 2
             low, high = (low, middle) if pays(solve(middle, prfaas_instances), baseline) else (middle, high)
         found.append(
-            f"it pays from a link of about {bandwidth_bytes_per_second * high / GBIT:.3g} Gbit/s "
-            f"(now {bandwidth_bytes_per_second / GBIT:g})"
+            f"it pays from a link of about {bytes_per_second_to_gbit(bandwidth_bytes_per_second * high):.3g} Gbit/s "
+            f"(now {bytes_per_second_to_gbit(bandwidth_bytes_per_second):g})"
         )
     most_instances = max(2 * prfaas_instances, prfaas_instances + 8)
     count = next(

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from prfaas_core.throughput.model import (
-    Allocation,
     Evaluation,
     ModelForm,
+    OperatingPoint,
     PlanError,
     Stage,
     SystemProfile,
@@ -89,7 +89,7 @@ class Plan:
     diagnostics: SolveDiagnostics
 
     @property
-    def allocation(self) -> Allocation:
+    def allocation(self) -> OperatingPoint:
         return self.evaluation.allocation
 
     @property
@@ -163,7 +163,7 @@ def solve_prfaas_pd(
     split_index, threshold_index = np.unravel_index(
         np.argmax(np.where(near[count_index], room, -math.inf)), room.shape
     )
-    allocation = Allocation(
+    allocation = OperatingPoint(
         threshold_tokens=int(thresholds[threshold_index]),
         prfaas_instances=low + count_index,
         pd_prefill_instances=int(split_index),
@@ -209,7 +209,7 @@ def solve_homogeneous_pd(
         form=form,
     )
     chosen = int(pd_prefill[int(np.argmax(rates.max_throughput()))])
-    allocation = Allocation(
+    allocation = OperatingPoint(
         threshold_tokens=None,
         prfaas_instances=0,
         pd_prefill_instances=chosen,
@@ -234,7 +234,7 @@ def solve_naive_heterogeneous(
     """Every prefill on the PrfaaS instances, every PD instance decodes, no length routing (t = 0)."""
     if prfaas_instances < 1:
         raise PlanError(f"naive heterogeneous PD needs at least one PrfaaS instance, got {prfaas_instances}")
-    allocation = Allocation(
+    allocation = OperatingPoint(
         threshold_tokens=0,
         prfaas_instances=prfaas_instances,
         pd_prefill_instances=0,

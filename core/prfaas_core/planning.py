@@ -1,14 +1,15 @@
-"""The long-timescale loop's decision (pure): from what Prometheus showed to Apply, Advise or Hold.
+"""The planner's decision (pure): a `PlannerInput` in, a `Decision` with its reason out.
 
-The kopf timer (planner_loop) observes and writes; everything it decides is here, with the
-time passed in, so the rules can be tested without a cluster and replayed offline:
+The operator's loop (prfaas_operator.planner_adapter and planner_loop) and the simulator both
+fill a `PlannerInput` and call `decide`; neither the CR nor the clock is seen here, so the rules
+can be tested without a cluster and replayed offline:
 
-- mode Off decides nothing; missing, stale or unusable data holds with the cause (unknown is
-  never zero, so the allocation in force stays);
-- solve within the spec's bounds: the PD cluster's instance count is fixed, PrfaaS replicas
-  move within [minReplicas, maxReplicas] only with scalePrefillCluster, and the threshold
-  moves only when routing.mode is Auto (else the split is solved at the spec's threshold);
-- change only when the predicted capacity beats the allocation in force by more than the
+- missing, stale or unusable data holds with the cause (unknown is never zero, so the operating
+  point in force stays);
+- solve within the bounds: the PD cluster's instance count is fixed, PrfaaS replicas move only
+  within their range when one is given, and the threshold moves only when it is not fixed (else
+  the split is solved at the fixed threshold);
+- change only when the predicted capacity beats the operating point in force by more than the
   hysteresis (relative), and not within the cooldown of the last applied change; capacities are
   taken as the router routes (eq. 6, but where the link binds the long requests it cannot take
   are prefilled locally), and where the link binds at the threshold in force that threshold is
@@ -16,7 +17,7 @@ time passed in, so the rules can be tested without a cluster and replayed offlin
 - plan with the link as measured when the observation carries a usable measurement, else as
   configured (unknown is never zero);
 - Advisory proposes (Advise) what Auto would apply; prefill and decode always change together,
-  as one allocation.
+  as one operating point.
 """
 
 from __future__ import annotations
@@ -25,14 +26,15 @@ import enum
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 
 from prfaas_core.profiles import KvSizeModel, ProfileError
+from prfaas_core.router_config import LinkSpec, MeasuredPoint, fitted_prefill_time
 from prfaas_core.throughput import (
-    Allocation,
     DecodeProfile,
     Evaluation,
     ModelForm,
+    OperatingPoint,
     Plan,
     PlanError,
     Stage,
@@ -43,16 +45,23 @@ from prfaas_core.throughput import (
     solve_prfaas_pd,
 )
 from prfaas_core.throughput.solver import explain
-from prfaas_core.vocabulary import ROUTE_PRFAAS
+from prfaas_core.vocabulary import ROUTE_PRFAAS, bytes_per_second_to_gbit
 
-from prfaas_operator import api
-from prfaas_operator.builders import fitted_prefill_time
-from prfaas_operator.status import rfc3339
-
-LAST_APPLIED_INPUT = "lastApplied"
-"""Key of status.planner.inputs that carries the time of the last applied change (for the cooldown)."""
 DEFAULT_MIN_REQUESTS = 50
 """Fewer requests than this in the window say too little about the length distribution to act on."""
+
+# The CR's planner defaults (prfaas_operator.api.PlannerSpec), which the simulator runs with too.
+DEFAULT_INTERVAL_SECONDS = 300
+DEFAULT_WINDOW_SECONDS = 600
+DEFAULT_HYSTERESIS = 0.05
+DEFAULT_COOLDOWN_SECONDS = 600
+
+
+class Mode(enum.StrEnum):
+    """What a decision to change leads to (the planner's mode Off never asks for a decision)."""
+
+    ADVISORY = "Advisory"
+    AUTO = "Auto"
 
 
 class Action(enum.StrEnum):
@@ -168,99 +177,86 @@ def observe_histograms(
 
 
 @dataclass(frozen=True)
+class MeasuredProfile:
+    """The hardware as measured (KV size, prefill points per cluster, decode limits), not yet fitted:
+    `decide` fits it as the router config does and holds when the fit is refused."""
+
+    kv_bytes_per_token: float
+    kv_fixed_bytes: float
+    prfaas_prefill: Sequence[MeasuredPoint]
+    pd_prefill: Sequence[MeasuredPoint]
+    max_decode_batch: int
+    decode_step_seconds: float
+
+    def fitted(self) -> SystemProfile:
+        """The model's curves; ProfileError when a fit is refused."""
+        return SystemProfile(
+            kv_size=KvSizeModel(bytes_per_token=self.kv_bytes_per_token, fixed_bytes=self.kv_fixed_bytes),
+            prfaas_prefill=fitted_prefill_time(self.prfaas_prefill).model(),
+            pd_prefill=fitted_prefill_time(self.pd_prefill).model(),
+            decode=DecodeProfile(max_batch=self.max_decode_batch, step_seconds=self.decode_step_seconds),
+        )
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What the planner may move: the PD cluster's instances are split, never added."""
+
+    pd_instances: int
+    prfaas_instances: tuple[int, int] | None = None
+    """[min, max] PrfaaS replicas; None: they stay as in force."""
+    fixed_threshold_tokens: int | None = None
+    """The threshold the split is solved at; None: the planner moves the threshold too."""
+
+
+@dataclass(frozen=True)
+class PlannerInput:
+    """Everything one decision depends on, in the core's types and units (bytes/s, seconds)."""
+
+    in_force: OperatingPoint
+    bounds: Bounds
+    link: LinkSpec
+    """The link as configured; a usable measured bandwidth in the observation replaces it."""
+    profile: MeasuredProfile
+    observed: Observation | NoData
+    now: datetime
+    last_applied_at: datetime | None
+    """When the operating point last changed (for the cooldown); None when never."""
+    mode: Mode
+    hysteresis: float
+    cooldown_seconds: float
+    form: ModelForm = ModelForm.PER_REQUEST
+
+
+@dataclass(frozen=True)
 class Decision:
-    """One decision of the loop: what to do, why, and the numbers behind it."""
+    """One decision of the loop: what to do, why (code and words), and the numbers behind it.
+
+    `proposed` is the operating point the numbers are for, shown with holds too; only an Apply
+    changes the one in force (`applied`).
+    """
 
     action: Action
     code: Reason
     reason: str
-    proposed: Allocation | None = None
+    proposed: OperatingPoint | None = None
     predicted_rps: float | None = None
     current_rps: float | None = None
     binding_stage: str | None = None
     inputs: Mapping[str, str] = field(default_factory=dict)
+    last_applied_at: datetime | None = None
+    """When the operating point last changed, this decision included (the next cooldown's start)."""
 
-    def status(self, now: datetime) -> api.PlannerDecision:
-        """status.planner for this decision, taken at `now`."""
-        proposed = self.proposed
-        return api.PlannerDecision(
-            time=rfc3339(now),
-            action=self.action.value,
-            reason=self.reason,
-            threshold_tokens=proposed.threshold_tokens if proposed else None,
-            prefill_cluster_replicas=proposed.prfaas_instances if proposed else None,
-            pd_prefill_instances=proposed.pd_prefill_instances if proposed else None,
-            pd_decode_instances=proposed.decode_instances if proposed else None,
-            predicted_throughput=_finite_or_none(self.predicted_rps),
-            current_throughput=_finite_or_none(self.current_rps),
-            binding_stage=self.binding_stage,
-            inputs=dict(self.inputs),
-        )
-
-    def allocation(self, current: api.Allocation) -> api.Allocation:
-        """status.allocation to write for an applied decision (all four numbers at once)."""
-        if self.action is not Action.APPLY or self.proposed is None:
-            raise ValueError(f"only an applied decision with a proposal has an allocation ({self.action})")
-        proposed = self.proposed
-        return api.Allocation(
-            threshold_tokens=_threshold(proposed),
-            prefill_cluster_replicas=proposed.prfaas_instances,
-            pd_prefill_instances=proposed.pd_prefill_instances,
-            pd_decode_instances=proposed.decode_instances,
-            source="Planner",
-            router_config_version=current.router_config_version,
-        )
+    @property
+    def applied(self) -> OperatingPoint | None:
+        """The new operating point to put in force, or None when this decision changes nothing."""
+        return self.proposed if self.action is Action.APPLY else None
 
 
-def parse_time(text: str | None) -> datetime | None:
-    """An RFC 3339 time from status, or None when absent or unreadable (then it is not relied on)."""
-    if not text:
-        return None
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-
-
-def is_due(planner: api.PlannerSpec, last_decision: datetime | None, now: datetime) -> bool:
-    """Whether intervalSeconds have passed since the last decision (mode Off is never due)."""
-    if planner.mode == api.PlannerMode.OFF:
-        return False
-    return last_decision is None or (now - last_decision).total_seconds() >= planner.interval_seconds
-
-
-def last_applied(previous: api.PlannerDecision | None) -> datetime | None:
-    """When the planner last changed the allocation, as recorded with its last decision."""
-    if previous is None:
-        return None
-    if previous.action == Action.APPLY.value:
-        return parse_time(previous.time)
-    return parse_time(previous.inputs.get(LAST_APPLIED_INPUT))
-
-
-def system_profile(spec: api.PrfaasDeploymentSpec) -> SystemProfile:
-    """The model's hardware curves from the spec, fitted as the router's are; ProfileError when refused."""
-    kv = spec.model.kv
-    return SystemProfile(
-        kv_size=KvSizeModel(bytes_per_token=kv.bytes_per_token, fixed_bytes=kv.fixed_state_bytes),
-        prfaas_prefill=fitted_prefill_time(spec.prefill_cluster.prefill_profile).model(),
-        pd_prefill=fitted_prefill_time(spec.pd_cluster.prefill_profile).model(),
-        decode=DecodeProfile(
-            max_batch=spec.pd_cluster.max_decode_batch, step_seconds=spec.pd_cluster.decode_step_seconds
-        ),
-    )
-
-
-def link_budget(spec: api.PrfaasDeploymentSpec, measured_bytes_per_second: float | None = None) -> float:
-    """Bytes/s offloaded KV may use: bandwidth x headroom, the bandwidth as measured when known (never
-    above the configured one, which the router's budget never exceeds either)."""
-    return link_bandwidth(spec, measured_bytes_per_second) * spec.link.headroom
-
-
-def link_bandwidth(spec: api.PrfaasDeploymentSpec, measured_bytes_per_second: float | None) -> float:
-    """The bandwidth to plan with: the measured one when it is a usable number, else the configured one."""
-    configured = spec.link.budget().bandwidth_bytes_per_second
+def link_bandwidth(link: LinkSpec, measured_bytes_per_second: float | None) -> float:
+    """The bandwidth to plan with: the measured one when it is a usable number (never above the
+    configured one, which the router's budget never exceeds either), else the configured one."""
+    configured = link.bandwidth_bytes_per_second
     if measured_bytes_per_second is None or not (
         math.isfinite(measured_bytes_per_second) and measured_bytes_per_second > 0
     ):
@@ -268,41 +264,45 @@ def link_bandwidth(spec: api.PrfaasDeploymentSpec, measured_bytes_per_second: fl
     return min(measured_bytes_per_second, configured)
 
 
-def decide(
-    spec: api.PrfaasDeploymentSpec,
-    current: api.Allocation,
-    observed: Observation | NoData,
-    *,
-    last_applied_at: datetime | None,
-    now: datetime,
-) -> Decision | None:
-    """The loop's decision for one CR; None in mode Off. `current` is the allocation in force."""
-    planner = spec.planner
-    if planner.mode == api.PlannerMode.OFF:
-        return None
-    carried = {LAST_APPLIED_INPUT: rfc3339(last_applied_at)} if last_applied_at is not None else {}
-    if isinstance(observed, NoData):
-        return Decision(Action.HOLD, observed.code, f"no data: {observed.reason}", inputs=carried)
-    inputs = {**summarize(observed), **carried}
-    in_force = _model_allocation(current)
+def link_budget(link: LinkSpec, measured_bytes_per_second: float | None = None) -> float:
+    """Bytes/s offloaded KV may use: the bandwidth planned with x headroom."""
+    return link_bandwidth(link, measured_bytes_per_second) * link.headroom
+
+
+def decide(given: PlannerInput) -> Decision:
+    """The loop's decision for one operating point in force."""
+    carried = given.last_applied_at
+    if isinstance(given.observed, NoData):
+        no_data = given.observed
+        return Decision(Action.HOLD, no_data.code, f"no data: {no_data.reason}", last_applied_at=carried)
+    observed = given.observed
+    inputs = summarize(observed)
+    in_force = given.in_force
     try:
-        profile = system_profile(spec)
+        profile = given.profile.fitted()
     except ProfileError as err:
-        return Decision(Action.HOLD, Reason.PROFILE_REFUSED, f"prefill profile refused: {err}", inputs=inputs)
+        return Decision(
+            Action.HOLD,
+            Reason.PROFILE_REFUSED,
+            f"prefill profile refused: {err}",
+            inputs=inputs,
+            last_applied_at=carried,
+        )
     measured = observed.measured_link_bytes_per_second
-    budget = link_budget(spec, measured)
-    inputs["link"] = _link_input(spec, measured)
-    form = ModelForm(spec.planner.throughput_model.value)
+    budget = link_budget(given.link, measured)
+    inputs["link"] = _link_input(given.link, measured)
     try:
         now_eval = evaluate(
-            profile, observed.workload, in_force, link_budget_bytes_per_second=budget, form=form
+            profile, observed.workload, in_force, link_budget_bytes_per_second=budget, form=given.form
         )
-        plan = _solve(spec, profile, observed.workload, in_force, budget, form)
+        plan = _solve(given.bounds, profile, observed.workload, in_force, budget, given.form)
         best = _threshold_kept_for_the_link(
-            plan, in_force, profile, observed.workload, budget, form, planner.hysteresis
+            plan, in_force, profile, observed.workload, budget, given.form, given.hysteresis
         )
     except PlanError as err:
-        return Decision(Action.HOLD, Reason.PLAN_ERROR, f"cannot plan: {err}", inputs=inputs)
+        return Decision(
+            Action.HOLD, Reason.PLAN_ERROR, f"cannot plan: {err}", inputs=inputs, last_applied_at=carried
+        )
     # the numbers behind every outcome from here on; only action, code and reason differ
     proposal = Decision(
         Action.HOLD,
@@ -313,6 +313,7 @@ def decide(
         current_rps=now_eval.routed_throughput_rps,
         binding_stage="+".join(stage.value for stage in best.binding),
         inputs={**inputs, **_load(observed, now_eval)},
+        last_applied_at=carried,
     )
     if best.allocation == in_force or _already_optimal(in_force, plan):
         reason = f"the allocation in force is optimal for the observed workload: {explain(now_eval)}"
@@ -334,22 +335,22 @@ def decide(
         f"{describe_change(in_force, best.allocation)} would take Λ as the router routes "
         f"{_rps_change(now_eval, best)}"
     )
-    if not _beats_hysteresis(best.routed_throughput_rps, now_eval.routed_throughput_rps, planner.hysteresis):
-        reason = f"{change}, not above the hysteresis of {planner.hysteresis:.0%}"
+    if not _beats_hysteresis(best.routed_throughput_rps, now_eval.routed_throughput_rps, given.hysteresis):
+        reason = f"{change}, not above the hysteresis of {given.hysteresis:.0%}"
         return replace(proposal, code=Reason.WITHIN_HYSTERESIS, reason=reason)
-    if planner.mode == api.PlannerMode.ADVISORY:
+    if given.mode is Mode.ADVISORY:
         return replace(
             proposal,
             action=Action.ADVISE,
             code=Reason.GAIN,
             reason=f"advice: {change}; with a hard threshold (eq. 6) {explain(best)}",
         )
-    if last_applied_at is not None:
-        waited = (now - last_applied_at).total_seconds()
-        if waited < planner.cooldown_seconds:
+    if carried is not None:
+        waited = (given.now - carried).total_seconds()
+        if waited < given.cooldown_seconds:
             reason = (
                 f"{change}, but the last change was {waited:.0f}s ago "
-                f"(cooldown {planner.cooldown_seconds}s, {planner.cooldown_seconds - waited:.0f}s left)"
+                f"(cooldown {given.cooldown_seconds:g}s, {given.cooldown_seconds - waited:.0f}s left)"
             )
             return replace(proposal, code=Reason.COOLDOWN, reason=reason)
     return replace(
@@ -357,11 +358,11 @@ def decide(
         action=Action.APPLY,
         code=Reason.GAIN,
         reason=f"{change}; with a hard threshold (eq. 6) {explain(best)}",
-        inputs={**proposal.inputs, LAST_APPLIED_INPUT: rfc3339(now)},
+        last_applied_at=given.now,
     )
 
 
-def describe_change(before: Allocation, after: Allocation) -> str:
+def describe_change(before: OperatingPoint, after: OperatingPoint) -> str:
     """`threshold 19456 -> 8192, local prefill 3 -> 2, decode 5 -> 6` (only what changes)."""
     parts = [
         f"{label} {old} -> {new}"
@@ -390,7 +391,9 @@ def summarize(observed: Observation) -> dict[str, str]:
         "meanOutputTokens": f"{workload.mean_output_tokens:.0f}",
         "offloadedFraction": f"{observed.offloaded_fraction:.2f}",
         "egress": _or_unknown(
-            None if observed.egress_bytes_per_second is None else observed.egress_bytes_per_second * 8 / 1e9,
+            None
+            if observed.egress_bytes_per_second is None
+            else bytes_per_second_to_gbit(observed.egress_bytes_per_second),
             "{:.3g} Gbit/s",
         ),
     }
@@ -401,53 +404,46 @@ def summarize(observed: Observation) -> dict[str, str]:
     return inputs
 
 
-def _link_input(spec: api.PrfaasDeploymentSpec, measured: float | None) -> str:
+def _link_input(link: LinkSpec, measured: float | None) -> str:
     """status.planner.inputs.link: the bandwidth planned with and where it came from."""
-    gbps = link_bandwidth(spec, measured) * 8 / 1e9
+    gbps = bytes_per_second_to_gbit(link_bandwidth(link, measured))
     if measured is None:
         return f"{gbps:.3g} Gbit/s configured (not measured)"
     if not (math.isfinite(measured) and measured > 0):
         return f"{gbps:.3g} Gbit/s configured (the measurement {measured!r} is unusable)"
-    return f"{gbps:.3g} Gbit/s measured ({measured * 8 / 1e9:.3g}; configured {spec.link.bandwidth_gbps:g})"
+    configured = bytes_per_second_to_gbit(link.bandwidth_bytes_per_second)
+    return f"{gbps:.3g} Gbit/s measured ({bytes_per_second_to_gbit(measured):.3g}; configured {configured:g})"
 
 
 def _load(observed: Observation, in_force: Evaluation) -> dict[str, str]:
-    """Arrival rate over the capacity the model predicts for the allocation in force, as the router routes."""
+    """Arrival rate over the capacity the model predicts for the operating point in force, as the router routes."""
     if observed.arrival_rps is None or not in_force.routed_throughput_rps > 0:
         return {}
     return {"load": f"{observed.arrival_rps / in_force.routed_throughput_rps:.0%} of predicted capacity"}
 
 
 def _solve(
-    spec: api.PrfaasDeploymentSpec,
+    bounds: Bounds,
     profile: SystemProfile,
     workload: Workload,
-    in_force: Allocation,
+    in_force: OperatingPoint,
     budget: float,
     form: ModelForm,
 ) -> Plan:
-    prefill = spec.prefill_cluster
-    prfaas = (
-        (prefill.min_replicas, prefill.max_replicas)
-        if spec.planner.scale_prefill_cluster
-        else (in_force.prfaas_instances, in_force.prfaas_instances)
-    )
     return solve_prfaas_pd(
         profile,
         workload,
-        pd_instances=spec.pd_cluster.instances,
-        prfaas_instances=prfaas,
+        pd_instances=bounds.pd_instances,
+        prfaas_instances=bounds.prfaas_instances or (in_force.prfaas_instances, in_force.prfaas_instances),
         link_budget_bytes_per_second=budget,
-        fixed_threshold_tokens=None
-        if spec.routing.mode == api.RoutingMode.AUTO
-        else spec.routing.threshold_tokens,
+        fixed_threshold_tokens=bounds.fixed_threshold_tokens,
         form=form,
     )
 
 
 def _threshold_kept_for_the_link(
     plan: Plan,
-    in_force: Allocation,
+    in_force: OperatingPoint,
     profile: SystemProfile,
     workload: Workload,
     budget: float,
@@ -481,15 +477,10 @@ def _threshold_kept_for_the_link(
     return best
 
 
-def _already_optimal(in_force: Allocation, plan: Plan) -> bool:
+def _already_optimal(in_force: OperatingPoint, plan: Plan) -> bool:
     """Same counts, and a threshold inside the run of equally good thresholds around the optimum."""
     best = plan.allocation
-    same_counts = (in_force.prfaas_instances, in_force.pd_prefill_instances, in_force.decode_instances) == (
-        best.prfaas_instances,
-        best.pd_prefill_instances,
-        best.decode_instances,
-    )
-    if not same_counts:
+    if replace(in_force, threshold_tokens=best.threshold_tokens) != best:
         return False
     if in_force.threshold_tokens == best.threshold_tokens:
         return True
@@ -517,24 +508,5 @@ def _rps_change(before: Evaluation, after: Evaluation) -> str:
     return f"from {before.routed_throughput_rps:.3g} to {after.routed_throughput_rps:.3g} req/s ({relative})"
 
 
-def _model_allocation(allocation: api.Allocation) -> Allocation:
-    return Allocation(
-        threshold_tokens=allocation.threshold_tokens,
-        prfaas_instances=allocation.prefill_cluster_replicas,
-        pd_prefill_instances=allocation.pd_prefill_instances,
-        decode_instances=allocation.pd_decode_instances,
-    )
-
-
-def _threshold(allocation: Allocation) -> int:
-    if allocation.threshold_tokens is None:
-        raise ValueError("a PrfaaS-PD allocation always has a threshold")
-    return allocation.threshold_tokens
-
-
 def _or_unknown(value: float | None, template: str) -> str:
     return "unknown" if value is None else template.format(value)
-
-
-def _finite_or_none(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
