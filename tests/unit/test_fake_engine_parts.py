@@ -9,6 +9,7 @@ import pytest
 import yaml
 from prfaas_core.profiles import PrefillTimeModel, ProfileError
 from prfaas_testbed import engine_protocol as proto
+from prfaas_testbed.engine_settings import EngineSettings, parse_args
 from prfaas_testbed.engine_timing import (
     CASE_STUDY_ENV,
     EMBEDDED_CASE_STUDY,
@@ -18,7 +19,6 @@ from prfaas_testbed.engine_timing import (
     prefill_batch_seconds,
     text_tokens,
 )
-from prfaas_testbed.fake_engine import EngineSettings, parse_args
 from prfaas_testbed.kv_transfer import TokenBucket
 from prfaas_testbed.prefix_cache import PrefixCache, block_keys_for_ids, block_keys_for_text
 
