@@ -36,9 +36,11 @@ from prfaas_core.vocabulary import GROUP, KIND, PLURAL, VERSION
 
 from prfaas_testbed.clusters import KUBECONFIG_SECRET_KEY, Cluster, Testbed, store_kubeconfig_secret
 from prfaas_testbed.link import LinkMode
+from prfaas_testbed.link_emulation import resolve_link_mode
 from prfaas_testbed.pod_workloads import Scales
 from prfaas_testbed.prometheus import PrometheusServer, start_prometheus
-from prfaas_testbed.runner import CONTROL_FILE, STATUS_FILE, resolve_link_mode, scrape_jobs
+from prfaas_testbed.runner import scrape_jobs
+from prfaas_testbed.runner_state import CONTROL_FILE, STATUS_FILE
 
 log = logging.getLogger("prfaas_testbed.system")
 
