@@ -91,7 +91,7 @@ class EnginePipeline:
                 time_scale=settings.time_scale,
                 transfer_timeout=settings.transfer_timeout,
             )
-            if settings.mode == "prefill" and self.kv_size is not None
+            if settings.mode == "prefill" and self.kv_size is not None  # always set for a prefill (_kv_size)
             else None
         )
         self.decode_leg = (
