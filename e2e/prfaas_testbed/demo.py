@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from prfaas_core.vocabulary import Pool
+
 from prfaas_testbed.clusters import Testbed, TestbedError, ensure_testbed, is_testbed_up, teardown_testbed
 from prfaas_testbed.link import LinkShape, describe
 from prfaas_testbed.pod_workloads import Scales
@@ -70,7 +72,7 @@ def say(text: str) -> None:
 def link_round_trip(system: LiveSystem) -> str:
     """The round trip TCP sees to the first PrfaaS prefill (a connect's handshake), measured now."""
     pools = (system.router_config() or {}).get("pools") or {}
-    endpoints = pools.get("prfaas_prefill") or []
+    endpoints = pools.get(Pool.PRFAAS_PREFILL) or []
     if not endpoints:
         return "n/a (no PrfaaS prefill in the router config)"
     where = urlsplit(endpoints[0]["url"])

@@ -36,9 +36,11 @@ from prfaas_core.vocabulary import GROUP, KIND, PLURAL, VERSION
 
 from prfaas_testbed.clusters import KUBECONFIG_SECRET_KEY, Cluster, Testbed, store_kubeconfig_secret
 from prfaas_testbed.link import LinkMode
-from prfaas_testbed.pod_workloads import Scales
+from prfaas_testbed.link_emulation import resolve_link_mode
+from prfaas_testbed.pod_workloads import Scales, WorkloadKind
 from prfaas_testbed.prometheus import PrometheusServer, start_prometheus
-from prfaas_testbed.runner import CONTROL_FILE, STATUS_FILE, resolve_link_mode, scrape_jobs
+from prfaas_testbed.runner import scrape_jobs
+from prfaas_testbed.runner_state import CONTROL_FILE, STATUS_FILE
 
 log = logging.getLogger("prfaas_testbed.system")
 
@@ -318,14 +320,15 @@ class LiveSystem:
 
     def operator_ready(self) -> bool:
         return any(
-            p["ready"] for p in self.runner_pods(kind="operator", namespace=self.layout.system_namespace)
+            p["ready"]
+            for p in self.runner_pods(kind=WorkloadKind.OPERATOR, namespace=self.layout.system_namespace)
         )
 
     def router_url(self) -> str | None:
         """The router pod's address (its pod IP), once its process is ready."""
         cr = self.cr()
         port = int(((cr or {}).get("spec") or {}).get("router", {}).get("port", 8000))
-        for pod in self.runner_pods(kind="router", namespace=self.layout.deployment_namespace):
+        for pod in self.runner_pods(kind=WorkloadKind.ROUTER, namespace=self.layout.deployment_namespace):
             if pod["ready"]:
                 return f"http://{pod['ip']}:{port}"
         return None
@@ -360,9 +363,7 @@ class LiveSystem:
         for event in self.pd.list(Event, namespace=self.layout.deployment_namespace):
             item = _as_dict(event)
             involved = item.get("involvedObject") or {}
-            ours = (
-                involved.get("kind") == "PrfaasDeployment" and uid is not None and involved.get("uid") == uid
-            )
+            ours = involved.get("kind") == KIND and uid is not None and involved.get("uid") == uid
             if ours and (reasons is None or item.get("reason") in reasons):
                 found.append(item)
         return sorted(found, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))

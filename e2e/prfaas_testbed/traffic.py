@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+from prfaas_core.vocabulary import ROUTE_PRFAAS, ROUTES
 
 TRACE_BLOCK_TOKENS = 512
 CHARS_PER_TOKEN = 4
@@ -173,12 +174,12 @@ class TrafficSummary:
     def of(cls, results: Iterable[RequestResult]) -> TrafficSummary:
         chosen = list(results)
         served = [r for r in chosen if r.outcome == "ok"]
-        routed = [r for r in served if r.route in ("prfaas", "local")]
+        routed = [r for r in served if r.route in ROUTES]
         ttfts = [r.ttft_seconds for r in served if r.ttft_seconds is not None]
         return cls(
             sent=sum(1 for r in chosen if r.outcome != "skipped"),
             outcomes=dict(Counter(r.outcome for r in chosen)),
-            offloaded_fraction=(sum(1 for r in routed if r.route == "prfaas") / len(routed))
+            offloaded_fraction=(sum(1 for r in routed if r.route == ROUTE_PRFAAS) / len(routed))
             if routed
             else None,
             ttft_p50=percentile(ttfts, 0.5),

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 import pytest
 from live_traffic import E2E_TIME_SCALE, BackgroundTraffic, kubectl, logs_hint
 from prfaas_core.planning import NoData, Observation
+from prfaas_core.vocabulary import ROUTE_PRFAAS, Pool
 from prfaas_operator.prometheus import PrometheusObserver, SeriesSelector
 from prfaas_testbed.link import (
     LinkMode,
@@ -152,7 +153,7 @@ def planned_measured_gbps(system: LiveSystem) -> float | None:
 def offloaded_share(results: list[RequestResult], start: float, end: float) -> float:
     served = [r for r in results if start <= r.sent_at < end and r.outcome == "ok"]
     assert served, f"nothing served between {start:.0f} and {end:.0f}"
-    return sum(r.route == "prfaas" for r in served) / len(served)
+    return sum(r.route == ROUTE_PRFAAS for r in served) / len(served)
 
 
 def link_is_observed_low(system: LiveSystem, seen: list[Observation | NoData]) -> bool:
@@ -192,7 +193,7 @@ def test_the_round_trip_to_the_prfaas_pods_is_the_crs_latency(deployment: LiveSy
     assert cr is not None
     one_way = delay_seconds(LinkShape.of_spec(cr["spec"]), system.scales)
     config = system.router_config() or {}
-    endpoint = urlsplit(config["pools"]["prfaas_prefill"][0]["url"])
+    endpoint = urlsplit(config["pools"][Pool.PRFAAS_PREFILL][0]["url"])
     assert endpoint.hostname is not None and endpoint.port is not None
     rtt = connect_rtt_seconds(endpoint.hostname, endpoint.port, samples=9)
     print(f"RTT to {endpoint.netloc}: {rtt * 1000:.2f} ms (delay line {one_way * 1000:g} ms each way)")

@@ -21,6 +21,7 @@ import lightkube
 import pytest
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod
+from prfaas_core.vocabulary import GPU_PRODUCT_LABEL, GPU_RESOURCE, LABEL_ROLE, Role
 from prfaas_testbed.clusters import Cluster, Testbed
 from prfaas_testbed.system import wait_until
 
@@ -74,9 +75,9 @@ def pod_status(state: Path, name: str) -> dict[str, Any] | None:
 def engine_pod(name: str) -> Pod:
     return pod_of(
         {
-            "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"prfaas.io/role": "pd-decode"}},
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": {LABEL_ROLE: Role.PD_DECODE}},
             "spec": {
-                "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H20"},
+                "nodeSelector": {GPU_PRODUCT_LABEL: "NVIDIA-H20"},
                 "terminationGracePeriodSeconds": 5,
                 "containers": [
                     {
@@ -85,7 +86,7 @@ def engine_pod(name: str) -> Pod:
                         "command": ["python3", "-m", "sglang.launch_server"],
                         "args": ["--host", "0.0.0.0", "--port", "30000", "--disaggregation-mode", "decode"],
                         "ports": [{"name": "http", "containerPort": 30000}],
-                        "resources": {"limits": {"nvidia.com/gpu": "8"}, "requests": {"nvidia.com/gpu": "8"}},
+                        "resources": {"limits": {GPU_RESOURCE: "8"}, "requests": {GPU_RESOURCE: "8"}},
                         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}},
                     }
                 ],

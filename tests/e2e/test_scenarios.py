@@ -42,6 +42,7 @@ from live_traffic import (
     logs_hint,
     pd_real_node,
 )
+from prfaas_core.vocabulary import LABEL_INSTANCE, LABEL_ROLE, Pool
 from prfaas_testbed.clusters import Cluster
 from prfaas_testbed.link import LinkMode, LinkShape
 from prfaas_testbed.system import LiveSystem, LiveSystemError, customise_cr, load_sample_cr, wait_until
@@ -94,7 +95,7 @@ def children(system: LiveSystem) -> dict[tuple[str, str, str], tuple[str, int | 
     only its uid is kept; its ReplicaSets show whether it rolled.
     """
     namespace = system.layout.deployment_namespace
-    labels = {"app.kubernetes.io/instance": CR_NAME}
+    labels = {LABEL_INSTANCE: CR_NAME}
     found: dict[tuple[str, str, str], tuple[str, int | None]] = {}
     for cluster, client, kinds in (
         ("pd", system.pd, (StatefulSet, Deployment, ReplicaSet, Service, ConfigMap)),
@@ -112,7 +113,7 @@ def children(system: LiveSystem) -> dict[tuple[str, str, str], tuple[str, int | 
 def pods_by_role(system: LiveSystem, cluster: Cluster) -> dict[str, list[str]]:
     roles: dict[str, list[str]] = {}
     for pod in system.pods(cluster):
-        role = (pod["metadata"].get("labels") or {}).get("prfaas.io/role", "?")
+        role = (pod["metadata"].get("labels") or {}).get(LABEL_ROLE, "?")
         roles.setdefault(role, []).append(pod["metadata"]["name"])
     return roles
 
@@ -447,7 +448,7 @@ def test_prfaas_outage_sends_traffic_local_and_recovers(deployment: LiveSystem) 
             )
             wait_until(
                 "the router config to drop the PrfaaS endpoints",
-                lambda: not endpoints(system, "prfaas_prefill"),
+                lambda: not endpoints(system, Pool.PRFAAS_PREFILL),
                 30,
             )
             local_from = time.monotonic()
@@ -463,7 +464,7 @@ def test_prfaas_outage_sends_traffic_local_and_recovers(deployment: LiveSystem) 
         )
         wait_until(
             "the router config to list both PrfaaS endpoints",
-            lambda: len(endpoints(system, "prfaas_prefill")) == 2,
+            lambda: len(endpoints(system, Pool.PRFAAS_PREFILL)) == 2,
             30,
         )
         driver = traffic.wait()
@@ -519,7 +520,7 @@ def test_decode_scale_down_drains_before_the_pod_goes(deployment: LiveSystem) ->
     assert not [s for s in samples if s[1] and not s[2]], "the router config listed a pod that was gone"
     wait_until("the new split to be Ready", system.is_ready, 60)
     assert endpoints(system, "decode") == [f"{CR_NAME}-pd-decode-0"]
-    assert len(endpoints(system, "local_prefill")) == 3
+    assert len(endpoints(system, Pool.LOCAL_PREFILL)) == 3
 
 
 def test_workload_shift_makes_the_planner_rescale(deployment: LiveSystem) -> None:

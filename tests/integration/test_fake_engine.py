@@ -21,8 +21,9 @@ from typing import Any
 import aiohttp
 import pytest
 from prfaas_testbed.engine_protocol import output_text
+from prfaas_testbed.engine_server import FakeEngine
+from prfaas_testbed.engine_settings import EngineSettings
 from prfaas_testbed.engine_timing import kv_wire_bytes, load_profile
-from prfaas_testbed.fake_engine import EngineSettings, FakeEngine
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.timeout(60)

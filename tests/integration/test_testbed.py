@@ -23,6 +23,8 @@ from lightkube.operators import in_
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Namespace, Node, Pod, Secret
 from polling import wait_until
+from prfaas_core.vocabulary import GPU_PRODUCT_LABEL as PRODUCT_LABEL
+from prfaas_core.vocabulary import GPU_RESOURCE as GPU
 from prfaas_testbed.clusters import (
     Cluster,
     Testbed,
@@ -41,8 +43,6 @@ from prfaas_testbed.prometheus import (
     render_config,
 )
 
-GPU = "nvidia.com/gpu"
-PRODUCT_LABEL = "nvidia.com/gpu.product"
 TESTBED_POOL_LABEL = "prfaas.io/testbed-pool"
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from prfaas_operator.api import PrfaasDeploymentSpec
 from prfaas_operator.builders import Owner, effective_allocation, engine_roles, engine_statefulset
-from prfaas_testbed.fake_engine import advertised_host, parse_args
+from prfaas_testbed.engine_settings import advertised_host, parse_args
 from sglang.launch_server import fake_engine_argv
 
 SAMPLE = yaml.safe_load(

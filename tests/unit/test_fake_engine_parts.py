@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 import yaml
 from prfaas_core.profiles import PrefillTimeModel, ProfileError
+from prfaas_core.throughput.profile_file import parse_profile
 from prfaas_testbed import engine_protocol as proto
+from prfaas_testbed.engine_settings import EngineSettings, parse_args
 from prfaas_testbed.engine_timing import (
     CASE_STUDY_ENV,
     EMBEDDED_CASE_STUDY,
@@ -18,7 +20,6 @@ from prfaas_testbed.engine_timing import (
     prefill_batch_seconds,
     text_tokens,
 )
-from prfaas_testbed.fake_engine import EngineSettings, parse_args
 from prfaas_testbed.kv_transfer import TokenBucket
 from prfaas_testbed.prefix_cache import PrefixCache, block_keys_for_ids, block_keys_for_text
 
@@ -45,6 +46,15 @@ def test_builtin_profiles_fit_the_case_study_points() -> None:
     )
     assert h200.decode is None  # the case study's H200s only prefill
     assert h20.decode is not None and (h20.decode.max_batch, h20.decode.step_seconds) == (20, 0.025)
+
+
+def test_the_engines_time_by_the_curves_the_planner_plans_with() -> None:
+    planner = parse_profile(REPO_CASE_STUDY.read_text()).system_profile(prfaas_gpu="h200", pd_gpu="h20")
+    h200, h20 = load_profile(f"{REPO_CASE_STUDY}#h200"), load_profile(f"{REPO_CASE_STUDY}#h20")
+    assert h200.prefill_time == planner.prfaas_prefill
+    assert h20.prefill_time == planner.pd_prefill
+    assert h20.kv_size == planner.kv_size
+    assert h20.decode == planner.decode
 
 
 def test_case_study_file_from_the_environment_replaces_the_embedded_copy(

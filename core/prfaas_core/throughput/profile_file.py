@@ -7,7 +7,10 @@ line naming the key, so the CLI can print it as is.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import PurePath
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -218,3 +221,82 @@ def _one_line(err: ValidationError) -> str:
         problems.append(f"{location}: {message}" if location else message)
     more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
     return "; ".join(problems[:3]) + more
+
+
+# ----------------------------------------------------------------------------- one engine's hardware
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One hardware entry's curves as a single engine needs them (the testbed's fake engine)."""
+
+    name: str
+    prefill_time: PrefillTimeModel
+    kv_size: KvSizeModel | None
+    decode: DecodeProfile | None
+
+
+def hardware_profile(document: Any, hardware: str | None, source: str) -> HardwareProfile:
+    """One hardware entry of a parsed profile document: this file's layout or a single engine's flat one.
+
+    Only ``model.kv_cache_points`` and ``hardware.NAME`` are read (``hardware`` None: the first
+    entry), so a file with just those serves an engine. The flat layout has
+    ``prefill_seconds_points``, ``kv_cache_points`` and ``decode`` at the top and is named by
+    the source's stem; its KV points may give ``bytes`` instead of ``mib``.
+    """
+    if not isinstance(document, Mapping):
+        raise ProfileError(f"{source}: a profile must be a YAML mapping")
+    if "hardware" in document:
+        machines = document["hardware"]
+        if not isinstance(machines, Mapping) or not machines:
+            raise ProfileError(f"{source}: 'hardware' must map names to hardware profiles")
+        name = hardware if hardware is not None else next(iter(machines))
+        if name not in machines:
+            raise ProfileError(f"{source}: no hardware named {name!r} (have {sorted(machines)})")
+        entry = machines[name]
+        model = document.get("model") or {}
+        kv_raw = model.get("kv_cache_points") if isinstance(model, Mapping) else None
+    else:
+        if hardware is not None:
+            raise ProfileError(f"{source}: a flat profile has no hardware sections to pick {hardware!r} from")
+        name, entry, kv_raw = PurePath(source).stem, document, document.get("kv_cache_points")
+    if not isinstance(entry, Mapping) or "prefill_seconds_points" not in entry:
+        raise ProfileError(f"{source}: hardware {name!r} has no prefill_seconds_points")
+    what = f"{source} ({name})"
+    prefill = PrefillTimeModel.fit(
+        _points(entry["prefill_seconds_points"], {"seconds": 1.0}, f"{what} prefill_seconds_points")
+    )
+    kv_size = (
+        None
+        if kv_raw is None
+        else KvSizeModel.fit(_points(kv_raw, {"mib": MIB, "bytes": 1.0}, f"{what} kv_cache_points"))
+    )
+    return HardwareProfile(
+        name=name, prefill_time=prefill, kv_size=kv_size, decode=_decode(entry.get("decode"), what)
+    )
+
+
+def _points(raw: Any, value_keys: Mapping[str, float], what: str) -> list[tuple[float, float]]:
+    """(tokens, value) pairs from a list of mappings; value_keys maps a key name to its unit factor."""
+    if not isinstance(raw, list):
+        raise ProfileError(f"{what}: expected a list of points, got {type(raw).__name__}")
+    points = []
+    for entry in raw:
+        if not isinstance(entry, Mapping) or "tokens" not in entry:
+            raise ProfileError(f"{what}: each point needs 'tokens', got {entry!r}")
+        keys = [key for key in value_keys if key in entry]
+        if len(keys) != 1:
+            raise ProfileError(f"{what}: each point needs exactly one of {sorted(value_keys)}, got {entry!r}")
+        try:
+            points.append((float(entry["tokens"]), float(entry[keys[0]]) * value_keys[keys[0]]))
+        except (TypeError, ValueError) as err:
+            raise ProfileError(f"{what}: point {entry!r} is not numeric") from err
+    return points
+
+
+def _decode(raw: Any, what: str) -> DecodeProfile | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping) or "max_batch" not in raw or "step_seconds" not in raw:
+        raise ProfileError(f"{what}: decode needs max_batch and step_seconds, got {raw!r}")
+    return DecodeProfile(max_batch=int(raw["max_batch"]), step_seconds=float(raw["step_seconds"]))

@@ -1,0 +1,492 @@
+"""The fake engine's HTTP server: SGLang 0.5's API on an EnginePipeline.
+
+Generation (``/generate``, ``/v1/completions``, ``/v1/chat/completions``, streamed or not),
+health and readiness, model and server info, ``/v1/loads``, ``/get_load``, ``/metrics``,
+``/flush_cache`` and ``/abort_request``; in prefill mode also the PD bootstrap server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from prfaas_testbed import engine_protocol as proto
+from prfaas_testbed.engine_pipeline import EnginePipeline, ItemRun
+from prfaas_testbed.engine_settings import EngineSettings
+
+log = logging.getLogger("prfaas_testbed.fake_engine")
+
+API_VERSION = "0.5.23+prfaas.fake"
+MAX_BODY_BYTES = 64 * 2**20
+
+_Parser = Callable[[Any, proto.ParseOptions], proto.ParsedRequest]
+
+
+class FakeEngine:
+    """One fake SGLang engine: ``async with FakeEngine(settings) as engine: ... engine.url``."""
+
+    def __init__(self, settings: EngineSettings) -> None:
+        self.settings = settings
+        self.pipeline = EnginePipeline(settings)
+        self._parse_options = proto.ParseOptions(
+            chars_per_token=settings.chars_per_token,
+            default_max_new_tokens=settings.default_max_new_tokens,
+            context_length=settings.context_length,
+            required_bootstrap_mode=None if settings.mode == "null" else settings.mode,
+        )
+        self._runners: list[web.AppRunner] = []
+        self._live: dict[int, list[ItemRun]] = {}  # by id() of the request's run list
+        self._ready_at = 0.0
+        self._stopping = False
+        self.port = settings.port
+        self.bootstrap_port = settings.bootstrap_port
+        self.startup_time = time.time()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.settings.host}:{self.port}"
+
+    async def __aenter__(self) -> FakeEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._ready_at = loop.time() + self.settings.startup_seconds
+        bootstrap = self.pipeline.prefill_leg.bootstrap if self.pipeline.prefill_leg else None
+        if bootstrap is not None:
+            self.bootstrap_port = await self._listen(bootstrap.app(), self.settings.bootstrap_port)
+            bootstrap.port = self.bootstrap_port
+        await self.pipeline.start()
+        self.port = await self._listen(self._app(), self.settings.port)
+        link = (
+            f"in-process token bucket at {self.settings.link_rate_bytes_per_second:g} B/s"
+            if self.settings.link_rate_bytes_per_second
+            else "unshaped"
+        )
+        log.info(
+            "fake SGLang engine (%s, profile %s, time scale %g) serving %s on %s%s; KV scale %g, link %s",
+            self.settings.mode,
+            self.pipeline.profile_name,
+            self.settings.time_scale,
+            self.settings.model_name,
+            self.url,
+            f", bootstrap port {self.bootstrap_port}" if bootstrap else "",
+            self.settings.kv_scale,
+            link,
+        )
+
+    async def _listen(self, app: web.Application, port: int) -> int:
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+        await runner.setup()
+        self._runners.append(runner)
+        site = web.TCPSite(runner, self.settings.host, port, backlog=2048, reuse_address=True)
+        await site.start()
+        return int(runner.addresses[-1][1])
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for runs in list(self._live.values()):
+            for run in runs:
+                if run.task is not None:
+                    run.task.cancel()
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+        self._runners.clear()
+        await self.pipeline.stop()
+
+    def _app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        routes = app.router
+        routes.add_post("/generate", self._handler(proto.Api.GENERATE, proto.parse_generate))
+        routes.add_post("/v1/completions", self._handler(proto.Api.COMPLETIONS, proto.parse_completions))
+        routes.add_post("/v1/chat/completions", self._handler(proto.Api.CHAT, proto.parse_chat))
+        routes.add_get("/v1/models", self._models)
+        for path in ("/health", "/health_generate"):
+            routes.add_get(path, self._health)
+        routes.add_get("/ready", self._ready)
+        for path in ("/model_info", "/get_model_info"):
+            routes.add_get(path, self._model_info)
+        for path in ("/server_info", "/get_server_info"):
+            routes.add_get(path, self._server_info)
+        routes.add_get("/v1/loads", self._loads)
+        routes.add_get("/get_load", self._get_load)
+        routes.add_get("/metrics", self._metrics)
+        routes.add_route("*", "/flush_cache", self._flush_cache)
+        routes.add_post("/abort_request", self._abort_request)
+        return app
+
+    # ------------------------------------------------------------------ generation endpoints
+
+    def _handler(
+        self, api: proto.Api, parse: _Parser
+    ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            return await self._serve(request, api, parse)
+
+        return handle
+
+    def _error(self, api: proto.Api, message: str, status: int) -> web.Response:
+        return web.json_response(proto.error_body(api, message, status), status=status)
+
+    async def _serve(self, request: web.Request, api: proto.Api, parse: _Parser) -> web.StreamResponse:
+        if self._stopping:
+            return self._error(api, "the engine is shutting down", 503)
+        try:
+            body = await request.json()
+        except ValueError as err:
+            return self._error(api, f"malformed JSON body: {err}", 400)
+        try:
+            parsed = parse(body, self._parse_options)
+        except proto.RequestError as err:
+            return self._error(api, err.message, err.status)
+        rid = parsed.rid or request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        events: asyncio.Queue[tuple[ItemRun, str, Any]] = asyncio.Queue()
+        now = time.monotonic()
+        runs = [
+            ItemRun(
+                item=item,
+                rid=rid if len(parsed.items) == 1 else f"{rid}-{item.index}",
+                request_rid=rid,
+                stream=parsed.stream,
+                events=events,
+                started=now,
+            )
+            for item in parsed.items
+        ]
+        self._live[id(runs)] = runs
+        for run in runs:
+            run.task = asyncio.create_task(self.pipeline.run_item(run))
+        try:
+            if parsed.stream:
+                return await self._respond_stream(request, parsed, rid, runs)
+            return await self._respond(parsed, rid, runs)
+        except ConnectionError:  # the client left mid-stream: its items are aborted below
+            return web.Response(status=499)
+        finally:
+            for run in runs:
+                if run.task is not None and not run.task.done():
+                    run.task.cancel()
+            self._live.pop(id(runs), None)
+
+    async def _respond(self, parsed: proto.ParsedRequest, rid: str, runs: list[ItemRun]) -> web.Response:
+        results: list[proto.ItemResult | None] = [None] * len(runs)
+        pending = len(runs)
+        while pending:
+            run, kind, payload = await runs[0].events.get()
+            if kind == "error":
+                return self._error(parsed.api, payload.message, payload.status)
+            if kind == "done":
+                results[run.item.index] = payload
+                pending -= 1
+        finished = [r for r in results if r is not None]
+        model = parsed.model or self.settings.model_name
+        created = int(time.time())
+        headers = {"X-Request-Id": rid}
+        if parsed.api is proto.Api.GENERATE:
+            bodies = [
+                proto.generate_body(run.rid, result) for run, result in zip(runs, finished, strict=True)
+            ]
+            return web.json_response(bodies if parsed.batched else bodies[0], headers=headers)
+        items = [run.item for run in runs]
+        build = proto.chat_body if parsed.api is proto.Api.CHAT else proto.completion_body
+        return web.json_response(build(rid, model, created, items, finished), headers=headers)
+
+    async def _respond_stream(
+        self, request: web.Request, parsed: proto.ParsedRequest, rid: str, runs: list[ItemRun]
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Request-Id": rid}
+        )
+        await response.prepare(request)
+        api = parsed.api
+        formatter = proto.StreamFormatter(
+            api=api,
+            rid=rid,
+            model=parsed.model or self.settings.model_name,
+            created=int(time.time()),
+            batched=parsed.batched,
+        )
+        events = runs[0].events
+        results: dict[int, proto.ItemResult] = {}
+        failed = False
+        out = [formatter.opening(run.item.index) for run in runs]
+        while len(results) < len(runs) and not failed:
+            if events.empty() and out:
+                await response.write(b"".join(out))  # one write for whatever is ready
+                out.clear()
+            run, kind, payload = await events.get()
+            if kind == "token":
+                out.append(
+                    formatter.token(
+                        run.rid, run.item.index, payload, run.item.prompt.tokens, run.cached_tokens
+                    )
+                )
+            elif kind == "done":
+                results[run.item.index] = payload
+                out.append(formatter.finish(run.rid, run.item.index, payload))
+            else:
+                out.append(formatter.error(payload.message, payload.status))
+                failed = True
+        if parsed.include_usage and api is not proto.Api.GENERATE and not failed:
+            usage = proto.usage([run.item for run in runs], [results[run.item.index] for run in runs])
+            out.append(formatter.usage(usage))
+        out.append(proto.SSE_DONE)
+        await response.write_eof(b"".join(out))
+        return response
+
+    # ------------------------------------------------------------------ other endpoints
+
+    def _starting(self) -> bool:
+        return asyncio.get_running_loop().time() < self._ready_at
+
+    async def _health(self, request: web.Request) -> web.Response:
+        if self._stopping or self._starting():
+            return web.Response(status=503, text="starting" if not self._stopping else "shutting down")
+        return web.Response(status=200)
+
+    async def _ready(self, request: web.Request) -> web.Response:
+        if self._stopping or self._starting():
+            return web.json_response({"status": "not ready"}, status=503)
+        return web.json_response({"status": "ready"})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        model = {
+            "id": self.settings.model_name,
+            "object": "model",
+            "created": int(self.startup_time),
+            "owned_by": "sglang",
+            "root": self.settings.model_path,
+            "max_model_len": self.settings.context_length,
+        }
+        return web.json_response({"object": "list", "data": [model]})
+
+    def _model_info_body(self) -> dict[str, Any]:
+        return {
+            "model_path": self.settings.model_path,
+            "tokenizer_path": self.settings.tokenizer_path or self.settings.model_path,
+            "served_model_name": self.settings.model_name,
+            "is_generation": True,
+            "weight_version": "default",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": "kimi_linear",
+            "architectures": ["KimiLinearForCausalLM"],
+            "disaggregation_mode": self.settings.mode,
+        }
+
+    async def _model_info(self, request: web.Request) -> web.Response:
+        return web.json_response(self._model_info_body())
+
+    async def _server_info(self, request: web.Request) -> web.Response:
+        s = self.settings
+        decode = self.pipeline.decode
+        body: dict[str, Any] = {
+            "model_path": s.model_path,
+            "tokenizer_path": s.tokenizer_path or s.model_path,
+            "served_model_name": s.model_name,
+            "host": s.host,
+            "port": self.port,
+            "disaggregation_mode": s.mode,
+            "disaggregation_bootstrap_port": self.bootstrap_port,
+            "disaggregation_transfer_backend": s.transfer_backend,
+            "page_size": s.page_size,
+            "kv_cache_dtype": s.kv_cache_dtype,
+            "tp_size": s.tp_size,
+            "dp_size": s.dp_size,
+            "pp_size": 1,
+            "load_balance_method": "round_robin",
+            "context_length": s.context_length,
+            "max_total_tokens": s.max_total_tokens,
+            "max_prefill_tokens": s.max_prefill_tokens,
+            "max_running_requests": decode.max_batch if decode else None,
+            "chunked_prefill_size": s.max_prefill_tokens,
+            "enable_metrics": True,
+            "is_embedding": False,
+            "version": API_VERSION,
+            "startup_time": self.startup_time,
+            "internal_states": [{"last_gen_throughput": self.pipeline.gen_throughput(), "dp_rank": 0}],
+            "fake_engine": {
+                "profile": self.pipeline.profile_name,
+                "time_scale": s.time_scale,
+                "kv_scale": s.kv_scale,
+                "kv_bytes_per_token": self.pipeline.kv_size.bytes_per_token
+                if self.pipeline.kv_size
+                else None,
+                "kv_fixed_bytes": self.pipeline.kv_size.fixed_bytes if self.pipeline.kv_size else None,
+                "link_rate_bytes_per_second": s.link_rate_bytes_per_second,
+                "chars_per_token": s.chars_per_token,
+                "prefix_cache_block_tokens": s.prefix_cache_block_tokens,
+                "decode_step_seconds": decode.step_seconds / s.time_scale
+                if decode and s.time_scale
+                else None,
+                "bootstrap_timeout": s.bootstrap_timeout,
+            },
+        }
+        return web.json_response(body)
+
+    _LOAD_SECTIONS = frozenset({"core", "memory", "spec", "lora", "disagg", "queues", "all"})
+
+    async def _loads(self, request: web.Request) -> web.Response:
+        """SGLang's /v1/loads: one DP rank; ``include`` picks sections, ``format=prometheus`` the text form."""
+        include = {part.strip() for part in request.query.get("include", "all").split(",") if part.strip()}
+        invalid = include - self._LOAD_SECTIONS
+        if invalid:
+            return web.json_response(
+                {
+                    "detail": f"Invalid include sections: {sorted(invalid)}. Valid: {sorted(self._LOAD_SECTIONS)}"
+                },
+                status=400,
+            )
+        everything = "all" in include or not include
+        gauges = self.pipeline.gauge_values()
+        load: dict[str, Any] = {"dp_rank": 0, "timestamp": time.time()}
+        if everything or "core" in include:
+            waiting_tokens = sum(
+                job.prompt_tokens
+                for job in (self.pipeline.prefill.waiting if self.pipeline.prefill else ())
+                if not job.cancelled
+            )
+            load |= {
+                "num_running_reqs": int(gauges["num_running_reqs"]),
+                "num_waiting_reqs": _waiting_reqs(gauges),
+                "num_used_tokens": int(gauges["num_used_tokens"]),
+                "num_total_tokens": int(gauges["num_used_tokens"]) + waiting_tokens,
+                "max_total_num_tokens": self.settings.max_total_tokens,
+                "token_usage": gauges["token_usage"],
+                "gen_throughput": gauges["gen_throughput"],
+                "cache_hit_rate": gauges["cache_hit_rate"],
+                "utilization": gauges["token_usage"],
+                "max_running_requests": self.pipeline.decode.max_batch if self.pipeline.decode else None,
+            }
+        if everything or "memory" in include:
+            load["memory"] = {
+                "weight_gb": 0.0,
+                "kv_cache_gb": 0.0,
+                "graph_gb": 0.0,
+                "token_capacity": self.settings.max_total_tokens,
+            }
+        if everything or "disagg" in include:
+            load["disaggregation"] = {
+                "mode": self.settings.mode,
+                "prefill_prealloc_queue_reqs": int(gauges["num_prefill_bootstrap_queue_reqs"]),
+                "prefill_inflight_queue_reqs": int(gauges["num_prefill_inflight_queue_reqs"]),
+                "decode_prealloc_queue_reqs": int(gauges["num_decode_prealloc_queue_reqs"]),
+                "decode_transfer_queue_reqs": int(gauges["num_decode_transfer_queue_reqs"]),
+                "decode_retracted_queue_reqs": 0,
+                "kv_transfer_speed_gb_s": self.pipeline.last_transfer[0],
+                "kv_transfer_latency_ms": self.pipeline.last_transfer[1],
+            }
+        if everything or "queues" in include:
+            load["queues"] = {
+                "waiting": int(gauges["num_queue_reqs"]),
+                "grammar": 0,
+                "paused": 0,
+                "retracted": 0,
+            }
+        if request.query.get("format") == "prometheus":
+            return web.Response(text=_loads_prometheus(load), content_type="text/plain")
+        return web.json_response(
+            {
+                "timestamp": datetime.now(UTC).isoformat(),
+                "version": API_VERSION,
+                "accelerator": f"fake {self.pipeline.profile_name}",
+                "num_accelerators": self.settings.tp_size,
+                "loads": [load],
+            }
+        )
+
+    async def _get_load(self, request: web.Request) -> web.Response:
+        gauges = self.pipeline.gauge_values()
+        running, waiting = int(gauges["num_running_reqs"]), int(gauges["num_queue_reqs"])
+        return web.json_response(
+            [
+                {
+                    "dp_rank": 0,
+                    "num_reqs": running + waiting,
+                    "num_waiting_reqs": waiting,
+                    "num_tokens": int(gauges["num_used_tokens"]),
+                }
+            ]
+        )
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        response = web.Response(body=self.pipeline.metrics.exposition())
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
+    async def _flush_cache(self, request: web.Request) -> web.Response:
+        if self._live:
+            return web.Response(
+                status=400,
+                text="Cache not flushed. Please check for pending requests. (There are running requests.)",
+            )
+        self.pipeline.cache.clear()
+        return web.Response(text="Cache flushed.\n")
+
+    async def _abort_request(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError as err:
+            return web.json_response({"error": {"message": f"malformed JSON body: {err}"}}, status=400)
+        if not isinstance(body, dict):
+            return web.json_response(
+                {"error": {"message": "the request body must be a JSON object"}}, status=400
+            )
+        if body.get("abort_all"):
+            targets = [run for runs in self._live.values() for run in runs]
+        else:
+            rid = body.get("rid")
+            if not isinstance(rid, str):
+                return web.json_response(
+                    {"error": {"message": "rid must be a string (or abort_all true)"}}, status=400
+                )
+            targets = [
+                run for runs in self._live.values() for run in runs if rid in (run.rid, run.request_rid)
+            ]
+        for run in targets:
+            if run.task is not None and not run.task.done():
+                run.abort_message = "Aborted by /abort_request"
+                run.task.cancel()
+        return web.json_response({"aborted": len(targets)})
+
+
+def _waiting_reqs(gauges: dict[str, float]) -> int:
+    """/v1/loads' num_waiting_reqs as SGLang counts it: the waiting queue plus, on a prefill, the
+    bootstrap queue, and on a decode the prealloc and transfer queues (KV still to come), unlike
+    the sglang:num_queue_reqs gauge, which is the waiting queue alone."""
+    queues = (
+        "num_queue_reqs",
+        "num_prefill_bootstrap_queue_reqs",
+        "num_decode_prealloc_queue_reqs",
+        "num_decode_transfer_queue_reqs",
+    )
+    return sum(int(gauges[name]) for name in queues)
+
+
+def _loads_prometheus(load: dict[str, Any]) -> str:
+    prefixes = {"disaggregation": "disagg"}
+    lines = []
+    for key, value in load.items():
+        if key == "dp_rank":
+            continue
+        values = value.items() if isinstance(value, dict) else [("", value)]
+        for sub_key, sub_value in values:
+            if isinstance(sub_value, bool) or not isinstance(sub_value, int | float):
+                continue
+            name = f"sglang_{prefixes.get(key, key)}_{sub_key}" if sub_key else f"sglang_{key}"
+            lines += [f"# TYPE {name} gauge", f'{name}{{dp_rank="0"}} {sub_value}']
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,182 @@
+"""The fake engine's settings and its CLI, which takes SGLang launch_server's argument names.
+
+An engine pod's own SGLang arguments (``--disaggregation-mode prefill
+--disaggregation-bootstrap-port 8998 ...``) parse as they are; arguments nobody knows are
+returned so the entry point can warn about them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+Mode = Literal["null", "prefill", "decode"]
+MODES: tuple[Mode, ...] = ("null", "prefill", "decode")
+ENGINE_TYPES: dict[Mode, str] = {"null": "unified", "prefill": "prefill", "decode": "decode"}
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Everything one fake engine needs; the CLI maps SGLang's argument names onto these fields."""
+
+    mode: Mode = "null"
+    host: str = "127.0.0.1"
+    port: int = 30000
+    """0 picks a free port (tests); FakeEngine.port tells which."""
+    bootstrap_port: int = 8998
+    """Prefill: where the bootstrap server listens (0: a free port). Decode: used for bootstrap_port=null."""
+    profile: str = "h20"
+    """h200, h20, PATH.yaml or PATH.yaml#hardware (see engine_timing)."""
+    time_scale: float = 1.0
+    """Multiplies every simulated compute time; 0 means no sleeping at all."""
+    served_model_name: str | None = None
+    model_path: str = "prfaas/fake-hybrid-model"
+    tokenizer_path: str | None = None
+    kv_bytes_per_token: float | None = None
+    """Overrides the profile's S_kv(l) slope (and then the fixed part defaults to 0)."""
+    kv_fixed_bytes: float | None = None
+    kv_scale: float = 1e-3
+    """Fraction of the real KV bytes actually sent."""
+    max_decode_batch: int | None = None
+    decode_step_seconds: float | None = None
+    page_size: int = 1
+    kv_cache_dtype: str = "auto"
+    link_rate_bytes_per_second: float | None = None
+    """Prefill: pace all transfers of this instance to this rate (bytes actually sent per second)."""
+    chars_per_token: float = 4.0
+    transfer_backend: str = "mooncake"
+    tp_size: int = 1
+    dp_size: int = 1
+    default_max_new_tokens: int = 16
+    max_prefill_tokens: int = 16384
+    max_total_tokens: int = 2_000_000
+    """The KV pool in tokens: bounds the prefix cache and defines token_usage."""
+    context_length: int = 262144
+    prefix_cache_block_tokens: int = 64
+    bootstrap_timeout: float = 5.0
+    """Seconds either PD leg waits for the other before failing (SGLang: 300)."""
+    transfer_timeout: float = 300.0
+    kv_heartbeat_seconds: float = 1.0
+    """Keepalive interval on a KV stream; 3 missed ones fail the transfer."""
+    startup_seconds: float = 0.0
+    """/health and /ready answer 503 for this long after start, like a loading engine."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.mode not in MODES:
+            problems.append(f"mode must be one of {MODES}, got {self.mode!r}")
+        for name in ("port", "bootstrap_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                problems.append(f"{name} must be a port number (0 for any free one)")
+        for name in ("time_scale", "kv_scale", "startup_seconds"):
+            if not getattr(self, name) >= 0:
+                problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("chars_per_token", "bootstrap_timeout", "transfer_timeout", "kv_heartbeat_seconds"):
+            if not getattr(self, name) > 0:
+                problems.append(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in (
+            "page_size",
+            "tp_size",
+            "dp_size",
+            "max_prefill_tokens",
+            "max_total_tokens",
+            "context_length",
+            "prefix_cache_block_tokens",
+        ):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.default_max_new_tokens < 0:
+            problems.append("default_max_new_tokens must be >= 0")
+        if self.max_decode_batch is not None and self.max_decode_batch < 1:
+            problems.append("max_decode_batch must be >= 1")
+        if self.decode_step_seconds is not None and not self.decode_step_seconds >= 0:
+            problems.append("decode_step_seconds must be >= 0")
+        if self.link_rate_bytes_per_second is not None and not self.link_rate_bytes_per_second > 0:
+            problems.append("link_rate_bytes_per_second must be > 0")
+        if self.kv_bytes_per_token is not None and not self.kv_bytes_per_token > 0:
+            problems.append("kv_bytes_per_token must be > 0")
+        if self.kv_fixed_bytes is not None and (self.kv_bytes_per_token is None or self.kv_fixed_bytes < 0):
+            problems.append("kv_fixed_bytes needs kv_bytes_per_token and must be >= 0")
+        if self.max_total_tokens < self.prefix_cache_block_tokens:
+            problems.append("max_total_tokens must hold at least one prefix cache block")
+        if problems:
+            raise ValueError("invalid fake engine settings: " + "; ".join(problems))
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model_path
+
+
+def advertised_host(bind_host: str, environ: Mapping[str, str]) -> str:
+    """The address decode engines dial for this prefill's KV: ``SGLANG_HOST_IP`` when set (SGLang
+    reads it too; the operator sets it to the pod IP), else the address the engine binds."""
+    return environ.get("SGLANG_HOST_IP", "").strip() or bind_host
+
+
+# ----------------------------------------------------------------------------- CLI
+
+_IGNORED_SGLANG_FLAGS = ("--enable-metrics", "--trust-remote-code")
+_IGNORED_SGLANG_OPTIONS = ("--revision", "--mem-fraction-static", "--disaggregation-ib-device")
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    """Our options plus SGLang launch_server's names for the same things (a pod's args work as they are)."""
+    parser = argparse.ArgumentParser(
+        prog="prfaas-fake-engine",
+        description="A fake SGLang engine (HTTP API, PD bootstrap, sglang:* metrics) timed by a hardware profile.",
+        allow_abbrev=False,
+    )
+    add = parser.add_argument
+    add("--mode", "--disaggregation-mode", dest="mode", choices=MODES, default="null")
+    add("--host", default="127.0.0.1")
+    add("--port", type=int, default=30000)
+    add("--bootstrap-port", "--disaggregation-bootstrap-port", dest="bootstrap_port", type=int, default=8998)
+    add("--disaggregation-transfer-backend", dest="transfer_backend", default="mooncake")
+    add("--profile", default="h20", help="h200, h20, PATH.yaml or PATH.yaml#hardware")
+    add("--time-scale", type=float, default=1.0, help="multiplies all simulated times; 0 = zero-time compute")
+    add("--served-model-name", default=None)
+    add("--model-path", "--model", dest="model_path", default=EngineSettings.model_path)
+    add("--tokenizer-path", default=None)
+    add("--kv-bytes-per-token", type=float, default=None)
+    add("--kv-fixed-bytes", type=float, default=None)
+    add("--kv-scale", type=float, default=1e-3, help="fraction of the real KV bytes actually sent")
+    add("--max-decode-batch", "--max-running-requests", dest="max_decode_batch", type=int, default=None)
+    add("--decode-step-seconds", type=float, default=None)
+    add("--page-size", type=int, default=1)
+    add("--kv-cache-dtype", default="auto")
+    add("--link-rate-bytes-per-second", type=float, default=None)
+    add("--chars-per-token", type=float, default=4.0)
+    add("--tp-size", "--tp", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
+    add("--dp-size", "--dp", "--data-parallel-size", dest="dp_size", type=int, default=1)
+    add("--default-max-new-tokens", type=int, default=16)
+    add("--max-prefill-tokens", type=int, default=16384)
+    add("--max-total-tokens", type=int, default=EngineSettings.max_total_tokens)
+    add("--context-length", type=int, default=EngineSettings.context_length)
+    add("--prefix-cache-block-tokens", type=int, default=64)
+    add("--bootstrap-timeout", type=float, default=5.0)
+    add("--transfer-timeout", type=float, default=300.0)
+    add("--kv-heartbeat-seconds", type=float, default=1.0)
+    add("--startup-seconds", type=float, default=0.0)
+    add("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    for flag in _IGNORED_SGLANG_FLAGS:
+        add(flag, action="store_true", help="accepted for SGLang compatibility; no effect")
+    for option in _IGNORED_SGLANG_OPTIONS:
+        add(option, default=None, help="accepted for SGLang compatibility; no effect")
+    return parser
+
+
+_NOT_SETTINGS = {"log_level", "enable_metrics", "trust_remote_code", "revision", "mem_fraction_static"}
+_NOT_SETTINGS |= {"disaggregation_ib_device"}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[EngineSettings, argparse.Namespace, list[str]]:
+    """Settings, the raw namespace, and the arguments nobody knows (to warn about)."""
+    parser = build_arg_parser()
+    namespace, unknown = parser.parse_known_args(argv)
+    values = {k: v for k, v in vars(namespace).items() if k not in _NOT_SETTINGS}
+    try:
+        return EngineSettings(**values), namespace, unknown
+    except ValueError as err:
+        parser.error(str(err))
