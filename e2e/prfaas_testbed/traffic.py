@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+from prfaas_core.trace import TRACE_BLOCK_TOKENS, TraceError, read_trace
 from prfaas_core.vocabulary import ROUTE_PRFAAS, ROUTES
 
-TRACE_BLOCK_TOKENS = 512
 CHARS_PER_TOKEN = 4
 ROUTE_HEADER = "X-Prfaas-Route"
 Outcome = (
@@ -45,10 +45,6 @@ class PlannedRequest:
     hash_ids: tuple[int, ...] = ()
 
 
-class TraceError(ValueError):
-    """A trace file the traffic generator cannot read; the message names the line."""
-
-
 def trace_requests(
     path: Path, *, time_scale: float, max_requests: int, max_seconds: float, phase: str = "trace"
 ) -> list[PlannedRequest]:
@@ -60,26 +56,13 @@ def trace_requests(
         raise ValueError("time_scale and max_seconds must be > 0 and max_requests >= 1")
     planned: list[PlannedRequest] = []
     with path.open() as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                at = float(record["timestamp"]) / 1000 * time_scale
-                request = PlannedRequest(
-                    at=at,
-                    phase=phase,
-                    input_tokens=int(record["input_length"]),
-                    output_tokens=max(1, int(record["output_length"])),
-                    hash_ids=tuple(int(h) for h in record.get("hash_ids") or ()),
-                )
-            except (ValueError, KeyError, TypeError) as err:
-                raise TraceError(f"{path}:{number}: not a trace record ({err})") from None
-            if request.input_tokens < 1:
-                raise TraceError(f"{path}:{number}: input_length must be >= 1")
+        for record in read_trace(lines, str(path), timed=True):
+            at = (record.timestamp_ms or 0.0) / 1000 * time_scale
             if at > max_seconds or len(planned) >= max_requests:
                 break
-            planned.append(request)
+            planned.append(
+                PlannedRequest(at, phase, record.input_length, record.output_length, record.hash_ids or ())
+            )
     if not planned:
         raise TraceError(f"{path}: no request within the first {max_seconds:g} s")
     return planned

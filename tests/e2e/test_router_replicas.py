@@ -31,8 +31,9 @@ from live_traffic import (
     link_counters,
     pd_real_node,
 )
+from prfaas_core.trace import TRACE_BLOCK_TOKENS
 from prfaas_testbed.system import LiveSystem, customise_cr, load_sample_cr, wait_until
-from prfaas_testbed.traffic import TRACE_BLOCK_TOKENS, PlannedRequest, lognormal_requests
+from prfaas_testbed.traffic import PlannedRequest, lognormal_requests
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = [pytest.mark.e2e, pytest.mark.testbed, pytest.mark.prometheus, pytest.mark.timeout(600)]

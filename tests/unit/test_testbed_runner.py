@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from aiohttp import web
+from prfaas_core.trace import TraceError
 from prfaas_operator.api import PrfaasDeploymentSpec
 from prfaas_operator.builders import (
     Owner,
@@ -46,7 +47,6 @@ from prfaas_testbed.pod_workloads import (
 from prfaas_testbed.traffic import (
     CHARS_PER_TOKEN,
     PlannedRequest,
-    TraceError,
     TrafficDriver,
     TrafficSummary,
     lognormal_requests,
@@ -309,7 +309,7 @@ def test_trace_plan_is_time_scaled_and_bounded() -> None:
 def test_trace_errors_name_the_line(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1}\n{"timestamp": 1}\n')
-    with pytest.raises(TraceError, match=r"bad.jsonl:2"):
+    with pytest.raises(TraceError, match=r"bad.jsonl: line 2"):
         trace_requests(bad, time_scale=1, max_requests=10, max_seconds=10)
 
 
