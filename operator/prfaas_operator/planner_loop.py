@@ -22,8 +22,8 @@ import kopf
 from prfaas_core.vocabulary import KIND
 from pydantic import ValidationError
 
+from prfaas_operator.allocation import effective_allocation
 from prfaas_operator.api import PlannerDecision, PrfaasDeploymentSpec
-from prfaas_operator.builders import effective_allocation
 from prfaas_operator.kube import ClusterError
 from prfaas_operator.planning import (
     NO_DATA_REASONS,

@@ -46,7 +46,7 @@ from prfaas_core.throughput.solver import explain
 from prfaas_core.vocabulary import ROUTE_PRFAAS
 
 from prfaas_operator import api
-from prfaas_operator.builders import fitted_prefill_time
+from prfaas_operator.router_config_builder import fitted_prefill_time
 from prfaas_operator.status import rfc3339
 
 LAST_APPLIED_INPUT = "lastApplied"

@@ -29,8 +29,8 @@ import httpx2
 from prfaas_core import metrics_contract as contract
 from prfaas_core.vocabulary import ENGINE_ROLES
 
-from prfaas_operator.builders import Names
 from prfaas_operator.kube import redacted_server
+from prfaas_operator.manifests import Names
 from prfaas_operator.planning import DEFAULT_MIN_REQUESTS, NoData, Observation, Reason, observe_histograms
 
 DEFAULT_MAX_STALENESS_SECONDS = 120.0

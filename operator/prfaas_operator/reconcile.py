@@ -45,6 +45,7 @@ from prfaas_core.vocabulary import (
 from pydantic import ValidationError
 
 from prfaas_operator import drain
+from prfaas_operator.allocation import effective_allocation
 from prfaas_operator.api import (
     Allocation,
     Condition,
@@ -52,15 +53,16 @@ from prfaas_operator.api import (
     PrfaasDeploymentSpec,
     PrfaasDeploymentStatus,
 )
-from prfaas_operator.builders import (
+from prfaas_operator.drain import Drain
+from prfaas_operator.drift import Applied, manifest_hash, marker, needs_apply
+from prfaas_operator.fingerprint import kv_fingerprint
+from prfaas_operator.informers import ClusterCache
+from prfaas_operator.kube import Cluster, ClusterError, Clusters
+from prfaas_operator.manifests import (
     ROUTER_CONFIG_KEY,
     Names,
     Owner,
-    build_router_config,
-    choose_pools,
     disruption_budget,
-    effective_allocation,
-    endpoint_counts,
     label_value,
     owner_selector,
     pd_cluster_engine_objects,
@@ -72,12 +74,8 @@ from prfaas_operator.builders import (
     router_service,
     selector_labels,
 )
-from prfaas_operator.drain import Drain
-from prfaas_operator.drift import Applied, manifest_hash, marker, needs_apply
-from prfaas_operator.fingerprint import kv_fingerprint
-from prfaas_operator.informers import ClusterCache
-from prfaas_operator.kube import Cluster, ClusterError, Clusters
 from prfaas_operator.metrics import OperatorMetrics
+from prfaas_operator.router_config_builder import build_router_config, choose_pools, endpoint_counts
 from prfaas_operator.status import (
     INVALID_PROFILE,
     INVALID_SPEC,

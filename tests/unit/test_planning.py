@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prfaas_core.throughput import Allocation, Stage, Workload, evaluate, solve_prfaas_pd
 from prfaas_operator import api, crd
-from prfaas_operator.builders import effective_allocation, planner_allocation_problem
+from prfaas_operator.allocation import effective_allocation, planner_allocation_problem
 from prfaas_operator.planning import (
     LAST_APPLIED_INPUT,
     Action,

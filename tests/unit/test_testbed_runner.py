@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import yaml
 from aiohttp import web
+from prfaas_operator.allocation import effective_allocation
 from prfaas_operator.api import PrfaasDeploymentSpec
-from prfaas_operator.builders import (
+from prfaas_operator.manifests import (
     Owner,
-    effective_allocation,
     pd_cluster_engine_objects,
     prefill_cluster_objects,
     router_deployment,
