@@ -25,7 +25,8 @@ from prometheus_client import CollectorRegistry
 from prfaas_operator.kube import Clusters
 from prfaas_operator.metrics import OperatorMetrics
 from prfaas_operator.planner_loop import PLANNER_TICK_SECONDS, PlannerLoop
-from prfaas_operator.reconcile import ReconcileOptions, ReconcileOutcome, Reconciler
+from prfaas_operator.reconcile import ReconcileOutcome, Reconciler
+from prfaas_operator.reconcile_pass import ReconcileOptions
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 
