@@ -164,6 +164,11 @@ class Reconciler:
         self.metrics.deployments.set(len(self._memory))
         self._caches.forget(uid)
 
+    def abandon_cleanup(self, metadata: Mapping[str, Any]) -> None:
+        """A deletion gave up on the PrfaaS cluster: count it, and forget the CR as if it were cleaned up."""
+        self.metrics.remote_cleanups_abandoned.inc()
+        self.forget(metadata)
+
     def start(self) -> None:
         """Start watching the PD cluster, so its cache is warm before the first CR arrives."""
         self._caches.of(self.clusters.local)

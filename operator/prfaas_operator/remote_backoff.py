@@ -47,3 +47,12 @@ def succeeded(backoff: RemoteBackoff) -> RemoteBackoff:
 def try_now(backoff: RemoteBackoff) -> RemoteBackoff:
     """A new spec (e.g. a fixed Secret name) deserves a try at once; the failure count stays."""
     return RemoteBackoff(backoff.failures, 0.0, backoff.problem)
+
+
+def cleanup_retry_delay(
+    elapsed_seconds: float, retry: int, first_seconds: float, max_seconds: float, timeout_seconds: float
+) -> float | None:
+    """When a deletion tries an unreachable PrfaaS cluster again; None: it has tried long enough."""
+    if elapsed_seconds >= timeout_seconds:
+        return None
+    return min(max_seconds, first_seconds * 2**retry)

@@ -413,3 +413,9 @@ def test_the_planners_allocation_in_auto_is_what_gets_applied() -> None:
     assert done.engines.choice.allocation.source == "Planner"
     assert statefulset(done.engines.manifests, NAMES.pd_decode)["spec"]["replicas"] == 6
     assert done.plan.config is not None and done.plan.config.version == 4
+
+
+def test_a_deletion_retries_an_unreachable_prfaas_cluster_for_a_bounded_time() -> None:
+    delays = [remote_backoff.cleanup_retry_delay(10.0, retry, 2.0, 30.0, 300.0) for retry in range(6)]
+    assert delays == [2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    assert remote_backoff.cleanup_retry_delay(300.0, 1, 2.0, 30.0, 300.0) is None, "then it gives up"
