@@ -282,10 +282,9 @@ class Reconciler:
             )  # fmt: skip
             mem.drains = plan.drains
             _log_notes(plan.notes)
-            if plan.link_budget_bytes_per_second is not None:
-                self.metrics.link_budget.labels(owner.namespace, owner.name).set(
-                    plan.link_budget_bytes_per_second
-                )
+            if plan.router_config.action == "build" and plan.router_config.config is not None:
+                budget = plan.router_config.config.link.budget_bytes_per_second
+                self.metrics.link_budget.labels(owner.namespace, owner.name).set(budget)
             remote_result, router_problem = await asyncio.gather(
                 self._apply_prefill_cluster(
                     spec, owner, plan.prefill_cluster_manifests, remote, mem, generation

@@ -22,7 +22,7 @@ import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from prfaas_core.profiles import ProfileError
 from prfaas_core.router_config import RouterConfig
@@ -199,16 +199,66 @@ def needs_stored_router_config(last: RouterConfig | None, previous: PrfaasDeploy
 
 
 @dataclass(frozen=True)
+class RouterConfigDecision:
+    """The router config this pass serves, and why: built from the endpoints, kept, or not known."""
+
+    action: Literal["build", "keep", "unknown"]
+    """build: from the ready endpoints (the ConfigMap is written when its version is new); keep: the
+    last one stays (a cache still listing, or a refused profile fit); unknown: its ConfigMap could
+    not be read after a restart."""
+    config: RouterConfig | None
+    outcome: RouterConfigOutcome
+    problem: Problem | None = None  # unknown: why the ConfigMap could not be read
+
+
+def decide_router_config(
+    spec: PrfaasDeploymentSpec,
+    previous: PrfaasDeploymentStatus,
+    engines: EnginePlan,
+    drains: Mapping[str, Drain],
+    prefill_seen: ClusterObservation,
+    pd_seen: ClusterObservation,
+    last_config: RouterConfig | None,
+    stored: StoredRouterConfig | None,
+) -> RouterConfigDecision:
+    """`last_config`: the config this process last wrote; `stored`: the ConfigMap's, when read.
+
+    Endpoints of a PrfaaS cluster that failed are left out, so traffic stays local. While a
+    cache is still listing (just after a restart) the last config is kept: one built from it
+    would drop endpoints that are working. A refused profile fit keeps the last good config.
+    The version never falls below the one recorded in status.
+    """
+    min_version = previous.allocation.router_config_version if previous.allocation is not None else 0
+    last = last_config
+    if stored is not None:  # restarted: continue the router's versions
+        if stored.problem is not None:
+            return RouterConfigDecision("unknown", None, RouterConfigOutcome(0, {}), stored.problem)
+        last = stored.config
+    if prefill_seen.listing or pd_seen.listing:
+        return RouterConfigDecision("keep", last, kept(last, min_version))
+    remote_pods = leaving(prefill_seen.pods, drains) if prefill_seen.observed else None
+    choice = choose_pools(spec, engines.fingerprint, remote_pods, leaving(pd_seen.pods, drains))
+    try:
+        config = build_router_config(
+            spec, engines.choice.allocation, choice, last, min_version=min_version,
+            measured_output_tokens=measured_output_tokens(previous),
+        )  # fmt: skip
+    except ProfileError as err:
+        keeps = f"the router keeps config v{last.version}" if last is not None else "no router config yet"
+        problem = Problem(INVALID_PROFILE, f"prefill profile refused ({err}); {keeps}")
+        return RouterConfigDecision("keep", last, kept(last, min_version, problem))
+    outcome = RouterConfigOutcome(config.version, endpoint_counts(config), note=choice.note)
+    return RouterConfigDecision("build", config, outcome)
+
+
+@dataclass(frozen=True)
 class PassPlan:
     """Step 2's decisions: what to apply in both clusters and the router config they carry."""
 
     drains: Mapping[str, Drain]
-    router_outcome: RouterConfigOutcome
-    config: RouterConfig | None  # to serve (written when its content changed), or the last one kept
-    config_problem: Problem | None  # the router ConfigMap could not be read
+    router_config: RouterConfigDecision
     router_manifests: Sequence[Manifest]  # the router Deployment, and its ConfigMap when a config exists
     prefill_cluster_manifests: Sequence[Manifest]  # held while draining; applied only when reachable
-    link_budget_bytes_per_second: float | None = None  # of a config built this pass
     notes: Sequence[str] = ()
 
 
@@ -224,12 +274,7 @@ def plan_router_and_prefill_cluster(
     now: float,
     options: ReconcileOptions,
 ) -> PassPlan:
-    """Step 2. `last_config`: the config this process last wrote; `stored`: the ConfigMap's, when read.
-
-    Endpoints of a PrfaaS cluster that failed are left out, so traffic stays local. While a
-    cache is still listing (just after a restart) the last config is kept: one built from it
-    would drop endpoints that are working. A refused profile fit keeps the last good config.
-    """
+    """Step 2: the PrfaaS drain (when that cluster could be looked at), then the router config."""
     allocation = engines.choice.allocation
     drains, notes = dict(engines.drains), []
     if prefill_seen.reachable:
@@ -237,38 +282,14 @@ def plan_router_and_prefill_cluster(
             drains, owner, Role.PRFAAS_PREFILL, Names.of(owner.name).prfaas_prefill,
             allocation.prefill_cluster_replicas, prefill_seen.live_replicas, now, options.drain_seconds,
         )  # fmt: skip
-    remote = held(prefill_cluster_objects(spec, owner, allocation, engines.fingerprint), drains)
-
-    def plan(outcome: RouterConfigOutcome, config: RouterConfig | None, **more: Any) -> PassPlan:
-        router = [router_deployment(spec, owner, config.to_json() if config else None)]
-        router += [router_configmap(owner, config)] if config is not None else []
-        return PassPlan(drains, outcome, config, router_manifests=router,
-                        prefill_cluster_manifests=remote, notes=notes, **more)  # fmt: skip
-
-    min_version = previous.allocation.router_config_version if previous.allocation is not None else 0
-    last = last_config
-    if stored is not None:  # restarted: continue the router's versions
-        if stored.problem is not None:
-            return plan(RouterConfigOutcome(0, {}), None, config_problem=stored.problem)
-        last = stored.config
-    if prefill_seen.observation.listing or pd_seen.listing:
-        return plan(kept(last, min_version), last, config_problem=None)
-    remote_pods = (
-        leaving(prefill_seen.observation.pods, drains) if prefill_seen.observation.observed else None
+    decision = decide_router_config(
+        spec, previous, engines, drains, prefill_seen.observation, pd_seen, last_config, stored
     )
-    choice = choose_pools(spec, engines.fingerprint, remote_pods, leaving(pd_seen.pods, drains))
-    try:
-        config = build_router_config(
-            spec, allocation, choice, last, min_version=min_version,
-            measured_output_tokens=measured_output_tokens(previous),
-        )  # fmt: skip
-    except ProfileError as err:
-        keeps = f"the router keeps config v{last.version}" if last is not None else "no router config yet"
-        problem = Problem(INVALID_PROFILE, f"prefill profile refused ({err}); {keeps}")
-        return plan(kept(last, min_version, problem), last, config_problem=None)
-    outcome = RouterConfigOutcome(config.version, endpoint_counts(config), note=choice.note)
-    return plan(outcome, config, config_problem=None,
-                link_budget_bytes_per_second=config.link.budget_bytes_per_second)  # fmt: skip
+    config = decision.config
+    router = [router_deployment(spec, owner, config.to_json() if config else None)]
+    router += [router_configmap(owner, config)] if config is not None else []
+    remote = held(prefill_cluster_objects(spec, owner, allocation, engines.fingerprint), drains)
+    return PassPlan(drains, decision, router, remote, notes)
 
 
 def leaving(pods: Sequence[PodInfo], drains: Mapping[str, Drain]) -> list[PodInfo]:
@@ -350,7 +371,7 @@ def conclude_pass(
     options: ReconcileOptions,
 ) -> Conclusion:
     """Step 3. `last_config`: the config memory held before this pass; `wall_now`: RFC 3339."""
-    written = plan.config if applies.router_problem is None else None
+    written = plan.router_config.config if applies.router_problem is None else None
     new_version = written is not None and (last_config is None or last_config.version != written.version)
     notes = [f"{owner.key}: router config v{written.version}"] if new_version and written is not None else []
     if written is not None:
@@ -361,8 +382,8 @@ def conclude_pass(
     notes += drain_notes
     if applies.prefill_cluster_seen is not None:
         prefill_seen = applies.prefill_cluster_seen
-    router_outcome: RouterConfigOutcome | None = plan.router_outcome
-    local_problem = applies.engines_problem or applies.router_problem or plan.config_problem
+    router_outcome: RouterConfigOutcome | None = plan.router_config.outcome
+    local_problem = applies.engines_problem or applies.router_problem or plan.router_config.problem
     if local_problem is not None:
         pd_seen, router_outcome = ClusterObservation(local_problem), None
     listing = prefill_seen.listing or pd_seen.listing  # the router config waits for their first lists

@@ -159,7 +159,7 @@ def test_a_steady_pass_applies_the_spec_and_lists_every_ready_engine() -> None:
     assert statefulset(done.engines.manifests, NAMES.pd_decode)["spec"]["replicas"] == 5
     assert statefulset(done.plan.prefill_cluster_manifests, NAMES.prfaas_prefill)["spec"]["replicas"] == 4
     assert [m["kind"] for m in done.plan.router_manifests] == ["Deployment", "ConfigMap"]
-    config = done.plan.config
+    config = done.plan.router_config.config
     assert config is not None and config.version == 1
     assert len(listed(config, Pool.PRFAAS_PREFILL)) == 4
     assert len(listed(config, Pool.DECODE)) == 5
@@ -173,7 +173,7 @@ def test_a_second_pass_with_nothing_new_keeps_the_config_version() -> None:
     s, memory = spec(), Memory({})
     first = run_pass(s, memory, 100.0)
     second = run_pass(s, memory, 101.0, previous=first.conclusion.status)
-    assert second.plan.config == first.plan.config
+    assert second.plan.router_config.config == first.plan.router_config.config
     assert not second.conclusion.router_config_written
 
 
@@ -192,7 +192,9 @@ def test_scaling_decode_down_drains_first_then_shrinks_the_statefulset() -> None
     assert statefulset(started.engines.manifests, NAMES.pd_prefill)["spec"]["replicas"] == 5, (
         "scale-up at once"
     )
-    assert listed(started.plan.config, Pool.DECODE) == [f"{NAMES.pd_decode}-{n}" for n in range(3)]
+    assert listed(started.plan.router_config.config, Pool.DECODE) == [
+        f"{NAMES.pd_decode}-{n}" for n in range(3)
+    ]
     assert memory.drains[Role.PD_DECODE].since == 100.0, "the clock starts once that config is written"
     assert started.conclusion.come_back_within == OPTIONS.drain_seconds
     assert any("draining" in note for note in started.engines.notes)
@@ -204,7 +206,9 @@ def test_scaling_decode_down_drains_first_then_shrinks_the_statefulset() -> None
     released = run_pass(s, memory, 100.0 + OPTIONS.drain_seconds, live=live)
     assert statefulset(released.engines.manifests, NAMES.pd_decode)["spec"]["replicas"] == 3
     assert memory.drains[Role.PD_DECODE].released, "kept until the pods are gone"
-    assert listed(released.plan.config, Pool.DECODE) == [f"{NAMES.pd_decode}-{n}" for n in range(3)]
+    assert listed(released.plan.router_config.config, Pool.DECODE) == [
+        f"{NAMES.pd_decode}-{n}" for n in range(3)
+    ]
 
     _, shrunk = everything_ready(s, local_prefill=5, decode=3)
     finished = run_pass(s, memory, 200.0, live={**live, Role.PD_DECODE: 3}, pd=shrunk)
@@ -232,7 +236,9 @@ def test_scaling_the_prfaas_pool_down_drains_its_highest_ordinals() -> None:
     memory = Memory({})
     done = run_pass(s, memory, 100.0)
     assert statefulset(done.plan.prefill_cluster_manifests, NAMES.prfaas_prefill)["spec"]["replicas"] == 4
-    assert listed(done.plan.config, Pool.PRFAAS_PREFILL) == [f"{NAMES.prfaas_prefill}-{n}" for n in range(2)]
+    assert listed(done.plan.router_config.config, Pool.PRFAAS_PREFILL) == [
+        f"{NAMES.prfaas_prefill}-{n}" for n in range(2)
+    ]
 
 
 # ---- remote backoff ----------------------------------------------------------------------------
@@ -260,7 +266,7 @@ def test_backoff_doubles_up_to_its_cap_and_reports_when_it_retries() -> None:
 def test_an_unreachable_prfaas_cluster_keeps_its_last_counts_and_leaves_the_router_config() -> None:
     s, memory = spec(), Memory({})
     before = run_pass(s, memory, 100.0)
-    assert listed(before.plan.config, Pool.PRFAAS_PREFILL)
+    assert listed(before.plan.router_config.config, Pool.PRFAAS_PREFILL)
     problem = Problem(UNREACHABLE, "the PrfaaS cluster does not answer")
     cut = run_pass(
         s,
@@ -276,10 +282,10 @@ def test_an_unreachable_prfaas_cluster_keeps_its_last_counts_and_leaves_the_rout
     assert (ok, reason) == ("False", UNREACHABLE)
     assert "ready counts are the last observed" in message
     assert condition(status, "Degraded")[:2] == ("True", UNREACHABLE)
-    assert listed(cut.plan.config, Pool.PRFAAS_PREFILL) == []
-    assert len(listed(cut.plan.config, Pool.LOCAL_PREFILL)) == 3, "traffic stays local"
-    assert cut.plan.config is not None and before.plan.config is not None
-    assert cut.plan.config.version == before.plan.config.version + 1
+    assert listed(cut.plan.router_config.config, Pool.PRFAAS_PREFILL) == []
+    assert len(listed(cut.plan.router_config.config, Pool.LOCAL_PREFILL)) == 3, "traffic stays local"
+    assert cut.plan.router_config.config is not None and before.plan.router_config.config is not None
+    assert cut.plan.router_config.config.version == before.plan.router_config.config.version + 1
 
 
 def test_a_prfaas_cluster_that_fails_while_applying_replaces_its_observation() -> None:
@@ -299,8 +305,8 @@ def test_an_unreachable_prfaas_cluster_at_creation_serves_locally_and_says_why()
     assert condition(status, "Ready")[0] == "False"
     assert condition(status, "PDClusterReady")[0] == "True"
     assert Role.PRFAAS_PREFILL not in done.plan.drains, "nothing was looked at there"
-    assert listed(done.plan.config, Pool.PRFAAS_PREFILL) == []
-    assert len(listed(done.plan.config, Pool.DECODE)) == 5
+    assert listed(done.plan.router_config.config, Pool.PRFAAS_PREFILL) == []
+    assert len(listed(done.plan.router_config.config, Pool.DECODE)) == 5
     assert pace(status, 1.0, OPTIONS).delay == 1.0, "not Ready: converging"
 
 
@@ -311,8 +317,8 @@ def _restarted(version: int) -> tuple[PrfaasDeploymentSpec, PrfaasDeploymentStat
     """What a restarted operator finds: a status recording `version`, and that config in the ConfigMap."""
     s, memory = spec(), Memory({})
     first = run_pass(s, memory, 100.0)
-    assert first.plan.config is not None
-    config = first.plan.config.model_copy(update={"version": version})
+    assert first.plan.router_config.config is not None
+    config = first.plan.router_config.config.model_copy(update={"version": version})
     status = first.conclusion.status
     assert status.allocation is not None
     allocation = status.allocation.model_copy(update={"router_config_version": version})
@@ -325,7 +331,7 @@ def test_a_restart_reads_the_router_config_in_force_and_keeps_its_version() -> N
     assert not needs_stored_router_config(stored, previous), "memory knows it: no read"
     assert not needs_stored_router_config(None, PrfaasDeploymentStatus()), "never written: nothing to read"
     done = run_pass(s, Memory({}), 5.0, previous=previous, stored=StoredRouterConfig(stored))
-    assert done.plan.config == stored
+    assert done.plan.router_config.config == stored
     assert done.conclusion.status.allocation is not None
     assert done.conclusion.status.allocation.router_config_version == 7
 
@@ -333,10 +339,12 @@ def test_a_restart_reads_the_router_config_in_force_and_keeps_its_version() -> N
 def test_after_a_restart_the_version_never_goes_backwards() -> None:
     s, previous, stored = _restarted(7)
     lost = run_pass(s, Memory({}), 5.0, previous=previous, stored=StoredRouterConfig(None))
-    assert lost.plan.config is not None and lost.plan.config.version == 8, "ConfigMap gone: above the status"
+    assert lost.plan.router_config.config is not None and lost.plan.router_config.config.version == 8, (
+        "ConfigMap gone: above the status"
+    )
     changed = StoredRouterConfig(stored.model_copy(update={"threshold_tokens": 1}))
     moved = run_pass(s, Memory({}), 5.0, previous=previous, stored=changed)
-    assert moved.plan.config is not None and moved.plan.config.version == 8
+    assert moved.plan.router_config.config is not None and moved.plan.router_config.config.version == 8
 
 
 def test_after_a_restart_a_listing_cache_keeps_the_config_in_force() -> None:
@@ -345,7 +353,9 @@ def test_after_a_restart_a_listing_cache_keeps_the_config_in_force() -> None:
         s, Memory({}), 5.0, previous=previous, stored=StoredRouterConfig(stored),
         prefill=ClusterObservation(listing=True), pd=ClusterObservation(listing=True),
     )  # fmt: skip
-    assert done.plan.config == stored, "one built from an empty cache would drop working endpoints"
+    assert done.plan.router_config.config == stored, (
+        "one built from an empty cache would drop working endpoints"
+    )
     assert done.conclusion.come_back_within == OPTIONS.converge_seconds
     assert done.conclusion.status.prefill_cluster.ready == previous.prefill_cluster.ready
 
@@ -354,7 +364,7 @@ def test_a_router_configmap_that_cannot_be_read_after_a_restart_fails_the_pd_sid
     s, previous, _ = _restarted(7)
     problem = Problem(UNREACHABLE, "get ConfigMap: connection refused")
     done = run_pass(s, Memory({}), 5.0, previous=previous, stored=StoredRouterConfig(problem=problem))
-    assert done.plan.config is None
+    assert done.plan.router_config.config is None
     assert [m["kind"] for m in done.plan.router_manifests] == ["Deployment"]
     status = done.conclusion.status
     assert condition(status, "PDClusterReady")[:2] == ("False", UNREACHABLE)
@@ -379,10 +389,13 @@ def test_a_layout_rollout_pairs_only_engines_that_agree() -> None:
     rolling = run_pass(new_spec, memory, 100.0, prefill=seen(remote), pd=seen([*local_old, *new_decode]))
     template = statefulset(rolling.engines.manifests, NAMES.pd_decode)["spec"]["template"]
     assert template["metadata"]["annotations"]["prfaas.io/fingerprint"] == new
-    config = rolling.plan.config
+    config = rolling.plan.router_config.config
     assert config is not None and config.fingerprint == old
     assert f"{NAMES.pd_decode}-4" not in listed(config, Pool.DECODE), "a new decode with old prefills: no"
-    assert rolling.plan.router_outcome.note is not None and "rollout" in rolling.plan.router_outcome.note
+    assert (
+        rolling.plan.router_config.outcome.note is not None
+        and "rollout" in rolling.plan.router_config.outcome.note
+    )
 
     new_prefill = [PodInfo(f"{NAMES.pd_prefill}-2", Role.PD_PREFILL, new, "10.2.0.9", True)]
     switched = run_pass(
@@ -392,12 +405,12 @@ def test_a_layout_rollout_pairs_only_engines_that_agree() -> None:
         prefill=seen(remote),
         pd=seen([*local_old[:2], *local_old[3:], *new_prefill, *new_decode]),
     )
-    config = switched.plan.config
+    config = switched.plan.router_config.config
     assert config is not None and config.fingerprint == new
     assert listed(config, Pool.LOCAL_PREFILL) == [f"{NAMES.pd_prefill}-2"]
     assert listed(config, Pool.DECODE) == [f"{NAMES.pd_decode}-4"]
     assert listed(config, Pool.PRFAAS_PREFILL) == [], "the PrfaaS pods still run the old layout"
-    assert switched.plan.router_outcome.note is None
+    assert switched.plan.router_config.outcome.note is None
 
 
 # ---- the planner's allocation ------------------------------------------------------------------
@@ -412,7 +425,7 @@ def test_the_planners_allocation_in_auto_is_what_gets_applied() -> None:
     done = run_pass(s, Memory({}), 100.0, previous=PrfaasDeploymentStatus(allocation=planned))
     assert done.engines.choice.allocation.source == "Planner"
     assert statefulset(done.engines.manifests, NAMES.pd_decode)["spec"]["replicas"] == 6
-    assert done.plan.config is not None and done.plan.config.version == 4
+    assert done.plan.router_config.config is not None and done.plan.router_config.config.version == 4
 
 
 def test_a_deletion_retries_an_unreachable_prfaas_cluster_for_a_bounded_time() -> None:
