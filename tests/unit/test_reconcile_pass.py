@@ -159,6 +159,7 @@ def test_a_steady_pass_applies_the_spec_and_lists_every_ready_engine() -> None:
     assert statefulset(done.engines.manifests, NAMES.pd_decode)["spec"]["replicas"] == 5
     assert statefulset(done.plan.prefill_cluster_manifests, NAMES.prfaas_prefill)["spec"]["replicas"] == 4
     assert [m["kind"] for m in done.plan.router_manifests] == ["Deployment", "ConfigMap"]
+    assert done.plan.router_config.action == "build"
     config = done.plan.router_config.config
     assert config is not None and config.version == 1
     assert len(listed(config, Pool.PRFAAS_PREFILL)) == 4
@@ -331,7 +332,7 @@ def test_a_restart_reads_the_router_config_in_force_and_keeps_its_version() -> N
     assert not needs_stored_router_config(stored, previous), "memory knows it: no read"
     assert not needs_stored_router_config(None, PrfaasDeploymentStatus()), "never written: nothing to read"
     done = run_pass(s, Memory({}), 5.0, previous=previous, stored=StoredRouterConfig(stored))
-    assert done.plan.router_config.config == stored
+    assert (done.plan.router_config.action, done.plan.router_config.config) == ("build", stored)
     assert done.conclusion.status.allocation is not None
     assert done.conclusion.status.allocation.router_config_version == 7
 
@@ -353,9 +354,8 @@ def test_after_a_restart_a_listing_cache_keeps_the_config_in_force() -> None:
         s, Memory({}), 5.0, previous=previous, stored=StoredRouterConfig(stored),
         prefill=ClusterObservation(listing=True), pd=ClusterObservation(listing=True),
     )  # fmt: skip
-    assert done.plan.router_config.config == stored, (
-        "one built from an empty cache would drop working endpoints"
-    )
+    decision = done.plan.router_config
+    assert (decision.action, decision.config) == ("keep", stored), "not one built from an empty cache"
     assert done.conclusion.come_back_within == OPTIONS.converge_seconds
     assert done.conclusion.status.prefill_cluster.ready == previous.prefill_cluster.ready
 
@@ -364,7 +364,7 @@ def test_a_router_configmap_that_cannot_be_read_after_a_restart_fails_the_pd_sid
     s, previous, _ = _restarted(7)
     problem = Problem(UNREACHABLE, "get ConfigMap: connection refused")
     done = run_pass(s, Memory({}), 5.0, previous=previous, stored=StoredRouterConfig(problem=problem))
-    assert done.plan.router_config.config is None
+    assert (done.plan.router_config.action, done.plan.router_config.config) == ("unknown", None)
     assert [m["kind"] for m in done.plan.router_manifests] == ["Deployment"]
     status = done.conclusion.status
     assert condition(status, "PDClusterReady")[:2] == ("False", UNREACHABLE)
