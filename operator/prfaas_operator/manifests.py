@@ -136,7 +136,7 @@ def selector_labels(owner: Owner, role: str) -> dict[str, str]:
     return {
         LABEL_NAME: "prfaas",
         LABEL_INSTANCE: label_value(owner.name),
-        LABEL_ROLE: role,
+        LABEL_ROLE: str(role),  # a Role is a StrEnum: a manifest holds plain strings (YAML dumps no enum)
     }
 
 
@@ -149,7 +149,7 @@ def child_labels(owner: Owner, role: str | None, *, remote: bool) -> dict[str, s
         LABEL_DEPLOYMENT: label_value(owner.name),
     }
     if role is not None:
-        labels[LABEL_ROLE] = role
+        labels[LABEL_ROLE] = str(role)
     if remote:
         labels[LABEL_OWNER] = label_value(owner.key)
         labels[LABEL_OWNER_UID] = owner.uid
