@@ -26,7 +26,7 @@ from prfaas_operator.kube import Clusters
 from prfaas_operator.leader import LeaderElector, run_when_leading
 from prfaas_operator.lease import LeaseTiming
 from prfaas_operator.metrics import OperatorMetrics
-from prfaas_operator.reconcile import ReconcileOptions
+from prfaas_operator.reconcile_pass import ReconcileOptions
 
 
 def _parser() -> argparse.ArgumentParser:

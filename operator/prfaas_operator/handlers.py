@@ -22,10 +22,12 @@ import kopf
 from prfaas_core.vocabulary import ANNOTATION_PREFIX, FINALIZER, GROUP, PLURAL, VERSION
 from prometheus_client import CollectorRegistry
 
+from prfaas_operator import remote_backoff
 from prfaas_operator.kube import Clusters
 from prfaas_operator.metrics import OperatorMetrics
 from prfaas_operator.planner_loop import PLANNER_TICK_SECONDS, PlannerLoop
-from prfaas_operator.reconcile import ReconcileOptions, ReconcileOutcome, Reconciler
+from prfaas_operator.reconcile import ReconcileOutcome, Reconciler
+from prfaas_operator.reconcile_pass import ReconcileOptions
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 
@@ -120,11 +122,13 @@ async def release(
     if outcome.done or outcome.problem is None:
         return
     options = reconciler.options
-    if runtime.total_seconds() < options.remote_cleanup_timeout_seconds:
-        delay = min(options.remote_backoff_max_seconds, options.remote_backoff_seconds * 2**retry)
+    delay = remote_backoff.cleanup_retry_delay(
+        runtime.total_seconds(), retry, options.remote_backoff_seconds,
+        options.remote_backoff_max_seconds, options.remote_cleanup_timeout_seconds,
+    )  # fmt: skip
+    if delay is not None:
         raise kopf.TemporaryError(f"PrfaaS cluster cleanup: {outcome.problem.message}", delay=delay)
-    reconciler.metrics.remote_cleanups_abandoned.inc()
-    reconciler.forget(body["metadata"])
+    reconciler.abandon_cleanup(body["metadata"])
     kopf.warn(
         body,
         reason="RemoteCleanupAbandoned",

@@ -23,8 +23,8 @@ from prfaas_core.planning import NO_DATA_REASONS, Action, NoData, Observation
 from prfaas_core.vocabulary import KIND
 from pydantic import ValidationError
 
+from prfaas_operator.allocation import effective_allocation
 from prfaas_operator.api import PrfaasDeploymentSpec
-from prfaas_operator.builders import effective_allocation
 from prfaas_operator.kube import ClusterError
 from prfaas_operator.planner_adapter import (
     applied_allocation,

@@ -1,19 +1,17 @@
-"""Level-based reconcile of one PrfaasDeployment across its two clusters.
+"""Level-based reconcile of one PrfaasDeployment across its two clusters: the executor.
 
-One pass: choose the allocation -> build the desired children of both clusters -> apply those
-that are missing or drifted (concurrently in both clusters; a slow or dead remote never holds
-up the local side) -> read the pods from the watch-fed caches -> write the router config when
-its content changed -> compute and write status.
+The decisions are pure functions in reconcile_pass.py; this module gathers what they need,
+calls them and carries out what they say, in this order: plan the PD cluster's engines and
+start applying them (a slow or dead PrfaaS cluster never holds up the local side) -> get the
+PrfaaS cluster's client and cache (with backoff, remote_backoff.py) -> read the pods from the
+watch-fed caches (and the router ConfigMap once after a restart) -> plan the router config and
+the PrfaaS cluster's children and apply both at once -> conclude: drains, status, next pass.
 
 Level-based, but cheap: what exists is read from caches kept current by watches
-(informers.py), and a child is applied when drift.needs_apply says it is missing, edited by
-someone else or no longer what we want; so a steady pass costs the API servers nothing, while
-a deleted or edited child is put back as soon as its watch event arrives. The first pass of
-each CR after the operator starts applies everything.
-
-A PrfaaS cluster that fails (unreachable, forbidden, missing or bad Secret) is retried with
-exponential backoff while the local side keeps being reconciled every pass; its endpoints
-leave the router config so the router sends everything to the local prefill pool.
+(informers.py, cluster_caches.py), and a child is applied when drift.needs_apply says it is
+missing, edited by someone else or no longer what we want; so a steady pass costs the API
+servers nothing, while a deleted or edited child is put back as soon as its watch event
+arrives. The first pass of each CR after the operator starts applies everything.
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from prfaas_core.profiles import ProfileError
 from prfaas_core.router_config import RouterConfig
 from prfaas_core.vocabulary import (
     ANNOTATION_CREATED_BY,
@@ -37,56 +34,46 @@ from prfaas_core.vocabulary import (
     LABEL_MANAGED_BY,
     LABEL_NAME,
     LABEL_OWNER,
-    LABEL_ROLE,
     MANAGER,
-    Pool,
     Role,
 )
 from pydantic import ValidationError
 
-from prfaas_operator import drain
-from prfaas_operator.api import (
-    Allocation,
-    Condition,
-    ConditionType,
-    PrfaasDeploymentSpec,
-    PrfaasDeploymentStatus,
-)
-from prfaas_operator.builders import (
-    ROUTER_CONFIG_KEY,
-    Names,
-    Owner,
-    build_router_config,
-    choose_pools,
-    disruption_budget,
-    effective_allocation,
-    endpoint_counts,
-    label_value,
-    owner_selector,
-    pd_cluster_engine_objects,
-    prefill_cluster_namespace,
-    prefill_cluster_objects,
-    router_access,
-    router_configmap,
-    router_deployment,
-    router_service,
-    selector_labels,
-)
+from prfaas_operator import drain, remote_backoff
+from prfaas_operator.api import PrfaasDeploymentSpec, PrfaasDeploymentStatus
+from prfaas_operator.cluster_caches import PRFAAS_OWNED_KINDS, ClusterCaches
 from prfaas_operator.drain import Drain
 from prfaas_operator.drift import Applied, manifest_hash, marker, needs_apply
-from prfaas_operator.fingerprint import kv_fingerprint
 from prfaas_operator.informers import ClusterCache
 from prfaas_operator.kube import Cluster, ClusterError, Clusters
+from prfaas_operator.manifests import (
+    Names,
+    Owner,
+    label_value,
+    owner_selector,
+    prefill_cluster_namespace,
+    selector_labels,
+)
 from prfaas_operator.metrics import OperatorMetrics
+from prfaas_operator.reconcile_pass import (
+    Applies,
+    PrefillClusterSeen,
+    ReconcileOptions,
+    StoredRouterConfig,
+    conclude_pass,
+    invalid_spec_status,
+    needs_stored_router_config,
+    pace,
+    parse_router_config,
+    plan_pd_engines,
+    plan_router_and_prefill_cluster,
+    stale_children,
+)
+from prfaas_operator.remote_backoff import RemoteBackoff
 from prfaas_operator.status import (
-    INVALID_PROFILE,
-    INVALID_SPEC,
     ClusterObservation,
     PodInfo,
     Problem,
-    RouterConfigOutcome,
-    StatusInputs,
-    compute_status,
     read_status,
     rfc3339,
     status_changed,
@@ -96,43 +83,7 @@ from prfaas_operator.status import (
 log = logging.getLogger(__name__)
 
 Manifest = dict[str, Any]
-# What the caches watch: every kind of child in the PD cluster; in a PrfaaS cluster only what
-# the operator keeps there, so its kubeconfig needs no rights on anything else.
-PD_KINDS = (
-    "StatefulSet",
-    "Service",
-    "PodDisruptionBudget",
-    "Deployment",
-    "ConfigMap",
-    "Pod",
-    "ServiceAccount",
-    "Role",
-    "RoleBinding",
-)
-# What the operator writes in a PrfaaS cluster (found by owner label to prune and to delete).
-PRFAAS_OWNED_KINDS = ("StatefulSet", "Service", "PodDisruptionBudget")
-PRFAAS_KINDS = (*PRFAAS_OWNED_KINDS, "Pod")
 EVENT_DEBOUNCE_SECONDS = 0.1  # a burst of child events (pods of one StatefulSet) makes one pass
-
-
-@dataclass(frozen=True)
-class ReconcileOptions:
-    """Timing of the reconcile loop (seconds)."""
-
-    resync_seconds: float = 10.0
-    """Period of passes once Ready (child events bring a pass forward at once)."""
-    converge_seconds: float = 1.0
-    """First period after a change while not Ready; it grows 1.25x per pass up to resync_seconds."""
-    remote_backoff_seconds: float = 2.0
-    """First retry delay after the PrfaaS cluster failed; doubles per failure."""
-    remote_backoff_max_seconds: float = 30.0
-    """Longest retry delay for a failing PrfaaS cluster."""
-    remote_cleanup_timeout_seconds: float = 300.0
-    """How long a deletion retries an unreachable PrfaaS cluster before releasing the CR."""
-    drain_seconds: float = 30.0
-    """How long an engine being scaled away stays out of the router config before its pod goes."""
-    watch_namespaces: tuple[str, ...] = ()
-    """The namespaces the operator watches (empty: all); the PD cluster's caches watch only these."""
 
 
 @dataclass
@@ -143,16 +94,13 @@ class _Memory:
     due: float = 0.0
     converge_delay: float = 0.0
     generation: int | None = None
-    remote_failures: int = 0
-    remote_retry_at: float = 0.0
-    remote_problem: Problem | None = None
+    backoff: RemoteBackoff = field(default_factory=RemoteBackoff)
     pruned_for: tuple[Any, ...] | None = None
     namespace_ensured: str | None = None  # PrfaaS namespace known to exist (re-checked after a failure)
     router_config: RouterConfig | None = None  # last written; the ConfigMap is read only when unknown
     applied: dict[tuple[str, str, str, str], Applied] = field(default_factory=dict)
-    remote_cache: int | None = None  # key of the PrfaaS cluster's cache this CR uses
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    drains: dict[str, Drain] = field(default_factory=dict)  # engine role -> its scale-down in progress
+    drains: Mapping[str, Drain] = field(default_factory=dict)  # engine role -> its scale-down in progress
 
 
 @dataclass(frozen=True)
@@ -197,9 +145,8 @@ class Reconciler:
         self._clock = clock
         self._wall_clock = wall_clock
         self._memory: dict[str, _Memory] = {}
-        self._caches: dict[int, ClusterCache] = {}  # by id of the cluster's client
+        self._caches = ClusterCaches(clusters.local, self._child_changed, options.watch_namespaces)
         self._owners: dict[str, str] = {}  # wake key of a child -> uid of its CR
-        self._stopping: set[asyncio.Task[None]] = set()
 
     def _mem(self, uid: str) -> _Memory:
         if uid not in self._memory:
@@ -211,33 +158,23 @@ class Reconciler:
         """Drop a deleted CR's memory and its metric series."""
         self.metrics.forget_deployment(metadata["namespace"], metadata["name"])
         uid = metadata["uid"]
-        mem = self._memory.pop(uid, None)
+        self._memory.pop(uid, None)
         for key in [k for k, v in self._owners.items() if v == uid]:
             del self._owners[key]
         self.metrics.deployments.set(len(self._memory))
-        if mem is not None and mem.remote_cache is not None:
-            self._release_if_unused(mem.remote_cache)
+        self._caches.forget(uid)
 
-    def _release_if_unused(self, cache_key: int) -> None:
-        """Stop the watches of a PrfaaS cluster no CR uses any more (the local cache stays)."""
-        in_use = cache_key == id(self.clusters.local.client) or any(
-            m.remote_cache == cache_key for m in self._memory.values()
-        )
-        cache = None if in_use else self._caches.pop(cache_key, None)
-        if cache is not None:
-            task = asyncio.get_running_loop().create_task(cache.stop())
-            self._stopping.add(task)
-            task.add_done_callback(self._stopping.discard)
+    def abandon_cleanup(self, metadata: Mapping[str, Any]) -> None:
+        """A deletion gave up on the PrfaaS cluster: count it, and forget the CR as if it were cleaned up."""
+        self.metrics.remote_cleanups_abandoned.inc()
+        self.forget(metadata)
 
     def start(self) -> None:
         """Start watching the PD cluster, so its cache is warm before the first CR arrives."""
-        self._cache(self.clusters.local)
+        self._caches.of(self.clusters.local)
 
     async def close(self) -> None:
-        await asyncio.gather(*self._stopping)
-        for cache in self._caches.values():
-            await cache.stop()
-        self._caches.clear()
+        await self._caches.close()
         await self.clusters.close()
 
     # ---- when to run a pass ---------------------------------------------------------------------
@@ -255,25 +192,6 @@ class Reconciler:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(mem.wake.wait(), timeout=min(wait, at_most))
         return mem.due <= self._clock()
-
-    def _cache(self, cluster: Cluster) -> ClusterCache:
-        """The cluster's cache (a PrfaaS cluster that is the PD cluster shares the PD cluster's)."""
-        cache = self._caches.get(id(cluster.client))
-        if cache is None:
-            local = cluster.client is self.clusters.local.client
-            kinds = PD_KINDS if local else PRFAAS_KINDS
-            cache = self._caches[id(cluster.client)] = ClusterCache(
-                cluster, kinds, self._child_changed, self._local_scope() if local else None
-            )
-            cache.start()
-        return cache
-
-    def _local_scope(self) -> tuple[str, ...] | None:
-        """The watched namespaces when they are plain names (a glob needs the cluster-wide watch)."""
-        names = self.options.watch_namespaces
-        if not names or any(c in name for name in names for c in "*?["):
-            return None
-        return names
 
     def _child_changed(self, child: Mapping[str, Any]) -> None:
         """A cache saw a child change: bring its CR's next pass forward."""
@@ -324,98 +242,71 @@ class Reconciler:
         try:
             spec = PrfaasDeploymentSpec.model_validate(body.get("spec") or {})
         except ValidationError as err:
-            return await self._invalid_spec(owner, generation, previous, metadata, err)
+            return await self._invalid_spec(owner, generation, previous, err)
         if generation != mem.generation:
             mem.generation = generation
             mem.converge_delay = self.options.converge_seconds
-            mem.remote_retry_at = 0.0  # a new spec (e.g. a fixed Secret name) deserves a try now
+            mem.backoff = remote_backoff.try_now(mem.backoff)  # e.g. a fixed Secret name deserves a try now
         self._owners[f"remote:{label_value(owner.key)}"] = owner.uid
         self._owners[f"local:{owner.namespace}/{label_value(owner.name)}"] = owner.uid
-        choice = effective_allocation(spec, previous.allocation)
-        fingerprint = kv_fingerprint(spec.model)
+        names = Names.of(owner.name)
 
         # The local engines need nothing else: they go first, while the PrfaaS client is fetched
         # (which may read its Secret). Then observe both caches, decide the router config, and
         # apply what drifted in the PrfaaS cluster and the router's objects at once.
-        local_cache = self._cache(self.clusters.local)
-        names = Names.of(owner.name)
-        for role, name, desired in (
-            (Role.PD_PREFILL, names.pd_prefill, choice.allocation.pd_prefill_instances),
-            (Role.PD_DECODE, names.pd_decode, choice.allocation.pd_decode_instances),
-        ):
-            live = await self._live_replicas(self.clusters.local, local_cache, owner.namespace, name)
-            self._plan_drain(owner, mem, role, name, desired, live)
-        engines = [
-            *_held(pd_cluster_engine_objects(spec, owner, choice.allocation, fingerprint), mem.drains),
-            router_service(spec, owner),
-            disruption_budget(spec, owner, names.router, owner.namespace, Role.ROUTER, remote=False),
-            *router_access(owner),
-        ]
-        engines_applied = asyncio.ensure_future(self._apply_local(owner, engines, local_cache, mem))
+        local_cache = self._caches.of(self.clusters.local)
+        live: dict[str, int | None] = {
+            role: await self._live_replicas(self.clusters.local, local_cache, owner.namespace, name)
+            for role, name in ((Role.PD_PREFILL, names.pd_prefill), (Role.PD_DECODE, names.pd_decode))
+        }
+        engines = plan_pd_engines(spec, owner, previous, mem.drains, live, self._clock(), self.options)
+        mem.drains = engines.drains
+        _log_notes(engines.notes)
+        engines_applied = asyncio.ensure_future(self._apply_local(owner, engines.manifests, local_cache, mem))
         try:
             remote = await self._prefill_cluster(spec, owner, mem)
+            remote_live = None
             if not isinstance(remote, Problem):
-                live = await self._live_replicas(
+                remote_live = await self._live_replicas(
                     remote[0], remote[1], spec.prefill_cluster.namespace, names.prfaas_prefill
-                )
-                self._plan_drain(
-                    owner,
-                    mem,
-                    Role.PRFAAS_PREFILL,
-                    names.prfaas_prefill,
-                    choice.allocation.prefill_cluster_replicas,
-                    live,
                 )
             prefill_seen = self._observe_prefill_cluster(spec, owner, remote)
             pd_seen = self._observe_pd_cluster(owner, local_cache)
-            router_outcome: RouterConfigOutcome | None
-            router_outcome, config, config_problem = await self._router_config(
-                spec, owner, choice.allocation, fingerprint, previous, prefill_seen, pd_seen, mem
-            )
-            router = [router_deployment(spec, owner, config.to_json() if config else None)]
-            router += [router_configmap(owner, config)] if config is not None else []
+            stored = None
+            if needs_stored_router_config(mem.router_config, previous):
+                stored = await self._stored_router_config(owner)
+            plan = plan_router_and_prefill_cluster(
+                spec, owner, previous, engines,
+                PrefillClusterSeen(prefill_seen, not isinstance(remote, Problem), remote_live),
+                pd_seen, mem.router_config, stored, self._clock(), self.options,
+            )  # fmt: skip
+            mem.drains = plan.drains
+            _log_notes(plan.notes)
+            if plan.router_config.action == "build" and plan.router_config.config is not None:
+                budget = plan.router_config.config.link.budget_bytes_per_second
+                self.metrics.link_budget.labels(owner.namespace, owner.name).set(budget)
             remote_result, router_problem = await asyncio.gather(
                 self._apply_prefill_cluster(
-                    spec, owner, choice.allocation, fingerprint, remote, mem, generation
+                    spec, owner, plan.prefill_cluster_manifests, remote, mem, generation
                 ),
-                self._apply_local(owner, router, local_cache, mem),
+                self._apply_local(owner, plan.router_manifests, local_cache, mem),
             )
         finally:
             engines_problem = await engines_applied
-        self._note_router_config(owner, config if router_problem is None else None, mem)
-        drain_delay = self._follow_drains(
-            owner, mem, config if router_problem is None else None, prefill_seen, pd_seen
-        )
-        prefill_seen, extra_problems = remote_result if remote_result is not None else (prefill_seen, [])
-        local_problem = engines_problem or router_problem or config_problem
-        if local_problem is not None:
-            pd_seen, router_outcome = ClusterObservation(local_problem), None
-        allocation = choice.allocation  # carries the last recorded config version when none was decided
-        if router_outcome is not None:
-            allocation = allocation.model_copy(update={"router_config_version": router_outcome.version})
-        status = compute_status(
-            StatusInputs(
-                generation=generation,
-                allocation=allocation,
-                fingerprint=fingerprint,
-                router_replicas=spec.router.replicas,
-                prefill_namespace=spec.prefill_cluster.namespace,
-                prefill_cluster_is_remote=spec.prefill_cluster.kubeconfig_secret_ref is not None,
-                prefill_cluster=prefill_seen,
-                pd_cluster=pd_seen,
-                router_config=router_outcome,
-                previous=previous,
-                now=rfc3339(self._wall_clock()),
-                extra_problems=extra_problems,
-            )
-        )
-        outcome = await self._write_status(owner, metadata, previous, status, mem)
-        listing = prefill_seen.listing or pd_seen.listing  # the router config waits for their first lists
-        soon = (drain_delay, self.options.converge_seconds if listing else None)
-        next_delay = min([outcome.next_delay, *(delay for delay in soon if delay is not None)])
-        return dataclasses.replace(outcome, next_delay=next_delay)
-
-    # ---- scale-down with a drain (drain.py) -----------------------------------------------------
+        replaced, extra_problems = remote_result if remote_result is not None else (None, [])
+        conclusion = conclude_pass(
+            spec, owner, generation, previous, engines, plan, prefill_seen, pd_seen,
+            Applies(engines_problem, router_problem, replaced, extra_problems),
+            mem.router_config, self._clock(), rfc3339(self._wall_clock()), self.options,
+        )  # fmt: skip
+        if conclusion.router_config_written:
+            self.metrics.router_config_writes.inc()
+        mem.router_config, mem.drains = conclusion.router_config, conclusion.drains
+        _log_notes(conclusion.notes)
+        outcome = await self._write_status(owner, metadata, previous, conclusion.status, mem)
+        if conclusion.come_back_within is None:
+            return outcome
+        return dataclasses.replace(outcome, next_delay=min(outcome.next_delay, conclusion.come_back_within))
 
     async def _live_replicas(
         self, cluster: Cluster, cache: ClusterCache, namespace: str, name: str
@@ -428,57 +319,15 @@ class Reconciler:
         except ClusterError:
             return None  # the apply that follows fails alike and says why
 
-    def _plan_drain(
-        self, owner: Owner, mem: _Memory, role: str, workload: str, desired: int, live: int | None
-    ) -> None:
-        before = mem.drains.get(role)
-        planned = drain.plan(before, workload, desired, live)
-        now = self._clock()
-        if planned is not None and drain.release_due(planned, now, self.options.drain_seconds):
-            planned = dataclasses.replace(planned, released=True)
-            log.info("%s: drained %s; scaling %d -> %d", owner.key, role, planned.held, planned.target)
-        if planned is None:
-            mem.drains.pop(role, None)
-        else:
-            if before is None or before.target != planned.target:
-                log.info(
-                    "%s: draining %s",
-                    owner.key,
-                    drain.describe(planned),
-                )
-            mem.drains[role] = planned
-
-    def _follow_drains(
-        self,
-        owner: Owner,
-        mem: _Memory,
-        config: RouterConfig | None,
-        prefill_seen: ClusterObservation,
-        pd_seen: ClusterObservation,
-    ) -> float | None:
-        """After a pass: start the drain clocks the config allows, end finished drains; the next wake-up."""
-        now = self._clock()
-        listed = (
-            [endpoint.name for pool in Pool for endpoint in config.pools.of(pool)]
-            if config is not None
-            else None
-        )
-        wake: float | None = None
-        for role, planned in list(mem.drains.items()):
-            seen = prefill_seen if role == Role.PRFAAS_PREFILL else pd_seen
-            pods = [pod.name for pod in seen.pods if pod.role == role]
-            live = seen.ready.get(role)  # only a hint; finished() also needs the pods gone
-            if listed is not None:
-                planned = drain.after_config_written(planned, listed, now)
-            if seen.observed and planned.released and drain.finished(planned, planned.target, pods):
-                del mem.drains[role]
-                log.info("%s: %s is at %d replicas (ready %s)", owner.key, role, planned.target, live)
-                continue
-            mem.drains[role] = planned
-            left = drain.seconds_left(planned, now, self.options.drain_seconds)
-            if left is not None:
-                wake = left if wake is None else min(wake, left)
-        return wake
+    async def _stored_router_config(self, owner: Owner) -> StoredRouterConfig:
+        """After a restart: the config the router runs, from its ConfigMap (its version goes on from there)."""
+        try:
+            found = await self.clusters.local.get(
+                "ConfigMap", Names.of(owner.name).router_config, owner.namespace
+            )
+        except ClusterError as err:
+            return StoredRouterConfig(problem=err.problem)
+        return StoredRouterConfig(parse_router_config(found))
 
     async def _apply_drifted(
         self, cluster: Cluster, cache: ClusterCache, wanted: Sequence[Manifest], mem: _Memory, where: str
@@ -503,33 +352,30 @@ class Reconciler:
         self, spec: PrfaasDeploymentSpec, owner: Owner, mem: _Memory
     ) -> tuple[Cluster, ClusterCache] | Problem:
         """The PrfaaS cluster's client and cache, or why it cannot be used now (with backoff)."""
-        now = self._clock()
-        if mem.remote_problem is not None and now < mem.remote_retry_at:
-            problem = mem.remote_problem
-            return Problem(
-                problem.reason, f"{problem.message} (next retry in {mem.remote_retry_at - now:.0f}s)"
-            )
+        waiting = remote_backoff.waiting(mem.backoff, self._clock())
+        if waiting is not None:
+            return waiting
         try:
             cluster = await self.clusters.prefill_cluster(
                 owner.namespace, spec.prefill_cluster.kubeconfig_secret_ref
             )
         except ClusterError as err:
             return self._remote_failed(owner, mem, err.problem)
-        cache = self._cache(cluster)
-        if mem.remote_cache != id(cluster.client):  # a new PrfaaS cluster (or the first pass)
-            previous_cache, mem.remote_cache = mem.remote_cache, id(cluster.client)
-            if previous_cache is not None:
-                self._release_if_unused(previous_cache)
+        cache = self._caches.use_prefill_cluster(owner.uid, cluster)
         if cache.problem is not None:  # its watches are failing: the cluster is not observable
             return self._remote_failed(owner, mem, cache.problem)
         return cluster, cache
 
     def _remote_failed(self, owner: Owner, mem: _Memory, problem: Problem) -> Problem:
         mem.namespace_ensured = None  # e.g. the namespace was deleted: check it again next time
-        mem.remote_failures += 1
-        backoff = self.options.remote_backoff_seconds * 2 ** (mem.remote_failures - 1)
-        mem.remote_retry_at = self._clock() + min(backoff, self.options.remote_backoff_max_seconds)
-        mem.remote_problem = problem
+        options = self.options
+        mem.backoff = remote_backoff.failed(
+            mem.backoff,
+            problem,
+            self._clock(),
+            options.remote_backoff_seconds,
+            options.remote_backoff_max_seconds,
+        )
         self.metrics.cluster_errors.labels(cluster="prfaas", reason=problem.reason).inc()
         log.warning("%s: PrfaaS cluster: %s", owner.key, problem.message)
         return problem
@@ -553,8 +399,7 @@ class Reconciler:
         self,
         spec: PrfaasDeploymentSpec,
         owner: Owner,
-        allocation: Allocation,
-        fingerprint: str,
+        wanted: Sequence[Manifest],
         remote: tuple[Cluster, ClusterCache] | Problem,
         mem: _Memory,
         generation: int | None,
@@ -564,7 +409,6 @@ class Reconciler:
             return None
         cluster, cache = remote
         pc = spec.prefill_cluster
-        wanted = _held(prefill_cluster_objects(spec, owner, allocation, fingerprint), mem.drains)
         try:
             if mem.namespace_ensured != pc.namespace:
                 await self._ensure_namespace(cluster, spec, owner)
@@ -572,7 +416,7 @@ class Reconciler:
             await self._apply_drifted(cluster, cache, wanted, mem, "prfaas")
         except ClusterError as err:
             return ClusterObservation(self._remote_failed(owner, mem, err.problem)), []
-        mem.remote_failures, mem.remote_problem = 0, None
+        mem.backoff = remote_backoff.succeeded(mem.backoff)
         prune_key = (generation, pc.namespace, pc.kubeconfig_secret_ref)
         if mem.pruned_for == prune_key or not cache.synced:
             return None
@@ -596,14 +440,13 @@ class Reconciler:
 
         Found in the cache, so the common case (nothing to prune) costs no request.
         """
-        keep = {(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"]) for o in wanted}
         owner_label = {LABEL_OWNER: label_value(owner.key)}
-        stale = [
+        found = [
             (kind, obj["metadata"]["namespace"], obj["metadata"]["name"])
             for kind in PRFAAS_OWNED_KINDS
             for obj in cache[kind].select_all(owner_label)
         ]
-        stale = [found for found in stale if found not in keep]
+        stale = stale_children(found, wanted)
         try:
             for kind, namespace, name in stale:
                 log.info("%s: pruning %s %s/%s", owner.key, kind, namespace, name)
@@ -660,57 +503,6 @@ class Reconciler:
             return err.problem
         return None
 
-    def _note_router_config(self, owner: Owner, written: RouterConfig | None, mem: _Memory) -> None:
-        if written is None:
-            return
-        if mem.router_config is None or mem.router_config.version != written.version:
-            self.metrics.router_config_writes.inc()
-            log.info("%s: router config v%d", owner.key, written.version)
-        mem.router_config = written
-
-    async def _router_config(
-        self,
-        spec: PrfaasDeploymentSpec,
-        owner: Owner,
-        allocation: Allocation,
-        fingerprint: str,
-        previous: PrfaasDeploymentStatus,
-        prefill_seen: ClusterObservation,
-        pd_seen: ClusterObservation,
-        mem: _Memory,
-    ) -> tuple[RouterConfigOutcome, RouterConfig | None, Problem | None]:
-        """The config to serve, or the last good one (with the problem) when a profile fit is refused.
-
-        Endpoints of a PrfaaS cluster that failed are left out, so traffic stays local. While a
-        cache is still listing (just after a restart) the last config is kept: one built from it
-        would drop endpoints that are working.
-        """
-        last = mem.router_config
-        min_version = previous.allocation.router_config_version if previous.allocation is not None else 0
-        if last is None and previous.allocation is not None:  # restarted: continue the router's versions
-            try:
-                found = await self.clusters.local.get(
-                    "ConfigMap", Names.of(owner.name).router_config, owner.namespace
-                )
-            except ClusterError as err:
-                return RouterConfigOutcome(0, {}), None, err.problem
-            last = _parse_router_config(found)
-        if prefill_seen.listing or pd_seen.listing:
-            return _kept(last, min_version), last, None
-        remote_pods = _leaving(prefill_seen.pods, mem.drains) if prefill_seen.observed else None
-        choice = choose_pools(spec, fingerprint, remote_pods, _leaving(pd_seen.pods, mem.drains))
-        try:
-            config = build_router_config(
-                spec, allocation, choice, last, min_version=min_version,
-                measured_output_tokens=_measured_output_tokens(previous),
-            )  # fmt: skip
-        except ProfileError as err:
-            kept = f"the router keeps config v{last.version}" if last is not None else "no router config yet"
-            problem = Problem(INVALID_PROFILE, f"prefill profile refused ({err}); {kept}")
-            return _kept(last, min_version, problem), last, None
-        self.metrics.link_budget.labels(owner.namespace, owner.name).set(config.link.budget_bytes_per_second)
-        return RouterConfigOutcome(config.version, endpoint_counts(config), note=choice.note), config, None
-
     # ---- status ---------------------------------------------------------------------------------
 
     async def _write_status(
@@ -722,17 +514,10 @@ class Reconciler:
         mem: _Memory,
     ) -> ReconcileOutcome:
         self.metrics.record_conditions(owner.namespace, owner.name, status.conditions)
-        ready = _condition_true(status.conditions, ConditionType.READY)
-        degraded = _condition_true(status.conditions, ConditionType.DEGRADED)
-        result = "ready" if ready else "degraded" if degraded else "progressing"
-        if ready:
-            mem.converge_delay = self.options.converge_seconds
-            delay = self.options.resync_seconds
-        else:
-            delay = mem.converge_delay
-            mem.converge_delay = min(self.options.resync_seconds, mem.converge_delay * 1.25)
+        paced = pace(status, mem.converge_delay, self.options)
+        mem.converge_delay = paced.converge_delay
         if not status_changed(previous, status):
-            return ReconcileOutcome(status, (), delay, result)
+            return ReconcileOutcome(status, (), paced.delay, paced.result)
         document = status.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"planner"})
         try:
             written = await self.clusters.local.patch_status(
@@ -742,28 +527,15 @@ class Reconciler:
             log.warning("%s: cannot write status: %s", owner.key, err.problem.message)
             return ReconcileOutcome(status, (), self.options.converge_seconds, "error")
         if not written:  # someone wrote the CR since we read it: redo soon with the fresh object
-            return ReconcileOutcome(status, (), min(delay, 0.5), "conflict")
-        return ReconcileOutcome(status, warning_events(previous.conditions, status.conditions), delay, result)
+            return ReconcileOutcome(status, (), min(paced.delay, 0.5), "conflict")
+        warnings = warning_events(previous.conditions, status.conditions)
+        return ReconcileOutcome(status, warnings, paced.delay, paced.result)
 
     async def _invalid_spec(
-        self,
-        owner: Owner,
-        generation: int | None,
-        previous: PrfaasDeploymentStatus,
-        metadata: Mapping[str, Any],
-        err: ValidationError,
+        self, owner: Owner, generation: int | None, previous: PrfaasDeploymentStatus, err: ValidationError
     ) -> ReconcileOutcome:
-        first = err.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        problem = Problem(INVALID_SPEC, f"spec.{where}: {first['msg']} ({err.error_count()} error(s))")
-        now = rfc3339(self._wall_clock())
-        conditions = [
-            Condition(type=kind.value, status=value, reason=INVALID_SPEC, message=problem.message,
-                      last_transition_time=now, observed_generation=generation)
-            for kind, value in ((ConditionType.READY, "False"), (ConditionType.DEGRADED, "True"))
-        ]  # fmt: skip
-        status = previous.model_copy(update={"observed_generation": generation, "conditions": conditions})
-        self.metrics.record_conditions(owner.namespace, owner.name, conditions)
+        status, problem = invalid_spec_status(previous, generation, err, rfc3339(self._wall_clock()))
+        self.metrics.record_conditions(owner.namespace, owner.name, status.conditions)
         document = status.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"planner"})
         try:
             await self.clusters.local.patch_status(owner.name, owner.namespace, document, None)
@@ -803,56 +575,6 @@ class Reconciler:
         return DeleteOutcome(True)
 
 
-def _held(manifests: Sequence[Manifest], drains: Mapping[str, Drain]) -> list[Manifest]:
-    """The manifests with each draining StatefulSet kept at its current replicas."""
-    result = []
-    for manifest in manifests:
-        role = (manifest["metadata"].get("labels") or {}).get(LABEL_ROLE)
-        planned = drains.get(role or "")
-        if manifest["kind"] == "StatefulSet" and planned is not None:
-            replicas = drain.replicas_to_apply(planned, manifest["spec"]["replicas"])
-            manifest = {**manifest, "spec": {**manifest["spec"], "replicas": replicas}}
-        result.append(manifest)
-    return result
-
-
-def _leaving(pods: Sequence[PodInfo], drains: Mapping[str, Drain]) -> list[PodInfo]:
-    """The pods, with those on their way out marked as deleting (no router config lists them)."""
-    return [
-        dataclasses.replace(pod, deleting=True)
-        if drain.draining(drains.get(pod.role or ""), pod.name)
-        else pod
-        for pod in pods
-    ]
-
-
-def _measured_output_tokens(status: PrfaasDeploymentStatus) -> float | None:
-    """The mean output length the planner last observed (status.planner.inputs), if any."""
-    text = (status.planner.inputs.get("meanOutputTokens") if status.planner is not None else None) or ""
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
-def _kept(last: RouterConfig | None, min_version: int, problem: Problem | None = None) -> RouterConfigOutcome:
-    """The outcome when the router keeps the config it has (or still has none)."""
-    if last is None:
-        return RouterConfigOutcome(min_version, {}, problem)
-    return RouterConfigOutcome(last.version, endpoint_counts(last), problem)
-
-
-def _condition_true(conditions: Sequence[Condition], kind: ConditionType) -> bool:
-    return any(c.type == kind.value and c.status == "True" for c in conditions)
-
-
-def _parse_router_config(configmap: Mapping[str, Any] | None) -> RouterConfig | None:
-    """The config in the ConfigMap, or None when absent or unreadable (it is then rewritten)."""
-    text = ((configmap or {}).get("data") or {}).get(ROUTER_CONFIG_KEY)
-    if text is None:
-        return None
-    try:
-        return RouterConfig.from_json(text)
-    except ValidationError:
-        log.warning("the router config in the ConfigMap is unreadable; it will be rewritten")
-        return None
+def _log_notes(notes: Sequence[str]) -> None:
+    for note in notes:
+        log.info("%s", note)

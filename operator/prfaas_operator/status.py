@@ -8,7 +8,7 @@ Degraded, each with a reason and a message a human can act on. Time is passed in
 Two deliberate choices:
 - A cluster that could not be observed keeps its last observed ready counts (unknown is not
   zero) and says so in its condition; the router config meanwhile drops that cluster's
-  endpoints (see builders.ready_endpoints), so traffic stays local.
+  endpoints (see router_config_builder.ready_endpoints), so traffic stays local.
 - The operator cannot test that decode pods reach PrfaaS prefill pod IPs across clusters (it
   has no foothold in either pod network). When the PrfaaS cluster is a different cluster,
   PrefillClusterReady and Ready say so in their message, and PrefillClusterReady's reason is

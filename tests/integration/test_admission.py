@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from prfaas_operator import api, builders, crd
+from prfaas_operator import api, crd, manifests, router_config_builder
+from prfaas_operator.allocation import effective_allocation
 from prfaas_operator.fingerprint import kv_fingerprint
 
 if TYPE_CHECKING:
@@ -324,7 +325,7 @@ def test_invalid_cr_is_rejected_at_admission_naming_the_field(
 
 
 BAD_NAMES = [
-    ("n" * (builders.MAX_CR_NAME_LENGTH + 1), f"may have at most {builders.MAX_CR_NAME_LENGTH} characters"),
+    ("n" * (manifests.MAX_CR_NAME_LENGTH + 1), f"may have at most {manifests.MAX_CR_NAME_LENGTH} characters"),
     ("dotted.name", "must start with a letter and hold only lowercase letters, digits and '-'"),
     ("7-starts-with-a-digit", "must start with a letter and hold only lowercase letters, digits and '-'"),
 ]
@@ -342,24 +343,24 @@ def test_name_its_children_cannot_carry_is_rejected(
 def test_longest_allowed_name_is_accepted_and_its_children_are_valid(
     kubectl: Kubectl, namespace: str
 ) -> None:
-    name = "longest-" + "n" * (builders.MAX_CR_NAME_LENGTH - len("longest-"))
+    name = "longest-" + "n" * (manifests.MAX_CR_NAME_LENGTH - len("longest-"))
     kubectl.ok("create", "-f", "-", stdin=yaml.safe_dump(manifest(namespace, name)))
     stored = json.loads(kubectl.ok("get", "prfaasdeployment", name, "-n", namespace, "-o", "json"))
     spec = api.PrfaasDeploymentSpec.model_validate(stored["spec"])
     here = spec.prefill_cluster.model_copy(update={"namespace": namespace})  # one cluster holds all
     spec = spec.model_copy(update={"prefill_cluster": here})
-    owner = builders.Owner.of(stored["metadata"])
-    allocation = builders.effective_allocation(spec, None).allocation
+    owner = manifests.Owner.of(stored["metadata"])
+    allocation = effective_allocation(spec, None).allocation
     fingerprint = kv_fingerprint(spec.model)
-    config = builders.build_router_config(
-        spec, allocation, builders.choose_pools(spec, fingerprint, [], []), None
+    config = router_config_builder.build_router_config(
+        spec, allocation, router_config_builder.choose_pools(spec, fingerprint, [], []), None
     )
     children = [
-        *builders.prefill_cluster_objects(spec, owner, allocation, fingerprint),
-        *builders.pd_cluster_engine_objects(spec, owner, allocation, fingerprint),
-        builders.router_service(spec, owner),
-        builders.router_deployment(spec, owner, config.to_json()),
-        builders.router_configmap(owner, config),
+        *manifests.prefill_cluster_objects(spec, owner, allocation, fingerprint),
+        *manifests.pd_cluster_engine_objects(spec, owner, allocation, fingerprint),
+        manifests.router_service(spec, owner),
+        manifests.router_deployment(spec, owner, config.to_json()),
+        manifests.router_configmap(owner, config),
     ]
     kubectl.ok("apply", "--server-side", "--dry-run=server", "--field-manager=prfaas-tests", "-f", "-",
                stdin=yaml.safe_dump_all(children))  # fmt: skip

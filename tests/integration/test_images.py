@@ -381,7 +381,7 @@ def test_the_engine_sim_image_answers_sglangs_command(images: Images, container_
     help_text = images.run(images.engine_sim, "python3", "-m", "sglang.launch_server", "--help").stdout
     assert "fake SGLang engine" in help_text
     port = free_loopback_port()
-    # the arguments the operator writes for a decode engine (builders.sglang_args), host aside
+    # the arguments the operator writes for a decode engine (manifests.sglang_args), host aside
     images.podman(
         "run", "--detach", "--name", container_name, *LOCKED_DOWN, "--network", "host",
         "--env", "PRFAAS_FAKE_ENGINE_PROFILE=h200", "--env", "PRFAAS_FAKE_ENGINE_TIME_SCALE=0",

@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 import yaml
-from prfaas_operator import builders
+from prfaas_operator import manifests
+from prfaas_operator.allocation import effective_allocation
 from prfaas_operator.api import PrfaasDeploymentSpec
-from prfaas_operator.builders import Owner
+from prfaas_operator.manifests import Owner
 from test_chart import ACCESS_MODE, CHART, NAMESPACE, helm, only, render
 
 __all__ = ["helm"]  # the fixture, shared with test_chart
@@ -157,14 +158,14 @@ def operator_pods() -> dict[str, dict[str, Any]]:
     """role -> pod template of what the operator writes for the sample PrfaasDeployment."""
     spec = PrfaasDeploymentSpec.model_validate(SAMPLE["spec"])
     owner = Owner(name="kimi", namespace="serving", uid="u-1")
-    allocation = builders.effective_allocation(spec, None).allocation
+    allocation = effective_allocation(spec, None).allocation
     workloads = [
-        *builders.prefill_cluster_objects(spec, owner, allocation, "fp"),
-        *builders.pd_cluster_engine_objects(spec, owner, allocation, "fp"),
-        builders.router_deployment(spec, owner, None),
+        *manifests.prefill_cluster_objects(spec, owner, allocation, "fp"),
+        *manifests.pd_cluster_engine_objects(spec, owner, allocation, "fp"),
+        manifests.router_deployment(spec, owner, None),
     ]
     templates = [w["spec"]["template"] for w in workloads if w["kind"] in ("StatefulSet", "Deployment")]
-    return {t["metadata"]["labels"][builders.LABEL_ROLE]: t for t in templates}
+    return {t["metadata"]["labels"][manifests.LABEL_ROLE]: t for t in templates}
 
 
 def test_pod_monitors_select_exactly_the_router_and_engine_pods_and_label_them(helm: Path) -> None:

@@ -18,17 +18,12 @@ from hypothesis import strategies as st
 from prfaas_core.profiles import ProfileError
 from prfaas_core.router_config import RouterConfig
 from prfaas_core.vocabulary import ANNOTATION_CONFIG_CHECKSUM, LABEL_FINGERPRINT, LABEL_OWNER, LABEL_OWNER_UID
-from prfaas_operator import builders
+from prfaas_operator import manifests
+from prfaas_operator.allocation import effective_allocation
 from prfaas_operator.api import Allocation, PrfaasDeploymentSpec
-from prfaas_operator.builders import (
-    Owner,
-    PoolChoice,
-    build_router_config,
-    choose_pools,
-    effective_allocation,
-    label_value,
-)
 from prfaas_operator.fingerprint import kv_fingerprint, last_flag_value
+from prfaas_operator.manifests import Owner, label_value
+from prfaas_operator.router_config_builder import PoolChoice, build_router_config, choose_pools
 from prfaas_operator.status import PodInfo
 
 SAMPLE_PATH = Path(__file__).resolve().parents[2] / "examples" / "prfaasdeployment.yaml"
@@ -69,7 +64,7 @@ def flag(args: list[str], name: str) -> str | None:
 class TestPrfaasClusterObjects:
     def objects(self, s: PrfaasDeploymentSpec | None = None) -> list[dict[str, Any]]:
         s = s or spec()
-        return builders.prefill_cluster_objects(s, OWNER, allocation_of(s), kv_fingerprint(s.model))
+        return manifests.prefill_cluster_objects(s, OWNER, allocation_of(s), kv_fingerprint(s.model))
 
     def test_statefulset_runs_sglang_prefill_over_tcp_on_h200(self) -> None:
         (sts,) = by_kind(self.objects(), "StatefulSet")
@@ -162,16 +157,16 @@ class TestPrfaasClusterObjects:
         assert pod["volumes"][0]["emptyDir"]["sizeLimit"] == "64Gi"
 
     def test_namespace_is_labelled_and_marked_as_ours(self) -> None:
-        namespace = builders.prefill_cluster_namespace(spec(), OWNER)
+        namespace = manifests.prefill_cluster_namespace(spec(), OWNER)
         assert namespace["metadata"]["name"] == "prfaas-demo"
         assert namespace["metadata"]["labels"][LABEL_OWNER] == "prfaas-demo.kimi-linear"
-        assert namespace["metadata"]["annotations"][builders.ANNOTATION_CREATED_BY] == OWNER.key
+        assert namespace["metadata"]["annotations"][manifests.ANNOTATION_CREATED_BY] == OWNER.key
 
 
 class TestPdClusterObjects:
     def test_local_prefill_and_decode_split_with_owner_references(self) -> None:
         s = spec()
-        objects = builders.pd_cluster_engine_objects(s, OWNER, allocation_of(s), kv_fingerprint(s.model))
+        objects = manifests.pd_cluster_engine_objects(s, OWNER, allocation_of(s), kv_fingerprint(s.model))
         statefulsets = {o["metadata"]["name"]: o for o in by_kind(objects, "StatefulSet")}
         assert statefulsets["kimi-linear-pd-prefill"]["spec"]["replicas"] == 3
         assert statefulsets["kimi-linear-pd-decode"]["spec"]["replicas"] == 5
@@ -201,8 +196,8 @@ class TestPdClusterObjects:
         s = spec(**{"disruptionBudget.maxUnavailable": 2})
         fingerprint = kv_fingerprint(s.model)
         pools = [
-            *builders.prefill_cluster_objects(s, OWNER, allocation_of(s), fingerprint),
-            *builders.pd_cluster_engine_objects(s, OWNER, allocation_of(s), fingerprint),
+            *manifests.prefill_cluster_objects(s, OWNER, allocation_of(s), fingerprint),
+            *manifests.pd_cluster_engine_objects(s, OWNER, allocation_of(s), fingerprint),
         ]
         budgets = {o["metadata"]["name"]: o for o in by_kind(pools, "PodDisruptionBudget")}
         for sts in by_kind(pools, "StatefulSet"):
@@ -214,8 +209,8 @@ class TestPdClusterObjects:
             assert selector.items() <= sts["spec"]["template"]["metadata"]["labels"].items()
             assert (LABEL_OWNER in budget["metadata"]["labels"]) == (LABEL_OWNER in sts["metadata"]["labels"])
         assert not budgets
-        router = builders.router_deployment(s, OWNER, None)
-        budget = builders.disruption_budget(
+        router = manifests.router_deployment(s, OWNER, None)
+        budget = manifests.disruption_budget(
             s, OWNER, "kimi-linear-router", OWNER.namespace, "router", remote=False
         )
         assert budget["spec"]["selector"]["matchLabels"] == router["spec"]["selector"]["matchLabels"]
@@ -223,12 +218,12 @@ class TestPdClusterObjects:
 
     def test_a_role_scaled_to_zero_is_still_desired(self) -> None:
         s = spec(**{"pdCluster.prefillInstances": 0, "pdCluster.decodeInstances": 8})
-        objects = builders.pd_cluster_engine_objects(s, OWNER, allocation_of(s), "f")
+        objects = manifests.pd_cluster_engine_objects(s, OWNER, allocation_of(s), "f")
         replicas = {o["metadata"]["name"]: o["spec"]["replicas"] for o in by_kind(objects, "StatefulSet")}
         assert replicas == {"kimi-linear-pd-prefill": 0, "kimi-linear-pd-decode": 8}
 
     def test_router_deployment_mounts_the_config_and_keeps_the_checksum_off_the_pods(self) -> None:
-        deployment = builders.router_deployment(spec(), OWNER, '{"version": 1}')
+        deployment = manifests.router_deployment(spec(), OWNER, '{"version": 1}')
         assert deployment["metadata"]["annotations"][ANNOTATION_CONFIG_CHECKSUM]
         template = deployment["spec"]["template"]
         assert ANNOTATION_CONFIG_CHECKSUM not in (template["metadata"].get("annotations") or {})
@@ -244,12 +239,12 @@ class TestPdClusterObjects:
         assert router["volumeMounts"][0]["mountPath"] == "/etc/prfaas"
         assert router["readinessProbe"]["httpGet"]["path"] == "/readiness"
         assert router["livenessProbe"]["httpGet"]["path"] == "/liveness"
-        another = builders.router_deployment(spec(), OWNER, '{"version": 2}')
+        another = manifests.router_deployment(spec(), OWNER, '{"version": 2}')
         assert another["spec"] == deployment["spec"], "a new config must not roll the router pods"
 
     def test_router_pods_leave_through_a_drain_sized_to_the_slo_and_roll_one_at_a_time(self) -> None:
         # the case study's SLOs: 30 s to the first token, 2048 tokens at 0.05 s: 132.4 s, rounded up
-        deployment = builders.router_deployment(spec(), OWNER, None)
+        deployment = manifests.router_deployment(spec(), OWNER, None)
         assert deployment["spec"]["strategy"] == {
             "type": "RollingUpdate",
             "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
@@ -259,12 +254,12 @@ class TestPdClusterObjects:
         assert router["lifecycle"]["preStop"]["exec"]["command"] == ["prfaas-router-drain", "--seconds", "5"]
         assert pod["terminationGracePeriodSeconds"] == 5 + 133 + 5
         measured = spec(**{"routing.expectedOutputTokens": 400, "router.shutdown": {"delaySeconds": 2}})
-        assert builders.router_drain_seconds(measured) == 50
-        pod = builders.router_deployment(measured, OWNER, None)["spec"]["template"]["spec"]
+        assert manifests.router_drain_seconds(measured) == 50
+        pod = manifests.router_deployment(measured, OWNER, None)["spec"]["template"]["spec"]
         assert pod["containers"][0]["lifecycle"]["preStop"]["exec"]["command"][-1] == "2"
         assert pod["terminationGracePeriodSeconds"] == 2 + 50 + 5
         fixed = spec(**{"router.shutdown": {"drainSeconds": 600}})
-        args = builders.router_deployment(fixed, OWNER, None)["spec"]["template"]["spec"]["containers"][0][
+        args = manifests.router_deployment(fixed, OWNER, None)["spec"]["template"]["spec"]["containers"][0][
             "args"
         ]
         assert args[args.index("--drain-timeout-seconds") + 1] == "600"
@@ -277,7 +272,7 @@ class TestPdClusterObjects:
                 {"persistentVolumeClaim": {"claimName": "models", "readOnly": True}},
             ),
         ):
-            deployment = builders.router_deployment(spec(**{"router.tokenizer": source}), OWNER, None)
+            deployment = manifests.router_deployment(spec(**{"router.tokenizer": source}), OWNER, None)
             pod = deployment["spec"]["template"]["spec"]
             (router,) = pod["containers"]
             path = source.get("path", "tokenizer.json")
@@ -286,12 +281,12 @@ class TestPdClusterObjects:
             assert {"name": "tokenizer", "mountPath": "/etc/prfaas-tokenizer", "readOnly": True} in router[
                 "volumeMounts"
             ]
-        plain = builders.router_deployment(spec(), OWNER, None)["spec"]["template"]["spec"]
+        plain = manifests.router_deployment(spec(), OWNER, None)["spec"]["template"]["spec"]
         assert "--tokenizer" not in plain["containers"][0]["args"]
         assert "tokenizer" not in {volume["name"] for volume in plain["volumes"]}
 
     def test_router_runs_restricted_with_a_writable_tmp(self) -> None:
-        pod = builders.router_deployment(spec(), OWNER, None)["spec"]["template"]["spec"]
+        pod = manifests.router_deployment(spec(), OWNER, None)["spec"]["template"]["spec"]
         (router,) = pod["containers"]
         assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 65532
         assert router["securityContext"]["readOnlyRootFilesystem"] is True
@@ -302,14 +297,14 @@ class TestPdClusterObjects:
     def test_router_pods_go_where_the_cr_places_them(self) -> None:
         toleration = {"key": "pool", "operator": "Equal", "value": "cpu", "effect": "NoSchedule"}
         placed = spec(**{"router.nodeSelector": {"pool": "cpu"}, "router.tolerations": [toleration]})
-        pod = builders.router_deployment(placed, OWNER, None)["spec"]["template"]["spec"]
+        pod = manifests.router_deployment(placed, OWNER, None)["spec"]["template"]["spec"]
         assert pod["nodeSelector"] == {"pool": "cpu"} and pod["tolerations"] == [toleration]
-        plain = builders.router_deployment(spec(), OWNER, None)["spec"]["template"]["spec"]
+        plain = manifests.router_deployment(spec(), OWNER, None)["spec"]["template"]["spec"]
         assert plain["nodeSelector"] == {} and plain["tolerations"] == []
 
     def test_router_identity_may_read_only_its_config(self) -> None:
-        account, role, binding = builders.router_access(OWNER)
-        pod = builders.router_deployment(spec(), OWNER, None)["spec"]["template"]["spec"]
+        account, role, binding = manifests.router_access(OWNER)
+        pod = manifests.router_deployment(spec(), OWNER, None)["spec"]["template"]["spec"]
         assert pod["serviceAccountName"] == account["metadata"]["name"] == "kimi-linear-router"
         assert role["rules"] == [
             {
@@ -326,7 +321,7 @@ class TestPdClusterObjects:
         assert all(m["metadata"]["ownerReferences"] for m in (account, role, binding))
 
     def test_router_service_exposes_api_and_metrics(self) -> None:
-        service = builders.router_service(
+        service = manifests.router_service(
             spec(**{"router.service": {"type": "NodePort", "port": 9090}}), OWNER
         )
         assert service["spec"]["type"] == "NodePort"

@@ -17,7 +17,7 @@ from prfaas_core import planning
 from prfaas_core.planning import Action, Decision, NoData, Observation, Reason, observe_histograms
 from prfaas_core.throughput import OperatingPoint, Stage, SystemProfile, Workload, evaluate, solve_prfaas_pd
 from prfaas_operator import api, crd
-from prfaas_operator.builders import effective_allocation, planner_allocation_problem
+from prfaas_operator.allocation import effective_allocation, planner_allocation_problem
 from prfaas_operator.planner_adapter import (
     LAST_APPLIED_INPUT,
     applied_allocation,

@@ -15,10 +15,10 @@ import pytest
 import yaml
 from aiohttp import web
 from prfaas_core.trace import TraceError
+from prfaas_operator.allocation import effective_allocation
 from prfaas_operator.api import PrfaasDeploymentSpec
-from prfaas_operator.builders import (
+from prfaas_operator.manifests import (
     Owner,
-    effective_allocation,
     pd_cluster_engine_objects,
     prefill_cluster_objects,
     router_deployment,

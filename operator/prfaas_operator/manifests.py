@@ -1,9 +1,10 @@
 """Desired children of a PrfaasDeployment, as plain manifests (pure: no kopf, no client).
 
 Given the CR, the allocation in force and the KV fingerprint, these functions say what must
-exist in each cluster; the reconcile server-side applies every one that is missing or has
-drifted (drift.py), so an edited or deleted child is put back. The router config is built
-here too, from the ready pods the reconcile observed in both clusters.
+exist in each cluster: the engine StatefulSets with their headless Services and
+PodDisruptionBudgets, the PrfaaS namespace, the router's Deployment, Service, identity and
+config ConfigMap. The reconcile server-side applies every one that is missing or has drifted
+(drift.py), so an edited or deleted child is put back.
 
 Object names are fixed by role (`<cr>-prfaas-prefill`, `<cr>-pd-prefill`, `<cr>-pd-decode`,
 `<cr>-router`, `<cr>-router-config`), so a role scaled to zero is still desired with zero
@@ -13,23 +14,12 @@ replicas and only a moved PrfaaS namespace leaves objects to prune.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import math
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from prfaas_core.router_config import (
-    CONFIG_FILE_NAME,
-    DecodeCapacity,
-    Endpoint,
-    KvSize,
-    Pools,
-    RouterConfig,
-    Slo,
-    fitted_prefill_time,
-)
+from prfaas_core.router_config import CONFIG_FILE_NAME, RouterConfig
 from prfaas_core.vocabulary import (
     ANNOTATION_BOOTSTRAP_PORT,
     ANNOTATION_CONFIG_CHECKSUM,
@@ -50,21 +40,17 @@ from prfaas_core.vocabulary import (
     LABEL_ROLE,
     MANAGER,
     VERSION,
-    Pool,
     Role,
 )
 
 from prfaas_operator.api import (
     Allocation,
     ModelSpec,
-    PlannerMode,
     PodPlacement,
     PrfaasDeploymentSpec,
     ResourceRequirements,
-    RoutingMode,
     TokenizerSource,
 )
-from prfaas_operator.status import PodInfo
 
 Manifest = dict[str, Any]
 
@@ -76,7 +62,6 @@ ROUTER_METRICS_SERVICE_PORT = 9090  # the router serves /metrics on its HTTP por
 SHM_VOLUME = "dshm"
 ENGINE_CONTAINER = "sglang"
 TRANSFER_BACKEND = "mooncake_tcp"  # Mooncake over plain TCP: the link is Ethernet, not RDMA
-DEFAULT_CHARS_PER_TOKEN = 4.0
 
 _LABEL_VALUE_MAX = 63
 
@@ -143,79 +128,6 @@ MAX_CR_NAME_LENGTH = (
 )
 
 
-# ---- allocation -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AllocationChoice:
-    """The allocation in force and why it was chosen."""
-
-    allocation: Allocation
-    reason: str
-
-
-def planner_allocation_problem(spec: PrfaasDeploymentSpec, proposed: Allocation) -> str | None:
-    """Why a planner-written allocation cannot be applied to this spec, or None when it can."""
-    pd = spec.pd_cluster
-    if proposed.pd_prefill_instances + proposed.pd_decode_instances != pd.instances:
-        return (
-            f"local prefill {proposed.pd_prefill_instances} + decode {proposed.pd_decode_instances} "
-            f"!= pdCluster.instances {pd.instances}"
-        )
-    if proposed.pd_decode_instances < 1 or proposed.pd_prefill_instances < 0:
-        return "it needs at least one decode instance and no negative count"
-    if proposed.threshold_tokens < 0:
-        return "threshold is negative"
-    replicas = proposed.prefill_cluster_replicas
-    pc = spec.prefill_cluster
-    if spec.planner.scale_prefill_cluster and not pc.min_replicas <= replicas <= pc.max_replicas:
-        return f"PrfaaS replicas {replicas} outside [{pc.min_replicas}, {pc.max_replicas}]"
-    effective_replicas = replicas if spec.planner.scale_prefill_cluster else pc.replicas
-    if proposed.pd_prefill_instances == 0 and effective_replicas == 0:
-        return "it leaves no prefill instance at all"
-    return None
-
-
-def effective_allocation(spec: PrfaasDeploymentSpec, current: Allocation | None) -> AllocationChoice:
-    """The operating point to apply: the planner's (status.allocation) in Auto when valid, else the spec's.
-
-    GitOps: the planner never edits the spec; in Auto it writes status.allocation and this
-    function takes it, field by field where the spec lets the planner decide (the threshold
-    only when routing.mode is Auto, PrfaaS replicas only when planner.scalePrefillCluster).
-    """
-    version = current.router_config_version if current is not None else 0
-    from_spec = Allocation(
-        threshold_tokens=spec.routing.threshold_tokens,
-        prefill_cluster_replicas=spec.prefill_cluster.replicas,
-        pd_prefill_instances=spec.pd_cluster.prefill_instances,
-        pd_decode_instances=spec.pd_cluster.decode_instances,
-        source="Spec",
-        router_config_version=version,
-    )
-    if spec.planner.mode != PlannerMode.AUTO:
-        return AllocationChoice(from_spec, f"planner mode {spec.planner.mode.value}: the spec's allocation")
-    if current is None or current.source != "Planner":
-        return AllocationChoice(from_spec, "planner mode Auto, no planner allocation yet: the spec's")
-    problem = planner_allocation_problem(spec, current)
-    if problem is not None:
-        return AllocationChoice(
-            from_spec, f"planner allocation not valid for the spec ({problem}): the spec's"
-        )
-    chosen = Allocation(
-        threshold_tokens=current.threshold_tokens
-        if spec.routing.mode == RoutingMode.AUTO
-        else spec.routing.threshold_tokens,
-        prefill_cluster_replicas=current.prefill_cluster_replicas
-        if spec.planner.scale_prefill_cluster
-        else spec.prefill_cluster.replicas,
-        pd_prefill_instances=current.pd_prefill_instances,
-        pd_decode_instances=current.pd_decode_instances,
-        source="Planner",
-        router_config_version=version,
-    )
-    return AllocationChoice(chosen, "planner mode Auto: the planner's allocation")
-
-
 # ---- labels and metadata ----------------------------------------------------------------------
 
 
@@ -224,7 +136,7 @@ def selector_labels(owner: Owner, role: str) -> dict[str, str]:
     return {
         LABEL_NAME: "prfaas",
         LABEL_INSTANCE: label_value(owner.name),
-        LABEL_ROLE: role,
+        LABEL_ROLE: str(role),  # a Role is a StrEnum: a manifest holds plain strings (YAML dumps no enum)
     }
 
 
@@ -237,7 +149,7 @@ def child_labels(owner: Owner, role: str | None, *, remote: bool) -> dict[str, s
         LABEL_DEPLOYMENT: label_value(owner.name),
     }
     if role is not None:
-        labels[LABEL_ROLE] = role
+        labels[LABEL_ROLE] = str(role)
     if remote:
         labels[LABEL_OWNER] = label_value(owner.key)
         labels[LABEL_OWNER_UID] = owner.uid
@@ -671,144 +583,3 @@ def router_service(spec: PrfaasDeploymentSpec, owner: Owner) -> Manifest:
             ],
         },
     }
-
-
-# ---- router config ------------------------------------------------------------------------------
-
-
-def _url(ip: str, port: int) -> str:
-    host = f"[{ip}]" if ipaddress.ip_address(ip).version == 6 else ip
-    return f"http://{host}:{port}"
-
-
-def ready_endpoints(
-    pods: Iterable[PodInfo], role: str, port: int, bootstrap_port: int | None
-) -> list[Endpoint]:
-    """Endpoints of the pods of `role` that are ready, addressed and not being deleted, by name."""
-    return [
-        Endpoint(name=pod.name, url=_url(pod.ip, port), bootstrap_port=bootstrap_port)
-        for pod in sorted(pods, key=lambda p: p.name)
-        if pod.role == role and pod.ready and pod.ip and not pod.deleting
-    ]
-
-
-@dataclass(frozen=True)
-class PoolChoice:
-    """The endpoints the router gets, all of one fingerprint, and a note when it is not the desired one."""
-
-    pools: Pools
-    fingerprint: str
-    note: str | None = None
-
-
-def choose_pools(
-    spec: PrfaasDeploymentSpec,
-    desired_fingerprint: str,
-    prefill_cluster_pods: Sequence[PodInfo] | None,
-    pd_cluster_pods: Sequence[PodInfo],
-) -> PoolChoice:
-    """Ready endpoints of one KV layout, so the router never pairs incompatible engines.
-
-    The desired fingerprint is served as soon as it has a ready prefill and a ready decode;
-    until then (a rollout that changes the layout) the layout with the most ready pods that
-    has both keeps serving. `prefill_cluster_pods` is None when the PrfaaS cluster could not be
-    listed: its endpoints are dropped (a stale pod IP may belong to another pod by now), so
-    the router sends everything to the local prefill pool.
-    """
-    pc, pd = spec.prefill_cluster, spec.pd_cluster
-    remote = list(prefill_cluster_pods or [])
-    everything = remote + list(pd_cluster_pods)
-
-    def pools_of(fingerprint: str) -> Pools:
-        def mine(pods: Sequence[PodInfo]) -> list[PodInfo]:
-            return [p for p in pods if p.fingerprint == fingerprint]
-
-        return Pools(
-            prfaas_prefill=ready_endpoints(mine(remote), Role.PRFAAS_PREFILL, pc.port, pc.bootstrap_port),
-            local_prefill=ready_endpoints(mine(pd_cluster_pods), Role.PD_PREFILL, pd.port, pd.bootstrap_port),
-            decode=ready_endpoints(mine(pd_cluster_pods), Role.PD_DECODE, pd.port, None),
-        )
-
-    def serviceable(pools: Pools) -> bool:
-        return bool(pools.decode) and bool(pools.prfaas_prefill or pools.local_prefill)
-
-    desired = pools_of(desired_fingerprint)
-    if serviceable(desired):
-        return PoolChoice(desired, desired_fingerprint)
-    ready_by_fingerprint = Counter(p.fingerprint for p in everything if p.ready and p.fingerprint)
-    for fingerprint, _ in sorted(ready_by_fingerprint.items(), key=lambda item: (-item[1], item[0])):
-        if fingerprint != desired_fingerprint and serviceable(older := pools_of(fingerprint)):
-            note = (
-                f"serving KV fingerprint {fingerprint} until {desired_fingerprint} has a ready prefill "
-                "and a ready decode (layout rollout in progress)"
-            )
-            return PoolChoice(older, fingerprint, note)
-    return PoolChoice(desired, desired_fingerprint)
-
-
-def decode_capacity(
-    spec: PrfaasDeploymentSpec, measured_output_tokens: float | None
-) -> DecodeCapacity | None:
-    """What a decode slot holds a request for: BS_max and mean output x step time (None: unknown).
-
-    The planner's measured mean output wins over the spec's expectation; it is rounded to two
-    significant digits so that a new measurement every planner tick does not rewrite the config.
-    """
-    tokens = measured_output_tokens or spec.routing.expected_output_tokens
-    if not tokens or not math.isfinite(tokens):
-        return None
-    rounded = float(f"{tokens:.2g}")
-    pd = spec.pd_cluster
-    return DecodeCapacity(
-        max_running_requests=pd.max_decode_batch, seconds_per_request=rounded * pd.decode_step_seconds
-    )
-
-
-def build_router_config(
-    spec: PrfaasDeploymentSpec,
-    allocation: Allocation,
-    choice: PoolChoice,
-    previous: RouterConfig | None,
-    min_version: int = 0,
-    *,
-    measured_output_tokens: float | None = None,
-) -> RouterConfig:
-    """The router config for this allocation and these endpoints; raises ProfileError on a refused fit.
-
-    The version is bumped only when the content changes, and never falls below `min_version`
-    (the last version recorded in status), so a recreated ConfigMap is not older than what
-    the router already runs.
-    """
-    candidate = RouterConfig(
-        version=0,
-        served_model_name=spec.model.served_model_name,
-        threshold_tokens=allocation.threshold_tokens,
-        block_size_tokens=spec.routing.block_size,
-        bandwidth_mode=spec.routing.bandwidth_mode.value,
-        chars_per_token=DEFAULT_CHARS_PER_TOKEN,
-        session_affinity_header=spec.routing.session_affinity_header,
-        router_replicas=spec.router.replicas,
-        link=spec.link.budget(),
-        kv_size=KvSize(
-            bytes_per_token=spec.model.kv.bytes_per_token, fixed_bytes=spec.model.kv.fixed_state_bytes
-        ),
-        prefill_time={
-            "prfaas": fitted_prefill_time(spec.prefill_cluster.prefill_profile),
-            "local": fitted_prefill_time(spec.pd_cluster.prefill_profile),
-        },
-        slo=Slo(ttft_seconds=spec.slo.ttft_seconds, tpot_seconds=spec.slo.tpot_seconds),
-        decode=decode_capacity(spec, measured_output_tokens),
-        pools=choice.pools,
-        fingerprint=choice.fingerprint,
-    )
-    unchanged = (
-        previous is not None and candidate.model_copy(update={"version": previous.version}) == previous
-    )
-    if previous is not None and unchanged and previous.version >= min_version:
-        return previous
-    floor = max(previous.version if previous is not None else 0, min_version)
-    return candidate.model_copy(update={"version": floor + 1})
-
-
-def endpoint_counts(config: RouterConfig) -> dict[str, int]:
-    return {pool.value: len(config.pools.of(pool)) for pool in Pool}

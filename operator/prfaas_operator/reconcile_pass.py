@@ -1,0 +1,500 @@
+"""The decisions of one reconcile pass, as pure functions (no client, no awaits; time passed in).
+
+The executor (reconcile.Reconciler) reads the caches and the API, calls these steps and applies
+what they say. A pass has three steps, because two reads sit between them and the status
+depends on what the applies did:
+
+1. ``plan_pd_engines``: from the spec, the last status and the live replica counts of the
+   local workloads, the allocation in force, the KV fingerprint, the local drains and the
+   PD cluster's engine and router children. The executor starts applying these at once, so a
+   slow PrfaaS cluster never holds up the local side.
+2. ``plan_router_and_prefill_cluster``: once the PrfaaS cluster was looked at (or found
+   failing) and, after a restart, the router ConfigMap was read, the PrfaaS drain, the router
+   config (written, kept while a cache is still listing, or recovered from the ConfigMap so
+   its version never goes backwards), the router's children and the PrfaaS cluster's children.
+3. ``conclude_pass``: once the applies are done, which drains advance or end, the status to
+   write and how soon to come back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from prfaas_core.profiles import ProfileError
+from prfaas_core.router_config import RouterConfig
+from prfaas_core.vocabulary import LABEL_ROLE, Pool, Role
+from pydantic import ValidationError
+
+from prfaas_operator import drain
+from prfaas_operator.allocation import AllocationChoice, effective_allocation
+from prfaas_operator.api import (
+    Condition,
+    ConditionType,
+    PrfaasDeploymentSpec,
+    PrfaasDeploymentStatus,
+)
+from prfaas_operator.drain import Drain
+from prfaas_operator.fingerprint import kv_fingerprint
+from prfaas_operator.manifests import (
+    ROUTER_CONFIG_KEY,
+    Names,
+    Owner,
+    disruption_budget,
+    pd_cluster_engine_objects,
+    prefill_cluster_objects,
+    router_access,
+    router_configmap,
+    router_deployment,
+    router_service,
+)
+from prfaas_operator.router_config_builder import build_router_config, choose_pools, endpoint_counts
+from prfaas_operator.status import (
+    INVALID_PROFILE,
+    INVALID_SPEC,
+    ClusterObservation,
+    PodInfo,
+    Problem,
+    RouterConfigOutcome,
+    StatusInputs,
+    compute_status,
+)
+
+log = logging.getLogger("prfaas_operator.reconcile")
+
+Manifest = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ReconcileOptions:
+    """Timing of the reconcile loop (seconds)."""
+
+    resync_seconds: float = 10.0
+    """Period of passes once Ready (child events bring a pass forward at once)."""
+    converge_seconds: float = 1.0
+    """First period after a change while not Ready; it grows 1.25x per pass up to resync_seconds."""
+    remote_backoff_seconds: float = 2.0
+    """First retry delay after the PrfaaS cluster failed; doubles per failure."""
+    remote_backoff_max_seconds: float = 30.0
+    """Longest retry delay for a failing PrfaaS cluster."""
+    remote_cleanup_timeout_seconds: float = 300.0
+    """How long a deletion retries an unreachable PrfaaS cluster before releasing the CR."""
+    drain_seconds: float = 30.0
+    """How long an engine being scaled away stays out of the router config before its pod goes."""
+    watch_namespaces: tuple[str, ...] = ()
+    """The namespaces the operator watches (empty: all); the PD cluster's caches watch only these."""
+
+
+# ---- step 1: the allocation, the local drains and the PD cluster's children ----------------------
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """What the PD cluster gets before the PrfaaS cluster is even looked at."""
+
+    choice: AllocationChoice
+    fingerprint: str
+    drains: Mapping[str, Drain]  # engine role -> its scale-down in progress
+    manifests: Sequence[Manifest]  # local engines (held while draining), router Service, PDB, access
+    notes: Sequence[str] = ()  # worth a log line
+
+
+def plan_pd_engines(
+    spec: PrfaasDeploymentSpec,
+    owner: Owner,
+    previous: PrfaasDeploymentStatus,
+    drains: Mapping[str, Drain],
+    live: Mapping[str, int | None],
+    now: float,
+    options: ReconcileOptions,
+) -> EnginePlan:
+    """Step 1. `live`: spec.replicas of the local prefill and decode StatefulSets (None: absent)."""
+    choice = effective_allocation(spec, previous.allocation)
+    fingerprint = kv_fingerprint(spec.model)
+    names = Names.of(owner.name)
+    drains, notes = dict(drains), []
+    for role, name, desired in (
+        (Role.PD_PREFILL, names.pd_prefill, choice.allocation.pd_prefill_instances),
+        (Role.PD_DECODE, names.pd_decode, choice.allocation.pd_decode_instances),
+    ):
+        notes += step_drain(drains, owner, role, name, desired, live.get(role), now, options.drain_seconds)
+    manifests = [
+        *held(pd_cluster_engine_objects(spec, owner, choice.allocation, fingerprint), drains),
+        router_service(spec, owner),
+        disruption_budget(spec, owner, names.router, owner.namespace, Role.ROUTER, remote=False),
+        *router_access(owner),
+    ]
+    return EnginePlan(choice, fingerprint, drains, manifests, notes)
+
+
+def step_drain(
+    drains: dict[str, Drain],
+    owner: Owner,
+    role: str,
+    workload: str,
+    desired: int,
+    live: int | None,
+    now: float,
+    drain_seconds: float,
+) -> list[str]:
+    """Start, keep, release or end the drain of one workload in `drains`; the log lines it is worth."""
+    before = drains.get(role)
+    planned = drain.plan(before, workload, desired, live)
+    notes = []
+    if planned is not None and drain.release_due(planned, now, drain_seconds):
+        planned = dataclasses.replace(planned, released=True)
+        notes.append(f"{owner.key}: drained {role}; scaling {planned.held} -> {planned.target}")
+    if planned is None:
+        drains.pop(role, None)
+    else:
+        if before is None or before.target != planned.target:
+            notes.append(f"{owner.key}: draining {drain.describe(planned)}")
+        drains[role] = planned
+    return notes
+
+
+def held(manifests: Sequence[Manifest], drains: Mapping[str, Drain]) -> list[Manifest]:
+    """The manifests with each draining StatefulSet kept at its current replicas."""
+    result = []
+    for manifest in manifests:
+        role = (manifest["metadata"].get("labels") or {}).get(LABEL_ROLE)
+        planned = drains.get(role or "")
+        if manifest["kind"] == "StatefulSet" and planned is not None:
+            replicas = drain.replicas_to_apply(planned, manifest["spec"]["replicas"])
+            manifest = {**manifest, "spec": {**manifest["spec"], "replicas": replicas}}
+        result.append(manifest)
+    return result
+
+
+# ---- step 2: the PrfaaS drain, the router config and the remaining children ----------------------
+
+
+@dataclass(frozen=True)
+class PrefillClusterSeen:
+    """What the executor found of the PrfaaS cluster: an observation, and its StatefulSet's replicas.
+
+    `reachable` False: its client or its watches failed (or it is backing off); nothing was
+    looked at and nothing will be applied there this pass.
+    """
+
+    observation: ClusterObservation
+    reachable: bool
+    live_replicas: int | None = None
+
+
+@dataclass(frozen=True)
+class StoredRouterConfig:
+    """The router ConfigMap as read after a restart: its config (None: absent or unreadable) or why not."""
+
+    config: RouterConfig | None = None
+    problem: Problem | None = None
+
+
+def needs_stored_router_config(last: RouterConfig | None, previous: PrfaasDeploymentStatus) -> bool:
+    """Restarted with a config recorded in status but none in memory: read the ConfigMap first."""
+    return last is None and previous.allocation is not None
+
+
+@dataclass(frozen=True)
+class RouterConfigDecision:
+    """The router config this pass serves, and why: built from the endpoints, kept, or not known."""
+
+    action: Literal["build", "keep", "unknown"]
+    """build: from the ready endpoints (the ConfigMap is written when its version is new); keep: the
+    last one stays (a cache still listing, or a refused profile fit); unknown: its ConfigMap could
+    not be read after a restart."""
+    config: RouterConfig | None
+    outcome: RouterConfigOutcome
+    problem: Problem | None = None  # unknown: why the ConfigMap could not be read
+
+
+def decide_router_config(
+    spec: PrfaasDeploymentSpec,
+    previous: PrfaasDeploymentStatus,
+    engines: EnginePlan,
+    drains: Mapping[str, Drain],
+    prefill_seen: ClusterObservation,
+    pd_seen: ClusterObservation,
+    last_config: RouterConfig | None,
+    stored: StoredRouterConfig | None,
+) -> RouterConfigDecision:
+    """`last_config`: the config this process last wrote; `stored`: the ConfigMap's, when read.
+
+    Endpoints of a PrfaaS cluster that failed are left out, so traffic stays local. While a
+    cache is still listing (just after a restart) the last config is kept: one built from it
+    would drop endpoints that are working. A refused profile fit keeps the last good config.
+    The version never falls below the one recorded in status.
+    """
+    min_version = previous.allocation.router_config_version if previous.allocation is not None else 0
+    last = last_config
+    if stored is not None:  # restarted: continue the router's versions
+        if stored.problem is not None:
+            return RouterConfigDecision("unknown", None, RouterConfigOutcome(0, {}), stored.problem)
+        last = stored.config
+    if prefill_seen.listing or pd_seen.listing:
+        return RouterConfigDecision("keep", last, kept(last, min_version))
+    remote_pods = leaving(prefill_seen.pods, drains) if prefill_seen.observed else None
+    choice = choose_pools(spec, engines.fingerprint, remote_pods, leaving(pd_seen.pods, drains))
+    try:
+        config = build_router_config(
+            spec, engines.choice.allocation, choice, last, min_version=min_version,
+            measured_output_tokens=measured_output_tokens(previous),
+        )  # fmt: skip
+    except ProfileError as err:
+        keeps = f"the router keeps config v{last.version}" if last is not None else "no router config yet"
+        problem = Problem(INVALID_PROFILE, f"prefill profile refused ({err}); {keeps}")
+        return RouterConfigDecision("keep", last, kept(last, min_version, problem))
+    outcome = RouterConfigOutcome(config.version, endpoint_counts(config), note=choice.note)
+    return RouterConfigDecision("build", config, outcome)
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    """Step 2's decisions: what to apply in both clusters and the router config they carry."""
+
+    drains: Mapping[str, Drain]
+    router_config: RouterConfigDecision
+    router_manifests: Sequence[Manifest]  # the router Deployment, and its ConfigMap when a config exists
+    prefill_cluster_manifests: Sequence[Manifest]  # held while draining; applied only when reachable
+    notes: Sequence[str] = ()
+
+
+def plan_router_and_prefill_cluster(
+    spec: PrfaasDeploymentSpec,
+    owner: Owner,
+    previous: PrfaasDeploymentStatus,
+    engines: EnginePlan,
+    prefill_seen: PrefillClusterSeen,
+    pd_seen: ClusterObservation,
+    last_config: RouterConfig | None,
+    stored: StoredRouterConfig | None,
+    now: float,
+    options: ReconcileOptions,
+) -> PassPlan:
+    """Step 2: the PrfaaS drain (when that cluster could be looked at), then the router config."""
+    allocation = engines.choice.allocation
+    drains, notes = dict(engines.drains), []
+    if prefill_seen.reachable:
+        notes += step_drain(
+            drains, owner, Role.PRFAAS_PREFILL, Names.of(owner.name).prfaas_prefill,
+            allocation.prefill_cluster_replicas, prefill_seen.live_replicas, now, options.drain_seconds,
+        )  # fmt: skip
+    decision = decide_router_config(
+        spec, previous, engines, drains, prefill_seen.observation, pd_seen, last_config, stored
+    )
+    config = decision.config
+    router = [router_deployment(spec, owner, config.to_json() if config else None)]
+    router += [router_configmap(owner, config)] if config is not None else []
+    remote = held(prefill_cluster_objects(spec, owner, allocation, engines.fingerprint), drains)
+    return PassPlan(drains, decision, router, remote, notes)
+
+
+def leaving(pods: Sequence[PodInfo], drains: Mapping[str, Drain]) -> list[PodInfo]:
+    """The pods, with those on their way out marked as deleting (no router config lists them)."""
+    return [
+        dataclasses.replace(pod, deleting=True)
+        if drain.draining(drains.get(pod.role or ""), pod.name)
+        else pod
+        for pod in pods
+    ]
+
+
+def measured_output_tokens(status: PrfaasDeploymentStatus) -> float | None:
+    """The mean output length the planner last observed (status.planner.inputs), if any."""
+    text = (status.planner.inputs.get("meanOutputTokens") if status.planner is not None else None) or ""
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def kept(last: RouterConfig | None, min_version: int, problem: Problem | None = None) -> RouterConfigOutcome:
+    """The outcome when the router keeps the config it has (or still has none)."""
+    if last is None:
+        return RouterConfigOutcome(min_version, {}, problem)
+    return RouterConfigOutcome(last.version, endpoint_counts(last), problem)
+
+
+def parse_router_config(configmap: Mapping[str, Any] | None) -> RouterConfig | None:
+    """The config in the ConfigMap, or None when absent or unreadable (it is then rewritten)."""
+    text = ((configmap or {}).get("data") or {}).get(ROUTER_CONFIG_KEY)
+    if text is None:
+        return None
+    try:
+        return RouterConfig.from_json(text)
+    except ValidationError:
+        log.warning("the router config in the ConfigMap is unreadable; it will be rewritten")
+        return None
+
+
+# ---- step 3: after the applies: drains, status, when to come back -----------------------------
+
+
+@dataclass(frozen=True)
+class Applies:
+    """What became of the applies of step 1 and 2 (None: done, or not tried)."""
+
+    engines_problem: Problem | None = None
+    router_problem: Problem | None = None
+    prefill_cluster_seen: ClusterObservation | None = None  # replaces the observation when its apply failed
+    prefill_cluster_problems: Sequence[Problem] = ()  # e.g. PruneFailed
+
+
+@dataclass(frozen=True)
+class Conclusion:
+    """Step 3's decisions: the drains to remember, the status, and the earliest reason to come back."""
+
+    drains: Mapping[str, Drain]
+    router_config: RouterConfig | None  # the config in force now (what memory keeps)
+    router_config_written: bool  # a new version reached the ConfigMap (worth a log line and a metric)
+    status: PrfaasDeploymentStatus
+    come_back_within: float | None  # a drain clock or a cache still listing; the status adds its own
+    notes: Sequence[str] = ()
+
+
+def conclude_pass(
+    spec: PrfaasDeploymentSpec,
+    owner: Owner,
+    generation: int | None,
+    previous: PrfaasDeploymentStatus,
+    engines: EnginePlan,
+    plan: PassPlan,
+    prefill_seen: ClusterObservation,
+    pd_seen: ClusterObservation,
+    applies: Applies,
+    last_config: RouterConfig | None,
+    now: float,
+    wall_now: str,
+    options: ReconcileOptions,
+) -> Conclusion:
+    """Step 3. `last_config`: the config memory held before this pass; `wall_now`: RFC 3339."""
+    written = plan.router_config.config if applies.router_problem is None else None
+    new_version = written is not None and (last_config is None or last_config.version != written.version)
+    notes = [f"{owner.key}: router config v{written.version}"] if new_version and written is not None else []
+    if written is not None:
+        last_config = written
+    drains, drain_delay, drain_notes = follow_drains(
+        owner, plan.drains, written, prefill_seen, pd_seen, now, options
+    )
+    notes += drain_notes
+    if applies.prefill_cluster_seen is not None:
+        prefill_seen = applies.prefill_cluster_seen
+    router_outcome: RouterConfigOutcome | None = plan.router_config.outcome
+    local_problem = applies.engines_problem or applies.router_problem or plan.router_config.problem
+    if local_problem is not None:
+        pd_seen, router_outcome = ClusterObservation(local_problem), None
+    listing = prefill_seen.listing or pd_seen.listing  # the router config waits for their first lists
+    allocation = engines.choice.allocation  # carries the last recorded config version when none was decided
+    if router_outcome is not None:
+        allocation = allocation.model_copy(update={"router_config_version": router_outcome.version})
+    status = compute_status(
+        StatusInputs(
+            generation=generation,
+            allocation=allocation,
+            fingerprint=engines.fingerprint,
+            router_replicas=spec.router.replicas,
+            prefill_namespace=spec.prefill_cluster.namespace,
+            prefill_cluster_is_remote=spec.prefill_cluster.kubeconfig_secret_ref is not None,
+            prefill_cluster=prefill_seen,
+            pd_cluster=pd_seen,
+            router_config=router_outcome,
+            previous=previous,
+            now=wall_now,
+            extra_problems=applies.prefill_cluster_problems,
+        )
+    )
+    soon = [
+        delay for delay in (drain_delay, options.converge_seconds if listing else None) if delay is not None
+    ]
+    return Conclusion(drains, last_config, new_version, status, min(soon, default=None), notes)
+
+
+def follow_drains(
+    owner: Owner,
+    drains: Mapping[str, Drain],
+    config: RouterConfig | None,
+    prefill_seen: ClusterObservation,
+    pd_seen: ClusterObservation,
+    now: float,
+    options: ReconcileOptions,
+) -> tuple[dict[str, Drain], float | None, list[str]]:
+    """After the applies: start the drain clocks the written config allows, end finished drains.
+
+    Returns the drains still in progress, the seconds until one is due, and the log lines.
+    """
+    listed = (
+        [endpoint.name for pool in Pool for endpoint in config.pools.of(pool)] if config is not None else None
+    )
+    wake: float | None = None
+    following: dict[str, Drain] = {}
+    notes = []
+    for role, planned in drains.items():
+        seen = prefill_seen if role == Role.PRFAAS_PREFILL else pd_seen
+        pods = [pod.name for pod in seen.pods if pod.role == role]
+        live = seen.ready.get(role)  # only a hint; finished() also needs the pods gone
+        if listed is not None:
+            planned = drain.after_config_written(planned, listed, now)
+        if seen.observed and planned.released and drain.finished(planned, planned.target, pods):
+            notes.append(f"{owner.key}: {role} is at {planned.target} replicas (ready {live})")
+            continue
+        following[role] = planned
+        left = drain.seconds_left(planned, now, options.drain_seconds)
+        if left is not None:
+            wake = left if wake is None else min(wake, left)
+    return following, wake, notes
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How soon the next pass comes, and the converging period after it."""
+
+    delay: float
+    converge_delay: float
+    result: str  # ready, progressing, degraded
+
+
+def pace(status: PrfaasDeploymentStatus, converge_delay: float, options: ReconcileOptions) -> Pace:
+    """Every resync period once Ready; while not, a period that starts short and grows 1.25x per pass."""
+    ready = condition_true(status.conditions, ConditionType.READY)
+    degraded = condition_true(status.conditions, ConditionType.DEGRADED)
+    result = "ready" if ready else "degraded" if degraded else "progressing"
+    if ready:
+        return Pace(options.resync_seconds, options.converge_seconds, result)
+    return Pace(converge_delay, min(options.resync_seconds, converge_delay * 1.25), result)
+
+
+def condition_true(conditions: Sequence[Condition], kind: ConditionType) -> bool:
+    return any(c.type == kind.value and c.status == "True" for c in conditions)
+
+
+# ---- an invalid spec ---------------------------------------------------------------------------
+
+
+def invalid_spec_status(
+    previous: PrfaasDeploymentStatus, generation: int | None, err: ValidationError, wall_now: str
+) -> tuple[PrfaasDeploymentStatus, Problem]:
+    """The status that says why the spec cannot be reconciled (the rest of the last status stays)."""
+    first = err.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    problem = Problem(INVALID_SPEC, f"spec.{where}: {first['msg']} ({err.error_count()} error(s))")
+    conditions = [
+        Condition(type=kind.value, status=value, reason=INVALID_SPEC, message=problem.message,
+                  last_transition_time=wall_now, observed_generation=generation)
+        for kind, value in ((ConditionType.READY, "False"), (ConditionType.DEGRADED, "True"))
+    ]  # fmt: skip
+    status = previous.model_copy(update={"observed_generation": generation, "conditions": conditions})
+    return status, problem
+
+
+# ---- pruning the PrfaaS cluster ------------------------------------------------------------------
+
+
+def stale_children(
+    found: Sequence[tuple[str, str, str]], wanted: Sequence[Manifest]
+) -> list[tuple[str, str, str]]:
+    """The (kind, namespace, name) of this CR's remote children that are no longer desired."""
+    keep = {(o["kind"], o["metadata"]["namespace"], o["metadata"]["name"]) for o in wanted}
+    return [child for child in found if child not in keep]

@@ -1,0 +1,168 @@
+"""The router config the operator writes: spec + allocation + the ready endpoints it observed (pure).
+
+Endpoints are taken from the pods the reconcile saw in both clusters, all of one KV fingerprint
+(choose_pools), so the router never pairs engines that lay the KV cache out differently; the
+version is bumped only when the content changes.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from prfaas_core.router_config import (
+    DecodeCapacity,
+    Endpoint,
+    KvSize,
+    Pools,
+    RouterConfig,
+    Slo,
+    fitted_prefill_time,
+)
+from prfaas_core.vocabulary import Pool, Role
+
+from prfaas_operator.api import Allocation, PrfaasDeploymentSpec
+from prfaas_operator.status import PodInfo
+
+DEFAULT_CHARS_PER_TOKEN = 4.0
+
+
+def _url(ip: str, port: int) -> str:
+    host = f"[{ip}]" if ipaddress.ip_address(ip).version == 6 else ip
+    return f"http://{host}:{port}"
+
+
+def ready_endpoints(
+    pods: Iterable[PodInfo], role: str, port: int, bootstrap_port: int | None
+) -> list[Endpoint]:
+    """Endpoints of the pods of `role` that are ready, addressed and not being deleted, by name."""
+    return [
+        Endpoint(name=pod.name, url=_url(pod.ip, port), bootstrap_port=bootstrap_port)
+        for pod in sorted(pods, key=lambda p: p.name)
+        if pod.role == role and pod.ready and pod.ip and not pod.deleting
+    ]
+
+
+@dataclass(frozen=True)
+class PoolChoice:
+    """The endpoints the router gets, all of one fingerprint, and a note when it is not the desired one."""
+
+    pools: Pools
+    fingerprint: str
+    note: str | None = None
+
+
+def choose_pools(
+    spec: PrfaasDeploymentSpec,
+    desired_fingerprint: str,
+    prefill_cluster_pods: Sequence[PodInfo] | None,
+    pd_cluster_pods: Sequence[PodInfo],
+) -> PoolChoice:
+    """Ready endpoints of one KV layout, so the router never pairs incompatible engines.
+
+    The desired fingerprint is served as soon as it has a ready prefill and a ready decode;
+    until then (a rollout that changes the layout) the layout with the most ready pods that
+    has both keeps serving. `prefill_cluster_pods` is None when the PrfaaS cluster could not be
+    listed: its endpoints are dropped (a stale pod IP may belong to another pod by now), so
+    the router sends everything to the local prefill pool.
+    """
+    pc, pd = spec.prefill_cluster, spec.pd_cluster
+    remote = list(prefill_cluster_pods or [])
+    everything = remote + list(pd_cluster_pods)
+
+    def pools_of(fingerprint: str) -> Pools:
+        def mine(pods: Sequence[PodInfo]) -> list[PodInfo]:
+            return [p for p in pods if p.fingerprint == fingerprint]
+
+        return Pools(
+            prfaas_prefill=ready_endpoints(mine(remote), Role.PRFAAS_PREFILL, pc.port, pc.bootstrap_port),
+            local_prefill=ready_endpoints(mine(pd_cluster_pods), Role.PD_PREFILL, pd.port, pd.bootstrap_port),
+            decode=ready_endpoints(mine(pd_cluster_pods), Role.PD_DECODE, pd.port, None),
+        )
+
+    def serviceable(pools: Pools) -> bool:
+        return bool(pools.decode) and bool(pools.prfaas_prefill or pools.local_prefill)
+
+    desired = pools_of(desired_fingerprint)
+    if serviceable(desired):
+        return PoolChoice(desired, desired_fingerprint)
+    ready_by_fingerprint = Counter(p.fingerprint for p in everything if p.ready and p.fingerprint)
+    for fingerprint, _ in sorted(ready_by_fingerprint.items(), key=lambda item: (-item[1], item[0])):
+        if fingerprint != desired_fingerprint and serviceable(older := pools_of(fingerprint)):
+            note = (
+                f"serving KV fingerprint {fingerprint} until {desired_fingerprint} has a ready prefill "
+                "and a ready decode (layout rollout in progress)"
+            )
+            return PoolChoice(older, fingerprint, note)
+    return PoolChoice(desired, desired_fingerprint)
+
+
+def decode_capacity(
+    spec: PrfaasDeploymentSpec, measured_output_tokens: float | None
+) -> DecodeCapacity | None:
+    """What a decode slot holds a request for: BS_max and mean output x step time (None: unknown).
+
+    The planner's measured mean output wins over the spec's expectation; it is rounded to two
+    significant digits so that a new measurement every planner tick does not rewrite the config.
+    """
+    tokens = measured_output_tokens or spec.routing.expected_output_tokens
+    if not tokens or not math.isfinite(tokens):
+        return None
+    rounded = float(f"{tokens:.2g}")
+    pd = spec.pd_cluster
+    return DecodeCapacity(
+        max_running_requests=pd.max_decode_batch, seconds_per_request=rounded * pd.decode_step_seconds
+    )
+
+
+def build_router_config(
+    spec: PrfaasDeploymentSpec,
+    allocation: Allocation,
+    choice: PoolChoice,
+    previous: RouterConfig | None,
+    min_version: int = 0,
+    *,
+    measured_output_tokens: float | None = None,
+) -> RouterConfig:
+    """The router config for this allocation and these endpoints; raises ProfileError on a refused fit.
+
+    The version is bumped only when the content changes, and never falls below `min_version`
+    (the last version recorded in status), so a recreated ConfigMap is not older than what
+    the router already runs.
+    """
+    candidate = RouterConfig(
+        version=0,
+        served_model_name=spec.model.served_model_name,
+        threshold_tokens=allocation.threshold_tokens,
+        block_size_tokens=spec.routing.block_size,
+        bandwidth_mode=spec.routing.bandwidth_mode.value,
+        chars_per_token=DEFAULT_CHARS_PER_TOKEN,
+        session_affinity_header=spec.routing.session_affinity_header,
+        router_replicas=spec.router.replicas,
+        link=spec.link.budget(),
+        kv_size=KvSize(
+            bytes_per_token=spec.model.kv.bytes_per_token, fixed_bytes=spec.model.kv.fixed_state_bytes
+        ),
+        prefill_time={
+            "prfaas": fitted_prefill_time(spec.prefill_cluster.prefill_profile),
+            "local": fitted_prefill_time(spec.pd_cluster.prefill_profile),
+        },
+        slo=Slo(ttft_seconds=spec.slo.ttft_seconds, tpot_seconds=spec.slo.tpot_seconds),
+        decode=decode_capacity(spec, measured_output_tokens),
+        pools=choice.pools,
+        fingerprint=choice.fingerprint,
+    )
+    unchanged = (
+        previous is not None and candidate.model_copy(update={"version": previous.version}) == previous
+    )
+    if previous is not None and unchanged and previous.version >= min_version:
+        return previous
+    floor = max(previous.version if previous is not None else 0, min_version)
+    return candidate.model_copy(update={"version": floor + 1})
+
+
+def endpoint_counts(config: RouterConfig) -> dict[str, int]:
+    return {pool.value: len(config.pools.of(pool)) for pool in Pool}
