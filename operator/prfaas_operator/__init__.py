@@ -1,1 +1,1 @@
-"""The PrfaasDeployment operator: CRD models, pure builders and planner, kube and Prometheus adapters."""
+"""The PrfaasDeployment operator: the CR's models, pure builders and reconcile pass, the executors, kube and Prometheus adapters."""
