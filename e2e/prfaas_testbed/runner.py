@@ -44,7 +44,7 @@ from prfaas_testbed.runner_state import is_held_down, read_control, write_status
 
 log = logging.getLogger("prfaas_testbed.runner")
 
-SCRAPE_ROLES = (*Role, "operator")
+SCRAPE_ROLES: tuple[str, ...] = (*(role.value for role in Role), "operator")
 """One Prometheus job per role; a pod's role is its prfaas.io/role label, else its workload kind."""
 IP_COMMAND = shutil.which("ip") or "ip"  # iproute2, for the PrfaaS pods' network namespace
 
