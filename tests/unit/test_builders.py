@@ -6,13 +6,10 @@ The expected values come from examples/prfaasdeployment.yaml (4 PrfaaS prefill i
 
 from __future__ import annotations
 
-import copy
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 from prfaas_core.profiles import ProfileError
@@ -25,23 +22,10 @@ from prfaas_operator.fingerprint import kv_fingerprint, last_flag_value
 from prfaas_operator.manifests import Owner, label_value
 from prfaas_operator.router_config_builder import PoolChoice, build_router_config, choose_pools
 from prfaas_operator.status import PodInfo
+from sample_cr import spec
 
-SAMPLE_PATH = Path(__file__).resolve().parents[2] / "examples" / "prfaasdeployment.yaml"
-SAMPLE: dict[str, Any] = yaml.safe_load(SAMPLE_PATH.read_text())
 OWNER = Owner(name="kimi-linear", namespace="prfaas-demo", uid="0f6c7c2e-1111-2222-3333-444455556666")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-
-
-def spec(**changes: Any) -> PrfaasDeploymentSpec:
-    """The sample spec with dotted-path changes, e.g. spec(**{"pdCluster.hostNetwork": True})."""
-    raw = copy.deepcopy(SAMPLE["spec"])
-    for path, value in changes.items():
-        *parents, leaf = path.split(".")
-        node = raw
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return PrfaasDeploymentSpec.model_validate(raw)
 
 
 def allocation_of(s: PrfaasDeploymentSpec) -> Allocation:

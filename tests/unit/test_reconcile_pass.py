@@ -8,14 +8,11 @@ config and the PrfaaS cluster's children, then conclude with what the applies di
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from prfaas_core.router_config import RouterConfig
 from prfaas_core.vocabulary import Pool, Role
 from prfaas_operator import remote_backoff
@@ -40,25 +37,12 @@ from prfaas_operator.reconcile_pass import (
 )
 from prfaas_operator.remote_backoff import RemoteBackoff
 from prfaas_operator.status import ClusterObservation, PodInfo, Problem
+from sample_cr import spec
 
-SAMPLE_PATH = Path(__file__).resolve().parents[2] / "examples" / "prfaasdeployment.yaml"
-SAMPLE: dict[str, Any] = yaml.safe_load(SAMPLE_PATH.read_text())
 OWNER = Owner(name="kimi-linear", namespace="prfaas-demo", uid="uid-1")
 NAMES = Names.of(OWNER.name)
 OPTIONS = ReconcileOptions()
 NOW = "2026-01-01T00:00:00Z"
-
-
-def spec(**changes: Any) -> PrfaasDeploymentSpec:
-    """The sample spec with dotted-path changes, e.g. spec(**{"pdCluster.decodeInstances": 3})."""
-    raw = copy.deepcopy(SAMPLE["spec"])
-    for path, value in changes.items():
-        *parents, leaf = path.split(".")
-        node = raw
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return PrfaasDeploymentSpec.model_validate(raw)
 
 
 def pods(workload: str, role: str, count: int, fingerprint: str, *, ready: bool = True) -> list[PodInfo]:
