@@ -4,7 +4,7 @@ One spelling per concept, imported by the operator, the router, the testbed and 
 A *role* is what a pod is (its `prfaas.io/role` label, a Prometheus job); a *pool* is where the
 router sends a request leg (a key of the router config's `pools`); a *route* is where a
 request's prefill runs (a label value of the router's metrics). The three are distinct
-concepts with fixed maps between them, below.
+concepts, each with its own type or constants.
 """
 
 from __future__ import annotations
@@ -40,12 +40,6 @@ class Pool(enum.StrEnum):
     LOCAL_PREFILL = "local_prefill"
     DECODE = "decode"
 
-
-POOL_OF_ROLE = {
-    Role.PRFAAS_PREFILL: Pool.PRFAAS_PREFILL,
-    Role.PD_PREFILL: Pool.LOCAL_PREFILL,
-    Role.PD_DECODE: Pool.DECODE,
-}
 
 ROUTE_PRFAAS = "prfaas"
 """A request whose prefill runs in the PrfaaS cluster (its KV crosses the link)."""
