@@ -29,9 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prfaas_testbed.pod_workloads import Scales
+from prfaas_core.vocabulary import BITS_PER_BYTE, bytes_per_second_to_gbit, gbit_per_second_to_bytes
 
-BITS_PER_BYTE = 8
+from prfaas_testbed.pod_workloads import Scales
 
 
 class LinkMode(enum.StrEnum):
@@ -64,7 +64,9 @@ class LinkShape:
         latency_ms = link.get("latencyMs", 0)
         if not isinstance(latency_ms, int | float) or latency_ms < 0:
             raise LinkSpecError(f"spec.link.latencyMs must be >= 0, got {latency_ms!r}")
-        return cls(bandwidth_bytes_per_second=gbps * 1e9 / BITS_PER_BYTE, latency_seconds=latency_ms / 1000)
+        return cls(
+            bandwidth_bytes_per_second=gbit_per_second_to_bytes(gbps), latency_seconds=latency_ms / 1000
+        )
 
 
 def scaled_bytes_per_second(shape: LinkShape, scales: Scales) -> float:
@@ -133,7 +135,7 @@ def describe(mode: LinkMode, shape: LinkShape | None, scales: Scales) -> str:
     """One line for the demo summary: which emulation ran, and with what numbers."""
     if mode is LinkMode.UNSHAPED or shape is None:
         return "unshaped: KV crosses loopback at memory speed (no link emulation)"
-    gbps = shape.bandwidth_bytes_per_second * BITS_PER_BYTE / 1e9
+    gbps = bytes_per_second_to_gbit(shape.bandwidth_bytes_per_second)
     scaled = scaled_bytes_per_second(shape, scales)
     if mode is LinkMode.NETNS_TC:
         text = (
