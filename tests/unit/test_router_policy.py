@@ -7,6 +7,7 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prfaas_core.metrics_contract import REROUTE_REASONS
 from prfaas_core.profiles import PrefillTimeModel
 from prfaas_core.routing.policy import (
     DECODE_WAIT_Z,
@@ -426,3 +427,8 @@ def test_when_the_decode_wait_alone_breaks_the_slo_the_answer_is_an_early_429() 
     by_name["d1"].load = EngineLoad(running=4, waiting=0, max_running=4)  # P90 wait ~ 23 s
     d = routed(decide(model, RequestView(total_tokens=1000, sequences=1), available, 0.0))
     assert d.decode.name == "d1" and d.ttft_seconds <= 30.0
+
+
+def test_the_reroutes_the_planner_counts_are_reasons_the_policy_gives() -> None:
+    """The contract restates these label values; a rename in Reason must not zero the planner's count."""
+    assert set(REROUTE_REASONS) == {Reason.TTFT_REROUTE.value, Reason.LINK_BUDGET.value}
