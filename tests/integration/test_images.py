@@ -370,11 +370,17 @@ def test_the_operator_starts_from_its_image_and_stops_on_sigterm(
         seen=lambda: _logs(images, container_name),
     )
     assert status_body[0] == 200
+    # /metrics answers before kopf's first login: wait for that login to fail and be retried
+    wait_until(
+        lambda: "cannot reach the PD cluster" in _logs(images, container_name),
+        timeout_s=60,
+        what="the operator's log to say the PD cluster is unreachable",
+        seen=lambda: _logs(images, container_name),
+    )
     assert images.podman("inspect", "--format", "{{.State.Running}}", container_name).stdout.strip() == "true"
     code, took = _stop(images, container_name)
     assert code == 0, _logs(images, container_name)
     assert took < 15, f"the operator took {took:.1f} s to stop on SIGTERM"
-    assert "cannot reach the PD cluster" in _logs(images, container_name)
 
 
 def test_the_engine_sim_image_answers_sglangs_command(images: Images, container_name: str) -> None:
