@@ -37,7 +37,9 @@ ENGINE_KV_TRANSFER_SPEED_GB_S = "sglang:kv_transfer_speed_gb_s"  # histogram: to
 # label values the planner reads: requests_total{outcome} of a request refused early (429), and
 # decisions_total{reason} of a request sent to the other route than its length asks for
 OUTCOME_REJECTED = "rejected"
-REROUTE_REASONS = ("ttft_reroute", "link_budget")
+REASON_TTFT_REROUTE = "ttft_reroute"  # the router's policy.Reason values of the same names
+REASON_LINK_BUDGET = "link_budget"
+REROUTE_REASONS = (REASON_TTFT_REROUTE, REASON_LINK_BUDGET)
 
 
 def token_buckets(low: int = 64, high: int = 262144, ratio: float = 1.25) -> tuple[float, ...]:

@@ -29,7 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prfaas_core.vocabulary import BITS_PER_BYTE, bytes_per_second_to_gbit, gbit_per_second_to_bytes
+from prfaas_core.vocabulary import BITS_PER_BYTE, bytes_per_second_to_gbit
+from prfaas_operator.api import LinkSpec, first_problem
+from pydantic import ValidationError
 
 from prfaas_testbed.pod_workloads import Scales
 
@@ -56,16 +58,13 @@ class LinkShape:
 
     @classmethod
     def of_spec(cls, spec: Mapping[str, Any]) -> LinkShape:
-        """From a PrfaasDeployment spec (camelCase, as read from the API)."""
-        link = spec.get("link") or {}
-        gbps = link.get("bandwidthGbps")
-        if not isinstance(gbps, int | float) or not gbps > 0:
-            raise LinkSpecError(f"spec.link.bandwidthGbps must be a positive number, got {gbps!r}")
-        latency_ms = link.get("latencyMs", 0)
-        if not isinstance(latency_ms, int | float) or latency_ms < 0:
-            raise LinkSpecError(f"spec.link.latencyMs must be >= 0, got {latency_ms!r}")
+        """From a PrfaasDeployment spec (camelCase, as read from the API), checked by the CR's own model."""
+        try:
+            link = LinkSpec.model_validate(spec.get("link") or {}).budget()
+        except ValidationError as err:
+            raise LinkSpecError(first_problem(err, "spec.link")) from None
         return cls(
-            bandwidth_bytes_per_second=gbit_per_second_to_bytes(gbps), latency_seconds=latency_ms / 1000
+            bandwidth_bytes_per_second=link.bandwidth_bytes_per_second, latency_seconds=link.latency_seconds
         )
 
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from prfaas_core import planning, router_config
 from prfaas_core.throughput import OperatingPoint
 from prfaas_core.vocabulary import API_VERSION, gbit_per_second_to_bytes
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, ValidationError
 from pydantic.alias_generators import to_camel
 
 
@@ -24,6 +24,12 @@ def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, Jso
     if field_path:
         validation["fieldPath"] = field_path
     return validation
+
+
+def first_problem(err: ValidationError, root: str) -> str:
+    """The first problem of a model's validation error as one line: `root.field.path: message`."""
+    first = err.errors()[0]
+    return ".".join([root, *(str(part) for part in first["loc"])]) + f": {first['msg']}"
 
 
 class _Model(BaseModel):

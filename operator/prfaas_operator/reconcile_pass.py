@@ -36,6 +36,7 @@ from prfaas_operator.api import (
     ConditionType,
     PrfaasDeploymentSpec,
     PrfaasDeploymentStatus,
+    first_problem,
 )
 from prfaas_operator.drain import Drain
 from prfaas_operator.fingerprint import kv_fingerprint
@@ -477,9 +478,7 @@ def invalid_spec_status(
     previous: PrfaasDeploymentStatus, generation: int | None, err: ValidationError, wall_now: str
 ) -> tuple[PrfaasDeploymentStatus, Problem]:
     """The status that says why the spec cannot be reconciled (the rest of the last status stays)."""
-    first = err.errors()[0]
-    where = ".".join(str(part) for part in first["loc"])
-    problem = Problem(INVALID_SPEC, f"spec.{where}: {first['msg']} ({err.error_count()} error(s))")
+    problem = Problem(INVALID_SPEC, f"{first_problem(err, 'spec')} ({err.error_count()} error(s))")
     conditions = [
         Condition(type=kind.value, status=value, reason=INVALID_SPEC, message=problem.message,
                   last_transition_time=wall_now, observed_generation=generation)

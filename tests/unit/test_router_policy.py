@@ -430,5 +430,5 @@ def test_when_the_decode_wait_alone_breaks_the_slo_the_answer_is_an_early_429() 
 
 
 def test_the_reroutes_the_planner_counts_are_reasons_the_policy_gives() -> None:
-    """The contract restates these label values; a rename in Reason must not zero the planner's count."""
+    """The planner counts reroutes by these label values: they must stay the policy's own."""
     assert set(REROUTE_REASONS) == {Reason.TTFT_REROUTE.value, Reason.LINK_BUDGET.value}

@@ -37,6 +37,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from prfaas_core import metrics_contract
 from prfaas_core.profiles import PrefillTimeModel
 from prfaas_core.router_config import RouterConfig
 from prfaas_core.routing.prefix_index import NO_HIT, PrefixHit
@@ -48,14 +49,17 @@ DECODE_WAIT_Z = 1.2816
 
 
 class Reason(enum.StrEnum):
+    """Why a request went where it went (decisions_total{reason}); the planner counts the two reroutes."""
+
     SHORT_UNCACHED = "short_uncached"  # the whole prompt is at most t tokens: local
     CACHED_PREFIX = "cached_prefix"  # a long prompt whose uncached part is at most t: local
     LONG_UNCACHED = "long_uncached"  # more than t uncached tokens: PrfaaS
-    LINK_BUDGET = "link_budget"  # wanted PrfaaS, the link budget has no room: local
+    LINK_BUDGET = metrics_contract.REASON_LINK_BUDGET  # wanted PrfaaS, the link has no room: local
     PRFAAS_UNAVAILABLE = "prfaas_unavailable"  # wanted PrfaaS, no healthy PrfaaS prefill: local
     LOCAL_UNAVAILABLE = "local_unavailable"  # wanted local, no healthy local prefill: PrfaaS
     SESSION_AFFINITY = "session_affinity"  # the conversation stays where its prefix is
-    TTFT_REROUTE = "ttft_reroute"  # the preferred route breaks the TTFT SLO, the other meets it
+    # the preferred route breaks the TTFT SLO, the other meets it
+    TTFT_REROUTE = metrics_contract.REASON_TTFT_REROUTE
     SLO_REJECT = "slo_reject"  # every route breaks the TTFT SLO: 429
     DECODE_WAIT = "decode_wait"  # the wait for a decode slot alone breaks the TTFT SLO: 429
     NO_DECODE = "no_decode"  # no healthy decode instance: 503
