@@ -98,7 +98,9 @@ class Reply:
 
     @property
     def complete(self) -> bool:
-        return self._ended.done() and self._ended.exception() is None
+        """The whole body arrived. A reader cancelled while awaiting `_ended` cancels it: not complete."""
+        ended = self._ended
+        return ended.done() and not ended.cancelled() and ended.exception() is None
 
     async def read(self) -> bytes:
         """The whole body; the connection goes back to the pool."""

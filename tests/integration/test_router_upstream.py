@@ -8,6 +8,7 @@ a body cut short, silence) so that every failure is a real socket event.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
@@ -212,6 +213,31 @@ async def test_health_get_times_out_and_closes(upstream: Upstream) -> None:
     with pytest.raises(TimeoutError):
         await upstream.get(target(url, "/health"), 0.2)
     assert time.monotonic() - started < 1.0
+    server.close()
+
+
+async def test_a_body_late_past_the_timeout_is_a_timeout_and_leaves_no_error_behind(
+    upstream: Upstream,
+) -> None:
+    """Headers in time, body late (a /metrics page behind a busy link): TimeoutError, never a
+    CancelledError that would end the health, load or link loop calling `get`."""
+
+    async def late_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello")
+        await writer.drain()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(0.5)
+        writer.close()
+
+    loop_errors: list[dict[str, object]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda loop, context: loop_errors.append(context))
+    server, url = await raw_server(late_body)
+    for _ in range(2):
+        with pytest.raises(TimeoutError):
+            await upstream.get(target(url, "/metrics"), 0.2)
+    await asyncio.sleep(0.6)  # the engine closes its side: the connection's end is handled cleanly
+    assert loop_errors == []
     server.close()
 
 
