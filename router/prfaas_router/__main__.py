@@ -28,7 +28,8 @@ def parse_args(argv: Sequence[str] | None = None) -> RouterSettings:
     return from_flags(parser, argv)
 
 
-async def serve(settings: RouterSettings) -> None:
+async def serve(settings: RouterSettings) -> int:
+    """Serves until a signal (exit status 0) or a background loop's failure (1)."""
     # First: in a container the router is PID 1, which ignores signals it has no handler for,
     # and starting (the tokenizer, the config) can take a while.
     stop = asyncio.Event()
@@ -37,7 +38,7 @@ async def serve(settings: RouterSettings) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     loop.add_signal_handler(DRAIN_SIGNAL, drain.begin)
-    service = RouterService(settings, drain)
+    service = RouterService(settings, drain, on_loop_failure=stop.set)
     await service.start()
     runner = web.AppRunner(
         service.build_app(), handler_cancellation=True, shutdown_timeout=settings.drain_timeout_seconds
@@ -57,6 +58,7 @@ async def serve(settings: RouterSettings) -> None:
         )
         await runner.cleanup()
         await service.stop()
+    return 0 if service.failed_loop is None else 1
 
 
 def _tune_gc() -> None:
@@ -87,11 +89,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     disable_created_metrics()  # no *_created series: half the exposition, nothing the planner reads
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         try:
-            runner.run(serve(settings))
+            return runner.run(serve(settings))
         except TokenizerError as err:
             log.error("%s", err)
             return 2
-    return 0
 
 
 if __name__ == "__main__":

@@ -39,7 +39,12 @@ log = logging.getLogger("prfaas_router")
 class RouterService:
     """Owns the session, the fleet, the config watcher and the background loops."""
 
-    def __init__(self, settings: RouterSettings, drain: ShutdownDrain | None = None) -> None:
+    def __init__(
+        self,
+        settings: RouterSettings,
+        drain: ShutdownDrain | None = None,
+        on_loop_failure: Callable[[], None] | None = None,
+    ) -> None:
         self.settings = settings
         self.limits = settings.limits  # built once, read by every request
         self.metrics = RouterMetrics()
@@ -54,6 +59,10 @@ class RouterService:
         self._dispatcher: Dispatcher | None = None
         self._health: HealthChecker | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self._on_loop_failure = on_loop_failure
+        self.failed_loop: str | None = None
+        """The background loop that ended on its own (the router then stops: restarted, not stale)."""
         self.config_map: ConfigMapSource | None = None
         self.config_map_problem: str | None = None
         ref = settings.config_map_ref
@@ -111,16 +120,36 @@ class RouterService:
             interval_seconds=settings.load_poll_interval_seconds,
             timeout_seconds=settings.load_poll_timeout_seconds,
         )
-        self._tasks = [
-            asyncio.create_task(self.watcher.run()),
-            asyncio.create_task(self._health.run()),
-            asyncio.create_task(loads.run()),
-            asyncio.create_task(self._link.run()),
-        ]
+        loops = {
+            "config-file": self.watcher.run(),
+            "health": self._health.run(),
+            "loads": loads.run(),
+            "link": self._link.run(),
+        }
         if self.config_map is not None:
-            self._tasks.append(asyncio.create_task(self.config_map.run()))
+            loops["config-map"] = self.config_map.run()
+        self._tasks = [asyncio.create_task(loop, name=name) for name, loop in loops.items()]
+        for task in self._tasks:
+            task.add_done_callback(self._loop_ended)
+
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        """A loop runs until stop(): one that ends before would leave health, loads, the link
+        estimate or the config frozen while the router kept serving on them."""
+        if self._stopping or self.failed_loop is not None:
+            return
+        self.failed_loop = task.get_name()
+        error = None if task.cancelled() else task.exception()
+        log.critical(
+            "background loop %r ended: %r; the router stops so that it is restarted",
+            self.failed_loop,
+            error if error is not None else "cancelled",
+            exc_info=error,
+        )
+        if self._on_loop_failure is not None:
+            self._on_loop_failure()
 
     async def stop(self) -> None:
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -279,12 +308,18 @@ class RouterService:
         now = time.monotonic()
         available = {pool.value: len(self.fleet.available(pool, now)) for pool in Pool}
         total = {pool.value: len(self.fleet.pools[pool]) for pool in Pool}
-        has_prefill = available[Pool.LOCAL_PREFILL.value] + available[Pool.PRFAAS_PREFILL.value] > 0
-        serving = self.snapshot is not None and available[Pool.DECODE.value] > 0 and has_prefill
+        routable = self.fleet.routable(now)  # what a request may go to: last resorts included
+        has_prefill = bool(routable.local or routable.prfaas)
+        serving = self.snapshot is not None and bool(routable.decode) and has_prefill
         ready = serving and not self.drain.active
         body = {
             "status": "ready" if ready else "draining" if self.drain.active else "not_ready",
             "healthy_workers": available,
+            "routable_workers": {
+                Pool.LOCAL_PREFILL.value: len(routable.local),
+                Pool.PRFAAS_PREFILL.value: len(routable.prfaas),
+                Pool.DECODE.value: len(routable.decode),
+            },
             "total_workers": total,
         }
         return web.json_response(body, status=200 if ready else 503)
