@@ -12,7 +12,8 @@ one with requests in flight (a decode busy with long non-streamed answers sends 
 they end) or one that sent us bytes within the last interval and timeout. Such an engine answers
 its health check late but is alive, and ejecting it would move its load onto the others. An idle
 engine behind a cut link is still caught by the first timeout, and one with requests in flight
-by the read timeout of those requests; a refused or reset connection always counts.
+by the read timeout of those requests; a refused or reset connection always counts. A worker
+ejected by timeouts alone stays a last resort (`Fleet.routable`) for a pool left with nothing else.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class HealthChecker:
 
     async def _check(self, worker: Worker) -> None:
         where = target(worker.url, self._path)
-        error = ""
+        error, timed_out = "", False
         try:
             status, _ = await self._upstream.get(where, self._timeout)
             ok = status == 200
@@ -87,10 +88,10 @@ class HealthChecker:
                     worker.name,
                 )
                 return
-            ok, error = False, repr(err)
+            ok, error, timed_out = False, repr(err), True
         except UpstreamError as err:
             ok, error = False, repr(err)
-        if worker.record_health(ok, self._failure_threshold):
+        if worker.record_health(ok, self._failure_threshold, timed_out=timed_out):
             if ok:
                 log.info("worker %s/%s is healthy", worker.pool.value, worker.name)
             else:

@@ -37,7 +37,6 @@ from aiohttp import web
 from aiohttp.http_writer import HttpVersion11
 from prfaas_core.router_config import RouterConfig
 from prfaas_core.routing.policy import (
-    AvailableWorkers,
     Decision,
     PolicyModel,
     Rejection,
@@ -203,12 +202,7 @@ class Dispatcher:
         excluded: set[Worker] = set()
         failures: list[str] = []
         for _ in range(self._max_attempts):
-            now = time.monotonic()
-            pools = AvailableWorkers(
-                local=self._candidates(Pool.LOCAL_PREFILL, now, excluded),
-                prfaas=self._candidates(Pool.PRFAAS_PREFILL, now, excluded),
-                decode=self._candidates(Pool.DECODE, now, excluded),
-            )
+            pools = self._fleet.routable(time.monotonic(), excluded)
             decision = decide(self._link.limit(snapshot.model), view, pools, self.link_inflight_bytes)
             if isinstance(decision, Rejection):
                 metrics.decisions.labels(NO_ROUTE, decision.reason.value).inc()
@@ -244,9 +238,6 @@ class Dispatcher:
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-
-    def _candidates(self, pool: Pool, now: float, excluded: set[Worker]) -> list[Worker]:
-        return [w for w in self._fleet.pools[pool] if w.available(now) and w not in excluded]
 
     async def _attempt(
         self, exchange: Exchange, snapshot: Snapshot, decision: Decision

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from prfaas_core.router_config import RouterConfig
-from prfaas_core.routing.policy import AvailableWorkers, Decision, PolicyModel, Rejection, RequestView, decide
+from prfaas_core.routing.policy import Decision, PolicyModel, Rejection, RequestView, decide
 from prfaas_core.routing.prefix_index import NO_HIT, PrefixIndex
 from prfaas_core.routing.workers import EngineLoad, Fleet
 from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS, Pool
@@ -91,12 +91,7 @@ class SimRouter:
             hit_local=indexes[ROUTE_LOCAL].lookup(key) if key is not None else NO_HIT,
             hit_prfaas=indexes[ROUTE_PRFAAS].lookup(key) if key is not None else NO_HIT,
         )
-        fleet = self._fleet
-        pools = AvailableWorkers(
-            local=fleet.available(Pool.LOCAL_PREFILL, now),
-            prfaas=fleet.available(Pool.PRFAAS_PREFILL, now),
-            decode=fleet.available(Pool.DECODE, now),
-        )
+        pools = self._fleet.routable(now)
         inflight = (
             0.0 if self._link_check is LinkCheck.BLIND else self.inflight_bytes + self.peer_inflight_bytes
         )

@@ -35,6 +35,7 @@ from router_harness import (
     config_doc,
     free_port,
     healthy_cluster,
+    http_get,
     metric_samples,
     post,
     sample,
@@ -260,6 +261,36 @@ async def test_a_decode_busy_with_long_answers_is_kept_through_slow_health_check
             await asyncio.sleep(0.1)
         assert (await request).status == 200
         await assert_unharmed(client, router, ["l-ok", "d-busy"])
+    finally:
+        busy.process.stop()
+        prefill.process.stop()
+
+
+async def test_a_decode_busy_for_another_replica_is_slow_to_this_one_and_still_serves_it(
+    start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """Two router replicas, one decode: busy with the first's request, it answers the second's
+    health checks late, and the second (nothing in flight there) ejects it. With no other
+    decode the second still sends to it, as a last resort, instead of answering 503."""
+    prefill = start_faulty("l-ok", "ok", "127.0.2.28", tmp_path, prefill=True)
+    busy = start_faulty("d-busy", "busy", "127.0.2.29", tmp_path, busy=2.5)
+    try:
+        doc = config_doc([], [prefill], [busy])
+        first, second = start_router(doc, *STRICT), start_router(doc, *STRICT)
+        request = asyncio.create_task(post(client, first.url + CHAT_PATH, chat(SHORT)))
+
+        def ejected() -> bool:
+            return not next(w for w in second.config_page()["workers"] if w["name"] == "d-busy")["available"]
+
+        while not ejected():
+            assert not request.done(), "the second replica never saw the decode's health check time out"
+            await asyncio.sleep(0.05)
+        status, body = http_get(second.url, "/readiness")
+        assert status == 200 and json.loads(body)["routable_workers"]["decode"] == 1, body
+        answer = await post(client, second.url + CHAT_PATH, chat(SHORT))
+        assert answer.status == 200, answer.body
+        assert (await request).status == 200
+        await assert_unharmed(client, second, ["l-ok", "d-busy"])
     finally:
         busy.process.stop()
         prefill.process.stop()

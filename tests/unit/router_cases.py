@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from prfaas_core.router_config import Endpoint, RouterConfig
-from prfaas_core.routing.policy import AvailableWorkers, PolicyModel
-from prfaas_core.routing.workers import CircuitBreaker, Worker
+from prfaas_core.routing.policy import PolicyModel
+from prfaas_core.routing.workers import AvailableWorkers, CircuitBreaker, Worker
 from prfaas_core.vocabulary import Pool
 
 # the case study's curves (data/profiles/case-study.yaml) fitted with PrefillTimeModel.fit, rounded

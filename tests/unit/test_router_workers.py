@@ -74,3 +74,48 @@ def test_reconcile_keeps_known_workers_and_reports_new_ones() -> None:
     assert fleet.pools[Pool.DECODE][0] is kept and kept.healthy and kept.inflight == 1
     assert fleet.pools[Pool.PRFAAS_PREFILL] == ()
     assert fleet.available(Pool.DECODE, 0.0) == [kept]
+
+
+def test_workers_ejected_by_timeouts_alone_are_a_last_resort_where_nothing_else_is_left() -> None:
+    fleet = Fleet(failure_threshold=3, cooldown_seconds=5.0)
+    fleet.reconcile(make_config().pools)
+    by_name = {w.name: w for w in fleet.workers()}
+    for worker in fleet.workers():
+        worker.record_health(True, failure_threshold=1)
+
+    def names(now: float = 0.0, excluded: tuple[Worker, ...] = ()) -> dict[str, list[str]]:
+        pools = fleet.routable(now, excluded)
+        return {
+            "local": [w.name for w in pools.local],
+            "prfaas": [w.name for w in pools.prfaas],
+            "decode": [w.name for w in pools.decode],
+        }
+
+    # every decode's health check times out (slow engines, or a router too busy to read them)
+    for name in ("d0", "d1"):
+        by_name[name].record_health(False, failure_threshold=1, timed_out=True)
+    assert fleet.available(Pool.DECODE, 0.0) == []
+    assert names()["decode"] == ["d0", "d1"]  # a late engine may serve; a 503 never does
+    assert names(excluded=(by_name["d0"],))["decode"] == ["d1"]  # failed this request: not again
+    # a request of ours that failed on it opens its breaker: no longer a resort
+    by_name["d0"].breaker.record_failure(1.0, fatal=True)
+    assert names(2.0)["decode"] == ["d1"]
+    # refusing or erring is an answer: ejected for good, even after a timeout
+    by_name["d1"].record_health(False, failure_threshold=1, timed_out=False)
+    assert names(2.0)["decode"] == []
+    # back on its feet: available again, the resorts are not needed
+    by_name["d1"].record_health(True, failure_threshold=1)
+    assert names(2.0)["decode"] == ["d1"] and not by_name["d1"].health_timed_out
+
+    # a silent PrfaaS cluster (a cut link): the local prefill serves, no resort to the silent one
+    for name in ("p0", "p1"):
+        by_name[name].record_health(False, failure_threshold=1, timed_out=True)
+    assert names(2.0)["prfaas"] == [] and names(2.0)["local"] == ["l0", "l1"]
+    # both clusters silent: rather than refuse every request, both are tried
+    for name in ("l0", "l1"):
+        by_name[name].record_health(False, failure_threshold=1, timed_out=True)
+    assert names(2.0)["local"] == ["l0", "l1"] and names(2.0)["prfaas"] == ["p0", "p1"]
+    # never answered at all is unknown, not a resort
+    fresh = Fleet(failure_threshold=3, cooldown_seconds=5.0)
+    fresh.reconcile(make_config().pools)
+    assert fresh.routable(0.0).decode == []

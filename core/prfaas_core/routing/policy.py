@@ -41,7 +41,7 @@ from prfaas_core import metrics_contract
 from prfaas_core.profiles import PrefillTimeModel
 from prfaas_core.router_config import RouterConfig
 from prfaas_core.routing.prefix_index import NO_HIT, PrefixHit
-from prfaas_core.routing.workers import Worker
+from prfaas_core.routing.workers import AvailableWorkers, Worker
 from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS, Pool
 
 DECODE_WAIT_Z = 1.2816
@@ -198,17 +198,6 @@ class _Option:
     ttft: float
     unloaded_ttft: float
     fits_link: bool
-
-
-class AvailableWorkers:
-    """The available workers of each pool at the moment of a decision."""
-
-    __slots__ = ("decode", "local", "prfaas")
-
-    def __init__(self, local: Sequence[Worker], prfaas: Sequence[Worker], decode: Sequence[Worker]) -> None:
-        self.local = local
-        self.prfaas = prfaas
-        self.decode = decode
 
 
 def decide(

@@ -5,12 +5,18 @@ Two independent signals decide whether a worker may take a request, as in SGLang
 requests. A connection failure opens the breaker at once (an engine that refuses connections
 is gone); server errors open it after a few in a row. After a cooldown one trial request is let
 through (half-open); its outcome closes or reopens the breaker. Time is passed in.
+
+Where ejection would leave a request nowhere to go (no decode, or no prefill in either
+cluster), the workers whose health checks only timed out still take it (`Fleet.routable`, the
+panic routing of Envoy): an engine slow to answer its check, or a router too busy to read the
+answer in time, may well serve, while a 503 certainly fails. Refusals, errors and open breakers
+still eject.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -81,6 +87,7 @@ class Worker:
         "bootstrap_port",
         "breaker",
         "health_failures",
+        "health_timed_out",
         "healthy",
         "host",
         "inflight",
@@ -106,6 +113,8 @@ class Worker:
         self.breaker = breaker
         self.healthy = False  # unknown until the first health check answers
         self.health_failures = 0
+        self.health_timed_out = False
+        """The failed checks only timed out: slow or cut off, not refusing (a last resort, see Fleet)."""
         self.outstanding_tokens = 0
         self.queued_seconds = 0.0
         self.inflight = 0
@@ -118,14 +127,20 @@ class Worker:
     def available(self, now: float) -> bool:
         return self.healthy and self.breaker.allows(now)
 
-    def record_health(self, ok: bool, failure_threshold: int) -> bool:
+    def last_resort(self, now: float) -> bool:
+        """Ejected by health-check timeouts alone, and no request of ours has failed on it lately."""
+        return not self.healthy and self.health_timed_out and self.breaker.allows(now)
+
+    def record_health(self, ok: bool, failure_threshold: int, *, timed_out: bool = False) -> bool:
         """Apply one active check; returns True when the worker's health flipped."""
         before = self.healthy
         if ok:
             self.health_failures = 0
+            self.health_timed_out = False
             self.healthy = True
         else:
             self.health_failures += 1
+            self.health_timed_out = timed_out and (self.health_timed_out or self.health_failures == 1)
             if self.health_failures >= failure_threshold:
                 self.healthy = False
         return before != self.healthy
@@ -140,6 +155,17 @@ class Worker:
         self.inflight -= 1
         self.outstanding_tokens -= tokens
         self.queued_seconds = max(0.0, self.queued_seconds - prefill_seconds)
+
+
+class AvailableWorkers:
+    """The workers of each pool a request may go to at the moment of a decision."""
+
+    __slots__ = ("decode", "local", "prfaas")
+
+    def __init__(self, local: Sequence[Worker], prfaas: Sequence[Worker], decode: Sequence[Worker]) -> None:
+        self.local = local
+        self.prfaas = prfaas
+        self.decode = decode
 
 
 class Fleet:
@@ -177,3 +203,16 @@ class Fleet:
 
     def available(self, pool: Pool, now: float) -> list[Worker]:
         return [worker for worker in self.pools[pool] if worker.available(now)]
+
+    def routable(self, now: float, excluded: Container[Worker] = ()) -> AvailableWorkers:
+        """The available workers, less `excluded` (failed this request); a pool the request cannot
+        do without (decode; prefill when both clusters have none) falls back to its last resorts."""
+
+        def pick(pool: Pool, usable: Callable[[Worker, float], bool]) -> list[Worker]:
+            return [w for w in self.pools[pool] if usable(w, now) and w not in excluded]
+
+        prefill = {pool: pick(pool, Worker.available) for pool in (Pool.LOCAL_PREFILL, Pool.PRFAAS_PREFILL)}
+        if not any(prefill.values()):
+            prefill = {pool: pick(pool, Worker.last_resort) for pool in prefill}
+        decode = pick(Pool.DECODE, Worker.available) or pick(Pool.DECODE, Worker.last_resort)
+        return AvailableWorkers(prefill[Pool.LOCAL_PREFILL], prefill[Pool.PRFAAS_PREFILL], decode)
