@@ -66,6 +66,8 @@ class RealNode:
     """The node's address (its bridge, the pods' gateway); its apiserver answers here too."""
     containerd_socket: Path
     """Its containerd (``ctr --address SOCKET -n k8s.io ...``): the containers' processes, the images."""
+    pod_logs: Path
+    """The kubelet's container logs, one ``NAMESPACE_POD_UID`` directory per pod (gone with the pod)."""
 
 
 @dataclass(frozen=True)
@@ -251,6 +253,7 @@ def parse_testbed_env(text: str) -> Testbed:
                 name=_required(values, f"{prefix}_REAL_NODE"),
                 ip=ipaddress.IPv4Address(_required(values, f"{prefix}_REAL_NODE_IP")),
                 containerd_socket=Path(_required(values, f"{prefix}_REAL_NODE_CONTAINERD")),
+                pod_logs=Path(_required(values, f"{prefix}_REAL_NODE_POD_LOGS")),
             )
             clusters[cluster] = replace(info, real_node=node)
     for info in clusters.values():

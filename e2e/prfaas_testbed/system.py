@@ -15,6 +15,7 @@ import copy
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -435,9 +436,29 @@ class LiveSystem:
 
     # ---- tear-down ------------------------------------------------------------------------------
 
+    def keep_container_logs(self) -> None:
+        """Copy the real nodes' logs of this system's pods into the work dir: the kubelet deletes
+        them with their pods, and a failed test's router and operator logs are what explain it."""
+        namespaces = (self.layout.system_namespace, self.layout.deployment_namespace)
+        for cluster in Cluster:
+            node = self.testbed.clusters[cluster].real_node
+            if node is None or not node.pod_logs.is_dir():
+                continue
+            for pod_dir in node.pod_logs.iterdir():
+                if pod_dir.name.split("_", 1)[0] in namespaces:
+                    try:
+                        shutil.copytree(
+                            pod_dir,
+                            self.work_dir / "pod-logs" / cluster.value / pod_dir.name,
+                            dirs_exist_ok=True,
+                        )
+                    except (OSError, shutil.Error) as err:  # a pod going away meanwhile
+                        log.warning("container logs of %s not kept: %s", pod_dir.name, err)
+
     def stop(self, *, uninstall: bool = True) -> list[str]:
         """Undo start(); returns problems met on the way (each step is tried regardless)."""
         problems: list[str] = []
+        self.keep_container_logs()
         if self.cr_name is not None:
             try:
                 self.delete_cr()

@@ -213,6 +213,13 @@ def rollout_done(system: LiveSystem, old_pods: set[str]) -> bool:
     )
 
 
+def rollout_done_keeping_logs(system: LiveSystem, old_pods: set[str]) -> bool:
+    """`rollout_done`, copying the routers' logs first: the old pods' go with them, and a lost
+    request is explained by the log of the replica that answered it."""
+    system.keep_container_logs()
+    return rollout_done(system, old_pods)
+
+
 def test_a_router_rolling_update_during_traffic_loses_no_request(replicated: LiveSystem) -> None:
     system = replicated
     old_pods = {str(p["pod"]) for p in container_pods(system, "router", REPLICAS)}
@@ -233,12 +240,16 @@ def test_a_router_rolling_update_during_traffic_loses_no_request(replicated: Liv
         rolled_at = time.monotonic()
         # a new pod template: the operator rolls the router Deployment
         system.patch_spec({"router": {"resources": {"requests": {"cpu": "30m"}}}})
-        wait_until("the router rollout to finish", lambda: rollout_done(system, old_pods), 150)
+        wait_until("the router rollout to finish", lambda: rollout_done_keeping_logs(system, old_pods), 150)
         rolled_in = time.monotonic() - rolled_at
         driver = traffic.wait(240)
 
     results = driver.results
-    lost = [(r.outcome, r.error) for r in results if r.outcome not in ("ok", "rejected")]
+    lost = [
+        (f"sent {r.sent_at - rolled_at:+.1f} s after the patch", r.outcome, r.error)
+        for r in results
+        if r.outcome not in ("ok", "rejected")
+    ]
     during = [r for r in results if rolled_at <= r.sent_at <= rolled_at + rolled_in]
     assert not lost, lost
     assert len(during) >= 10, f"only {len(during)} requests were sent during the {rolled_in:.0f} s rollout"
