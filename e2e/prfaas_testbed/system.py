@@ -156,6 +156,12 @@ def _as_dict(obj: Any) -> dict[str, Any]:
     return result
 
 
+def _copy_if_grown(source: str, target: str) -> None:
+    """shutil.copy2 unless the target already has the source's size (a log only grows)."""
+    if not os.path.exists(target) or os.path.getsize(target) != os.path.getsize(source):
+        shutil.copy2(source, target)
+
+
 def wait_until(what: str, check: Callable[[], Any], timeout_s: float, poll_s: float = 0.5) -> Any:
     """Poll ``check`` until it returns something truthy; LiveSystemError naming ``what`` on timeout."""
     deadline = time.monotonic() + timeout_s
@@ -438,22 +444,18 @@ class LiveSystem:
 
     def keep_container_logs(self) -> None:
         """Copy the real nodes' logs of this system's pods into the work dir: the kubelet deletes
-        them with their pods, and a failed test's router and operator logs are what explain it."""
+        them with their pods, and a failed test's router and operator logs are what explain it.
+        Cheap to call often (a rollout's old pods): only files that grew are copied again."""
         namespaces = (self.layout.system_namespace, self.layout.deployment_namespace)
-        for cluster in Cluster:
-            node = self.testbed.clusters[cluster].real_node
-            if node is None or not node.pod_logs.is_dir():
-                continue
-            for pod_dir in node.pod_logs.iterdir():
-                if pod_dir.name.split("_", 1)[0] in namespaces:
-                    try:
-                        shutil.copytree(
-                            pod_dir,
-                            self.work_dir / "pod-logs" / cluster.value / pod_dir.name,
-                            dirs_exist_ok=True,
-                        )
-                    except (OSError, shutil.Error) as err:  # a pod going away meanwhile
-                        log.warning("container logs of %s not kept: %s", pod_dir.name, err)
+        for cluster, info in self.testbed.clusters.items():
+            logs = info.real_node.pod_logs if info.real_node is not None else None
+            pod_dirs = sorted(logs.glob("*_*")) if logs is not None and logs.is_dir() else []
+            for pod_dir in (d for d in pod_dirs if d.name.split("_", 1)[0] in namespaces):
+                kept = self.work_dir / "pod-logs" / cluster.value / pod_dir.name
+                try:
+                    shutil.copytree(pod_dir, kept, copy_function=_copy_if_grown, dirs_exist_ok=True)
+                except (OSError, shutil.Error) as err:  # a pod going away meanwhile
+                    log.warning("container logs of %s not kept: %s", pod_dir.name, err)
 
     def stop(self, *, uninstall: bool = True) -> list[str]:
         """Undo start(); returns problems met on the way (each step is tried regardless)."""
