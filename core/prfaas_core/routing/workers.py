@@ -207,12 +207,22 @@ class Fleet:
     def routable(self, now: float, excluded: Container[Worker] = ()) -> AvailableWorkers:
         """The available workers, less `excluded` (failed this request); a pool the request cannot
         do without (decode; prefill when both clusters have none) falls back to its last resorts."""
+        pools = self.pools
+        local = _usable(pools[Pool.LOCAL_PREFILL], Worker.available, now, excluded)
+        prfaas = _usable(pools[Pool.PRFAAS_PREFILL], Worker.available, now, excluded)
+        if not local and not prfaas:
+            local = _usable(pools[Pool.LOCAL_PREFILL], Worker.last_resort, now, excluded)
+            prfaas = _usable(pools[Pool.PRFAAS_PREFILL], Worker.last_resort, now, excluded)
+        decode = _usable(pools[Pool.DECODE], Worker.available, now, excluded) or _usable(
+            pools[Pool.DECODE], Worker.last_resort, now, excluded
+        )
+        return AvailableWorkers(local, prfaas, decode)
 
-        def pick(pool: Pool, usable: Callable[[Worker, float], bool]) -> list[Worker]:
-            return [w for w in self.pools[pool] if usable(w, now) and w not in excluded]
 
-        prefill = {pool: pick(pool, Worker.available) for pool in (Pool.LOCAL_PREFILL, Pool.PRFAAS_PREFILL)}
-        if not any(prefill.values()):
-            prefill = {pool: pick(pool, Worker.last_resort) for pool in prefill}
-        decode = pick(Pool.DECODE, Worker.available) or pick(Pool.DECODE, Worker.last_resort)
-        return AvailableWorkers(prefill[Pool.LOCAL_PREFILL], prefill[Pool.PRFAAS_PREFILL], decode)
+def _usable(
+    workers: Sequence[Worker],
+    usable: Callable[[Worker, float], bool],
+    now: float,
+    excluded: Container[Worker],
+) -> list[Worker]:
+    return [w for w in workers if usable(w, now) and w not in excluded]
