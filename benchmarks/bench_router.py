@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_router.py [--quick] [--rounds N] [--json PATH] [--keep-logs]
 
-Fake SGLang engines (`prfaas_testbed.fake_engine`) with zero-time compute (`--time-scale 0`)
+Fake SGLang engines (`prfaas_engine_sim`) with zero-time compute (`--time-scale 0`)
 and a tiny KV scale: a local prefill and a decode (the PD cluster) and a PrfaaS prefill (the
 other cluster, on another loopback address). Three paths carry the same load to the same local
 prefill and decode:
@@ -168,7 +168,7 @@ class Engine:
 def start_engine(name: str, mode: str, host: str, profile: str, logs: Path, *extra: str) -> Engine:
     port = free_port(host)
     bootstrap = free_port(host) if mode == "prefill" else None
-    args = [str(BIN / "prfaas-fake-engine"), "--mode", mode, "--host", host, "--port", str(port)]
+    args = [str(BIN / "prfaas-engine-sim"), "--mode", mode, "--host", host, "--port", str(port)]
     args += ["--profile", profile, "--time-scale", "0", "--kv-scale", KV_SCALE, "--bootstrap-timeout", "60"]
     args += [
         "--served-model-name",

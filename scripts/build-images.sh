@@ -237,7 +237,7 @@ build prfaas "$PRODUCT" images/prfaas/Dockerfile . "base=$(image_id "$BASE") rev
   "${product_paths[@]}" -- \
   --build-arg "BASE=$BASE" --build-arg "VERSION=$VERSION" \
   --build-arg "REVISION=$(revision "${product_paths[@]}")"
-sim_paths=(images/engine-sim/Dockerfile .dockerignore e2e/pyproject.toml e2e/prfaas_testbed e2e/sglang)
+sim_paths=(images/engine-sim/Dockerfile .dockerignore engine-sim/pyproject.toml engine-sim/prfaas_engine_sim engine-sim/sglang)
 build engine-sim "$ENGINE_SIM" images/engine-sim/Dockerfile . "base=$(image_id "$PRODUCT") revision=$(revision "${sim_paths[@]}")" \
   "${sim_paths[@]}" -- \
   --build-arg "PRFAAS_IMAGE=$PRODUCT" --build-arg "VERSION=$VERSION" \

@@ -1,1 +1,1 @@
-"""The local testbed: two kwok clusters, pods that really run, fake SGLang engines, Prometheus, the link."""
+"""The local testbed: two kwok clusters, pods that really run (engines: prfaas_engine_sim), Prometheus, the link."""

@@ -370,7 +370,7 @@ def local_process(
     service_account = None
     kubeconfig_path = None
     if kind is WorkloadKind.ENGINE:
-        command = [programs.python, "-m", "prfaas_testbed.fake_engine"]
+        command = [programs.python, "-m", "prfaas_engine_sim"]
         profile = fake_engine_profile(facts)
         extra = [
             "--profile",

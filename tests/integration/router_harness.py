@@ -113,7 +113,7 @@ def start_engine(
     """A fake SGLang engine process; `extra` are more of its flags."""
     port = free_port(host)
     bootstrap = free_port(host) if mode == "prefill" else None
-    args = ["-m", "prfaas_testbed.fake_engine", "--mode", mode, "--host", host, "--port", str(port)]
+    args = ["-m", "prfaas_engine_sim", "--mode", mode, "--host", host, "--port", str(port)]
     args += ["--profile", profile, "--time-scale", time_scale, "--served-model-name", MODEL, *extra]
     if bootstrap is not None:
         args += ["--bootstrap-port", str(bootstrap)]

@@ -20,10 +20,10 @@ from typing import Any
 
 import aiohttp
 import pytest
-from prfaas_testbed.engine_protocol import output_text
-from prfaas_testbed.engine_server import FakeEngine
-from prfaas_testbed.engine_settings import EngineSettings
-from prfaas_testbed.engine_timing import kv_wire_bytes, load_profile
+from prfaas_engine_sim.protocol import output_text
+from prfaas_engine_sim.server import FakeEngine
+from prfaas_engine_sim.settings import EngineSettings
+from prfaas_engine_sim.timing import kv_wire_bytes, load_profile
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.timeout(60)
@@ -332,7 +332,7 @@ async def test_prefill_started_from_sglang_args_killed_mid_transfer_fails_the_de
     ]
     with log_path.open("w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "prfaas_testbed.fake_engine", *args], stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "prfaas_engine_sim", *args], stdout=log, stderr=subprocess.STDOUT
         )
     try:
         prefill_url = f"http://127.0.0.1:{port}"

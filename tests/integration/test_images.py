@@ -36,6 +36,7 @@ BASE = "docker.io/library/python:3.11-slim-bookworm"  # the Dockerfiles' FROM, m
 BUILD_TIMEOUT_S = 1500  # a cold build: debootstrap (~1 min) and pip through the proxy, on a busy machine
 RUN_TIMEOUT_S = 60
 FORBIDDEN_IN_PRODUCT = (
+    "prfaas_engine_sim",
     "prfaas_testbed",
     "prfaas_sim",
     "sglang",
@@ -44,6 +45,7 @@ FORBIDDEN_IN_PRODUCT = (
     "prometheus_api_client",
 )
 FORBIDDEN_DISTRIBUTIONS = (
+    "prfaas_engine_sim",
     "prfaas_testbed",
     "prfaas_sim",
     "matplotlib",
@@ -195,7 +197,7 @@ def test_the_product_image_holds_no_testbed_fake_engine_or_simulator(product_roo
     assert not [name for name in FORBIDDEN_DISTRIBUTIONS if name in distributions], sorted(distributions)
     strays = [
         str(path.relative_to(product_root))
-        for pattern in ("fake_engine*", "launch_server*", "prfaas_testbed*", "prfaas_sim*")
+        for pattern in ("prfaas_engine_sim*", "launch_server*", "prfaas_testbed*", "prfaas_sim*")
         for path in (product_root / "opt").rglob(pattern)
     ]
     assert strays == []
@@ -427,7 +429,7 @@ def test_the_engine_sim_image_shares_every_layer_of_the_product(images: Images) 
     product = images.config(images.product)["rootfs"]["diff_ids"]
     engine_sim = images.config(images.engine_sim)["rootfs"]["diff_ids"]
     assert engine_sim[: len(product)] == product
-    assert len(engine_sim) == len(product) + 1  # the testbed's packages, one layer
+    assert len(engine_sim) == len(product) + 1  # the fake engine's packages, one layer
     assert images.config(images.engine_sim)["config"]["User"] == "65532:65532"
 
 

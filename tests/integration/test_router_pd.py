@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from prfaas_testbed.engine_protocol import output_text
+from prfaas_engine_sim.protocol import output_text
 from router_harness import (
     LONG,
     MODEL,

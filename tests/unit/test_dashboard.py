@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prfaas_engine_sim.metrics import GAUGES, EngineMetrics
 from prfaas_operator.metrics import OperatorMetrics
 from prfaas_router.metrics import RouterMetrics
-from prfaas_testbed.engine_metrics import GAUGES, EngineMetrics
 from prometheus_client import CollectorRegistry
 
 CHART = Path(__file__).resolve().parents[2] / "charts/prfaas-operator"

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from prfaas_engine_sim.settings import advertised_host, parse_args
 from prfaas_operator.allocation import effective_allocation
 from prfaas_operator.api import PrfaasDeploymentSpec
 from prfaas_operator.manifests import Owner, engine_roles, engine_statefulset
-from prfaas_testbed.engine_settings import advertised_host, parse_args
 from sglang.launch_server import fake_engine_argv
 
 SAMPLE = yaml.safe_load(

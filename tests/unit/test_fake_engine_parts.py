@@ -9,9 +9,11 @@ import pytest
 import yaml
 from prfaas_core.profiles import PrefillTimeModel, ProfileError
 from prfaas_core.throughput.profile_file import parse_profile
-from prfaas_testbed import engine_protocol as proto
-from prfaas_testbed.engine_settings import EngineSettings, parse_args
-from prfaas_testbed.engine_timing import (
+from prfaas_engine_sim import protocol as proto
+from prfaas_engine_sim.kv_transfer import TokenBucket
+from prfaas_engine_sim.prefix_cache import PrefixCache, block_keys_for_ids, block_keys_for_text
+from prfaas_engine_sim.settings import EngineSettings, parse_args
+from prfaas_engine_sim.timing import (
     CASE_STUDY_ENV,
     EMBEDDED_CASE_STUDY,
     kv_wire_bytes,
@@ -20,8 +22,6 @@ from prfaas_testbed.engine_timing import (
     prefill_batch_seconds,
     text_tokens,
 )
-from prfaas_testbed.kv_transfer import TokenBucket
-from prfaas_testbed.prefix_cache import PrefixCache, block_keys_for_ids, block_keys_for_text
 
 REPO_CASE_STUDY = Path(__file__).resolve().parents[2] / "data" / "profiles" / "case-study.yaml"
 

@@ -1,8 +1,8 @@
-"""The three distributions of the repository, and what each may depend on.
+"""The four distributions of the repository, and what each may depend on.
 
-`prfaas` (pyproject.toml: core, operator, router) is the product the image installs; the
-testbed with its fake engine (e2e/pyproject.toml) and the simulator (sim/pyproject.toml) are
-distributions of their own. Every third-party module a distribution's code imports must come
+`prfaas` (pyproject.toml: core, operator, router) is the product the image installs; the fake
+engine (engine-sim/pyproject.toml), the testbed (e2e/pyproject.toml, which runs the fake engine)
+and the simulator (sim/pyproject.toml) are distributions of their own. Every third-party module a distribution's code imports must come
 from a dependency it declares (the product: its own list; the others: theirs or the product's
 they pin), and every product dependency must be used by product code at runtime.
 """
@@ -21,7 +21,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PRODUCT_DIRS = ("core", "operator", "router")
-FIRST_PARTY = ("prfaas_core", "prfaas_operator", "prfaas_router", "prfaas_testbed", "prfaas_sim", "sglang")
+FIRST_PARTY = (
+    "prfaas_core",
+    "prfaas_operator",
+    "prfaas_router",
+    "prfaas_engine_sim",
+    "prfaas_testbed",
+    "prfaas_sim",
+    "sglang",
+)
 USED_WITHOUT_IMPORT = {"h2": "HTTP/2 to the API servers: kube.py looks it up with find_spec"}
 COMES_WITH = {"pydantic-core": "pydantic", "lightkube-models": "lightkube"}
 """Imported directly, but versioned by the dependency that pins it (pydantic pins pydantic-core exactly)."""
@@ -68,16 +76,18 @@ def imported_distributions(directories: list[Path]) -> dict[str, set[str]]:
 
 
 PRODUCT = project("pyproject.toml")
+ENGINE_SIM = project("engine-sim/pyproject.toml")
 TESTBED = project("e2e/pyproject.toml")
 SIM = project("sim/pyproject.toml")
 
 
-def test_the_three_distributions_share_one_version_with_the_chart() -> None:
+def test_the_four_distributions_share_one_version_with_the_chart() -> None:
     chart = (REPO / "charts" / "prfaas-operator" / "Chart.yaml").read_text()
     (app_version,) = re.findall(r'^appVersion:\s*"?([^"\s]+)"?', chart, re.MULTILINE)
-    assert PRODUCT["version"] == TESTBED["version"] == SIM["version"] == app_version
-    for other in (TESTBED, SIM):
+    assert PRODUCT["version"] == ENGINE_SIM["version"] == TESTBED["version"] == SIM["version"] == app_version
+    for other in (ENGINE_SIM, TESTBED, SIM):
         assert f"prfaas=={PRODUCT['version']}" in other["dependencies"]
+    assert f"prfaas-engine-sim=={PRODUCT['version']}" in TESTBED["dependencies"]
 
 
 def test_the_product_declares_what_it_imports_and_nothing_else() -> None:
@@ -92,8 +102,10 @@ def test_the_product_declares_what_it_imports_and_nothing_else() -> None:
     assert not declared & {canonical(n) for n in NOT_IN_PRODUCT}
 
 
-@pytest.mark.parametrize(("meta", "directory"), [(TESTBED, "e2e"), (SIM, "sim")])
-def test_the_testbed_and_the_simulator_declare_what_they_import(meta: dict[str, Any], directory: str) -> None:
+@pytest.mark.parametrize(("meta", "directory"), [(ENGINE_SIM, "engine-sim"), (TESTBED, "e2e"), (SIM, "sim")])
+def test_the_fake_engine_the_testbed_and_the_simulator_declare_what_they_import(
+    meta: dict[str, Any], directory: str
+) -> None:
     declared = requirement_names(meta["dependencies"]) | requirement_names(PRODUCT["dependencies"])
     imported = imported_distributions([p for p in (REPO / directory).iterdir() if p.is_dir()])
     undeclared = {
@@ -107,5 +119,6 @@ def test_the_product_ships_no_testbed_or_simulator_package() -> None:
     assert sorted(find["where"]) == sorted(PRODUCT_DIRS)
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     assert set(scripts) == {"prfaas", "prfaas-router", "prfaas-router-drain"}
-    assert TESTBED["scripts"] == {"prfaas-fake-engine": "prfaas_testbed.fake_engine:main"}
+    assert ENGINE_SIM["scripts"] == {"prfaas-engine-sim": "prfaas_engine_sim.cli:main"}
+    assert "scripts" not in TESTBED
     assert SIM["scripts"] == {"prfaas-sim": "prfaas_sim.cli:main"}

@@ -115,7 +115,7 @@ def test_prfaas_prefill_pod_becomes_a_fake_engine_on_its_pod_ip(tmp_path: Path) 
     process = translate(pod, H200_NODE, tmp_path, link_rate_bytes_per_second=3.125e6)
     assert process.kind is WorkloadKind.ENGINE
     assert process.role == "prfaas-prefill"
-    assert process.argv[:3] == ("/venv/bin/python", "-m", "prfaas_testbed.fake_engine")
+    assert process.argv[:3] == ("/venv/bin/python", "-m", "prfaas_engine_sim")
     assert flag(process.argv, "--host") == "127.100.1.2"  # the pod's 0.0.0.0
     assert "0.0.0.0" not in " ".join(process.argv)
     assert flag(process.argv, "--disaggregation-mode") == "prefill"

@@ -14,11 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from prfaas_core.profiles import KvSizeModel
 
-from prfaas_testbed.engine_metrics import EngineMetrics
-from prfaas_testbed.engine_protocol import BootstrapTarget
-from prfaas_testbed.engine_scheduler import EngineFailure
-from prfaas_testbed.engine_timing import kv_wire_bytes
-from prfaas_testbed.kv_transfer import (
+from prfaas_engine_sim.kv_transfer import (
     KvBootstrapError,
     KvBootstrapServer,
     KvReceiver,
@@ -26,8 +22,12 @@ from prfaas_testbed.kv_transfer import (
     KvTransferError,
     RoomTransfer,
 )
+from prfaas_engine_sim.metrics import EngineMetrics
+from prfaas_engine_sim.protocol import BootstrapTarget
+from prfaas_engine_sim.scheduler import EngineFailure
+from prfaas_engine_sim.timing import kv_wire_bytes
 
-log = logging.getLogger("prfaas_testbed.fake_engine")
+log = logging.getLogger("prfaas_engine_sim")
 
 
 class PrefillLeg:

@@ -45,10 +45,10 @@ def fake_engine_argv(args: Sequence[str], environ: Mapping[str, str]) -> list[st
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from prfaas_testbed import fake_engine
+    from prfaas_engine_sim import cli
 
     args = sys.argv[1:] if argv is None else argv
-    fake_engine.main(fake_engine_argv(args, os.environ))
+    cli.main(fake_engine_argv(args, os.environ))
 
 
 if __name__ == "__main__":

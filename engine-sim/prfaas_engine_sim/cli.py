@@ -5,7 +5,7 @@ The testbed runs one per engine pod, started from the pod's own SGLang arguments
 arguments are ignored with a warning), so the router and the operator meet the protocol and
 the numbers of a real deployment without GPUs::
 
-    python -m prfaas_testbed.fake_engine --mode prefill --port 30000 --bootstrap-port 8998 --profile h200
+    python -m prfaas_engine_sim --mode prefill --port 30000 --bootstrap-port 8998 --profile h200
 
 What is emulated, and how:
 
@@ -27,10 +27,9 @@ What is emulated, and how:
 * Client disconnect or ``/abort_request`` aborts the request and frees its queue or batch slot.
 * ``/metrics`` is always served (``--enable-metrics`` is accepted and changes nothing).
 
-The pieces: engine_settings (settings and the CLI), engine_server (the HTTP API),
-engine_pipeline (one item's way through the engine), engine_scheduler (the prefill and decode
-batchers), engine_pd (the PD legs), engine_timing (profiles and timing), kv_transfer,
-prefix_cache, engine_protocol and engine_metrics.
+The pieces: settings (settings and the CLI), server (the HTTP API), pipeline (one item's way
+through the engine), scheduler (the prefill and decode batchers), pd (the PD legs), timing
+(profiles and timing), kv_transfer, prefix_cache, protocol and metrics.
 """
 
 from __future__ import annotations
@@ -41,10 +40,10 @@ import logging
 import signal
 from collections.abc import Sequence
 
-from prfaas_testbed.engine_server import FakeEngine
-from prfaas_testbed.engine_settings import parse_args
+from prfaas_engine_sim.server import FakeEngine
+from prfaas_engine_sim.settings import parse_args
 
-log = logging.getLogger("prfaas_testbed.fake_engine")
+log = logging.getLogger("prfaas_engine_sim")
 
 
 async def serve(engine: FakeEngine, stop: asyncio.Event | None = None) -> None:
@@ -68,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         engine = FakeEngine(settings)
     except ValueError as err:  # bad settings or profile: say why, no traceback
-        raise SystemExit(f"prfaas-fake-engine: {err}") from None
+        raise SystemExit(f"prfaas-engine-sim: {err}") from None
     from prometheus_client import disable_created_metrics
 
     disable_created_metrics()  # SGLang's exposition has no *_created series

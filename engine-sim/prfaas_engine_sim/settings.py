@@ -124,7 +124,7 @@ _IGNORED_SGLANG_OPTIONS = ("--revision", "--mem-fraction-static", "--disaggregat
 def build_arg_parser() -> argparse.ArgumentParser:
     """Our options plus SGLang launch_server's names for the same things (a pod's args work as they are)."""
     parser = argparse.ArgumentParser(
-        prog="prfaas-fake-engine",
+        prog="prfaas-engine-sim",
         description="A fake SGLang engine (HTTP API, PD bootstrap, sglang:* metrics) timed by a hardware profile.",
         allow_abbrev=False,
     )

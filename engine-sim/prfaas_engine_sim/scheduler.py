@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 from prfaas_core.profiles import PrefillTimeModel
 
-from prfaas_testbed.engine_timing import pipeline_steps, prefill_batch_seconds
-from prfaas_testbed.kv_transfer import RoomTransfer
-from prfaas_testbed.prefix_cache import PrefixCache
+from prfaas_engine_sim.kv_transfer import RoomTransfer
+from prfaas_engine_sim.prefix_cache import PrefixCache
+from prfaas_engine_sim.timing import pipeline_steps, prefill_batch_seconds
 
-log = logging.getLogger("prfaas_testbed.fake_engine")
+log = logging.getLogger("prfaas_engine_sim")
 
 
 class EngineFailure(Exception):

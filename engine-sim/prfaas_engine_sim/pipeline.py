@@ -18,16 +18,16 @@ from typing import Any
 from prfaas_core.profiles import KvSizeModel, ProfileError
 from prfaas_core.throughput.model import DecodeProfile
 
-from prfaas_testbed import engine_protocol as proto
-from prfaas_testbed.engine_metrics import EngineMetrics
-from prfaas_testbed.engine_pd import DecodeLeg, PrefillLeg
-from prfaas_testbed.engine_scheduler import DecodeScheduler, EngineFailure, PrefillJob, PrefillScheduler
-from prfaas_testbed.engine_settings import ENGINE_TYPES, EngineSettings, advertised_host
-from prfaas_testbed.engine_timing import load_profile
-from prfaas_testbed.kv_transfer import KvBootstrapServer, KvReceiver, RoomTransfer
-from prfaas_testbed.prefix_cache import PrefixCache, block_keys_for_ids, block_keys_for_text
+from prfaas_engine_sim import protocol as proto
+from prfaas_engine_sim.kv_transfer import KvBootstrapServer, KvReceiver, RoomTransfer
+from prfaas_engine_sim.metrics import EngineMetrics
+from prfaas_engine_sim.pd import DecodeLeg, PrefillLeg
+from prfaas_engine_sim.prefix_cache import PrefixCache, block_keys_for_ids, block_keys_for_text
+from prfaas_engine_sim.scheduler import DecodeScheduler, EngineFailure, PrefillJob, PrefillScheduler
+from prfaas_engine_sim.settings import ENGINE_TYPES, EngineSettings, advertised_host
+from prfaas_engine_sim.timing import load_profile
 
-log = logging.getLogger("prfaas_testbed.fake_engine")
+log = logging.getLogger("prfaas_engine_sim")
 
 
 @dataclass(eq=False)

@@ -18,11 +18,11 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from prfaas_testbed import engine_protocol as proto
-from prfaas_testbed.engine_pipeline import EnginePipeline, ItemRun
-from prfaas_testbed.engine_settings import EngineSettings
+from prfaas_engine_sim import protocol as proto
+from prfaas_engine_sim.pipeline import EnginePipeline, ItemRun
+from prfaas_engine_sim.settings import EngineSettings
 
-log = logging.getLogger("prfaas_testbed.fake_engine")
+log = logging.getLogger("prfaas_engine_sim")
 
 API_VERSION = "0.5.23+prfaas.fake"
 MAX_BODY_BYTES = 64 * 2**20

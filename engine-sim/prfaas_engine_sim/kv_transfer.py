@@ -36,7 +36,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from prfaas_testbed.engine_protocol import BootstrapTarget
+from prfaas_engine_sim.protocol import BootstrapTarget
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prfaas_testbed.engine_timing import text_tokens
+from prfaas_engine_sim.timing import text_tokens
 
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"
 """SGLang's health checks send this host: both legs then run without a KV transfer."""

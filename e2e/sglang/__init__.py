@@ -1,6 +1,0 @@
-"""Not SGLang: a shim of the prfaas testbed (prfaas-engine-sim image) that answers SGLang's command.
-
-Engine pods written by the operator run ``python3 -m sglang.launch_server ARGS``; with this
-package installed (the prfaas-testbed distribution, never the product) that command starts
-the fake SGLang engine with the same ARGS. See ``sglang.launch_server``.
-"""
