@@ -67,8 +67,13 @@ class ParsedRequest:
     model: str | None
     texts: tuple[str, ...]  # prompts as text (empty when token ids are given)
     token_ids: tuple[memoryview, ...]  # prompts as token ids: uint64 buffers (format "Q"), as decoded
-    copies: int  # OpenAI's n: each prompt is generated (and prefilled, and moved) n times
-    batch: int | None  # items (prompts x n) of a batched request: bootstrap fields become arrays
+    copies: int  # n: each prompt is generated (and prefilled, and moved) n times
+    batch: int | None
+    """Prompts of a prompt field given as a list (None: one prompt). The bootstrap fields are
+    arrays of this length, one room per prompt, whatever n: SGLang repeats a list n times and
+    sends every copy of prompt i with room i, on the prefill and the decode alike
+    (io_struct.py GenerateReqInput._normalize_bootstrap_params, tokenizer_manager.py
+    _handle_batch_request). A list of prompts x n rooms would leave all but the first rooms unused."""
 
 
 _OUTPUT_FIELDS = ("max_tokens", "max_completion_tokens")
@@ -97,7 +102,7 @@ def parse(kind: Kind, raw: bytes, limits: Limits = Limits()) -> tuple[dict[str, 
     if kind is Kind.GENERATE:
         texts, token_ids, batch = _generate_prompt(body)
         sampling = body.get("sampling_params") or {}
-        _check_count(sampling.get("n"), "sampling_params.n", limits.max_n)
+        copies = _check_count(sampling.get("n"), "sampling_params.n", limits.max_n)
         output = _check_output_length(sampling, "max_new_tokens", "sampling_params.", limits.context_tokens)
     else:
         copies = _check_sampling_fields(body, limits)
@@ -109,13 +114,12 @@ def parse(kind: Kind, raw: bytes, limits: Limits = Limits()) -> tuple[dict[str, 
             texts, token_ids, batch = (_chat_text(body.get("messages")),), (), None
         else:
             texts, token_ids, batch = _completion_prompt(body.get("prompt"))
-        if copies > 1:
-            batch = len(texts or token_ids) * copies
-    if batch is not None and batch > limits.max_batch:
-        param = "n" if copies > 1 else _PROMPT_FIELDS[kind]
+    items = (batch or 1) * copies
+    if items > limits.max_batch:
+        param = _PROMPT_FIELDS[kind] if copies == 1 else "sampling_params.n" if kind is Kind.GENERATE else "n"
         raise ApiError(
             400,
-            f"the request asks for {batch} generations; this router takes at most {limits.max_batch} per request",
+            f"the request asks for {items} generations; this router takes at most {limits.max_batch} per request",
             param=param,
             code="batch_too_large",
         )

@@ -230,12 +230,13 @@ def test_chat_prompt_is_the_text_of_every_message() -> None:
         (Kind.GENERATE, {"input_ids": [[1], [2, 3]]}, 2, 2),
         (Kind.COMPLETION, {"prompt": ["a", "b"]}, 2, 2),
         (Kind.COMPLETION, {"prompt": [5, 6, 7]}, 1, None),
-        (Kind.COMPLETION, {"prompt": "a", "n": 3}, 3, 3),
-        (Kind.COMPLETION, {"prompt": ["a", "b"], "n": 2}, 4, 4),
-        (Kind.CHAT, {"messages": [{"role": "user", "content": "x"}], "n": 2}, 2, 2),
+        (Kind.COMPLETION, {"prompt": "a", "n": 3}, 3, None),
+        (Kind.COMPLETION, {"prompt": ["a", "b"], "n": 2}, 4, 2),
+        (Kind.CHAT, {"messages": [{"role": "user", "content": "x"}], "n": 2}, 2, None),
+        (Kind.GENERATE, {"text": ["a", "b"], "sampling_params": {"n": 3}}, 6, 2),
     ],
 )
-def test_batches_and_n_make_one_item_per_generation(
+def test_batches_and_n_make_one_item_per_generation_and_one_room_per_prompt(
     kind: Kind, body: dict[str, object], prompts: int, batch: int | None
 ) -> None:
     _, parsed = parse(kind, json.dumps(body).encode())
@@ -365,7 +366,7 @@ def test_what_a_client_may_ask_for_is_bounded_naming_the_field(
 
 def test_requests_at_the_bounds_pass() -> None:
     _, parsed = parse(Kind.COMPLETION, json.dumps({"prompt": ["a", "b"], "n": 8}).encode(), LIMITS)
-    assert parsed.batch == 16
+    assert (parsed.batch, parsed.copies) == (2, 8)
     ids = {"input_ids": list(range(998)), "sampling_params": {"max_new_tokens": 2}}
     _, parsed = parse(Kind.GENERATE, json.dumps(ids).encode(), LIMITS)
     assert len(parsed.token_ids[0]) == 998
