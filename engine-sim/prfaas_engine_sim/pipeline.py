@@ -44,6 +44,8 @@ class ItemRun:
     produced: int = 0
     first_token_at: float | None = None
     abort_message: str | None = None
+    log_metrics: bool = True
+    """False for /health's own generation, which SGLang leaves out of its metrics (``log_metrics=False``)."""
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
 
@@ -116,6 +118,9 @@ class EnginePipeline:
         self._cached_total = 0
         self._generated_total = 0
         self._throughput = (0.0, 0, 0.0)  # (sampled at, generated then, tokens/s)
+        self.last_output_at = 0.0
+        """time.monotonic() of the engine's latest output of any request (a token, an end or an
+        abort): what /health waits for (SGLang: tokenizer_manager ``last_receive_tstamp``)."""
 
     @staticmethod
     def _kv_size(settings: EngineSettings, from_profile: KvSizeModel | None) -> KvSizeModel | None:
@@ -201,9 +206,11 @@ class EnginePipeline:
         def emit(position: int) -> None:
             run.produced = position + 1
             self._generated_total += 1
+            self.last_output_at = time.monotonic()
             if position == 0:
-                run.first_token_at = time.monotonic()
-                ttft.observe(run.first_token_at - run.started)
+                run.first_token_at = self.last_output_at
+                if run.log_metrics:
+                    ttft.observe(run.first_token_at - run.started)
             if run.stream:
                 run.events.put_nowait((run, "token", position))
 
@@ -228,10 +235,12 @@ class EnginePipeline:
             else:
                 await self._unified(run)
         except EngineFailure as failure:
+            self.last_output_at = time.monotonic()
             run.events.put_nowait((run, "error", failure))
             return
         except asyncio.CancelledError:
-            self.metrics.aborted_requests.inc()
+            if run.log_metrics:
+                self.metrics.aborted_requests.inc()
             if run.abort_message is None:
                 raise  # the client went away: nobody to answer
             run.events.put_nowait((run, "done", self._result(run)))
@@ -244,7 +253,11 @@ class EnginePipeline:
             return
         finally:
             self._resident.discard(run)
+        self.last_output_at = time.monotonic()
         result = self._result(run)
+        if not run.log_metrics:
+            run.events.put_nowait((run, "done", result))
+            return
         self._prompt_total += result.prompt_tokens
         self._cached_total += result.cached_tokens
         self.metrics.observe_finished(

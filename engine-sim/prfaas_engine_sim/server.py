@@ -254,14 +254,53 @@ class FakeEngine:
         return asyncio.get_running_loop().time() < self._ready_at
 
     async def _health(self, request: web.Request) -> web.Response:
+        """SGLang's ``/health`` and ``/health_generate`` (http_server.py ``health_generate``).
+
+        503 while starting or shutting down. Otherwise it submits a one-token generation
+        (``input_ids`` [0]; in PD mode with the fake bootstrap host and room 0, so no KV moves)
+        and then, every ``health_generation_delay`` seconds (SGLang: 1), looks whether the engine
+        produced any output since it began, its own or another request's: 200 if so, 503 after
+        ``health_check_timeout`` (SGLang: 20 s). So it never answers in less than the delay.
+        ``/health`` alone answers at once when ``health_endpoint_generation`` is off.
+        """
         if self._stopping or self._starting():
-            return web.Response(status=503, text="starting" if not self._stopping else "shutting down")
-        return web.Response(status=200)
+            return web.Response(status=503)
+        s = self.settings
+        if not s.health_endpoint_generation and request.path == "/health":
+            return web.Response(status=200)
+        target = None if s.mode == "null" else proto.BootstrapTarget(proto.FAKE_BOOTSTRAP_HOST, None, 0)
+        run = ItemRun(
+            item=proto.Item(
+                prompt=proto.Prompt(tokens=1, token_ids=[0], text=None),
+                max_new_tokens=1,
+                bootstrap=target,
+                index=0,
+                prompt_index=0,
+            ),
+            rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
+            request_rid="",
+            stream=False,
+            events=asyncio.Queue(),
+            started=time.monotonic(),
+            log_metrics=False,
+        )
+        run.task = asyncio.create_task(self.pipeline.run_item(run))
+        began = time.monotonic()
+        try:
+            while time.monotonic() < began + s.health_check_timeout:
+                await asyncio.sleep(s.health_generation_delay)
+                if self.pipeline.last_output_at > began:
+                    return web.Response(status=200)
+            log.error("health check failed: no output from the engine for %g s", s.health_check_timeout)
+            return web.Response(status=503)
+        finally:
+            run.task.cancel()
 
     async def _ready(self, request: web.Request) -> web.Response:
+        """SGLang's ``/ready``: 200 or 503 with an empty body, at once (http_server.py ``ready``)."""
         if self._stopping or self._starting():
-            return web.json_response({"status": "not ready"}, status=503)
-        return web.json_response({"status": "ready"})
+            return web.Response(status=503)
+        return web.Response(status=200)
 
     async def _models(self, request: web.Request) -> web.Response:
         model = {

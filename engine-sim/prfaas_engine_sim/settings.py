@@ -8,6 +8,7 @@ returned so the entry point can warn about them.
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -62,6 +63,17 @@ class EngineSettings:
     """Keepalive interval on a KV stream; 3 missed ones fail the transfer."""
     startup_seconds: float = 0.0
     """/health and /ready answer 503 for this long after start, like a loading engine."""
+    health_generation_delay: float = 1.0
+    """How often /health looks whether the engine answered its one-token generation; it looks
+    first after this long, so /health never answers sooner (SGLang: http_server.py
+    ``health_generate``, ``await asyncio.sleep(1)``). Wall-clock seconds, not scaled; only
+    tests lower it."""
+    health_check_timeout: float = 20.0
+    """/health answers 503 when the engine produced nothing for this long (SGLang:
+    ``SGLANG_HEALTH_CHECK_TIMEOUT``, default 20 s; see ``health_check_timeout_from``)."""
+    health_endpoint_generation: bool = True
+    """False: ``/health`` answers 200 at once, ``/health_generate`` still generates (SGLang:
+    ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION``, see ``health_endpoint_generation_from``)."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -73,7 +85,14 @@ class EngineSettings:
         for name in ("time_scale", "kv_scale", "startup_seconds"):
             if not getattr(self, name) >= 0:
                 problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("chars_per_token", "bootstrap_timeout", "transfer_timeout", "kv_heartbeat_seconds"):
+        for name in (
+            "chars_per_token",
+            "bootstrap_timeout",
+            "transfer_timeout",
+            "kv_heartbeat_seconds",
+            "health_generation_delay",
+            "health_check_timeout",
+        ):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0, got {getattr(self, name)}")
         for name in (
@@ -113,6 +132,25 @@ def advertised_host(bind_host: str, environ: Mapping[str, str]) -> str:
     """The address decode engines dial for this prefill's KV: ``SGLANG_HOST_IP`` when set (SGLang
     reads it too; the operator sets it to the pod IP), else the address the engine binds."""
     return environ.get("SGLANG_HOST_IP", "").strip() or bind_host
+
+
+_TRUE, _FALSE = ("true", "1", "yes", "y"), ("false", "0", "no", "n")
+
+
+def health_endpoint_generation_from(environ: Mapping[str, str]) -> bool:
+    """``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION`` as SGLang parses it (environ.py ``EnvBool``,
+    default true; any other value is an error there too)."""
+    value = environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "").strip().lower()
+    if not value or value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(f'SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION: "{value}" is not a valid boolean value')
+
+
+def health_check_timeout_from(environ: Mapping[str, str]) -> float:
+    """``SGLANG_HEALTH_CHECK_TIMEOUT`` (http_server.py ``HEALTH_CHECK_TIMEOUT``: an int, default 20 s)."""
+    return float(int(environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20")))
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -159,6 +197,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
     add("--transfer-timeout", type=float, default=300.0)
     add("--kv-heartbeat-seconds", type=float, default=1.0)
     add("--startup-seconds", type=float, default=0.0)
+    add(
+        "--health-generation-delay",
+        type=float,
+        default=EngineSettings.health_generation_delay,
+        help="seconds /health waits before it looks for the engine's answer (SGLang: 1; tests only lower it)",
+    )
     add("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     for flag in _IGNORED_SGLANG_FLAGS:
         add(flag, action="store_true", help="accepted for SGLang compatibility; no effect")
@@ -177,6 +221,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[EngineSettings, argpa
     namespace, unknown = parser.parse_known_args(argv)
     values = {k: v for k, v in vars(namespace).items() if k not in _NOT_SETTINGS}
     try:
+        values["health_check_timeout"] = health_check_timeout_from(os.environ)
+        values["health_endpoint_generation"] = health_endpoint_generation_from(os.environ)
         return EngineSettings(**values), namespace, unknown
     except ValueError as err:
         parser.error(str(err))

@@ -218,6 +218,50 @@ async def test_health_check_bootstrap_host_skips_the_transfer(http: aiohttp.Clie
         assert (await metrics(http, decode))["prfaas_fake_engine_kv_bytes_received_total"] == 0
 
 
+async def timed_get(http: aiohttp.ClientSession, url: str) -> tuple[int, str, float]:
+    began = time.monotonic()
+    async with http.get(url) as response:
+        return response.status, await response.text(), time.monotonic() - began
+
+
+async def test_health_generates_one_token_and_never_answers_in_under_a_second_as_sglang_does(
+    http: aiohttp.ClientSession,
+) -> None:
+    async with engines(prefill_settings(), decode_settings()) as pd_engines:
+        for engine in pd_engines:
+            for path in ("/health", "/health_generate"):
+                status, text, seconds = await timed_get(http, engine.url + path)
+                assert (status, text) == (200, "") and 1.0 <= seconds < 2.0, (
+                    engine.settings.mode,
+                    path,
+                    seconds,
+                )
+            status, text, seconds = await timed_get(http, engine.url + "/ready")
+            assert (status, text) == (200, "") and seconds < 0.5
+            samples = await metrics(http, engine)
+            assert samples["sglang:num_requests_total"] == samples["sglang:num_aborted_requests_total"] == 0
+            assert samples["sglang:prompt_tokens_total"] == 0  # SGLang's health request has log_metrics=False
+
+
+async def test_health_is_fast_only_when_asked_and_fails_when_the_engine_produces_nothing(
+    http: aiohttp.ClientSession,
+) -> None:
+    fast = decode_settings(health_generation_delay=0.05)
+    instant = decode_settings(health_endpoint_generation=False)
+    stuck = EngineSettings(port=0, time_scale=1e6, health_generation_delay=0.05, health_check_timeout=0.3)
+    async with engines(fast, instant, stuck) as (fast_engine, instant_engine, stuck_engine):
+        status, _, seconds = await timed_get(http, fast_engine.url + "/health")
+        assert status == 200 and 0.05 <= seconds < 0.5
+        status, _, seconds = await timed_get(http, instant_engine.url + "/health")
+        assert status == 200 and seconds < 0.5
+        status, _, seconds = await timed_get(http, instant_engine.url + "/health_generate")
+        assert (
+            status == 200 and seconds >= 1.0
+        )  # SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION spares /health only
+        status, _, seconds = await timed_get(http, stuck_engine.url + "/health")
+        assert status == 503 and 0.3 <= seconds < 1.0
+
+
 # ----------------------------------------------------------------------------- PD failures
 
 

@@ -12,7 +12,12 @@ from prfaas_core.throughput.profile_file import parse_profile
 from prfaas_engine_sim import protocol as proto
 from prfaas_engine_sim.kv_transfer import TokenBucket
 from prfaas_engine_sim.prefix_cache import PrefixCache, block_keys_for_ids, block_keys_for_text
-from prfaas_engine_sim.settings import EngineSettings, parse_args
+from prfaas_engine_sim.settings import (
+    EngineSettings,
+    health_check_timeout_from,
+    health_endpoint_generation_from,
+    parse_args,
+)
 from prfaas_engine_sim.timing import (
     CASE_STUDY_ENV,
     EMBEDDED_CASE_STUDY,
@@ -322,3 +327,15 @@ def test_bad_settings_name_every_cause() -> None:
         EngineSettings(time_scale=-1, chars_per_token=0)
     with pytest.raises(ValueError, match="kv_fixed_bytes needs kv_bytes_per_token"):
         EngineSettings(kv_fixed_bytes=10)
+
+
+def test_health_settings_come_from_sglangs_environment_variables_as_it_parses_them() -> None:
+    assert health_endpoint_generation_from({}) is True
+    assert health_endpoint_generation_from({"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "False"}) is False
+    assert health_endpoint_generation_from({"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "y"}) is True
+    with pytest.raises(ValueError, match="not a valid boolean"):
+        health_endpoint_generation_from({"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": "off"})
+    assert health_check_timeout_from({}) == 20.0
+    assert health_check_timeout_from({"SGLANG_HEALTH_CHECK_TIMEOUT": "7"}) == 7.0
+    settings, _, _ = parse_args([])
+    assert (settings.health_generation_delay, settings.health_check_timeout) == (1.0, 20.0)
