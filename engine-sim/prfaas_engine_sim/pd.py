@@ -30,6 +30,19 @@ from prfaas_engine_sim.timing import kv_wire_bytes
 log = logging.getLogger("prfaas_engine_sim")
 
 
+class KvFaults:
+    """Handoffs still to fail on purpose (``EngineSettings.fail_kv_transfers``), one per handoff."""
+
+    def __init__(self, count: int) -> None:
+        self.remaining = count
+
+    def take(self) -> bool:
+        if self.remaining <= 0:
+            return False
+        self.remaining -= 1
+        return True
+
+
 class PrefillLeg:
     """SGLang's prefill: bootstrap queue -> waiting queue -> forward -> inflight (KV out)."""
 
@@ -38,6 +51,7 @@ class PrefillLeg:
         bootstrap: KvBootstrapServer,
         kv_size: KvSizeModel,
         metrics: EngineMetrics,
+        faults: KvFaults,
         *,
         kv_scale: float,
         time_scale: float,
@@ -46,6 +60,7 @@ class PrefillLeg:
         self.bootstrap = bootstrap
         self._kv_size = kv_size
         self._metrics = metrics
+        self._faults = faults
         self._kv_scale = kv_scale
         self._time_scale = time_scale
         self._transfer_timeout = transfer_timeout
@@ -73,6 +88,10 @@ class PrefillLeg:
                 await self.bootstrap.wait_connected(transfer)
             finally:
                 self.bootstrap_waiting -= 1
+            if self._faults.take():
+                raise KvTransferError(
+                    f"Prefill transfer failed for request bootstrap_room={room} (injected by the fake engine)"
+                )
             await compute(transfer)
             forward_done = asyncio.get_running_loop().time()
             self.inflight += 1
@@ -110,9 +129,10 @@ class PrefillLeg:
 class DecodeLeg:
     """SGLang's decode up to its waiting queue: prealloc (wait for the prefill) -> transfer queue."""
 
-    def __init__(self, receiver: KvReceiver, metrics: EngineMetrics) -> None:
+    def __init__(self, receiver: KvReceiver, metrics: EngineMetrics, faults: KvFaults) -> None:
         self.receiver = receiver
         self._metrics = metrics
+        self._faults = faults
         self.preallocating = 0
         self.transferring = 0
 
@@ -139,6 +159,11 @@ class DecodeLeg:
                 self.preallocating -= 1
             else:
                 self.transferring -= 1
+        if self._faults.take():
+            self._metrics.transfer_failed.inc()
+            raise EngineFailure(
+                f"Decode transfer failed for request bootstrap_room={target.room} (injected by the fake engine)"
+            )
         if received.prompt_tokens != prompt_tokens:
             log.warning(
                 "room %d: prefill counted %d prompt tokens, decode %d (different --chars-per-token?)",

@@ -21,7 +21,7 @@ from prfaas_core.throughput.model import DecodeProfile
 from prfaas_engine_sim import protocol as proto
 from prfaas_engine_sim.kv_transfer import KvBootstrapServer, KvReceiver, RoomTransfer
 from prfaas_engine_sim.metrics import EngineMetrics
-from prfaas_engine_sim.pd import DecodeLeg, PrefillLeg
+from prfaas_engine_sim.pd import DecodeLeg, KvFaults, PrefillLeg
 from prfaas_engine_sim.prefix_cache import PrefixCache, block_keys_for_ids, block_keys_for_text
 from prfaas_engine_sim.scheduler import DecodeScheduler, EngineFailure, PrefillJob, PrefillScheduler
 from prfaas_engine_sim.settings import ENGINE_TYPES, EngineSettings, advertised_host
@@ -60,6 +60,7 @@ class EnginePipeline:
         self.kv_size = self._kv_size(settings, profile.kv_size)
         self.cache = PrefixCache(settings.prefix_cache_block_tokens, settings.max_total_tokens)
         self.metrics = EngineMetrics(settings.model_name, self.engine_type, self.gauge_values)
+        self.kv_faults = KvFaults(settings.fail_kv_transfers)
         self.prefill = (
             PrefillScheduler(
                 profile.prefill_time, settings.time_scale, settings.max_prefill_tokens, self.cache
@@ -89,6 +90,7 @@ class EnginePipeline:
                 ),
                 self.kv_size,
                 self.metrics,
+                self.kv_faults,
                 kv_scale=settings.kv_scale,
                 time_scale=settings.time_scale,
                 transfer_timeout=settings.transfer_timeout,
@@ -108,6 +110,7 @@ class EnginePipeline:
                     on_bytes_received=self.metrics.kv_bytes_received.inc,
                 ),
                 self.metrics,
+                self.kv_faults,
             )
             if settings.mode == "decode"
             else None

@@ -12,6 +12,7 @@ import enum
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from prfaas_engine_sim.timing import text_tokens
@@ -509,7 +510,9 @@ class StreamFormatter:
         return template
 
     def opening(self, index: int) -> bytes:
-        """OpenAI chat streams open each choice with the assistant role."""
+        """OpenAI chat streams open each choice with the assistant role, with its first token
+        (serving_chat.py ``_generate_chat_stream``: the role chunk is yielded for the first
+        output the engine produced, never before)."""
         if self.api is not Api.CHAT:
             return b""
         return sse(
@@ -558,39 +561,65 @@ class StreamFormatter:
             }
         )
 
-    def error(self, message: str, status: int) -> bytes:
-        """The event that ends a stream which failed after its headers were sent."""
-        return sse(stream_error(self.api, message, status))
+    def abort(
+        self,
+        item_rid: str,
+        index: int,
+        message: str,
+        status: int,
+        prompt_tokens: int,
+        cached: int,
+        produced: int,
+    ) -> bytes:
+        """The event of a request the engine aborted with a status (a failed KV handoff) after the
+        stream began: HTTP stays 200 and the error is an SSE event, then ``[DONE]``.
+
+        OpenAI routes: ``{"error": ErrorResponse}`` with the status's name as its type
+        (serving_chat.py ``_generate_chat_stream`` and serving_completions.py, the abort branch,
+        ``create_streaming_error_response(message, code.name, code.value)``). /generate: the
+        aborted output itself, its finish_reason carrying the status (http_server.py
+        ``stream_results`` dumps what tokenizer_manager.py ``_handle_abort_finish_reason`` yields).
+        """
+        if self.api is not Api.GENERATE:
+            error = {"object": "error", "message": message, "type": HTTPStatus(status).name, "param": None}
+            return sse({"error": error | {"code": status}})
+        meta = generate_meta(item_rid, prompt_tokens, cached, produced, None)
+        meta["finish_reason"] = abort_finish_reason(message, status)
+        chunk: dict[str, Any] = {"text": output_text(produced), "output_ids": [], "meta_info": meta}
+        if self.batched:
+            chunk["index"] = index
+        return sse(chunk)
 
 
-_ERROR_TYPES = {
-    400: "BadRequestError",
-    404: "NotFoundError",
-    409: "ConflictError",
-    500: "InternalServerError",
-    503: "ServiceUnavailableError",
-}
+def abort_finish_reason(message: str, status: int) -> dict[str, Any]:
+    """schedule_batch.py ``FINISH_ABORT.to_json`` of an abort with a status code."""
+    return {"type": "abort", "message": message, "status_code": status, "err_type": None}
 
 
-def openai_error(message: str, status: int) -> dict[str, Any]:
-    return {
-        "object": "error",
-        "message": message,
-        "type": _ERROR_TYPES.get(status, "InternalServerError"),
-        "param": None,
-        "code": status,
-    }
-
-
-def error_body(api: Api, message: str, status: int) -> dict[str, Any]:
-    """SGLang answers /generate errors as {"error": {"message"}} and OpenAI routes in OpenAI's shape."""
+def request_error_body(api: Api, message: str) -> dict[str, Any]:
+    """A request refused before it ran (400): /generate's ``{"error": {"message"}}``
+    (http_server.py ``_create_error_response``), the OpenAI routes' ErrorResponse
+    (serving_base.py ``create_error_response``, type BadRequestError)."""
     if api is Api.GENERATE:
-        return {"error": {"message": message, "code": status}}
-    return openai_error(message, status)
+        return {"error": {"message": message}}
+    return error_response(message, "BadRequestError", 400)
 
 
-def stream_error(api: Api, message: str, status: int) -> dict[str, Any]:
-    """The SSE event that ends a stream which failed after its headers were sent."""
-    if api is Api.GENERATE:
-        return {"error": {"message": message, "code": status}}
-    return {"error": openai_error(message, status)}
+def abort_error_body(api: Api, message: str, status: int) -> dict[str, Any]:
+    """A non-streamed request the engine aborted with a status: tokenizer_manager.py
+    ``_handle_abort_finish_reason`` raises ValueError for 400 and HTTPException otherwise.
+    /generate answers a ValueError as ``_create_error_response`` does and an HTTPException through
+    http_server.py's handler (ErrorResponse, type ``str(status)``); the OpenAI routes through
+    serving_base.py ``handle_request`` (type ``BadRequest`` for 400, else ``str(status)``)."""
+    if status == 400:
+        return (
+            request_error_body(api, message)
+            if api is Api.GENERATE
+            else error_response(message, "BadRequest", 400)
+        )
+    return error_response(message, str(status), status)
+
+
+def error_response(message: str, type_: str, status: int) -> dict[str, Any]:
+    """SGLang's ErrorResponse (openai/protocol.py)."""
+    return {"object": "error", "message": message, "type": type_, "param": None, "code": status}

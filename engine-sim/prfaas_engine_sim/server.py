@@ -127,6 +127,7 @@ class FakeEngine:
         routes.add_get("/metrics", self._metrics)
         routes.add_route("*", "/flush_cache", self._flush_cache)
         routes.add_post("/abort_request", self._abort_request)
+        routes.add_post("/fake/fail_kv_transfers", self._fail_kv_transfers)
         return app
 
     # ------------------------------------------------------------------ generation endpoints
@@ -140,7 +141,10 @@ class FakeEngine:
         return handle
 
     def _error(self, api: proto.Api, message: str, status: int) -> web.Response:
-        return web.json_response(proto.error_body(api, message, status), status=status)
+        """A request refused before it ran."""
+        if status == 400:
+            return web.json_response(proto.request_error_body(api, message), status=status)
+        return web.json_response(proto.error_response(message, str(status), status), status=status)
 
     async def _serve(self, request: web.Request, api: proto.Api, parse: _Parser) -> web.StreamResponse:
         if self._stopping:
@@ -188,7 +192,8 @@ class FakeEngine:
         while pending:
             run, kind, payload = await runs[0].events.get()
             if kind == "error":
-                return self._error(parsed.api, payload.message, payload.status)
+                body = proto.abort_error_body(parsed.api, payload.message, payload.status)
+                return web.json_response(body, status=payload.status)
             if kind == "done":
                 results[run.item.index] = payload
                 pending -= 1
@@ -208,11 +213,19 @@ class FakeEngine:
     async def _respond_stream(
         self, request: web.Request, parsed: proto.ParsedRequest, rid: str, runs: list[ItemRun]
     ) -> web.StreamResponse:
+        """SSE as SGLang sends it. /generate sends its headers at once (http_server.py
+        ``serve_generate_request`` returns its StreamingResponse before any output); the OpenAI
+        routes only with their first chunk, the first output of the engine (serving_chat.py and
+        serving_completions.py ``_handle_streaming_request`` await the first chunk before they
+        return the response), so nothing reaches the client before the first token, or before
+        an abort, which is then a 200 whose stream carries the error (``StreamFormatter.abort``).
+        """
         response = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Request-Id": rid}
         )
-        await response.prepare(request)
         api = parsed.api
+        if api is proto.Api.GENERATE:
+            await response.prepare(request)
         formatter = proto.StreamFormatter(
             api=api,
             rid=rid,
@@ -222,29 +235,48 @@ class FakeEngine:
         )
         events = runs[0].events
         results: dict[int, proto.ItemResult] = {}
+        opened: set[int] = set()
         failed = False
-        out = [formatter.opening(run.item.index) for run in runs]
+        out: list[bytes] = []
         while len(results) < len(runs) and not failed:
             if events.empty() and out:
+                if not response.prepared:
+                    await response.prepare(request)
                 await response.write(b"".join(out))  # one write for whatever is ready
                 out.clear()
             run, kind, payload = await events.get()
-            if kind == "token":
+            index = run.item.index
+            if kind == "error":
+                item, produced = run.item, run.produced
                 out.append(
-                    formatter.token(
-                        run.rid, run.item.index, payload, run.item.prompt.tokens, run.cached_tokens
+                    formatter.abort(
+                        run.rid,
+                        index,
+                        payload.message,
+                        payload.status,
+                        item.prompt.tokens,
+                        run.cached_tokens,
+                        produced,
                     )
                 )
-            elif kind == "done":
-                results[run.item.index] = payload
-                out.append(formatter.finish(run.rid, run.item.index, payload))
-            else:
-                out.append(formatter.error(payload.message, payload.status))
                 failed = True
+                continue
+            if index not in opened:
+                opened.add(index)
+                out.append(formatter.opening(index))
+            if kind == "token":
+                out.append(
+                    formatter.token(run.rid, index, payload, run.item.prompt.tokens, run.cached_tokens)
+                )
+            else:
+                results[index] = payload
+                out.append(formatter.finish(run.rid, index, payload))
         if parsed.include_usage and api is not proto.Api.GENERATE and not failed:
             usage = proto.usage([run.item for run in runs], [results[run.item.index] for run in runs])
             out.append(formatter.usage(usage))
         out.append(proto.SSE_DONE)
+        if not response.prepared:
+            await response.prepare(request)
         await response.write_eof(b"".join(out))
         return response
 
@@ -475,6 +507,20 @@ class FakeEngine:
             )
         self.pipeline.cache.clear()
         return web.Response(text="Cache flushed.\n")
+
+    async def _fail_kv_transfers(self, request: web.Request) -> web.Response:
+        """Not SGLang: ``{"count": N}`` makes the next N KV handoffs fail (see ``EngineSettings.fail_kv_transfers``)."""
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        count = body.get("count") if isinstance(body, dict) else None
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            return web.json_response(
+                {"error": {"message": "count must be a non-negative integer"}}, status=400
+            )
+        self.pipeline.kv_faults.remaining += count
+        return web.json_response({"remaining": self.pipeline.kv_faults.remaining})
 
     async def _abort_request(self, request: web.Request) -> web.Response:
         try:

@@ -63,6 +63,10 @@ class EngineSettings:
     """Keepalive interval on a KV stream; 3 missed ones fail the transfer."""
     startup_seconds: float = 0.0
     """/health and /ready answer 503 for this long after start, like a loading engine."""
+    fail_kv_transfers: int = 0
+    """The next this-many KV handoffs of this PD engine fail (tests; ``POST /fake/fail_kv_transfers``
+    adds more at run time). A prefill fails once its decode connected, so both legs fail (the
+    decode's stream ends in an abort); a decode fails once its KV arrived, alone."""
     health_generation_delay: float = 1.0
     """How often /health looks whether the engine answered its one-token generation; it looks
     first after this long, so /health never answers sooner (SGLang: http_server.py
@@ -106,6 +110,8 @@ class EngineSettings:
         ):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.fail_kv_transfers < 0:
+            problems.append("fail_kv_transfers must be >= 0")
         if self.default_max_new_tokens < 0:
             problems.append("default_max_new_tokens must be >= 0")
         if self.max_decode_batch is not None and self.max_decode_batch < 1:
@@ -197,6 +203,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
     add("--transfer-timeout", type=float, default=300.0)
     add("--kv-heartbeat-seconds", type=float, default=1.0)
     add("--startup-seconds", type=float, default=0.0)
+    add("--fail-kv-transfers", type=int, default=0, help="the next N KV handoffs fail (tests)")
     add(
         "--health-generation-delay",
         type=float,

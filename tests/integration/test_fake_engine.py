@@ -218,6 +218,86 @@ async def test_health_check_bootstrap_host_skips_the_transfer(http: aiohttp.Clie
         assert (await metrics(http, decode))["prfaas_fake_engine_kv_bytes_received_total"] == 0
 
 
+def stream_body(path: str, text: str, room: int, port: int) -> dict[str, Any]:
+    if path == "/generate":
+        body: dict[str, Any] = {"text": text, "sampling_params": {"max_new_tokens": 4}}
+    elif path == "/v1/completions":
+        body = {"model": "kimi-fake", "prompt": text, "max_tokens": 4}
+    else:
+        body = {"model": "kimi-fake", "messages": [{"role": "user", "content": text}], "max_tokens": 4}
+    return body | {"stream": True} | pd_fields(port, room)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/generate"])
+async def test_openai_streams_send_nothing_before_the_first_token_and_generate_sends_its_headers_at_once(
+    http: aiohttp.ClientSession, path: str
+) -> None:
+    async with engines(prefill_settings(), decode_settings()) as (prefill, decode):
+        body = stream_body(path, "z" * 400, 5, prefill.bootstrap_port)
+        decode_leg = asyncio.create_task(http.post(decode.url + path, json=body))
+        await asyncio.sleep(0.5)  # the decode waits for its prefill: no token yet
+        assert decode_leg.done() is (path == "/generate")
+        status, _ = await post(http, prefill.url + path, body)
+        async with await decode_leg as response:
+            assert (status, response.status) == (200, 200)
+            events = sse_events(await response.text())
+        assert events[-1] == "[DONE]" and "error" not in events[0]
+
+
+@pytest.mark.parametrize("side", ["prefill", "decode"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/generate"])
+async def test_a_failed_kv_handoff_is_a_200_stream_ending_in_sglangs_abort_event(
+    http: aiohttp.ClientSession, path: str, side: str
+) -> None:
+    async with engines(prefill_settings(), decode_settings()) as (prefill, decode):
+        failing = prefill if side == "prefill" else decode
+        async with http.post(failing.url + "/fake/fail_kv_transfers", json={"count": 1}) as response:
+            assert (response.status, await response.json()) == (200, {"remaining": 1})
+        body = stream_body(path, "w" * 400, 6, prefill.bootstrap_port)
+        (p_status, p_events), (d_status, d_events) = await both_legs(http, prefill, decode, path, body)
+        assert d_status == 200 and d_events[-1] == "[DONE]" and len(d_events) == 2
+        if path == "/generate":
+            reason = d_events[0]["meta_info"]["finish_reason"]
+            assert (reason["type"], reason["status_code"]) == ("abort", 500)
+            message = reason["message"]
+        else:
+            error = d_events[0]["error"]
+            assert {k: error[k] for k in ("object", "type", "param", "code")} == {
+                "object": "error",
+                "type": "INTERNAL_SERVER_ERROR",
+                "param": None,
+                "code": 500,
+            }
+            message = error["message"]
+        if side == "decode":
+            assert "Decode transfer failed" in message and p_status == 200
+        else:
+            assert p_status == 200 and "Prefill transfer failed" in json.dumps(p_events)
+        assert (await metrics(http, failing))["sglang:num_transfer_failed_reqs_total"] == 1
+        (p_status, _), (d_status, d_events) = await both_legs(
+            http, prefill, decode, path, body | {"bootstrap_room": 7}
+        )
+        assert (p_status, d_status) == (200, 200) and "error" not in json.dumps(
+            d_events
+        )  # one fault, then well
+
+
+async def test_a_failed_kv_handoff_answers_a_plain_request_with_sglangs_error_shapes(
+    http: aiohttp.ClientSession,
+) -> None:
+    async with engines(prefill_settings(), decode_settings(fail_kv_transfers=2)) as (prefill, decode):
+        for path, room in (("/v1/completions", 8), ("/generate", 9)):
+            body = stream_body(path, "v" * 400, room, prefill.bootstrap_port) | {"stream": False}
+            _, (d_status, d_body) = await both_legs(http, prefill, decode, path, body)
+            assert d_status == 500
+            assert {k: d_body[k] for k in ("object", "type", "param", "code")} == {
+                "object": "error",
+                "type": "500",
+                "param": None,
+                "code": 500,
+            }
+
+
 async def timed_get(http: aiohttp.ClientSession, url: str) -> tuple[int, str, float]:
     began = time.monotonic()
     async with http.get(url) as response:
@@ -409,11 +489,8 @@ async def test_prefill_started_from_sglang_args_killed_mid_transfer_fails_the_de
             kv_size = load_profile("h200").kv_size
             assert kv_size is not None
             expected = kv_wire_bytes(kv_size, 32768, 0.001)
-            assert decode_status == 500
-            assert (
-                "failed after" in decode_error["error"]["message"]
-                and f"of {expected} bytes" in decode_error["error"]["message"]
-            )
+            assert decode_status == 500 and decode_error["type"] == "500"  # SGLang's HTTPException shape
+            assert "failed after" in decode_error["message"] and f"of {expected} bytes" in decode_error["message"]
             assert (await metrics(http, decode))["sglang:num_transfer_failed_reqs_total"] == 1
     finally:
         process.kill()
@@ -446,7 +523,7 @@ async def test_a_decode_leaving_fails_its_prefill_leg_at_once_if_queued_or_when_
         running_status, running_error = await asyncio.wait_for(legs[8][0], timeout=5)
         assert 0.3 < time.monotonic() - left_at < 1.5  # room 8 failed when its batch ended
         for status, error in ((queued_status, queued_error), (running_status, running_error)):
-            assert status == 500 and "the decode disconnected" in error["error"]["message"]
+            assert status == 500 and "the decode disconnected" in error["message"]
         assert (await metrics(http, prefill))["sglang:num_transfer_failed_reqs_total"] == 2
         assert (await metrics(http, decode))["sglang:num_aborted_requests_total"] == 2
 
