@@ -121,6 +121,8 @@ class EnginePipeline:
         self._cached_total = 0
         self._generated_total = 0
         self._throughput = (0.0, 0, 0.0)  # (sampled at, generated then, tokens/s)
+        self.prefill_uncached_total = 0
+        """Uncached prompt tokens of every finished request (/v1/loads ``total_prefill_uncached_tokens``)."""
         self.last_output_at = 0.0
         """time.monotonic() of the engine's latest output of any request (a token, an end or an
         abort): what /health waits for (SGLang: tokenizer_manager ``last_receive_tstamp``)."""
@@ -261,6 +263,7 @@ class EnginePipeline:
         if not run.log_metrics:
             run.events.put_nowait((run, "done", result))
             return
+        self.prefill_uncached_total += result.prompt_tokens - result.cached_tokens
         self._prompt_total += result.prompt_tokens
         self._cached_total += result.cached_tokens
         self.metrics.observe_finished(

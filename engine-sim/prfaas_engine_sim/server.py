@@ -1,7 +1,7 @@
 """The fake engine's HTTP server: SGLang 0.5's API on an EnginePipeline.
 
 Generation (``/generate``, ``/v1/completions``, ``/v1/chat/completions``, streamed or not),
-health and readiness, model and server info, ``/v1/loads``, ``/get_load``, ``/metrics``,
+health and readiness, model and server info, ``/v1/loads`` (SGLang 0.5.23 has no ``/get_load``), ``/metrics``,
 ``/flush_cache`` and ``/abort_request``; in prefill mode also the PD bootstrap server.
 """
 
@@ -123,7 +123,6 @@ class FakeEngine:
         for path in ("/server_info", "/get_server_info"):
             routes.add_get(path, self._server_info)
         routes.add_get("/v1/loads", self._loads)
-        routes.add_get("/get_load", self._get_load)
         routes.add_get("/metrics", self._metrics)
         routes.add_route("*", "/flush_cache", self._flush_cache)
         routes.add_post("/abort_request", self._abort_request)
@@ -340,7 +339,7 @@ class FakeEngine:
             "object": "model",
             "created": int(self.startup_time),
             "owned_by": "sglang",
-            "root": self.settings.model_path,
+            "root": self.settings.model_name,  # serving_models: the served name, as ``id``
             "max_model_len": self.settings.context_length,
         }
         return web.json_response({"object": "list", "data": [model]})
@@ -424,25 +423,34 @@ class FakeEngine:
             )
         everything = "all" in include or not include
         gauges = self.pipeline.gauge_values()
-        load: dict[str, Any] = {"dp_rank": 0, "timestamp": time.time()}
-        if everything or "core" in include:
-            waiting_tokens = sum(
-                job.prompt_tokens
-                for job in (self.pipeline.prefill.waiting if self.pipeline.prefill else ())
-                if not job.cancelled
-            )
-            load |= {
-                "num_running_reqs": int(gauges["num_running_reqs"]),
-                "num_waiting_reqs": _waiting_reqs(gauges),
-                "num_used_tokens": int(gauges["num_used_tokens"]),
-                "num_total_tokens": int(gauges["num_used_tokens"]) + waiting_tokens,
-                "max_total_num_tokens": self.settings.max_total_tokens,
-                "token_usage": gauges["token_usage"],
-                "gen_throughput": gauges["gen_throughput"],
-                "cache_hit_rate": gauges["cache_hit_rate"],
-                "utilization": gauges["token_usage"],
-                "max_running_requests": self.pipeline.decode.max_batch if self.pipeline.decode else None,
-            }
+        waiting_tokens = sum(
+            job.prompt_tokens
+            for job in (self.pipeline.prefill.waiting if self.pipeline.prefill else ())
+            if not job.cancelled
+        )
+        decode = self.pipeline.decode
+        total_tokens = int(gauges["num_used_tokens"]) + waiting_tokens
+        # load_snapshot.py LoadSnapshot: its core keys come whatever ``include`` says, all ints but the ratios
+        load: dict[str, Any] = {
+            "timestamp": time.time(),
+            "dp_rank": 0,
+            "num_running_reqs": int(gauges["num_running_reqs"]),
+            "num_waiting_reqs": _waiting_reqs(gauges),
+            "num_waiting_uncached_tokens": waiting_tokens,
+            "num_used_tokens": int(gauges["num_used_tokens"]),
+            "num_total_tokens": total_tokens,
+            "num_active_tokens": total_tokens,  # a decode counts a request only once its KV arrived
+            "num_prealloc_ready_tokens": 0,
+            "max_total_num_tokens": self.settings.max_total_tokens,
+            "max_running_requests": decode.max_batch if decode else (self.settings.max_decode_batch or 0),
+            "token_usage": gauges["token_usage"],
+            "gen_throughput": gauges["gen_throughput"],
+            "cache_hit_rate": gauges["cache_hit_rate"],
+            "utilization": gauges["token_usage"],
+            "total_prefill_uncached_tokens": self.pipeline.prefill_uncached_total,
+            "total_prefill_busy_us": 0,
+            "decode_moments": None,
+        }
         if everything or "memory" in include:
             load["memory"] = {
                 "weight_gb": 0.0,
@@ -453,7 +461,7 @@ class FakeEngine:
         if everything or "disagg" in include:
             load["disaggregation"] = {
                 "mode": self.settings.mode,
-                "prefill_prealloc_queue_reqs": int(gauges["num_prefill_bootstrap_queue_reqs"]),
+                "prefill_bootstrap_queue_reqs": int(gauges["num_prefill_bootstrap_queue_reqs"]),
                 "prefill_inflight_queue_reqs": int(gauges["num_prefill_inflight_queue_reqs"]),
                 "decode_prealloc_queue_reqs": int(gauges["num_decode_prealloc_queue_reqs"]),
                 "decode_transfer_queue_reqs": int(gauges["num_decode_transfer_queue_reqs"]),
@@ -467,6 +475,7 @@ class FakeEngine:
                 "grammar": 0,
                 "paused": 0,
                 "retracted": 0,
+                "prealloc_ready": 0,
             }
         if request.query.get("format") == "prometheus":
             return web.Response(text=_loads_prometheus(load), content_type="text/plain")
@@ -478,20 +487,6 @@ class FakeEngine:
                 "num_accelerators": self.settings.tp_size,
                 "loads": [load],
             }
-        )
-
-    async def _get_load(self, request: web.Request) -> web.Response:
-        gauges = self.pipeline.gauge_values()
-        running, waiting = int(gauges["num_running_reqs"]), int(gauges["num_queue_reqs"])
-        return web.json_response(
-            [
-                {
-                    "dp_rank": 0,
-                    "num_reqs": running + waiting,
-                    "num_waiting_reqs": waiting,
-                    "num_tokens": int(gauges["num_used_tokens"]),
-                }
-            ]
         )
 
     async def _metrics(self, request: web.Request) -> web.Response:

@@ -490,7 +490,10 @@ async def test_prefill_started_from_sglang_args_killed_mid_transfer_fails_the_de
             assert kv_size is not None
             expected = kv_wire_bytes(kv_size, 32768, 0.001)
             assert decode_status == 500 and decode_error["type"] == "500"  # SGLang's HTTPException shape
-            assert "failed after" in decode_error["message"] and f"of {expected} bytes" in decode_error["message"]
+            assert (
+                "failed after" in decode_error["message"]
+                and f"of {expected} bytes" in decode_error["message"]
+            )
             assert (await metrics(http, decode))["sglang:num_transfer_failed_reqs_total"] == 1
     finally:
         process.kill()
@@ -679,7 +682,7 @@ async def test_null_mode_serves_directly_with_sglang_shaped_answers(http: aiohtt
 
         async with http.get(url + "/v1/models") as r:
             model = (await r.json())["data"][0]
-        assert (model["id"], model["owned_by"]) == ("kimi-fake", "sglang")
+        assert (model["id"], model["root"], model["owned_by"]) == ("kimi-fake", "kimi-fake", "sglang")
         for path in ("/server_info", "/get_server_info"):
             async with http.get(url + path) as r:
                 info = await r.json()
@@ -688,9 +691,21 @@ async def test_null_mode_serves_directly_with_sglang_shaped_answers(http: aiohtt
         for path in ("/model_info", "/get_model_info"):
             async with http.get(url + path) as r:
                 assert (await r.json())["is_generation"] is True
-        for path in ("/health", "/health_generate", "/ready", "/get_load", "/v1/loads"):
+        for path in ("/health", "/health_generate", "/ready", "/v1/loads"):
             async with http.get(url + path) as r:
                 assert r.status == 200, path
+        async with http.get(url + "/get_load") as r:
+            assert r.status == 404  # SGLang 0.5.23 has none
+        async with http.get(url + "/v1/loads?include=disagg") as r:
+            (load,) = (await r.json())["loads"]
+        ints = (
+            "num_waiting_uncached_tokens",
+            "num_active_tokens",
+            "num_total_tokens",
+            "max_running_requests",
+        )
+        assert all(type(load[key]) is int for key in ints), load  # core keys whatever include says
+        assert "prefill_bootstrap_queue_reqs" in load["disaggregation"] and "queues" not in load
         async with http.get(url + "/v1/loads?include=everything") as r:
             assert r.status == 400
         async with http.post(url + "/flush_cache") as r:
