@@ -1,19 +1,36 @@
 """Active health checks: GET the health path of every worker, all at once, every interval.
 
-A check that fails marks the worker unhealthy (after `failure_threshold` in a row); one that
-passes marks it healthy again. With the defaults (every 0.5 s, 0.5 s timeout, one failure) a
-dead PrfaaS pool, or a cut link that drops packets, takes traffic local within about a second
-even when no request has hit it yet; a request that meets a refused connection first ejects the
-worker itself (circuit breaker) and is retried. New workers from a reloaded config are checked
-at once (`poke`).
+Endpoint, interval, timeout and threshold follow what SGLang 0.5.23's endpoints do
+(srt/entrypoints/http_server.py):
+
+- `/health` (the same handler as `/health_generate`) submits a one-token generation, then
+  `await asyncio.sleep(1)` before it first looks whether anything came back: it never answers in
+  under a second, and under load the generation queues behind real work (up to
+  SGLANG_HEALTH_CHECK_TIMEOUT, 20 s, then 503). A sub-second timeout ejects every idle engine;
+  a timeout long enough for it (tens of seconds) leaves a dead engine routable that long.
+- `/ready` (`ready`) answers at once from the tokenizer manager's state (`is_ready`: started,
+  not paused, not shutting down, and not marked unhealthy). That state is what a failed
+  `/health_generate` sets (ServerStatus.UnHealthy), and the kubelet's probes run that one every
+  10 s with a 20 s timeout (the operator's manifests), so a generation that stops working turns
+  `/ready` to 503 within the kubelet's probe period; an engine draining on SIGTERM answers 503
+  from the first moment.
+
+So the router asks `/ready` (`--health-path`): every second, with a one-second timeout. A refusal
+or a reset (the process is gone), or any answer but 200 (starting, draining, unhealthy), ejects
+at once; timeouts eject after `failure_threshold` (2) in a row, so one slow answer from a busy
+tokenizer loop does not. Measured with real processes (tests/integration/test_router_faults.py):
+a killed engine leaves the routable set within about a second, a silent one within about four
+(two intervals plus two timeouts), and an idle engine stays healthy. With `--health-path
+/health`, the timeout must exceed one second, and should exceed SGLang's 20 s to be safe.
 
 A check that only timed out does not count against an engine that is working for the router:
 one with requests in flight (a decode busy with long non-streamed answers sends nothing until
 they end) or one that sent us bytes within the last interval and timeout. Such an engine answers
 its health check late but is alive, and ejecting it would move its load onto the others. An idle
-engine behind a cut link is still caught by the first timeout, and one with requests in flight
-by the read timeout of those requests; a refused or reset connection always counts. A worker
-ejected by timeouts alone stays a last resort (`Fleet.routable`) for a pool left with nothing else.
+engine behind a cut link is still caught by its timeouts, and one with requests in flight by the
+read timeout of those requests and its breaker. A worker ejected by timeouts alone stays a last
+resort (`Fleet.routable`) for a pool left with nothing else. New workers from a reloaded config
+are checked at once (`poke`).
 """
 
 from __future__ import annotations
@@ -91,7 +108,8 @@ class HealthChecker:
             ok, error, timed_out = False, repr(err), True
         except UpstreamError as err:
             ok, error = False, repr(err)
-        if worker.record_health(ok, self._failure_threshold, timed_out=timed_out):
+        threshold = self._failure_threshold if timed_out else 1  # a refusal or an error is an answer
+        if worker.record_health(ok, threshold, timed_out=timed_out):
             if ok:
                 log.info("worker %s/%s is healthy", worker.pool.value, worker.name)
             else:

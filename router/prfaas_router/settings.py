@@ -53,10 +53,16 @@ class RouterSettings:
     host: str = setting("127.0.0.1")
     port: int = setting(8000)
     config_poll_seconds: float = setting(1.0)
-    health_path: str = setting("/health")
-    health_interval_seconds: float = setting(0.5)
-    health_timeout_seconds: float = setting(0.5)
-    health_failure_threshold: int = setting(1, at_least=1)
+    # why these four: prfaas_router.health
+    health_path: str = setting(
+        "/ready",
+        "SGLang's /ready answers at once; its /health runs a generation and never answers under 1 s",
+    )
+    health_interval_seconds: float = setting(1.0)
+    health_timeout_seconds: float = setting(1.0)
+    health_failure_threshold: int = setting(
+        2, "timed-out checks in a row that eject a worker (a refusal or an error ejects at once)", at_least=1
+    )
     # the decode engines' /v1/loads, for the decode-wait estimate
     load_poll_interval_seconds: float = setting(1.0)
     load_poll_timeout_seconds: float = setting(1.0)
@@ -67,6 +73,12 @@ class RouterSettings:
     link_half_life_seconds: float = setting(_LINK.half_life_seconds)
     link_floor_fraction: float = setting(_LINK.floor_fraction)
     link_stale_after_seconds: float = setting(_LINK.stale_after_seconds)
+    prefill_chunk_tokens: int = setting(
+        8192,
+        "SGLang's --chunked-prefill-size on the PrfaaS prefills (8192 on H20/H200): their "
+        "transfer latencies cover the last chunk only",
+        at_least=1,
+    )
     breaker_failure_threshold: int = setting(3, at_least=1)
     breaker_cooldown_seconds: float = setting(5.0)
     connect_timeout_seconds: float = setting(1.0)

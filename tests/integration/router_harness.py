@@ -122,8 +122,9 @@ def start_engine(
 
 
 def wait_healthy(engine: Engine) -> None:
+    """Until the engine is ready: SGLang's /ready answers at once (its /health takes a second)."""
     wait_until(
-        lambda: http_get(engine.url, "/health")[0] == 200, f"engine {engine.name}\n{engine.process.log()}"
+        lambda: http_get(engine.url, "/ready")[0] == 200, f"engine {engine.name}\n{engine.process.log()}"
     )
 
 

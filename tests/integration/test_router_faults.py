@@ -255,7 +255,7 @@ async def test_a_decode_busy_with_long_answers_is_kept_through_slow_health_check
     try:
         router = start_router(config_doc([], [prefill], [busy]), *STRICT)
         request = asyncio.create_task(post(client, router.url + CHAT_PATH, chat(SHORT)))
-        while not request.done():  # its health checks time out (0.5 s) for 2.5 s; it stays in
+        while not request.done():  # its health checks time out (1 s) for 2.5 s; it stays in
             states = {w["name"]: w["available"] for w in router.config_page()["workers"]}
             assert states["d-busy"], "a busy decode was ejected by a slow health check"
             await asyncio.sleep(0.1)
@@ -270,13 +270,15 @@ async def test_a_decode_busy_for_another_replica_is_slow_to_this_one_and_still_s
     start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
     """Two router replicas, one decode: busy with the first's request, it answers the second's
-    health checks late, and the second (nothing in flight there) ejects it. With no other
-    decode the second still sends to it, as a last resort, instead of answering 503."""
+    health checks late, and the second (nothing in flight there) ejects it (at its first
+    timeout here, to see it within the request). With no other decode the second still sends to
+    it, as a last resort, instead of answering 503."""
     prefill = start_faulty("l-ok", "ok", "127.0.2.28", tmp_path, prefill=True)
     busy = start_faulty("d-busy", "busy", "127.0.2.29", tmp_path, busy=2.5)
     try:
         doc = config_doc([], [prefill], [busy])
-        first, second = start_router(doc, *STRICT), start_router(doc, *STRICT)
+        quick = ("--health-timeout-seconds", "0.5", "--health-failure-threshold", "1")
+        first, second = start_router(doc, *STRICT), start_router(doc, *STRICT, *quick)
         request = asyncio.create_task(post(client, first.url + CHAT_PATH, chat(SHORT)))
 
         def ejected() -> bool:

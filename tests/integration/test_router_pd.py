@@ -156,7 +156,7 @@ async def test_killing_the_prfaas_engines_moves_traffic_local_without_failing_re
         doc = config_doc([doomed], cluster.local, cluster.decode)
         # passive: health checks too rare to notice, so the request in flight meets the dead engine
         passive = start_router(doc, "--health-interval-seconds", "60")
-        active = start_router(doc)  # active checks every 0.5 s
+        active = start_router(doc)  # active checks every second; a refused one ejects at once
         for router in (passive, active):
             warm = await post(client, router.url + "/v1/chat/completions", chat(fresh_long("warm")))
             assert warm.status == 200 and warm.headers["x-prfaas-route"] == "prfaas"
@@ -190,7 +190,7 @@ async def test_killing_the_prfaas_engines_moves_traffic_local_without_failing_re
         while prfaas_available():
             await asyncio.sleep(0.02)
         noticed = time.monotonic() - killed
-        assert noticed < 1.5, f"the active router took {noticed:.2f} s to eject the dead PrfaaS engine"
+        assert noticed < 2.0, f"the active router took {noticed:.2f} s to eject the dead PrfaaS engine"
 
         prompts = [chat(fresh_long(f"variant {i}"), stream=i % 2 == 0) for i in range(6)]
         answers = await asyncio.gather(
