@@ -33,6 +33,9 @@ ENGINE_KV_TRANSFER_TOTAL_MB = "sglang:kv_transfer_total_mb"  # histogram per tra
 BYTES_PER_MIB = 1024 * 1024  # SGLang's "MB" in that name
 ENGINE_KV_TRANSFER_LATENCY_MS = "sglang:kv_transfer_latency_ms"  # histogram: forward end to last byte
 ENGINE_KV_TRANSFER_SPEED_GB_S = "sglang:kv_transfer_speed_gb_s"  # histogram: total_mb / 1024 / seconds
+# labels of the ranks that each send a shard of the same transfers (metrics_collector.py); the
+# other labels (dp_rank, model_name, ...) tell apart streams of different transfers
+ENGINE_SHARD_LABELS = frozenset({"tp_rank", "pp_rank", "moe_ep_rank"})
 
 # label values the planner reads: requests_total{outcome} of a request refused early (429), and
 # decisions_total{reason} of a request sent to the other route than its length asks for

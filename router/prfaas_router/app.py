@@ -92,6 +92,7 @@ class RouterService:
             lambda: self._dispatcher.link_inflight_bytes if self._dispatcher is not None else 0.0,
             interval_seconds=settings.link_poll_interval_seconds,
             timeout_seconds=settings.link_poll_timeout_seconds,
+            chunk_tokens=settings.prefill_chunk_tokens,
         )
         self._dispatcher = Dispatcher(
             self._upstream,

@@ -27,14 +27,17 @@ from prfaas_core.routing.link_estimate import (
     NO_TRANSFERS,
     LinkEstimateRules,
     LinkEstimator,
+    RankSeries,
+    TransferShape,
     TransferTotals,
+    engine_totals,
     limited,
     sample_bytes_per_second,
     stalled_bound,
 )
 from prfaas_core.routing.policy import PolicyModel
 from prfaas_core.routing.workers import Fleet
-from prfaas_core.vocabulary import Pool
+from prfaas_core.vocabulary import ROUTE_PRFAAS, Pool
 from prometheus_client.parser import text_string_to_metric_families
 
 from prfaas_router.metrics import RouterMetrics
@@ -53,33 +56,43 @@ class EngineTransfers:
 
 
 def parse_engine_transfers(text: str) -> EngineTransfers | None:
-    """An engine's KV transfers from its exposition; None when it reports no transfer totals."""
-    sums = {contract.ENGINE_KV_TRANSFER_TOTAL_MB: 0.0, contract.ENGINE_KV_TRANSFER_LATENCY_MS: 0.0}
-    count = undelivered = 0.0
+    """An engine's KV transfers from its exposition (per-rank series, `engine_totals`); None when
+    it reports no transfer totals."""
+    # per series (its labels): [bytes, latency seconds, transfers]
+    series: dict[frozenset[tuple[str, str]], list[float]] = {}
+    undelivered = 0.0
+    fields = {
+        contract.ENGINE_KV_TRANSFER_TOTAL_MB + "_sum": (0, contract.BYTES_PER_MIB),
+        contract.ENGINE_KV_TRANSFER_LATENCY_MS + "_sum": (1, 1e-3),
+        contract.ENGINE_KV_TRANSFER_LATENCY_MS + "_count": (2, 1.0),
+    }
     seen = False
     try:
         for family in text_string_to_metric_families(text):
             if family.name == contract.ENGINE_PREFILL_INFLIGHT_QUEUE_REQS:
                 undelivered += sum(sample.value for sample in family.samples)
-            if family.name not in sums:
-                continue
             for sample in family.samples:
-                if sample.name == family.name + "_sum":
-                    sums[family.name] += sample.value
-                    seen = True
-                elif (
-                    sample.name == family.name + "_count"
-                    and family.name == contract.ENGINE_KV_TRANSFER_LATENCY_MS
-                ):
-                    count += sample.value
+                field = fields.get(sample.name)
+                if field is None:
+                    continue
+                index, unit = field
+                series.setdefault(frozenset(sample.labels.items()), [0.0, 0.0, 0.0])[index] += (
+                    sample.value * unit
+                )
+                seen = seen or index == 0
     except ValueError:
         return None
-    if not seen or not all(math.isfinite(value) for value in (*sums.values(), count, undelivered)):
+    values = [value for found in series.values() for value in found]
+    if not seen or not all(math.isfinite(value) for value in (*values, undelivered)):
         return None
-    totals = TransferTotals(
-        bytes=sums[contract.ENGINE_KV_TRANSFER_TOTAL_MB] * contract.BYTES_PER_MIB,
-        seconds=sums[contract.ENGINE_KV_TRANSFER_LATENCY_MS] / 1000,
-        transfers=count,
+    totals = engine_totals(
+        RankSeries(
+            tuple(
+                sorted((name, value) for name, value in labels if name not in contract.ENGINE_SHARD_LABELS)
+            ),
+            TransferTotals(*found),
+        )
+        for labels, found in series.items()
     )
     return EngineTransfers(totals, undelivered)
 
@@ -98,8 +111,10 @@ class LinkProbe:
         *,
         interval_seconds: float,
         timeout_seconds: float,
+        chunk_tokens: int,
     ) -> None:
         self._upstream = upstream
+        self._chunk_tokens = chunk_tokens
         self._fleet = fleet
         self._current_model = current_model
         self._outstanding_bytes = outstanding_bytes
@@ -152,12 +167,20 @@ class LinkProbe:
         # a transfer longer than a poll interval completes in one: the sample covers every
         # interval since the last one that gave a sample
         wall = now - self._sampled_at
-        sample = sample_bytes_per_second(moved, wall, model.link_latency)
+        sample = sample_bytes_per_second(moved, wall, model.link_latency, self._shape(model))
         if sample is not None:
             self.estimator.observe(now, sample, wall, model.link_bandwidth)
             self._sampled_at = now
         if all(answer is not None for answer in answers):  # a silent engine may hold undelivered KV
             self._bound_by_non_delivery(now, undelivered, moved.bytes, model.link_bandwidth)
+
+    def _shape(self, model: PolicyModel) -> TransferShape:
+        return TransferShape(
+            model.kv_bytes_per_token,
+            model.kv_fixed_bytes,
+            self._chunk_tokens,
+            model.prefill_time[ROUTE_PRFAAS].seconds_for,
+        )
 
     def _bound_by_non_delivery(
         self, now: float, undelivered: float, completed: float, configured: float

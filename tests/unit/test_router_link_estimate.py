@@ -11,7 +11,10 @@ from prfaas_core.metrics_contract import BYTES_PER_MIB
 from prfaas_core.routing.link_estimate import (
     LinkEstimateRules,
     LinkEstimator,
+    RankSeries,
+    TransferShape,
     TransferTotals,
+    engine_totals,
     limited,
     sample_bytes_per_second,
     stalled_bound,
@@ -32,23 +35,75 @@ def feed(estimator: LinkEstimator, sample: float, start: float, seconds: float, 
     return now
 
 
+# one-chunk transfers (under 8192 tokens at 1 MB per token): the latency covers all their bytes
+ONE_CHUNK = TransferShape(
+    kv_bytes_per_token=1e6,
+    kv_fixed_bytes=0.0,
+    chunk_tokens=8192,
+    compute_seconds=lambda tokens: tokens * 1e-4,
+)
+
+
 def test_a_lone_transfer_is_its_bytes_over_its_latency_less_propagation() -> None:
     moved = TransferTotals(bytes=100e6, seconds=0.21, transfers=1)
-    assert sample_bytes_per_second(moved, wall_seconds=1.0, latency_seconds=0.01) == pytest.approx(500e6)
+    assert sample_bytes_per_second(moved, 1.0, 0.01, ONE_CHUNK) == pytest.approx(500e6)
 
 
 def test_overlapping_transfers_count_the_wall_time_once() -> None:
     # four transfers sharing the link for the whole second: 400 MB in 1 s, not in 4 s
     moved = TransferTotals(bytes=400e6, seconds=4.0, transfers=4)
-    assert sample_bytes_per_second(moved, wall_seconds=1.0, latency_seconds=0.0) == pytest.approx(400e6)
+    assert sample_bytes_per_second(moved, 1.0, 0.0, ONE_CHUNK) == pytest.approx(400e6)
 
 
 def test_an_interval_without_transfers_is_no_evidence() -> None:
-    assert sample_bytes_per_second(TransferTotals(0.0, 0.0, 0.0), 1.0, 0.0) is None
+    assert sample_bytes_per_second(TransferTotals(0.0, 0.0, 0.0), 1.0, 0.0, ONE_CHUNK) is None
 
 
 def test_a_transfer_quicker_than_its_propagation_says_the_link_did_not_limit_it() -> None:
-    assert sample_bytes_per_second(TransferTotals(1e6, 0.005, 1), 1.0, 0.01) == math.inf
+    assert sample_bytes_per_second(TransferTotals(1e6, 0.005, 1), 1.0, 0.01, ONE_CHUNK) == math.inf
+
+
+# A hybrid model's long prompt: 20000 tokens in chunks of 8192 (8192, 8192, 3616), 10 kB per token,
+# and 100 MB of state sent with the last chunk; each chunk takes 1 s to compute.
+CHUNKED = TransferShape(
+    kv_bytes_per_token=1e4,
+    kv_fixed_bytes=100e6,
+    chunk_tokens=8192,
+    compute_seconds=lambda tokens: tokens / 8192,
+)
+LONG_BYTES = 100e6 + 20000 * 1e4  # 300 MB
+
+
+def mooncake_latency(rate: float) -> float:
+    """What SGLang observes for one LONG transfer over a link of `rate` bytes/s: from the end of
+    the last chunk's forward to the last byte (each chunk queued for the link as it is computed)."""
+    link_free = 0.0
+    computed = 0.0
+    for tokens, extra in ((8192, 0.0), (8192, 0.0), (3616, 100e6)):
+        computed += tokens / 8192
+        link_free = max(link_free, computed) + (tokens * 1e4 + extra) / rate
+    return link_free - computed
+
+
+@pytest.mark.parametrize("rate", [50e6, 200e6, 1e9, 5e9])
+def test_the_last_chunk_latency_of_a_long_prompt_reads_the_links_rate_whether_it_keeps_up_or_not(
+    rate: float,
+) -> None:
+    moved = TransferTotals(bytes=LONG_BYTES, seconds=mooncake_latency(rate), transfers=1)
+    assert sample_bytes_per_second(moved, 60.0, 0.0, CHUNKED) == pytest.approx(rate, rel=0.02)
+    # bytes over the observed latency would claim more than the link has, when it kept up
+    if rate >= 1e9:
+        assert moved.bytes / moved.seconds > 1.2 * rate
+
+
+def test_ranks_sharding_one_transfer_add_their_bytes_and_count_it_once() -> None:
+    """Four TP ranks each send a quarter of two transfers in parallel; a second DP stream sends one."""
+    ranks = [
+        RankSeries((("dp_rank", "0"),), TransferTotals(50e6, 0.5 + rank * 0.01, 2.0)) for rank in range(4)
+    ]
+    other = RankSeries((("dp_rank", "1"),), TransferTotals(30e6, 0.2, 1.0))
+    assert engine_totals([*ranks, other]) == TransferTotals(230e6, pytest.approx(0.73), 3.0)
+    assert engine_totals([]) == TransferTotals(0.0, 0.0, 0.0)
 
 
 def test_nothing_measured_holds_the_configured_bandwidth() -> None:
@@ -185,6 +240,21 @@ def test_sglang_transfer_histograms_are_read_in_bytes_and_seconds() -> None:
     assert parse_engine_transfers(EXPOSITION + undelivered) == EngineTransfers(
         TransferTotals(12.0 * BYTES_PER_MIB, 1.5, 3.0), 2.0
     )
+
+
+TP_EXPOSITION = "".join(
+    f'sglang:kv_transfer_total_mb_sum{{dp_rank="0",model_name="m",pp_rank="0",tp_rank="{rank}"}} 5.0\n'
+    f'sglang:kv_transfer_latency_ms_sum{{dp_rank="0",model_name="m",pp_rank="0",tp_rank="{rank}"}} {400 + rank}.0\n'
+    f'sglang:kv_transfer_latency_ms_count{{dp_rank="0",model_name="m",pp_rank="0",tp_rank="{rank}"}} 2.0\n'
+    for rank in range(8)
+)
+
+
+def test_per_rank_series_give_the_engines_bytes_and_each_transfer_once() -> None:
+    """TP 8: every rank observes the same two transfers, each with its eighth of the bytes."""
+    parsed = parse_engine_transfers(TP_EXPOSITION)
+    assert parsed is not None
+    assert parsed.totals == TransferTotals(40.0 * BYTES_PER_MIB, pytest.approx(0.407), 2.0)
 
 
 @pytest.mark.parametrize(

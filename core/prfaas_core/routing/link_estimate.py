@@ -35,6 +35,7 @@ zero). The budget follows the estimate, never above the configured bandwidth tim
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from prfaas_core.routing.policy import PolicyModel
@@ -82,16 +83,94 @@ class TransferTotals:
 NO_TRANSFERS = TransferTotals(0.0, 0.0, 0.0)
 
 
+@dataclass(frozen=True, slots=True)
+class RankSeries:
+    """One series of an engine's transfer histograms: one rank's shard of its stream's transfers.
+
+    SGLang observes `kv_transfer_*` on every rank with its own labels (metrics_collector.py:
+    tp_rank, pp_rank, moe_ep_rank, dp_rank, ...): the ranks of one stream (`stream`, the labels
+    other than the shard ranks; dp_rank tells the streams apart) each send their own shard of the
+    same transfers at the same time (conn.py get_transfer_metric: this rank's KV indices times its
+    item lengths).
+    """
+
+    stream: tuple[tuple[str, str], ...]
+    totals: TransferTotals
+
+
+def engine_totals(series: Iterable[RankSeries]) -> TransferTotals:
+    """An engine's transfers from its per-rank series: every rank's bytes, each transfer once.
+
+    The shards of a stream move in parallel, so a stream's bytes are its ranks' sum, while its
+    transfers and their time are those of its slowest rank (the largest count and latency sum),
+    not their sum (which would read tp_size times one transfer's time). Streams add up.
+    """
+    streams: dict[tuple[tuple[str, str], ...], TransferTotals] = {}
+    for one in series:
+        known = streams.get(one.stream)
+        if known is None:
+            streams[one.stream] = one.totals
+        else:
+            streams[one.stream] = TransferTotals(
+                known.bytes + one.totals.bytes,
+                max(known.seconds, one.totals.seconds),
+                max(known.transfers, one.totals.transfers),
+            )
+    return sum(streams.values(), NO_TRANSFERS)
+
+
+@dataclass(frozen=True, slots=True)
+class TransferShape:
+    """What a PrfaaS prefill's transfers look like, to read their last-chunk latencies.
+
+    SGLang's prefill sends each chunk of a chunked prefill as soon as it is computed, and the
+    hybrid model's state with the last one (disaggregation/prefill.py `send_kv_chunk`); for
+    Mooncake the latency it observes runs from the last chunk's forward end to the last byte
+    delivered (req_time_stats.py `compute_and_observe_kv_transfer_metrics`: "only capture the
+    last chunk time").
+    """
+
+    kv_bytes_per_token: float
+    kv_fixed_bytes: float
+    """Sent with the last chunk (the linear-attention state)."""
+    chunk_tokens: int
+    """SGLang's --chunked-prefill-size on the PrfaaS prefills (8192 on H20/H200)."""
+    compute_seconds: Callable[[float], float]
+    """The prefill's time for a prompt of so many tokens (the config's fitted curve)."""
+
+
 def sample_bytes_per_second(
-    moved: TransferTotals, wall_seconds: float, latency_seconds: float
+    moved: TransferTotals, wall_seconds: float, latency_seconds: float, shape: TransferShape
 ) -> float | None:
-    """One interval's delivered bandwidth while busy; None when it moved nothing (no evidence)."""
+    """One interval's delivered bandwidth while busy; None when it moved nothing (no evidence).
+
+    The observed time of a transfer covers its last chunk only. Two readings bound the link,
+    with the interval's transfers taken at their mean size:
+    - the link kept up with the prefill: earlier chunks were delivered during compute, and the
+      observed time moved the last chunk (the state and the last chunk's KV);
+    - it did not: it was busy from the first chunk on, for the compute of the later chunks
+      plus the observed time, and moved every byte.
+    Each reading is at most the link's rate in either case, and the right one equals it, so the
+    sample is the larger. A prompt of one chunk makes both bytes over the observed time.
+    Transfers that overlap share the link: busy time is at most the interval's wall time, and
+    each transfer pays one propagation latency whatever its size.
+    """
     if moved.bytes <= 0 or moved.transfers <= 0 or wall_seconds <= 0:
         return None
-    busy = min(wall_seconds, moved.seconds - moved.transfers * latency_seconds)
-    if busy <= 0:  # faster than the propagation delay allows: the link is not what limited it
+    mean_bytes = moved.bytes / moved.transfers
+    tokens = max(0.0, (mean_bytes - shape.kv_fixed_bytes) / shape.kv_bytes_per_token)
+    chunk = shape.chunk_tokens
+    later_chunks = max(0, math.ceil(tokens / chunk) - 1)
+    last_tokens = tokens - later_chunks * chunk
+    last_share = min(1.0, (shape.kv_fixed_bytes + last_tokens * shape.kv_bytes_per_token) / mean_bytes)
+    # the link's busy time before the last chunk's forward ended: from the first chunk's end on
+    later_compute = shape.compute_seconds(tokens) - shape.compute_seconds(min(tokens, chunk))
+    observed = moved.seconds - moved.transfers * latency_seconds
+    if observed <= 0:  # faster than the propagation delay allows: the link is not what limited it
         return math.inf
-    return moved.bytes / busy
+    kept_up = moved.bytes * last_share / min(wall_seconds, observed)
+    backed_up = moved.bytes / min(wall_seconds, observed + moved.transfers * max(0.0, later_compute))
+    return max(kept_up, backed_up)
 
 
 def stalled_bound(outstanding_bytes: float, stalled_seconds: float) -> float:
