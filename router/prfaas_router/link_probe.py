@@ -2,7 +2,8 @@
 
 Every interval the router GETs `/metrics` from each PrfaaS prefill instance, all at once, and
 reads SGLang's per-transfer histograms `sglang:kv_transfer_total_mb` (MiB) and
-`sglang:kv_transfer_latency_ms` (their `_sum` and `_count`, summed over the engine's series).
+`sglang:kv_transfer_latency_ms` (their `_sum` and `_count`, per rank's series, combined by
+`link_estimate.engine_totals`).
 The change since the engine's previous answer, summed over engines, is one interval's
 transfers; an engine that did not answer, or whose totals went back (a restart), adds nothing
 this time. The engines' answers cross the link: on a congested one they queue behind the KV,

@@ -8,13 +8,13 @@ delivered) are read every interval as deltas summed over the PrfaaS prefill engi
 interval with transfers gives one sample, covering the time since the previous sample (a
 transfer longer than an interval completes in one of them):
 
-- bytes moved over the time the link was busy moving them. That time is at most the time covered
-  (transfers that overlap share the link: their summed latencies exceed the wall time) and at
-  most the summed transfer latencies, less one one-way latency per transfer (propagation every
-  transfer pays whatever its size). Overlap within a shorter busy period makes the sample low:
-  the estimate errs towards a smaller budget. KV sent while the prefill still computes (layer
-  by layer) is not in SGLang's latency, which makes it high: a link barely slower than the KV
-  is produced reads fast, one that backs transfers up reads true;
+- bytes moved over the time the link was busy moving them (`sample_bytes_per_second`). Each
+  rank reports its own shard (`engine_totals` counts a transfer once, its bytes from every
+  rank), and SGLang's Mooncake latency covers only the last chunk of a chunked prefill: the
+  sample is the larger of the last chunk's bytes over that latency (a link that kept up) and
+  all bytes over it plus the later chunks' compute (one that did not). Busy time is at most the
+  time covered (transfers that overlap share the link), less one one-way latency per transfer
+  (propagation every transfer pays whatever its size);
 - an interval without a transfer is no sample: an idle link is not a slow one.
 
 Transfers that share a slow link all finish late (each gets its share), so after a drop the
