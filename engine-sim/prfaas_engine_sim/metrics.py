@@ -80,10 +80,10 @@ class EngineMetrics:
         ).labels(**labels)
         self.cached_tokens = Counter(
             PREFIX + "cached_tokens",
-            "Number of cached prompt tokens.",
-            (*LABELS, "source"),
+            "Number of cached prompt tokens by source (device/host/storage).",
+            (*LABELS, "cache_source"),  # metrics_collector.py TokenizerMetricsCollector.cached_tokens_total
             registry=self.registry,
-        ).labels(**labels, source="device")
+        ).labels(**labels, cache_source="device")
         self.requests = counter(PREFIX + "num_requests", "Number of requests processed.").labels(**labels)
         self.aborted_requests = counter(
             PREFIX + "num_aborted_requests", "Number of requests aborted."
