@@ -16,6 +16,15 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ engine-sim/pyprojec
   .venv/bin/pip install -q -e '.[dev]' -e ./engine-sim -e ./e2e -e ./sim
   touch "$stamp"
 fi
+# SGLang itself, for the conformance suite (tests/conformance): its own venv, since .venv holds
+# the testbed's sglang.launch_server shim; the pinned release without its GPU stack.
+sglang_pin=tests/conformance/requirements-sglang.txt
+if [ ! -f .venv-sglang/.prfaas-installed ] || [ "$sglang_pin" -nt .venv-sglang/.prfaas-installed ]; then
+  [ -x .venv-sglang/bin/python ] || python3 -m venv .venv-sglang
+  .venv-sglang/bin/pip install -q --no-deps "$(grep -E '^sglang==' "$sglang_pin")"
+  grep -vE '^(sglang==|#|$)' "$sglang_pin" | .venv-sglang/bin/pip install -q -r /dev/stdin
+  touch .venv-sglang/.prfaas-installed
+fi
 bash e2e/testbed/install-deps.sh
 bash e2e/testbed/build-binaries.sh >/dev/null
 bash scripts/build-tools.sh >/dev/null

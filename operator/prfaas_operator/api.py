@@ -120,6 +120,11 @@ class KvDtype(enum.StrEnum):
     FP8_E5M2 = "fp8_e5m2"
 
 
+# The page sizes SGLang accepts for the hybrid models this project serves: the divisors of the
+# default mamba_track_interval, 256 (tests/conformance checks each against SGLang's own assertion).
+PageSize = Literal[1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
 class KvProfile(_Model):
     """KV-cache layout and size. Prefill and decode must agree on it; it feeds S_kv(l) = fixed + perToken * l."""
 
@@ -129,8 +134,14 @@ class KvProfile(_Model):
     fixed_state_bytes: int = Field(
         default=0, ge=0, description="Per-request linear-attention / SWA state bytes, independent of length."
     )
-    page_size: int = Field(
-        default=64, ge=1, le=4096, description="SGLang --page-size; must match on both sides."
+    page_size: PageSize = Field(
+        default=64,
+        description=(
+            "SGLang --page-size; must match on both sides. A power of two up to 256: a hybrid "
+            "linear-attention prefill (Kimi-Linear) asserts at start that its --mamba-track-interval "
+            "(256 by default) is a multiple of the page size (SGLang 0.5.23, "
+            "srt/arg_groups/mamba_hook.py validate_mamba_extra_buffer)."
+        ),
     )
     dtype: KvDtype = Field(
         default=KvDtype.AUTO, description="SGLang --kv-cache-dtype; must match on both sides."
