@@ -9,6 +9,12 @@ can be tested without a cluster and replayed offline:
 - solve within the bounds: the PD cluster's instance count is fixed, PrfaaS replicas move only
   within their range when one is given, and the threshold moves only when it is not fixed (else
   the split is solved at the fixed threshold);
+- never below a role's minimum: the minimums narrow the search, so the proposal is the best
+  operating point that keeps them; an operating point in force below one is moved up to it
+  whatever the gain or the cooldown (`Reason.BELOW_MINIMUM`);
+- never scale a role down while a rollout is in progress, or while instances of that role that
+  were asked for are not ready yet (they may be what the last change added): hold and say which
+  (`Reason.ROLLOUT_IN_PROGRESS`, `Reason.INSTANCES_PENDING`);
 - change only when the predicted capacity beats the operating point in force by more than the
   hysteresis (relative), and not within the cooldown of the last applied change; capacities are
   taken as the router routes (eq. 6, but where the link binds the long requests it cannot take
@@ -45,7 +51,7 @@ from prfaas_core.throughput import (
     solve_prfaas_pd,
 )
 from prfaas_core.throughput.solver import explain
-from prfaas_core.vocabulary import ROUTE_PRFAAS, bytes_per_second_to_gbit
+from prfaas_core.vocabulary import ROUTE_PRFAAS, Role, bytes_per_second_to_gbit
 
 DEFAULT_MIN_REQUESTS = 50
 """Fewer requests than this in the window say too little about the length distribution to act on."""
@@ -55,6 +61,9 @@ DEFAULT_INTERVAL_SECONDS = 300
 DEFAULT_WINDOW_SECONDS = 600
 DEFAULT_HYSTERESIS = 0.05
 DEFAULT_COOLDOWN_SECONDS = 600
+DEFAULT_MIN_INSTANCES = 2
+"""Instances of a role the planner keeps when the spec sets no minimum: two, so that a
+PodDisruptionBudget of maxUnavailable 1 never lets a drain take a role's last instance."""
 
 
 class Mode(enum.StrEnum):
@@ -77,6 +86,9 @@ class Reason(enum.StrEnum):
     AT_OPTIMUM = "AtOptimum"
     WITHIN_HYSTERESIS = "WithinHysteresis"
     COOLDOWN = "Cooldown"
+    BELOW_MINIMUM = "BelowMinimum"
+    ROLLOUT_IN_PROGRESS = "RolloutInProgress"
+    INSTANCES_PENDING = "InstancesPending"
     PROFILE_REFUSED = "ProfileRefused"
     PLAN_ERROR = "PlanError"
     # no data (set by the Prometheus adapter)
@@ -207,6 +219,27 @@ class Bounds:
     """[min, max] PrfaaS replicas; None: they stay as in force."""
     fixed_threshold_tokens: int | None = None
     """The threshold the split is solved at; None: the planner moves the threshold too."""
+    min_pd_prefill_instances: int = 0
+    """Local prefill instances the split keeps at least (`default_pd_minimums` when the spec sets none)."""
+    min_decode_instances: int = 1
+    """Decode instances the split keeps at least; one at the very least, since every request decodes."""
+
+
+def default_pd_minimums(instances: int, prefill_instances: int, decode_instances: int) -> tuple[int, int]:
+    """(local prefill, decode) minimums when the spec sets none, from the split it asks for.
+
+    `DEFAULT_MIN_INSTANCES` of each role where the PD cluster has room for that many of both
+    (8 instances: 2 and 2; 2 instances: 1 and 1), never more of a role than the spec asks for
+    (a split it states is never refused by its own default), and always one decode.
+    """
+    room = min(DEFAULT_MIN_INSTANCES, instances // 2)
+    return min(room, prefill_instances), max(1, min(room, decode_instances))
+
+
+def default_prfaas_minimum(replicas: int) -> int:
+    """PrfaaS replicas the planner keeps when the spec sets no minReplicas: `DEFAULT_MIN_INSTANCES`,
+    never more than the spec asks for."""
+    return min(DEFAULT_MIN_INSTANCES, replicas)
 
 
 @dataclass(frozen=True)
@@ -226,6 +259,11 @@ class PlannerInput:
     hysteresis: float
     cooldown_seconds: float
     form: ModelForm = ModelForm.PER_REQUEST
+    pending: Mapping[Role, int] = field(default_factory=dict)
+    """Instances of each engine role asked for and not ready yet (Pending, or starting and loading
+    the model); a role absent has none. Such a role is not scaled down (dynamo#14251)."""
+    rollout_in_progress: bool = False
+    """A rollout of the engines is under way: no role is scaled down until it ends."""
 
 
 @dataclass(frozen=True)
@@ -315,37 +353,57 @@ def decide(given: PlannerInput) -> Decision:
         inputs={**inputs, **_load(observed, now_eval)},
         last_applied_at=carried,
     )
-    if best.allocation == in_force or _already_optimal(in_force, plan):
-        reason = f"the allocation in force is optimal for the observed workload: {explain(now_eval)}"
-        return replace(proposal, reason=reason)
-    if best.routed_throughput_rps <= now_eval.routed_throughput_rps:
-        reason = (
-            f"the allocation in force serves {now_eval.routed_throughput_rps:.3g} req/s as the router routes "
-            f"(the long requests the link cannot take prefilled locally), no less than the model's optimum "
-            f"({describe_change(in_force, best.allocation)}: {best.routed_throughput_rps:.3g} req/s)"
+    below = _below_minimums(in_force, given.bounds)
+    at_minimums = _at_minimums(best.allocation, given.bounds)
+    if below:
+        code = Reason.BELOW_MINIMUM
+        change = (
+            f"the allocation in force has {below}: {describe_change(in_force, best.allocation)}"
+            f"{at_minimums} takes Λ as the router routes {_rps_change(now_eval, best)}"
         )
-        return replace(
-            proposal,
-            proposed=in_force,
-            predicted_rps=now_eval.routed_throughput_rps,
-            binding_stage="+".join(stage.value for stage in now_eval.binding),
-            reason=reason,
+    else:
+        if best.allocation == in_force or _already_optimal(in_force, plan):
+            reason = (
+                f"the allocation in force{at_minimums} is optimal for the observed workload: "
+                f"{explain(now_eval)}"
+            )
+            return replace(proposal, reason=reason)
+        if best.routed_throughput_rps <= now_eval.routed_throughput_rps:
+            reason = (
+                f"the allocation in force serves {now_eval.routed_throughput_rps:.3g} req/s as the router "
+                f"routes (the long requests the link cannot take prefilled locally), no less than the "
+                f"model's optimum ({describe_change(in_force, best.allocation)}{at_minimums}: "
+                f"{best.routed_throughput_rps:.3g} req/s)"
+            )
+            return replace(
+                proposal,
+                proposed=in_force,
+                predicted_rps=now_eval.routed_throughput_rps,
+                binding_stage="+".join(stage.value for stage in now_eval.binding),
+                reason=reason,
+            )
+        code = Reason.GAIN
+        change = (
+            f"{describe_change(in_force, best.allocation)}{at_minimums} would take Λ as the router routes "
+            f"{_rps_change(now_eval, best)}"
         )
-    change = (
-        f"{describe_change(in_force, best.allocation)} would take Λ as the router routes "
-        f"{_rps_change(now_eval, best)}"
-    )
-    if not _beats_hysteresis(best.routed_throughput_rps, now_eval.routed_throughput_rps, given.hysteresis):
-        reason = f"{change}, not above the hysteresis of {given.hysteresis:.0%}"
-        return replace(proposal, code=Reason.WITHIN_HYSTERESIS, reason=reason)
+        if not _beats_hysteresis(
+            best.routed_throughput_rps, now_eval.routed_throughput_rps, given.hysteresis
+        ):
+            reason = f"{change}, not above the hysteresis of {given.hysteresis:.0%}"
+            return replace(proposal, code=Reason.WITHIN_HYSTERESIS, reason=reason)
+    held = _scale_down_held(in_force, best.allocation, given)
+    if held is not None:
+        held_code, why = held
+        return replace(proposal, code=held_code, reason=f"{change}, but {why}")
     if given.mode is Mode.ADVISORY:
         return replace(
             proposal,
             action=Action.ADVISE,
-            code=Reason.GAIN,
+            code=code,
             reason=f"advice: {change}; with a hard threshold (eq. 6) {explain(best)}",
         )
-    if carried is not None:
+    if carried is not None and code is Reason.GAIN:
         waited = (given.now - carried).total_seconds()
         if waited < given.cooldown_seconds:
             reason = (
@@ -356,25 +414,90 @@ def decide(given: PlannerInput) -> Decision:
     return replace(
         proposal,
         action=Action.APPLY,
-        code=Reason.GAIN,
+        code=code,
         reason=f"{change}; with a hard threshold (eq. 6) {explain(best)}",
         last_applied_at=given.now,
     )
 
 
+_ROLE_LABELS = {
+    Role.PRFAAS_PREFILL: "PrfaaS prefill",
+    Role.PD_PREFILL: "local prefill",
+    Role.PD_DECODE: "decode",
+}
+"""The engine roles as the planner's reasons name them."""
+
+
+def role_counts(point: OperatingPoint) -> dict[Role, int]:
+    """Instances of each engine role at an operating point."""
+    return {
+        Role.PRFAAS_PREFILL: point.prfaas_instances,
+        Role.PD_PREFILL: point.pd_prefill_instances,
+        Role.PD_DECODE: point.decode_instances,
+    }
+
+
 def describe_change(before: OperatingPoint, after: OperatingPoint) -> str:
     """`threshold 19456 -> 8192, local prefill 3 -> 2, decode 5 -> 6` (only what changes)."""
-    parts = [
-        f"{label} {old} -> {new}"
-        for label, old, new in (
-            ("threshold", before.threshold_tokens, after.threshold_tokens),
-            ("PrfaaS prefill", before.prfaas_instances, after.prfaas_instances),
-            ("local prefill", before.pd_prefill_instances, after.pd_prefill_instances),
-            ("decode", before.decode_instances, after.decode_instances),
-        )
-        if old != new
+    old_counts, new_counts = role_counts(before), role_counts(after)
+    changes = [("threshold", before.threshold_tokens, after.threshold_tokens)] + [
+        (_ROLE_LABELS[role], old_counts[role], new_counts[role]) for role in old_counts
     ]
-    return ", ".join(parts) or "no change"
+    return ", ".join(f"{label} {old} -> {new}" for label, old, new in changes if old != new) or "no change"
+
+
+def _minimums(bounds: Bounds) -> dict[Role, int]:
+    """The instances each role keeps at least; PrfaaS replicas only where the planner moves them."""
+    kept = {Role.PD_PREFILL: bounds.min_pd_prefill_instances, Role.PD_DECODE: bounds.min_decode_instances}
+    if bounds.prfaas_instances is not None:
+        kept[Role.PRFAAS_PREFILL] = bounds.prfaas_instances[0]
+    return kept
+
+
+def _below_minimums(point: OperatingPoint, bounds: Bounds) -> str:
+    """`decode 1 below its minimum of 2` for each role below its minimum; empty when none is."""
+    counts = role_counts(point)
+    return ", ".join(
+        f"{_ROLE_LABELS[role]} {counts[role]} below its minimum of {least}"
+        for role, least in _minimums(bounds).items()
+        if counts[role] < least
+    )
+
+
+def _at_minimums(point: OperatingPoint, bounds: Bounds) -> str:
+    """` (decode at its minimum of 2)` for the roles a proposal holds at their minimum; empty when none."""
+    counts = role_counts(point)
+    at = [
+        f"{_ROLE_LABELS[role]} at its minimum of {least}"
+        for role, least in _minimums(bounds).items()
+        if counts[role] == least
+    ]
+    return f" ({', '.join(at)})" if at else ""
+
+
+def _scale_down_held(
+    in_force: OperatingPoint, proposed: OperatingPoint, given: PlannerInput
+) -> tuple[Reason, str] | None:
+    """Why the proposal may not be taken now, where it scales a role down that must not shrink yet:
+    during a rollout (no role), or while a role's instances asked for are not ready (that role)."""
+    before, after = role_counts(in_force), role_counts(proposed)
+    shrinking = [role for role in before if after[role] < before[role]]
+    if not shrinking:
+        return None
+    if given.rollout_in_progress:
+        roles = ", ".join(_ROLE_LABELS[role] for role in shrinking)
+        return (
+            Reason.ROLLOUT_IN_PROGRESS,
+            f"a rollout is in progress and no role is scaled down until it ends ({roles} would be)",
+        )
+    waiting = [role for role in shrinking if given.pending.get(role, 0) > 0]
+    if waiting:
+        counts = ", ".join(f"{given.pending[role]} {_ROLE_LABELS[role]}" for role in waiting)
+        return (
+            Reason.INSTANCES_PENDING,
+            f"instances asked for are not ready yet ({counts}) and a role is not scaled down until they are",
+        )
+    return None
 
 
 def summarize(observed: Observation) -> dict[str, str]:
@@ -437,6 +560,8 @@ def _solve(
         prfaas_instances=bounds.prfaas_instances or (in_force.prfaas_instances, in_force.prfaas_instances),
         link_budget_bytes_per_second=budget,
         fixed_threshold_tokens=bounds.fixed_threshold_tokens,
+        min_pd_prefill_instances=bounds.min_pd_prefill_instances,
+        min_decode_instances=bounds.min_decode_instances,
         form=form,
     )
 
@@ -504,7 +629,7 @@ def _gain(predicted: float, current: float) -> float:
 
 def _rps_change(before: Evaluation, after: Evaluation) -> str:
     gain = _gain(after.routed_throughput_rps, before.routed_throughput_rps)
-    relative = f"+{gain:.0%}" if math.isfinite(gain) else "from none"
+    relative = f"{gain:+.0%}" if math.isfinite(gain) else "from none"
     return f"from {before.routed_throughput_rps:.3g} to {after.routed_throughput_rps:.3g} req/s ({relative})"
 
 

@@ -31,10 +31,17 @@ def planner_allocation_problem(spec: PrfaasDeploymentSpec, proposed: Allocation)
         return "it needs at least one decode instance and no negative count"
     if proposed.threshold_tokens < 0:
         return "threshold is negative"
+    least_prefill, least_decode = pd.split_minimums()
+    if proposed.pd_prefill_instances < least_prefill or proposed.pd_decode_instances < least_decode:
+        return (
+            f"local prefill {proposed.pd_prefill_instances} and decode {proposed.pd_decode_instances} "
+            f"not at least their minimums {least_prefill} and {least_decode}"
+        )
     replicas = proposed.prefill_cluster_replicas
     pc = spec.prefill_cluster
-    if spec.planner.scale_prefill_cluster and not pc.min_replicas <= replicas <= pc.max_replicas:
-        return f"PrfaaS replicas {replicas} outside [{pc.min_replicas}, {pc.max_replicas}]"
+    least_replicas = pc.replicas_minimum()
+    if spec.planner.scale_prefill_cluster and not least_replicas <= replicas <= pc.max_replicas:
+        return f"PrfaaS replicas {replicas} outside [{least_replicas}, {pc.max_replicas}]"
     effective_replicas = replicas if spec.planner.scale_prefill_cluster else pc.replicas
     if proposed.pd_prefill_instances == 0 and effective_replicas == 0:
         return "it leaves no prefill instance at all"

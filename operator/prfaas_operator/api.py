@@ -202,12 +202,12 @@ class PrefillClusterSpec(PodPlacement):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "self.minReplicas <= self.maxReplicas",
+                    "!has(self.minReplicas) || self.minReplicas <= self.maxReplicas",
                     "minReplicas must be <= maxReplicas",
                     ".minReplicas",
                 ),
                 cel(
-                    "self.minReplicas <= self.replicas && self.replicas <= self.maxReplicas",
+                    "(!has(self.minReplicas) || self.minReplicas <= self.replicas) && self.replicas <= self.maxReplicas",
                     "replicas must lie within [minReplicas, maxReplicas]",
                     ".replicas",
                 ),
@@ -228,13 +228,28 @@ class PrefillClusterSpec(PodPlacement):
     replicas: int = Field(
         ge=0, le=256, description="PrfaaS prefill instances (the planner may move it within bounds)."
     )
-    min_replicas: int = Field(default=0, ge=0, le=256, description="Lower bound for replicas.")
+    min_replicas: int | None = Field(
+        default=None,
+        ge=0,
+        le=256,
+        description=(
+            "Fewest PrfaaS prefill instances the planner keeps when it scales them (scalePrefillCluster). "
+            f"Unset: {planning.DEFAULT_MIN_INSTANCES}, or replicas when fewer, so that a disruption budget "
+            "of maxUnavailable 1 never lets a drain take the last one."
+        ),
+    )
     max_replicas: int = Field(default=256, ge=0, le=256, description="Upper bound for replicas.")
     port: int = Field(default=30000, ge=1, le=65535, description="Engine HTTP port.")
     bootstrap_port: int = Field(
         default=8998, ge=1, le=65535, description="PD bootstrap port decode instances dial."
     )
     prefill_profile: PrefillProfile
+
+    def replicas_minimum(self) -> int:
+        """minReplicas, or its default for the replicas the spec asks for."""
+        if self.min_replicas is not None:
+            return self.min_replicas
+        return planning.default_prfaas_minimum(self.replicas)
 
 
 class PdClusterSpec(PodPlacement):
@@ -247,6 +262,25 @@ class PdClusterSpec(PodPlacement):
                     "self.prefillInstances + self.decodeInstances == self.instances",
                     "prefillInstances + decodeInstances must equal instances",
                     ".instances",
+                ),
+                cel(
+                    "!has(self.minPrefillInstances) || !has(self.minDecodeInstances) "
+                    "|| self.minPrefillInstances + self.minDecodeInstances <= self.instances",
+                    "minPrefillInstances + minDecodeInstances must be <= instances (the split of a fixed "
+                    "count cannot keep more than it has)",
+                    ".minPrefillInstances",
+                ),
+                cel(
+                    "!has(self.minPrefillInstances) || self.minPrefillInstances <= self.prefillInstances",
+                    "minPrefillInstances must be <= prefillInstances (the split the spec starts from keeps "
+                    "its own minimum)",
+                    ".minPrefillInstances",
+                ),
+                cel(
+                    "!has(self.minDecodeInstances) || self.minDecodeInstances <= self.decodeInstances",
+                    "minDecodeInstances must be <= decodeInstances (the split the spec starts from keeps "
+                    "its own minimum)",
+                    ".minDecodeInstances",
                 ),
             ]
         }
@@ -261,6 +295,28 @@ class PdClusterSpec(PodPlacement):
     decode_instances: int = Field(
         ge=1, le=512, description="Decode instances (the planner may move the split)."
     )
+    min_prefill_instances: int | None = Field(
+        default=None,
+        ge=0,
+        le=512,
+        description=(
+            "Fewest local prefill instances the planner's split keeps. Unset: "
+            f"{planning.DEFAULT_MIN_INSTANCES} where instances is at least {2 * planning.DEFAULT_MIN_INSTANCES}, "
+            "else instances/2 rounded down, and never more than prefillInstances; so that a disruption "
+            "budget of maxUnavailable 1 never lets a drain take the last one."
+        ),
+    )
+    min_decode_instances: int | None = Field(
+        default=None,
+        ge=1,
+        le=512,
+        description=(
+            "Fewest decode instances the planner's split keeps. Unset: "
+            f"{planning.DEFAULT_MIN_INSTANCES} where instances is at least {2 * planning.DEFAULT_MIN_INSTANCES}, "
+            "else instances/2 rounded down, never more than decodeInstances, and at least 1; so that a "
+            "disruption budget of maxUnavailable 1 never lets a drain take the last one."
+        ),
+    )
     port: int = Field(default=30000, ge=1, le=65535, description="Engine HTTP port.")
     bootstrap_port: int = Field(
         default=8998, ge=1, le=65535, description="PD bootstrap port of local prefill."
@@ -270,6 +326,16 @@ class PdClusterSpec(PodPlacement):
     )
     decode_step_seconds: float = Field(gt=0, le=10, description="Decode step time at that batch (seconds).")
     prefill_profile: PrefillProfile
+
+    def split_minimums(self) -> tuple[int, int]:
+        """(local prefill, decode) instances the planner's split keeps: as set, else their defaults."""
+        prefill, decode = planning.default_pd_minimums(
+            self.instances, self.prefill_instances, self.decode_instances
+        )
+        return (
+            prefill if self.min_prefill_instances is None else self.min_prefill_instances,
+            decode if self.min_decode_instances is None else self.min_decode_instances,
+        )
 
 
 class LinkSpec(_Model):
@@ -413,7 +479,9 @@ class PlannerSpec(_Model):
         description="Minimum time between two changes.",
     )
     scale_prefill_cluster: bool = Field(
-        default=False, description="Let the planner move PrfaaS replicas within [minReplicas, maxReplicas]."
+        default=False,
+        description="Let the planner move PrfaaS replicas within [minReplicas, maxReplicas] (minReplicas "
+        "unset: its default).",
     )
     throughput_model: ThroughputModel = Field(
         default=ThroughputModel.PER_REQUEST,
@@ -549,7 +617,8 @@ class PrfaasDeploymentSpec(_Model):
                     ".routing.mode",
                 ),
                 cel(
-                    "self.pdCluster.prefillInstances > 0 || self.prefillCluster.minReplicas > 0",
+                    "self.pdCluster.prefillInstances > 0 || (has(self.prefillCluster.minReplicas) "
+                    "? self.prefillCluster.minReplicas : self.prefillCluster.replicas) > 0",
                     "some prefill must always exist: pdCluster.prefillInstances or prefillCluster.minReplicas > 0",
                     ".pdCluster.prefillInstances",
                 ),

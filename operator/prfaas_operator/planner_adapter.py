@@ -9,10 +9,12 @@ mapping of the spec's bounds, link and profiles to the core's types.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from prfaas_core import planning
 from prfaas_core.throughput import ModelForm
+from prfaas_core.vocabulary import Role
 
 from prfaas_operator import api
 from prfaas_operator.status import rfc3339
@@ -62,17 +64,38 @@ def measured_profile(spec: api.PrfaasDeploymentSpec) -> planning.MeasuredProfile
 
 def bounds(spec: api.PrfaasDeploymentSpec) -> planning.Bounds:
     """PrfaaS replicas move within [minReplicas, maxReplicas] only with scalePrefillCluster; the
-    threshold moves only when routing.mode is Auto."""
+    threshold moves only when routing.mode is Auto; the split keeps the PD cluster's minimums
+    (each as set, else its default)."""
     prefill = spec.prefill_cluster
+    least_prefill, least_decode = spec.pd_cluster.split_minimums()
     return planning.Bounds(
         pd_instances=spec.pd_cluster.instances,
-        prfaas_instances=(prefill.min_replicas, prefill.max_replicas)
+        prfaas_instances=(prefill.replicas_minimum(), prefill.max_replicas)
         if spec.planner.scale_prefill_cluster
         else None,
         fixed_threshold_tokens=None
         if spec.routing.mode == api.RoutingMode.AUTO
         else spec.routing.threshold_tokens,
+        min_pd_prefill_instances=least_prefill,
+        min_decode_instances=least_decode,
     )
+
+
+def pending_instances(current: api.Allocation, status: api.PrfaasDeploymentStatus) -> dict[Role, int]:
+    """Instances of each engine role the allocation in force asks for and status does not count
+    ready yet (Pending, or starting and loading the model); roles with none are left out.
+
+    The ready counts are the reconcile's last observation of the StatefulSets' readyReplicas
+    (kept as last seen while a cluster cannot be observed); never observed, they are 0, so
+    nothing is scaled down before the engines have been seen ready.
+    """
+    ready = {
+        Role.PRFAAS_PREFILL: status.prefill_cluster.ready,
+        Role.PD_PREFILL: status.pd_prefill.ready,
+        Role.PD_DECODE: status.pd_decode.ready,
+    }
+    asked = planning.role_counts(current.operating_point())
+    return {role: asked[role] - ready[role] for role in asked if asked[role] > ready[role]}
 
 
 def planner_input(
@@ -82,8 +105,14 @@ def planner_input(
     *,
     last_applied_at: datetime | None,
     now: datetime,
+    pending: Mapping[Role, int],
 ) -> planning.PlannerInput | None:
-    """The core's input for this CR with `current` in force; None in mode Off (nothing to decide)."""
+    """The core's input for this CR with `current` in force and `pending` instances not ready yet;
+    None in mode Off (nothing to decide).
+
+    No rollout is reported in progress: the operator does not coordinate engine rollouts yet
+    (issue 20 item 2), so `rollout_in_progress` keeps the core's default until one does.
+    """
     planner = spec.planner
     if planner.mode == api.PlannerMode.OFF:
         return None
@@ -99,6 +128,7 @@ def planner_input(
         hysteresis=planner.hysteresis,
         cooldown_seconds=planner.cooldown_seconds,
         form=ModelForm(planner.throughput_model.value),
+        pending=dict(pending),
     )
 
 

@@ -32,6 +32,7 @@ from prfaas_operator.planner_adapter import (
     last_applied,
     new_advice,
     parse_time,
+    pending_instances,
     planner_input,
     planner_status,
 )
@@ -124,7 +125,14 @@ class PlannerLoop:
         )
         now = self._wall_clock()
         applied_at = _latest(last_applied(previous.planner), self._applied_at.get(uid))
-        given = planner_input(spec, current, observed, last_applied_at=applied_at, now=now)
+        given = planner_input(
+            spec,
+            current,
+            observed,
+            last_applied_at=applied_at,
+            now=now,
+            pending=pending_instances(current, previous),
+        )
         if given is None:
             return None
         decision = await asyncio.to_thread(planning.decide, given)

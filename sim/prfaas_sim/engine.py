@@ -445,6 +445,7 @@ class Simulation:
                     self._allocation,
                     self._configured_link,
                     self._window.observation(self.now),
+                    configured=self.system.allocation,
                     last_change=self._last_change,
                     now=self.now,
                 )

@@ -9,7 +9,9 @@ The simulator keeps the same counters over a sliding window and hands them to th
 PrfaasDeployment would state it for the profile's PrfaaS-PD deployment. Every rule (hold on
 missing data, hysteresis, cooldown, bounds) is the product's; the simulator only applies what
 it answers. The threshold takes effect at once; a change of split moves instances between
-roles, which takes time (drain, then restart in the new role).
+roles, which takes time (drain, then restart in the new role). The split keeps the product's
+default minimums per role for the split the system was configured with, as a CR's unset
+minPrefillInstances and minDecodeInstances do.
 """
 
 from __future__ import annotations
@@ -88,16 +90,26 @@ def planner_input(
     link: LinkSpec,
     observed: Observation | NoData,
     *,
+    configured: OperatingPoint,
     last_change: float | None,
     now: float,
 ) -> planning.PlannerInput:
     """The decision's input at simulated second `now`: the loop in Auto, the threshold free, the PD
-    cluster's instances as in force, the PrfaaS replica count where it is (as in the paper)."""
+    cluster's instances as in force, split with the default minimums of the `configured` split
+    (the spec's), the PrfaaS replica count where it is (as in the paper)."""
     if in_force.threshold_tokens is None:
         raise ValueError("the planner loop runs for PrfaaS-PD only: the operating point needs a threshold")
+    pd_instances = in_force.pd_prefill_instances + in_force.decode_instances
+    least_prefill, least_decode = planning.default_pd_minimums(
+        pd_instances, configured.pd_prefill_instances, configured.decode_instances
+    )
     return planning.PlannerInput(
         in_force=in_force,
-        bounds=planning.Bounds(pd_instances=in_force.pd_prefill_instances + in_force.decode_instances),
+        bounds=planning.Bounds(
+            pd_instances=pd_instances,
+            min_pd_prefill_instances=least_prefill,
+            min_decode_instances=least_decode,
+        ),
         link=link,
         profile=profile,
         observed=observed,

@@ -208,6 +208,24 @@ INVALID: list[tuple[str, Callable[[dict[str, Any]], None], tuple[str, ...]]] = [
         ("spec.pdCluster.instances", "prefillInstances + decodeInstances must equal instances"),
     ),
     (
+        "minimums-above-instances",
+        _all(_set("pdCluster.minPrefillInstances", 5), _set("pdCluster.minDecodeInstances", 4)),
+        (
+            "spec.pdCluster.minPrefillInstances",
+            "minPrefillInstances + minDecodeInstances must be <= instances",
+        ),
+    ),
+    (
+        "min-decode-above-split",
+        _set("pdCluster.minDecodeInstances", 6),
+        ("spec.pdCluster.minDecodeInstances", "minDecodeInstances must be <= decodeInstances"),
+    ),
+    (
+        "min-decode-zero",
+        _set("pdCluster.minDecodeInstances", 0),
+        ("spec.pdCluster.minDecodeInstances", "greater than or equal to 1"),
+    ),
+    (
         "no-prefill-anywhere",
         _all(
             _set("pdCluster.prefillInstances", 0),

@@ -55,14 +55,17 @@ def test_the_spec_becomes_the_cores_input() -> None:
         {"mode": "Advisory", "scalePrefillCluster": True, "throughputModel": "Paper", "cooldownSeconds": 60}
     )
     applied = NOW - timedelta(minutes=5)
-    given = planner_input(spec, allocation(), NO_DATA, last_applied_at=applied, now=NOW)
+    given = planner_input(spec, allocation(), NO_DATA, last_applied_at=applied, now=NOW, pending={})
     assert given is not None
     assert given.in_force == POINT and given.observed is NO_DATA
     assert (given.now, given.last_applied_at, given.mode) == (NOW, applied, Mode.ADVISORY)
     assert (given.form, given.cooldown_seconds, given.link) == (ModelForm.PAPER, 60, spec.link.budget())
     prefill = spec.prefill_cluster
     assert given.bounds == Bounds(
-        pd_instances=spec.pd_cluster.instances, prfaas_instances=(prefill.min_replicas, prefill.max_replicas)
+        pd_instances=spec.pd_cluster.instances,
+        prfaas_instances=(prefill.replicas_minimum(), prefill.max_replicas),
+        min_pd_prefill_instances=2,
+        min_decode_instances=2,
     )
     fixed = planner_input(
         spec_with({"mode": "Auto"}, routing_mode="Fixed"),
@@ -70,12 +73,13 @@ def test_the_spec_becomes_the_cores_input() -> None:
         NO_DATA,
         last_applied_at=None,
         now=NOW,
+        pending={},
     )
     assert fixed is not None and fixed.mode is Mode.AUTO
     assert fixed.bounds.prfaas_instances is None
     assert fixed.bounds.fixed_threshold_tokens == spec.routing.threshold_tokens
     off = spec_with({"mode": "Off"}, routing_mode="Fixed")
-    assert planner_input(off, allocation(), NO_DATA, last_applied_at=None, now=NOW) is None
+    assert planner_input(off, allocation(), NO_DATA, last_applied_at=None, now=NOW, pending={}) is None
 
 
 def test_status_carries_the_last_applied_time_and_only_an_apply_writes_an_allocation() -> None:

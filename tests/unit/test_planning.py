@@ -98,7 +98,7 @@ def decide(
     now: datetime,
 ) -> Decision | None:
     """The loop's decision for this CR, as the planner loop takes it (None in mode Off)."""
-    given = planner_input(spec, current, observed, last_applied_at=last_applied_at, now=now)
+    given = planner_input(spec, current, observed, last_applied_at=last_applied_at, now=now, pending={})
     return None if given is None else planning.decide(given)
 
 
@@ -167,6 +167,8 @@ def test_auto_applies_the_solver_optimum_as_one_allocation() -> None:
         pd_instances=8,
         prfaas_instances=(1, 5),
         link_budget_bytes_per_second=link_budget(spec),
+        min_pd_prefill_instances=2,  # the defaults of 8 instances split 3/5
+        min_decode_instances=2,
     )
     assert decision.action is Action.APPLY and decision.code is Reason.GAIN
     assert decision.proposed == plan.allocation
@@ -351,7 +353,8 @@ def test_every_proposal_respects_the_spec_bounds_and_the_hysteresis(
         1 - 1e-9
     )
     assert proposed.pd_prefill_instances + proposed.decode_instances == spec.pd_cluster.instances
-    assert proposed.decode_instances >= 1
+    least_prefill, least_decode = spec.pd_cluster.split_minimums()
+    assert proposed.pd_prefill_instances >= least_prefill and proposed.decode_instances >= least_decode >= 1
     pc = spec.prefill_cluster
     if spec.planner.scale_prefill_cluster:
         assert pc.min_replicas <= proposed.prfaas_instances <= pc.max_replicas

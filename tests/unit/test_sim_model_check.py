@@ -74,6 +74,13 @@ def test_the_simulated_planner_loop_takes_the_form_of_the_model_from_its_setting
     assert spec.planner is paper and spec.measured is not None
     no_data = NoData(Reason.TOO_FEW_REQUESTS, "none yet")
     given = planner_input(
-        paper, spec.measured, spec.allocation, spec.link, no_data, last_change=None, now=0.0
+        paper,
+        spec.measured,
+        spec.allocation,
+        spec.link,
+        no_data,
+        configured=spec.allocation,
+        last_change=None,
+        now=0.0,
     )
     assert given.form is ModelForm.PAPER

@@ -9,7 +9,9 @@ nothing) are broken towards the fewest PrfaaS instances, then the most prefill h
 instances and the lowest t.
 
 N_p = 0 is allowed (then only t below every request length serves anyone: everything is
-offloaded); N_d >= 1 always, since the PD cluster decodes every request.
+offloaded); N_d >= 1 always, since the PD cluster decodes every request. Minimums per role
+narrow the split searched (not a clamp afterwards), so the answer is the best split that
+keeps them.
 """
 
 from __future__ import annotations
@@ -114,9 +116,12 @@ def solve_prfaas_pd(
     link_budget_bytes_per_second: float,
     threshold_step_tokens: int = DEFAULT_THRESHOLD_STEP_TOKENS,
     fixed_threshold_tokens: int | None = None,
+    min_pd_prefill_instances: int = 0,
+    min_decode_instances: int = 1,
     form: ModelForm = ModelForm.PER_REQUEST,
 ) -> Plan:
-    """Best (t, N_p, N_d) with N_p + N_d = pd_instances, and N_prfaas fixed or within (min, max).
+    """Best (t, N_p, N_d) with N_p + N_d = pd_instances, N_p and N_d at least their minimums, and
+    N_prfaas fixed or within (min, max).
 
     With `fixed_threshold_tokens` (routing.mode Fixed) t is not searched: the same search and
     tie-breaks run over the split and N_prfaas at that threshold.
@@ -125,6 +130,15 @@ def solve_prfaas_pd(
     low, high = _prfaas_range(prfaas_instances)
     if pd_instances < 1:
         raise PlanError(f"the PD cluster needs at least one instance to decode, got {pd_instances}")
+    if not (
+        min_pd_prefill_instances >= 0
+        and min_decode_instances >= 1
+        and min_pd_prefill_instances + min_decode_instances <= pd_instances
+    ):
+        raise PlanError(
+            f"the minimums of local prefill ({min_pd_prefill_instances}, at least 0) and decode "
+            f"({min_decode_instances}, at least 1) must fit in the PD cluster's {pd_instances} instance(s)"
+        )
     if fixed_threshold_tokens is None:
         thresholds = threshold_grid(workload, threshold_step_tokens)
     elif fixed_threshold_tokens >= 0:
@@ -134,7 +148,7 @@ def solve_prfaas_pd(
     split = workload.split(thresholds)
     # only the prefill curves some candidate threshold uses (the grid always uses both)
     check_profile_covers(profile, workload, prfaas=bool(split.has_long.any()), pd=bool(split.has_short.any()))
-    pd_prefill = np.arange(pd_instances)[None, :, None]
+    pd_prefill = np.arange(min_pd_prefill_instances, pd_instances - min_decode_instances + 1)[None, :, None]
     rates = stage_rates(
         profile,
         workload,
@@ -163,11 +177,12 @@ def solve_prfaas_pd(
     split_index, threshold_index = np.unravel_index(
         np.argmax(np.where(near[count_index], room, -math.inf)), room.shape
     )
+    chosen_prefill = min_pd_prefill_instances + int(split_index)
     allocation = OperatingPoint(
         threshold_tokens=int(thresholds[threshold_index]),
         prfaas_instances=low + count_index,
-        pd_prefill_instances=int(split_index),
-        decode_instances=pd_instances - int(split_index),
+        pd_prefill_instances=chosen_prefill,
+        decode_instances=pd_instances - chosen_prefill,
     )
     evaluation = evaluate(profile, workload, allocation, link_budget_bytes_per_second=budget, form=form)
     if fixed_threshold_tokens is None:
