@@ -529,7 +529,13 @@ def test_workload_shift_makes_the_planner_rescale(deployment: LiveSystem) -> Non
     spec_threshold = (system.cr() or {})["spec"]["routing"]["thresholdTokens"]
     system.patch_spec(
         {
-            "pdCluster": {"prefillInstances": 2, "decodeInstances": 2},
+            # the split's whole range: the default minimums (2 and 2 of 4) would pin it
+            "pdCluster": {
+                "prefillInstances": 2,
+                "decodeInstances": 2,
+                "minPrefillInstances": 0,
+                "minDecodeInstances": 1,
+            },
             "routing": {"mode": "Auto"},
             "planner": {
                 "mode": "Auto",
