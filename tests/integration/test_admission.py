@@ -169,6 +169,13 @@ INVALID: list[tuple[str, Callable[[dict[str, Any]], None], tuple[str, ...]]] = [
     ("missing-image", _drop("router.image"), ("spec.router.image: Required value",)),
     ("bad-routing-mode", _set("routing.mode", "Sometimes"), ("spec.routing.mode: Unsupported value",)),
     ("bad-kv-dtype", _set("model.kv.dtype", "fp4"), ("spec.model.kv.dtype: Unsupported value",)),
+    # SGLang asserts mamba_track_interval (256) % page_size == 0 for a Kimi-Linear prefill.
+    (
+        "page-size-not-dividing-256",
+        _set("model.kv.pageSize", 48),
+        ("spec.model.kv.pageSize: Unsupported value",),
+    ),
+    ("page-size-above-256", _set("model.kv.pageSize", 512), ("spec.model.kv.pageSize: Unsupported value",)),
     (
         "bad-service-type",
         _set("router.service.type", "Ingress"),
@@ -421,6 +428,8 @@ def test_explain_shows_the_descriptions(kubectl: Kubectl, namespace: str) -> Non
     assert "replicas <integer> -required-" in text
     mode = " ".join(kubectl.ok("explain", "prfaas.spec.planner.mode").split())
     assert "bare Off is a YAML boolean" in mode
+    page_size = " ".join(kubectl.ok("explain", "prfaas.spec.model.kv.pageSize").split())
+    assert "mamba-track-interval" in page_size
 
 
 def test_status_the_operator_writes_is_kept_and_shown_in_printer_columns(
