@@ -200,6 +200,30 @@ def test_the_kv_of_offloads_crosses_the_shaped_link(deployment: LiveSystem) -> N
     assert crossed >= 0.9 * kv_sent > 0, (crossed, kv_sent)
 
 
+IDLE_SECONDS = 15.0
+"""SGLang's /health runs a generation and never answers under 1 s; an idle router must not eject."""
+
+
+def test_an_idle_system_keeps_every_engine_healthy(deployment: LiveSystem) -> None:
+    """After traffic, an idle router keeps every engine it knows healthy, and logs no ejection."""
+    system = deployment
+    pd_real_node(system)
+    router = container_pod(system, "router")
+    time.sleep(IDLE_SECONDS)
+    url = system.router_url()
+    assert url is not None
+    with urllib.request.urlopen(url + "/readiness", timeout=5) as reply:
+        readiness = json.loads(reply.read())
+    print(f"router readiness after {IDLE_SECONDS:g} s idle: {readiness}")
+    assert readiness["status"] == "ready", readiness
+    assert readiness["healthy_workers"] == readiness["total_workers"], readiness
+    assert all(readiness["total_workers"][pool] > 0 for pool in Pool), readiness
+    namespace = system.layout.deployment_namespace
+    logs = kubectl(system, "-n", namespace, "logs", router["pod"], f"--since={IDLE_SECONDS + 5:.0f}s")
+    assert logs.returncode == 0, logs
+    assert "is unhealthy" not in logs.stdout + logs.stderr, logs.stdout[-2000:]
+
+
 def container_pod(system: LiveSystem, kind: str) -> dict[str, Any]:
     (pod,) = container_pods(system, kind, 1)
     return pod
