@@ -45,6 +45,8 @@ class FakeEngine:
         self._runners: list[web.AppRunner] = []
         self._live: dict[int, list[ItemRun]] = {}  # by id() of the request's run list
         self._ready_at = 0.0
+        self._unhealthy = False
+        """A /health generation timed out (SGLang's ServerStatus.UnHealthy) and none passed since."""
         self._stopping = False
         self.port = settings.port
         self.bootstrap_port = settings.bootstrap_port
@@ -321,15 +323,21 @@ class FakeEngine:
             while time.monotonic() < began + s.health_check_timeout:
                 await asyncio.sleep(s.health_generation_delay)
                 if self.pipeline.last_output_at > began:
+                    self._unhealthy = False
                     return web.Response(status=200)
             log.error("health check failed: no output from the engine for %g s", s.health_check_timeout)
+            self._unhealthy = True
             return web.Response(status=503)
         finally:
             run.task.cancel()
 
     async def _ready(self, request: web.Request) -> web.Response:
-        """SGLang's ``/ready``: 200 or 503 with an empty body, at once (http_server.py ``ready``)."""
-        if self._stopping or self._starting():
+        """SGLang's ``/ready``: 200 or 503 with an empty body, at once (http_server.py ``ready``).
+
+        503 also after a failed ``/health`` until one passes again: SGLang's ``health_generate``
+        sets ``server_status`` UnHealthy (or Up) and ``is_ready`` reads it.
+        """
+        if self._stopping or self._starting() or self._unhealthy:
             return web.Response(status=503)
         return web.Response(status=200)
 

@@ -338,8 +338,12 @@ async def test_health_is_fast_only_when_asked_and_fails_when_the_engine_produces
         assert (
             status == 200 and seconds >= 1.0
         )  # SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION spares /health only
+        status, _, _ = await timed_get(http, stuck_engine.url + "/ready")
+        assert status == 200
         status, _, seconds = await timed_get(http, stuck_engine.url + "/health")
         assert status == 503 and 0.3 <= seconds < 1.0
+        status, _, seconds = await timed_get(http, stuck_engine.url + "/ready")
+        assert status == 503 and seconds < 0.5  # SGLang's server_status is UnHealthy until a check passes
 
 
 # ----------------------------------------------------------------------------- PD failures
