@@ -148,6 +148,41 @@ def reports_handoff(body: bytes) -> bool:
 _HANDOFF_SCAN_BYTES = 4096
 
 
+def failed_status(status: int) -> bool:
+    """A status that is neither an answer (2xx) nor a refusal of the request (4xx): SGLang never
+    redirects, so a 1xx or 3xx is not its answer."""
+    return not (200 <= status < 300 or 400 <= status < 500)
+
+
+_STREAM_ERROR = re.compile(rb'(?:^|\n)data:\s*\{\s*"error"\s*:')
+_STREAM_ERROR_LONGEST = 64  # bytes kept between chunks: more than a match with SGLang's spacing
+
+
+def stream_error(data: bytes) -> bool:
+    """Whether SSE data holds an error event: SGLang's way of failing a stream it already
+    answered 200 (openai/serving_chat.py and serving_completions.py: an abort with a status code
+    becomes `data: {"error": ...}`; http_server.py generate_request's stream_results likewise)."""
+    return _STREAM_ERROR.search(data) is not None
+
+
+def _event_head(data: bytes) -> bytes:
+    """The first SSE event of a stream's first bytes (more may have come in the same read)."""
+    return data.split(b"\n\n", 1)[0]
+
+
+async def _first_event(reply: Reply) -> bytes:
+    """A stream's bytes up to the end of its first event (or of the body): SGLang sends nothing
+    before its first generated chunk (or the error that replaces it), so this is where a stream
+    shows whether it will serve."""
+    data = await reply.first()
+    while b"\n\n" not in data:
+        more = await reply.first()
+        if not more:
+            break
+        data += more
+    return data
+
+
 def engine_fault(error: BaseException) -> bool:
     """Whether an exception of a leg is the engine's doing: only what the upstream client saw on
     the wire. Anything else was raised inside the router and must not eject an engine."""
@@ -264,7 +299,7 @@ class Dispatcher:
             if not decode_task.done():
                 failure = _prefill_failure(prefill_task, prefill)
                 if failure is not None:  # the decode cannot finish
-                    raise self._judge(failure, decode, other_leg_out=True)
+                    raise await self._judge_prefill(failure, decode_task, decode)
                 await asyncio.wait((decode_task,))
             try:
                 response, first = _decode_result(decode_task, decode)
@@ -304,6 +339,29 @@ class Dispatcher:
                     prefill_task.add_done_callback(self._background.discard)
                 else:
                     prefill_task.cancel()
+
+    async def _judge_prefill(
+        self, failure: LegFailure, decode_task: asyncio.Task[tuple[Reply, bytes]], decode: Worker
+    ) -> LegFailure:
+        """The failure to retry around, for a prefill leg that failed while its decode was out.
+
+        A prefill reporting a failed handoff blames its decode (it never pulled the KV), unless
+        the decode answers within the grace that the handoff failed too: SGLang's decode reports
+        a transfer its prefill failed to send ("Decode transfer failed", disaggregation/decode.py
+        pop_transferred / the KVPoll.Failed branch) as its stream's error event, so a decode
+        alive to say so is the victim and the prefill the cause.
+        """
+        if failure.handoff:
+            await asyncio.wait((decode_task,), timeout=_BLAME_GRACE_SECONDS)
+            if decode_task.done() and not decode_task.cancelled() and decode_task.exception() is None:
+                reply, first = decode_task.result()
+                reply.close()  # the attempt is over either way
+                if reports_handoff(first) and (
+                    failed_status(reply.status) or stream_error(_event_head(first))
+                ):
+                    self.count_failure(failure.worker)
+                    return failure
+        return self._judge(failure, decode, other_leg_out=not decode_task.done())
 
     async def _judge_decode(
         self, failure: LegFailure, prefill_task: asyncio.Task[tuple[int, bytes, str]], prefill: Worker
@@ -353,7 +411,7 @@ class Dispatcher:
         try:
             if reply.status >= 400 or not stream:
                 return reply, await reply.read()
-            return reply, await reply.first()
+            return reply, await _first_event(reply)
         except BaseException:
             reply.close()  # cancelled or broken: drop the connection, the engine aborts
             raise
@@ -374,22 +432,21 @@ class Dispatcher:
         if error is not None and not engine_fault(error):
             log.error("request %s: prefill leg failed inside the router", exchange.request_id, exc_info=error)
             return
-        status = 0 if error is not None else task.result()[0]
-        if error is not None or status >= 500:
+        status, body = (0, b"") if error is not None else task.result()[:2]
+        if error is not None or failed_status(status) or (status < 300 and stream_error(body)):
             # judged by the attempt unless the decode had answered; after a decode failure, the
             # prefill's KV was never pulled: not its failure
             if lease.decode_answered and not lease.decode_failed:
                 self.count_failure(worker, fatal=_unreachable(error))
             return
         worker.breaker.record_success()
-        if status < 400:
-            self._learn(exchange, snapshot, lease)
 
     def _learn(self, exchange: Exchange, snapshot: Snapshot, lease: _Lease) -> None:
         """The prefill holds the prompt and the local decode received it; once per attempt.
 
-        Whichever leg ends well first tells: the prefill answers once its KV is delivered, and the
-        decode answers only after it arrived, so a follow-up is routed on what is already known.
+        Only the decode's first good answer tells (its first token, or its whole answer): SGLang
+        generates nothing before the KV arrived, while a prefill that answered well may still
+        have had its transfer aborted on the decode's side.
         """
         if lease.learned:
             return
@@ -438,6 +495,17 @@ class Dispatcher:
                     await out.write(self._stream_failed(exchange, decision, err))
             if relay.client_gone:
                 raise ConnectionResetError("the client went away")
+            if counter.failed and outcome == "ok":
+                # the engine's own error event reached the client (SGLang ends with it and
+                # [DONE]); after tokens the KV had arrived, so the failure is the decode's
+                outcome = "stream_error"
+                lease.decode_failed = True
+                log.warning(
+                    "request %s: decode %s sent an error event mid-stream",
+                    exchange.request_id,
+                    decision.decode.name,
+                )
+                self.count_failure(decision.decode)
             await out.write_eof()
         except ConnectionResetError:
             if not lease.client_stalled:
@@ -624,17 +692,25 @@ class _EventCounter:
     chunks is counted once and none is counted twice.
     """
 
-    __slots__ = ("_events", "_reported", "_tail")
+    __slots__ = ("_error_tail", "_events", "_reported", "_tail", "failed")
 
     def __init__(self) -> None:
         self._events = 0
         self._tail = b""
+        self._error_tail = b"\n"  # the stream starts an event
         self._reported: int | None = None
+        self.failed = False
+        """An error event came by (`stream_error`)."""
 
     def feed(self, chunk: bytes) -> None:
         window = self._tail + chunk
         self._events += len(_TOKEN_EVENT.findall(window))
         self._tail = window[-_TOKEN_EVENT_MIN_LENGTH + 1 :]
+        if not self.failed:
+            seen = self._error_tail + chunk
+            self._error_tail = seen[-_STREAM_ERROR_LONGEST:]
+            if b'"error"' in seen:  # rare: spare the regex otherwise
+                self.failed = stream_error(seen)
         if b"completion_tokens" in window:  # rare (usage, meta_info): spare the regex otherwise
             reported = last_completion_tokens(window)
             if reported is not None:
@@ -658,7 +734,7 @@ def _prefill_failure(task: asyncio.Task[tuple[int, bytes, str]], worker: Worker)
             raise error  # answered 500, no engine blamed
         return LegFailure(worker, f"prefill leg failed: {error}", unreachable=_unreachable(error))
     status, body, content_type = task.result()
-    if status >= 500:
+    if failed_status(status) or (status < 300 and stream_error(body)):
         return LegFailure(
             worker, f"prefill answered HTTP {status}: {body[:200]!r}", handoff=reports_handoff(body)
         )
@@ -674,7 +750,7 @@ def _decode_result(task: asyncio.Task[tuple[Reply, bytes]], worker: Worker) -> t
             raise error
         raise LegFailure(worker, f"decode leg failed: {error}", unreachable=_unreachable(error)) from error
     reply, first = task.result()
-    if reply.status >= 500:
+    if failed_status(reply.status):
         reply.release()
         raise LegFailure(
             worker, f"decode answered HTTP {reply.status}: {first[:200]!r}", handoff=reports_handoff(first)
@@ -682,6 +758,11 @@ def _decode_result(task: asyncio.Task[tuple[Reply, bytes]], worker: Worker) -> t
     if reply.status >= 400:
         reply.release()
         raise _Refused(engine_error(reply.status, first, reply.content_type))
+    if stream_error(_event_head(first)):  # nothing reached the client yet: retried like a failed status
+        reply.close()
+        raise LegFailure(
+            worker, f"decode's stream began with an error: {first[:200]!r}", handoff=reports_handoff(first)
+        )
     return reply, first
 
 

@@ -9,6 +9,8 @@ in flight (as a decode busy with long answers does). Every POST meets the fault:
 - `truncated`: a 200 whose body stops short of its Content-Length, then close
 - `hang`: a 200's headers (an SSE stream), then silence
 - `cut`: a 200 SSE stream with one token, then close (a decode dying mid-stream)
+- `abort`: a 200 SSE stream with one token, then SGLang's error event and [DONE] (an abort
+  after the stream started: openai/serving_chat.py, the abort branch of _generate_chat_stream)
 - `busy`: a valid chat completion after `--busy-seconds`, nothing sent before it
 - `ok`: a valid answer at once (a prefill that needs no decode to pull its KV)
 
@@ -32,6 +34,19 @@ _COMPLETION = json.dumps(
 ).encode()
 _SGLANG_ERROR = json.dumps(
     {"object": "error", "message": "boom", "type": "InternalServerError", "param": None, "code": 500}
+).encode()
+
+
+_SGLANG_STREAM_ERROR = json.dumps(
+    {
+        "error": {
+            "object": "error",
+            "message": "Generation aborted.",
+            "type": "INTERNAL_SERVER_ERROR",
+            "param": None,
+            "code": 500,
+        }
+    }
 ).encode()
 
 
@@ -83,15 +98,18 @@ class FaultyEngine:
             writer.write(_answer("200 OK", "application/json", _COMPLETION)[:-20])
             await writer.drain()
             return False
-        elif fault in ("hang", "cut"):
+        elif fault in ("hang", "cut", "abort"):
             writer.write(
                 b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
             )
-            if fault == "cut":
-                event = b'data: {"choices":[{"index":0,"delta":{"content":" a"}}]}\n\n'
-                writer.write(b"%x\r\n%b\r\n" % (len(event), event))
+            events = [b'data: {"choices":[{"index":0,"delta":{"content":" a"}}]}\n\n']
+            if fault == "abort":
+                events += [b"data: " + _SGLANG_STREAM_ERROR + b"\n\n", b"data: [DONE]\n\n", b""]
+            if fault != "hang":
+                for event in events:
+                    writer.write(b"%x\r\n%b\r\n" % (len(event), event))
                 await writer.drain()
-                return False
+                return fault == "abort"
             await asyncio.sleep(3600)
         elif fault == "busy":
             self.in_flight += 1
@@ -116,7 +134,9 @@ async def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--bootstrap-port", type=int)
     parser.add_argument(
-        "--fault", required=True, choices=["500", "413", "garbage", "truncated", "hang", "cut", "busy", "ok"]
+        "--fault",
+        required=True,
+        choices=["500", "413", "garbage", "truncated", "hang", "cut", "abort", "busy", "ok"],
     )
     parser.add_argument("--busy-seconds", type=float, default=2.0)
     args = parser.parse_args()

@@ -227,6 +227,59 @@ async def test_a_decode_cut_mid_stream_ends_the_stream_in_shape_and_its_drained_
         cut.process.stop()
 
 
+async def test_an_abort_after_the_stream_started_reaches_the_client_and_counts_against_the_decode(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    late = start_faulty("d-abort", "abort", "127.0.2.33", tmp_path)
+    try:
+        router = start_router(config_doc(cluster.prfaas, cluster.local, [late]), *STRICT)
+        streamed = await post(client, router.url + CHAT_PATH, chat(SHORT, stream=True))
+        assert streamed.status == 200
+        assert streamed.body[0]["choices"][0]["delta"]["content"] == " a"  # it had reached the client
+        assert streamed.body[1]["error"]["type"] == "INTERNAL_SERVER_ERROR" and streamed.body[2] == "[DONE]"
+        samples = await metric_samples(client, router.url)
+        assert sample(samples, "prfaas_router_requests_total", route="local", outcome="stream_error") == 1
+        assert sample(samples, "prfaas_router_requests_total", route="local", outcome="ok") == 0
+        assert sample(samples, "prfaas_router_engine_failures_total", worker="d-abort") == 1
+        assert sample(samples, "prfaas_router_upstream_retries_total", pool="decode") == 0  # no retry
+        await asyncio.sleep(1.0)  # the prefill's KV was never pulled: its leg ends, not its failure
+        assert breakers(router) == {"p0": "closed", "l0": "closed", "d-abort": "open"}
+        samples = await metric_samples(client, router.url)
+        assert sample(samples, "prfaas_router_engine_failures_total", worker="l0") == 0
+    finally:
+        late.process.stop()
+
+
+@pytest.mark.parametrize("path", [CHAT_PATH, "/v1/completions"])
+async def test_a_handoff_abort_before_the_first_token_is_retried_and_counted_against_the_prefill(
+    path: str, cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """SGLang's decode reports a transfer its prefill failed as a 200 whose first event is the
+    error; nothing has reached the client, so another prefill serves it."""
+    failing = start_engine(
+        "l-fail", "prefill", "127.0.2.34", "h20", tmp_path, *QUICK_KV, "--fail-kv-transfers", "1"
+    )
+    try:
+        wait_healthy(failing)
+        router = start_router(config_doc(cluster.prfaas, [failing], cluster.decode), *STRICT)
+        body: dict[str, Any] = {"model": "kimi-fake", "stream": True}
+        if path == CHAT_PATH:
+            body = chat(SHORT, stream=True)
+        else:
+            body |= {"prompt": SHORT, "max_tokens": 4}
+        streamed = await post(client, router.url + path, body)
+        assert streamed.status == 200
+        assert not any(isinstance(event, dict) and "error" in event for event in streamed.body), streamed.body
+        assert streamed.headers["x-prfaas-route"] == "prfaas"  # retried on the other cluster's prefill
+        samples = await metric_samples(client, router.url)
+        assert sample(samples, "prfaas_router_engine_failures_total", worker="l-fail") == 1
+        assert sample(samples, "prfaas_router_upstream_retries_total", pool="local_prefill") == 1
+        assert breakers(router)["l-fail"] == "open"
+        await assert_unharmed(client, router, ["p0", "d0"])
+    finally:
+        failing.process.stop()
+
+
 async def test_an_engine_refusal_comes_back_in_the_routers_error_shape(
     cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
