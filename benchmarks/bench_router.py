@@ -62,6 +62,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prfaas_router.link_probe import parse_engine_transfers
 from prfaas_router.settings import RouterSettings, to_flags
 
 LOADGEN = Path(__file__).resolve().with_name("router_loadgen.py")
@@ -217,15 +218,21 @@ def smg_args(smg: str, prefill: str, bootstrap_port: int, decode: str, port: int
     ]  # fmt: skip
 
 
-def decode_transfers(decode: Engine) -> int:
-    """KV transfers the decode has received: one per PD request that really crossed."""
-    status, body = http_get(decode.url + "/metrics", timeout=10.0)
-    if status != 200:
-        raise RuntimeError(f"decode /metrics answered {status}")
-    for line in body.decode().splitlines():
-        if line.startswith("sglang:kv_transfer_latency_ms_count"):
-            return int(float(line.rsplit(" ", 1)[1]))
-    raise RuntimeError("decode /metrics has no sglang:kv_transfer_latency_ms_count")
+def kv_transfers(prefills: Sequence[Engine]) -> int:
+    """KV transfers the prefills have sent: one per PD request that really crossed.
+
+    Counted where SGLang counts them: its prefill observes `sglang:kv_transfer_*` when a transfer
+    completes (disaggregation/prefill.py, process_disagg_prefill_inflight_queue), the decode
+    observes none; each transfer once over the ranks' series (`link_estimate.engine_totals`).
+    """
+    total = 0.0
+    for prefill in prefills:
+        status, body = http_get(prefill.url + "/metrics", timeout=10.0)
+        if status != 200:
+            raise RuntimeError(f"prefill {prefill.url} /metrics answered {status}")
+        found = parse_engine_transfers(body.decode())
+        total += found.totals.transfers if found is not None else 0.0
+    return round(total)
 
 
 # ----------------------------------------------------------------------------- CPU accounting
@@ -360,7 +367,7 @@ class Bench:
         engines = (self.local, self.decode, self.prfaas, self.paced)
         self.servers += [engine.server for engine in engines]
         for engine in engines:
-            engine.server.wait_http(engine.url + "/health")
+            engine.server.wait_http(engine.url + "/ready")  # SGLang's /health takes a second
         for paced, decode in ((False, self.decode), (True, self.paced)):
             suffix = "-paced" if paced else ""
             config_path = logs / f"router-config{suffix}.json"
@@ -390,6 +397,10 @@ class Bench:
         self.commands.append(" ".join(Path(args[0]).name if i == 0 else a for i, a in enumerate(args)))
 
     @property
+    def prefills(self) -> tuple[Engine, ...]:
+        return (self.local, self.prfaas)
+
+    @property
     def bootstrap_port(self) -> int:
         assert self.local.bootstrap_port is not None
         return self.local.bootstrap_port
@@ -412,8 +423,7 @@ class Bench:
             "stagger": phase.stagger,
             "tag": f"{self.tag}-{phase.name}-{path}-{round_}",
         }
-        decode = self.paced if phase.paced_decode else self.decode
-        before = decode_transfers(decode)
+        before = kv_transfers(self.prefills)
         started = time.monotonic()
         with CpuWindow(self.servers) as cpu:
             done = subprocess.run(
@@ -428,7 +438,7 @@ class Bench:
         time.sleep(0.3)  # let drained prefill legs and the decode's counters settle
         return Run(
             **reduce_run(phase, path, round_, json.loads(done.stdout)),
-            transfers=decode_transfers(decode) - before,
+            transfers=kv_transfers(self.prefills) - before,
             cpu=cpu.by_process,
             others_cores=cpu.others / wall,
         )
@@ -527,7 +537,7 @@ async def verify_smg(smg: str, bench: Bench) -> tuple[TapRecord, list[str]]:
                 raise RuntimeError(f"verification SMG not ready:\n{server.log_tail()}")
             await asyncio.sleep(0.2)
         await asyncio.sleep(1.0)  # let its first polls land on the tap
-        before = decode_transfers(bench.decode)
+        before = kv_transfers(bench.prefills)
         for stream in (False, True):
             body = {
                 "model": MODEL,
@@ -541,9 +551,9 @@ async def verify_smg(smg: str, bench: Bench) -> tuple[TapRecord, list[str]]:
                 if reply.status != 200 or not complete:
                     problems.append(f"stream={stream}: HTTP {reply.status} {data[:200]!r}")
         await asyncio.sleep(0.3)
-        transfers = decode_transfers(bench.decode) - before
+        transfers = kv_transfers(bench.prefills) - before
         if transfers != 2:
-            problems.append(f"the decode received {transfers} KV transfers for 2 requests")
+            problems.append(f"the prefills sent {transfers} KV transfers for 2 requests")
         legs = [post for post in record.posts if post[1] == "/v1/chat/completions"]
         rooms: dict[str, list[str]] = {}
         for leg, _, fields in legs:
@@ -730,7 +740,7 @@ class Report:
             print("      bootstrap_room, and the decode pulled the KV (one transfer per request).")
 
     def protocol(self) -> None:
-        print("\n=== PD protocol during the phases (the decode's KV transfers against requests sent) ===")
+        print("\n=== PD protocol during the phases (the prefills' KV transfers against requests sent) ===")
         for path in PATHS:
             runs = [run for run in self.bench.runs if run.path == path]
             sent, transfers = sum(run.sent for run in runs), sum(run.transfers for run in runs)
