@@ -69,11 +69,12 @@ class ParsedRequest:
     token_ids: tuple[memoryview, ...]  # prompts as token ids: uint64 buffers (format "Q"), as decoded
     copies: int  # n: each prompt is generated (and prefilled, and moved) n times
     batch: int | None
-    """Prompts of a prompt field given as a list (None: one prompt). The bootstrap fields are
-    arrays of this length, one room per prompt, whatever n: SGLang repeats a list n times and
-    sends every copy of prompt i with room i, on the prefill and the decode alike
-    (io_struct.py GenerateReqInput._normalize_bootstrap_params, tokenizer_manager.py
-    _handle_batch_request). A list of prompts x n rooms would leave all but the first rooms unused."""
+    """Prompts of a prompt field given as a list (None: one prompt)."""
+
+    @property
+    def samples(self) -> int:
+        """Generated items, each paired on a bootstrap room of its own: prompts x n."""
+        return (self.batch or 1) * self.copies
 
 
 _OUTPUT_FIELDS = ("max_tokens", "max_completion_tokens")
@@ -111,6 +112,15 @@ def parse(kind: Kind, raw: bytes, limits: Limits = Limits()) -> tuple[dict[str, 
             key=lambda found: found[1],
         )
         if kind is Kind.CHAT:
+            if copies > 1:
+                raise ApiError(
+                    400,
+                    "'n' above 1 is not supported for chat completions with prefill-decode "
+                    "disaggregation (SGLang 0.5.23 gives every sample one bootstrap room, and they "
+                    "collide); send n requests, or use /v1/completions",
+                    param="n",
+                    code="unsupported_value",
+                )
             texts, token_ids, batch = (_chat_text(body.get("messages")),), (), None
         else:
             texts, token_ids, batch = _completion_prompt(body.get("prompt"))
@@ -195,26 +205,61 @@ def prompt_keys(request: ParsedRequest, block_size_tokens: int, chars_per_token:
 
 
 def with_bootstrap(
-    raw: bytes, body: dict[str, Any], host: str, port: int, rooms: Sequence[int], batch: int | None
+    raw: bytes, body: dict[str, Any], request: ParsedRequest, host: str, port: int, rooms: Sequence[int]
 ) -> bytes:
-    """The same body with SGLang's PD fields, arrays for a batch; ours override any sent by the client.
+    """The body both PD legs get: SGLang's bootstrap fields, one room per sample (`samples`).
 
-    The fields are spliced in before the closing brace instead of re-encoding the whole body
-    (a long prompt makes that the costliest step); JSON keeps the last duplicate key.
+    With n > 1 SGLang 0.5.23 pairs every sample of prompt i on one room: `_normalize_bootstrap_params`
+    (io_struct.py) expands the rooms, but `_handle_batch_request` (tokenizer_manager.py) sends
+    each copy of `obj[i]`, room i, after a `max_new_tokens=0` warm-up on that room too, so the
+    transfers collide and hang (sglang PRs 24223 and 30723, never merged). So n > 1 goes out as a
+    batch of n copies of each prompt with n = 1 and a room each, in SGLang's own sample order
+    (prompt by prompt): the choices and outputs come back indexed as n > 1 would have them.
+    Chat has no batch form (`parse` refuses n > 1 there).
     """
-    if batch is None:
+    if request.copies > 1:
+        return _samples_as_batch(body, request, host, port, rooms)
+    if request.batch is None:
         fields = f'"bootstrap_host":{json.dumps(host)},"bootstrap_port":{port},"bootstrap_room":{rooms[0]}'
     else:
         fields = (
-            f'"bootstrap_host":{json.dumps([host] * batch)},"bootstrap_port":{json.dumps([port] * batch)},'
-            f'"bootstrap_room":{json.dumps(list(rooms))}'
+            f'"bootstrap_host":{json.dumps([host] * request.batch)},'
+            f'"bootstrap_port":{json.dumps([port] * request.batch)},"bootstrap_room":{json.dumps(list(rooms))}'
         )
+    # Spliced in before the closing brace instead of re-encoding the whole body (a long prompt
+    # makes that the costliest step); JSON keeps the last duplicate key, so ours override a client's.
     stripped = raw.rstrip()
     if stripped.endswith(b"}") and raw.lstrip().startswith(b"{"):
         return stripped[:-1] + b"," + fields.encode() + b"}"
     merged = dict(body)
     merged.update(json.loads("{" + fields + "}"))
     return json.dumps(merged, default=memoryview.tolist).encode()  # token ids back to arrays
+
+
+def _samples_as_batch(
+    body: dict[str, Any], request: ParsedRequest, host: str, port: int, rooms: Sequence[int]
+) -> bytes:
+    """n > 1 as a batch of n = 1 samples, each prompt repeated n times in a row (see with_bootstrap)."""
+    n = request.copies
+    field = _PROMPT_FIELDS[request.kind]
+    if request.kind is Kind.GENERATE and body.get("text") is None:
+        field = "input_ids"
+    prompts = body[field] if request.batch is not None else [body[field]]
+    out = dict(body)
+    out[field] = [prompt for prompt in prompts for _ in range(n)]
+    if request.kind is Kind.GENERATE:
+        out["sampling_params"] = {**body["sampling_params"], "n": 1}
+    else:
+        out["n"] = 1
+    rid = body.get("rid")
+    if isinstance(rid, list):  # SGLang wants one rid per prompt of the batch
+        out["rid"] = [f"{one}_{i}" for one in rid for i in range(n)]
+    out.update(
+        bootstrap_host=[host] * request.samples,
+        bootstrap_port=[port] * request.samples,
+        bootstrap_room=list(rooms),
+    )
+    return json.dumps(out, default=memoryview.tolist).encode()  # token ids back to arrays
 
 
 _COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')

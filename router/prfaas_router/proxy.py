@@ -279,10 +279,10 @@ class Dispatcher:
     ) -> web.StreamResponse:
         parsed = exchange.parsed
         prefill, decode = decision.prefill, decision.decode
-        rooms = [random.getrandbits(63) for _ in range(parsed.batch or 1)]
+        rooms = [random.getrandbits(63) for _ in range(parsed.samples)]
         assert prefill.bootstrap_port is not None  # checked when the config was loaded
         payload = with_bootstrap(
-            exchange.raw, exchange.body, prefill.host, prefill.bootstrap_port, rooms, parsed.batch
+            exchange.raw, exchange.body, parsed, prefill.host, prefill.bootstrap_port, rooms
         )
         headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: exchange.request_id}
         path = parsed.kind.value

@@ -93,23 +93,23 @@ def _router_payloads() -> list[tuple[str, dict[str, Any]]]:
                 (Kind.COMPLETION, {"model": "kimi-linear", "prompt": "hello", "stream": stream, "n": n}),
                 (Kind.COMPLETION, {"model": "kimi-linear", "prompt": ["a", "b"], "stream": stream, "n": n}),
                 (Kind.COMPLETION, {"model": "kimi-linear", "prompt": [1, 2, 3], "stream": stream, "n": n}),
-                (
-                    Kind.CHAT,
-                    {"model": "kimi-linear", "messages": [{"role": "user", "content": "hi"}], "stream": stream, "n": n},
-                ),
             ]  # fmt: skip
+        # chat has no batch form, so the router refuses n > 1 there (payloads.with_bootstrap)
+        requests.append(
+            (
+                Kind.CHAT,
+                {"model": "kimi-linear", "messages": [{"role": "user", "content": "hi"}], "stream": stream},
+            )
+        )
     payloads = []
     for kind, request in requests:
         raw = json.dumps(request).encode()
         body, parsed = parse(kind, raw)
         rooms = [
-            random.getrandbits(63) for _ in range(parsed.batch or 1)
-        ]  # as proxy.Proxy._attempt draws them
+            random.getrandbits(63) for _ in range(parsed.samples)
+        ]  # as proxy.Dispatcher._attempt draws them
         payloads.append(
-            (
-                kind.value,
-                json.loads(with_bootstrap(raw, body, PREFILL_HOST, BOOTSTRAP_PORT, rooms, parsed.batch)),
-            )
+            (kind.value, json.loads(with_bootstrap(raw, body, parsed, PREFILL_HOST, BOOTSTRAP_PORT, rooms)))
         )
     return payloads
 
@@ -179,6 +179,19 @@ def test_every_router_payload_validates_with_the_bootstrap_fields_it_carries(sgl
         assert result["ok"], f"{kind} {body}: {result['error']}"
         for field in ("bootstrap_host", "bootstrap_port", "bootstrap_room"):
             assert result["seen"][field] == body[field], f"{kind}: SGLang does not see {field} of {body}"
+
+
+def test_every_sample_of_a_router_payload_has_a_bootstrap_room_of_its_own() -> None:
+    """SGLang pairs sample i of a batch with n = 1 on room i, but every sample of an n > 1 request
+    on one room (io_struct.py _normalize_bootstrap_params, tokenizer_manager.py
+    _handle_batch_request): so the router never sends n > 1, and a batch's rooms are distinct."""
+    for kind, body in PAYLOADS:
+        n = (body.get("sampling_params") or {}).get("n", 1) if kind == Kind.GENERATE else body.get("n", 1)
+        assert n == 1, f"{kind} {body}"
+        rooms = (
+            body["bootstrap_room"] if isinstance(body["bootstrap_room"], list) else [body["bootstrap_room"]]
+        )
+        assert len(set(rooms)) == len(rooms), f"{kind} {body}"
 
 
 def _names_the_project_reads() -> dict[str, str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -232,11 +233,10 @@ def test_chat_prompt_is_the_text_of_every_message() -> None:
         (Kind.COMPLETION, {"prompt": [5, 6, 7]}, 1, None),
         (Kind.COMPLETION, {"prompt": "a", "n": 3}, 3, None),
         (Kind.COMPLETION, {"prompt": ["a", "b"], "n": 2}, 4, 2),
-        (Kind.CHAT, {"messages": [{"role": "user", "content": "x"}], "n": 2}, 2, None),
         (Kind.GENERATE, {"text": ["a", "b"], "sampling_params": {"n": 3}}, 6, 2),
     ],
 )
-def test_batches_and_n_make_one_item_per_generation_and_one_room_per_prompt(
+def test_batches_and_n_make_one_item_per_generation(
     kind: Kind, body: dict[str, object], prompts: int, batch: int | None
 ) -> None:
     _, parsed = parse(kind, json.dumps(body).encode())
@@ -247,7 +247,7 @@ def test_batches_and_n_make_one_item_per_generation_and_one_room_per_prompt(
 def test_bootstrap_fields_are_spliced_in_and_override_the_clients() -> None:
     raw = b'{"text": "hi", "bootstrap_room": 5, "stream": true}\n'
     body, parsed = parse(Kind.GENERATE, raw)
-    out = json.loads(with_bootstrap(raw, body, "127.0.1.1", 8998, [42], parsed.batch))
+    out = json.loads(with_bootstrap(raw, body, parsed, "127.0.1.1", 8998, [42]))
     assert out == {
         "text": "hi",
         "stream": True,
@@ -260,15 +260,61 @@ def test_bootstrap_fields_are_spliced_in_and_override_the_clients() -> None:
 def test_a_batch_gets_arrays_of_bootstrap_fields() -> None:
     raw = b'{"text": ["a", "b"]}'
     body, parsed = parse(Kind.GENERATE, raw)
-    out = json.loads(with_bootstrap(raw, body, "h", 1, [7, 8], parsed.batch))
+    out = json.loads(with_bootstrap(raw, body, parsed, "h", 1, [7, 8]))
     assert out["bootstrap_host"] == ["h", "h"] and out["bootstrap_port"] == [1, 1]
     assert out["bootstrap_room"] == [7, 8]
+
+
+@pytest.mark.parametrize(
+    ("kind", "body", "field", "expected"),
+    [
+        (Kind.COMPLETION, {"prompt": "a", "n": 2}, "prompt", ["a", "a"]),
+        (Kind.COMPLETION, {"prompt": ["a", "b"], "n": 2}, "prompt", ["a", "a", "b", "b"]),
+        (Kind.COMPLETION, {"prompt": [5, 6], "n": 3}, "prompt", [[5, 6]] * 3),
+        (Kind.GENERATE, {"text": "a", "sampling_params": {"n": 2, "max_new_tokens": 4}}, "text", ["a", "a"]),
+        (Kind.GENERATE, {"input_ids": [[1], [2, 3]], "sampling_params": {"n": 2}}, "input_ids", [[1], [1], [2, 3], [2, 3]]),
+    ],
+)  # fmt: skip
+def test_n_above_one_goes_out_as_a_batch_of_single_samples_with_a_room_each(
+    kind: Kind, body: dict[str, Any], field: str, expected: list[object]
+) -> None:
+    """SGLang 0.5.23 pairs every sample of a prompt on one room (they collide): one room per sample
+    needs a batch of n = 1 samples, prompt by prompt as SGLang orders its samples."""
+    raw = json.dumps(body).encode()
+    _, parsed = parse(kind, raw)
+    rooms = list(range(100, 100 + parsed.samples))
+    out = json.loads(with_bootstrap(raw, json.loads(raw), parsed, "h", 9, rooms))
+    assert out[field] == expected and len(expected) == parsed.samples
+    n = out["sampling_params"]["n"] if kind is Kind.GENERATE else out["n"]
+    assert n == 1
+    assert out["bootstrap_room"] == rooms and out["bootstrap_host"] == ["h"] * parsed.samples
+    assert out["bootstrap_port"] == [9] * parsed.samples
+    if kind is Kind.GENERATE:
+        assert {k: v for k, v in out["sampling_params"].items() if k != "n"} == {
+            k: v for k, v in body["sampling_params"].items() if k != "n"
+        }
+
+
+def test_a_rid_list_gets_one_rid_per_sample() -> None:
+    raw = json.dumps({"text": ["a", "b"], "rid": ["x", "y"], "sampling_params": {"n": 2}}).encode()
+    body, parsed = parse(Kind.GENERATE, raw)
+    out = json.loads(with_bootstrap(raw, body, parsed, "h", 9, [1, 2, 3, 4]))
+    assert out["rid"] == ["x_0", "x_1", "y_0", "y_1"]
+
+
+def test_chat_with_n_above_one_is_refused_with_the_reason() -> None:
+    raw = json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 2}).encode()
+    with pytest.raises(ApiError) as caught:
+        parse(Kind.CHAT, raw)
+    assert (caught.value.status, caught.value.param, caught.value.code) == (400, "n", "unsupported_value")
+    assert "bootstrap room" in caught.value.message
+    assert parse(Kind.CHAT, raw.replace(b'"n": 2', b'"n": 1'))[1].samples == 1
 
 
 def test_a_body_that_is_not_plain_utf8_json_is_re_encoded() -> None:
     raw = '{"text": "hé"}'.encode("utf-16")
     body, parsed = parse(Kind.GENERATE, raw)
-    out = json.loads(with_bootstrap(raw, body, "h", 2, [3], parsed.batch))
+    out = json.loads(with_bootstrap(raw, body, parsed, "h", 2, [3]))
     assert out == {"text": "hé", "bootstrap_host": "h", "bootstrap_port": 2, "bootstrap_room": 3}
 
 
@@ -277,7 +323,7 @@ def test_a_re_encoded_body_carries_its_token_ids_as_arrays(encoding: str) -> Non
     for ids, rooms in (([1, 2**64 - 1], [3]), ([[1, 2**64 - 1], [5]], [3, 4])):
         raw = json.dumps({"input_ids": ids, "stream": False}).encode(encoding)
         body, parsed = parse(Kind.GENERATE, raw)
-        out = json.loads(with_bootstrap(raw, body, "h", 2, rooms, parsed.batch))
+        out = json.loads(with_bootstrap(raw, body, parsed, "h", 2, rooms))
         assert out["input_ids"] == ids and out["bootstrap_room"] == (rooms if parsed.batch else rooms[0])
 
 
@@ -292,7 +338,8 @@ def test_a_re_encoded_body_carries_its_token_ids_as_arrays(encoding: str) -> Non
 def test_splicing_equals_merging(extra: dict[str, object], room: int) -> None:
     body = {"text": "x", **extra}
     raw = json.dumps(body).encode()
-    spliced = json.loads(with_bootstrap(raw, body, "10.0.0.1", 8998, [room], None))
+    _, parsed = parse(Kind.GENERATE, raw)
+    spliced = json.loads(with_bootstrap(raw, body, parsed, "10.0.0.1", 8998, [room]))
     assert spliced == {**body, "bootstrap_host": "10.0.0.1", "bootstrap_port": 8998, "bootstrap_room": room}
 
 
