@@ -8,7 +8,7 @@
 # (/var/lib/containers/storage, podman sees it too) and exported as an OCI archive into the
 # cache directory, for `ctr -n k8s.io images import FILE` (images.txt there lists FILE IMAGE).
 # An image is rebuilt only when a hash of its inputs changed: its Dockerfile, the files it
-# copies, the pyproject files, its base image, version and revision.
+# copies (the lock files and pyproject files among them), its base image, version and revision.
 # The cache directory is this checkout's own (~/.cache/prfaas/images/CHECKOUT-PATHHASH): two
 # checkouts on one machine share the storage's tags but never an archive. When the other one
 # has re-tagged an image in storage since, it is put back from this checkout's archive.
@@ -232,12 +232,12 @@ build() {
 
 PRODUCT=$REGISTRY/prfaas:$VERSION
 ENGINE_SIM=$REGISTRY/prfaas-engine-sim:$VERSION
-product_paths=(images/prfaas/Dockerfile .dockerignore pyproject.toml core operator router)
+product_paths=(images/prfaas/Dockerfile .dockerignore locks/build.txt locks/product.txt pyproject.toml core operator router)
 build prfaas "$PRODUCT" images/prfaas/Dockerfile . "base=$(image_id "$BASE") revision=$(revision "${product_paths[@]}")" \
   "${product_paths[@]}" -- \
   --build-arg "BASE=$BASE" --build-arg "VERSION=$VERSION" \
   --build-arg "REVISION=$(revision "${product_paths[@]}")"
-sim_paths=(images/engine-sim/Dockerfile .dockerignore engine-sim/pyproject.toml engine-sim/prfaas_engine_sim engine-sim/sglang)
+sim_paths=(images/engine-sim/Dockerfile .dockerignore locks/build.txt engine-sim/pyproject.toml engine-sim/prfaas_engine_sim engine-sim/sglang)
 build engine-sim "$ENGINE_SIM" images/engine-sim/Dockerfile . "base=$(image_id "$PRODUCT") revision=$(revision "${sim_paths[@]}")" \
   "${sim_paths[@]}" -- \
   --build-arg "PRFAAS_IMAGE=$PRODUCT" --build-arg "VERSION=$VERSION" \

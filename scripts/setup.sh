@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything the project needs on a fresh machine, idempotently:
-# the Python venv (.venv) with the project's four distributions editable (the product
+# the Python venv (.venv) from the lock files with the project's four distributions editable (the product
 # `prfaas` with its dev tools, the fake engine `prfaas-engine-sim` in engine-sim/, the testbed
 # `prfaas-testbed` in e2e/, the simulator `prfaas-sim` in sim/), Debian's Prometheus, and the
 # testbed binaries (Kubernetes, etcd, kwok, helm) built from the Go module proxy into a cache.
@@ -9,12 +9,21 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
+# .venv is the locks (locks/, made by scripts/lock.sh): pip and the build backend, then every
+# dependency, at their pinned versions with their hashes; then the four distributions editable,
+# with no dependencies of their own; what no lock holds any more is removed. Redone when a lock or
+# a pyproject changes.
 stamp=.venv/.prfaas-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ engine-sim/pyproject.toml -nt "$stamp" ] \
-  || [ e2e/pyproject.toml -nt "$stamp" ] || [ sim/pyproject.toml -nt "$stamp" ]; then
-  .venv/bin/pip install -q -U pip
-  .venv/bin/pip install -q -e '.[dev]' -e ./engine-sim -e ./e2e -e ./sim
-  touch "$stamp"
+inputs=$(cat locks/build.txt locks/dev.txt pyproject.toml {engine-sim,e2e,sim}/pyproject.toml | sha256sum)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$inputs" ]; then
+  .venv/bin/python -m pip install -q --require-hashes --no-deps -r locks/build.txt
+  .venv/bin/python -m pip install -q --require-hashes --no-deps -r locks/dev.txt
+  .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e '.[dev]' -e ./engine-sim -e ./e2e -e ./sim
+  unlocked=$(.venv/bin/python -m pip freeze --all --exclude-editable | sed -nE 's/^([^=]+)==.*/\1/p' \
+    | tr 'A-Z_.' 'a-z--' | sort | comm -23 - <(sed -nE 's/^([a-z0-9-]+)==.*/\1/p' locks/build.txt locks/dev.txt | sort))
+  [ -z "$unlocked" ] || .venv/bin/python -m pip uninstall -q -y $unlocked
+  checked=$(.venv/bin/python -m pip check) || { echo "$checked" >&2; exit 1; }
+  echo "$inputs" >"$stamp"
 fi
 # SGLang itself, for the conformance suite (tests/conformance): its own venv, since .venv holds
 # the testbed's sglang.launch_server shim; the pinned release without its GPU stack.
