@@ -18,9 +18,14 @@ What is emulated, and how:
   (scaled); the rest wait in the queue.
 * PD (see kv_transfer): both legs carry the same body with ``bootstrap_host/port/room``; a
   PD engine refuses a request without them (400). The prefill waits for its decode to connect,
-  computes, streams round(S_kv(l) * ``--kv-scale``) real bytes while it computes, and answers
-  once they are delivered (one token, like SGLang's prefill). The decode generates once every
-  byte has arrived. ``bootstrap_host`` 2.2.2.2 (SGLang's health-check host) skips the transfer.
+  computes in chunks of ``--chunked-prefill-size`` tokens, sends each chunk's share of
+  round(S_kv(l) * ``--kv-scale``) real bytes once the chunk is computed (the fixed part, the
+  state, with the last), and answers once they are delivered (one token, like SGLang's
+  prefill). The decode generates once every byte has arrived. ``bootstrap_host`` 2.2.2.2
+  (SGLang's health-check host) skips the transfer. Timeouts and the decode's heartbeat are
+  SGLang's (300 s, 300 s, every 5 s, 2 misses) times ``--time-scale``, never below 5 s and 1 s.
+* n > 1: each prompt's warm-up (max_new_tokens 0), then n copies, all on the prompt's room.
+* Metrics: per TP rank where SGLang's schedulers report them (see metrics).
 * Tokens: input_ids count as given; text as ceil(characters / ``--chars-per-token``); a chat
   prompt is the concatenated text of its messages' content. Output: max_new_tokens /
   max_tokens (default ``--default-max-new-tokens``) words of four characters.

@@ -9,16 +9,27 @@ and the KV then moves prefill -> decode. Here the same port also carries the byt
   legs, with SGLang's "Page size mismatch" / "KV cache dtype mismatch" messages;
 * the body is a stream of frames ``kind:1 byte, length:4 bytes, payload``: keepalives (``K``)
   while the prefill request has not arrived or is queued, ``H`` (JSON: kv_bytes,
-  prompt_tokens) once it has, ``D`` data frames of zeros released layer by layer while the
-  prefill computes, then ``E`` (JSON: cached_tokens) or ``X`` (JSON: message) on failure;
-* the decode confirms the last byte with ``POST /kv_done?room=R``: only then is the KV
+  prompt_tokens, transfer) once it has, ``D`` data frames of zeros, each chunk's KV as soon as
+  its forward ends (SGLang's prefill.py ``send_kv_chunk`` after every chunk of a chunked
+  prefill; the state goes with the last chunk), then ``E`` (JSON: cached_tokens) or ``X``
+  (JSON: message) on failure;
+* requests that carry the same room pair up in arrival order, the k-th prefill request with
+  the k-th decode connection (n > 1 sends a warm-up and n copies of a prompt with one room;
+  see protocol). SGLang keys its transfer state by room alone (mooncake/conn.py
+  ``transfer_infos[room]``, common/conn.py ``request_status[room]``), so there copies of one
+  room in flight at once share it and what each gets depends on timing: the fake gives each
+  its own transfer, the count SGLang means to make;
+* the decode confirms the last byte with ``POST /kv_done?room=R&transfer=T``: only then is the KV
   delivered for the prefill (as SGLang's prefill learns a transfer's completion from its
   transfer engine), so its request, and its transfer's latency, end when the bytes have crossed
   the link, not when they were handed to a socket buffer;
 * the payload bytes are exactly round(S_kv(l) * kv_scale); frame headers are not counted;
 * a decode whose prefill never comes fails after the bootstrap timeout; a prefill that
-  dies mid-transfer breaks the TCP stream and the decode fails at once; a link that goes
-  silent (no frame within 3 heartbeats) fails it too, as SGLang's heartbeat does;
+  dies mid-transfer breaks the TCP stream and the decode fails at once; a prefill that goes
+  silent fails it after ``heartbeat_max_failures`` heartbeat intervals, as SGLang's decode
+  does when that many of its heartbeats in a row get no answer (common/conn.py
+  ``_start_heartbeat_checker_thread``): here the prefill writes a keepalive frame twice per
+  interval while it has nothing else to send, so one late frame is not yet a miss;
 * ``--link-rate-bytes-per-second`` paces every transfer of one prefill instance through one
   shared token bucket: the link emulation used where network namespaces and tc are not available.
 """
@@ -26,6 +37,7 @@ and the KV then moves prefill -> decode. Here the same port also carries the byt
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import struct
@@ -37,6 +49,7 @@ import aiohttp
 from aiohttp import web
 
 from prfaas_engine_sim.protocol import BootstrapTarget
+from prfaas_engine_sim.settings import PdTimeouts
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +64,6 @@ MAX_CHUNK_BYTES = 256 * 1024
 MAX_WRITE_BYTES = 1024 * 1024
 MIN_CHUNK_BYTES = 4 * 1024
 CHUNK_SECONDS_AT_LINK_RATE = 0.02
-MISSED_HEARTBEATS = 3
 
 _ZEROS = bytes(MAX_CHUNK_BYTES)
 _KEEPALIVE_FRAME = FRAME.pack(KIND_KEEPALIVE, 0)
@@ -63,10 +75,6 @@ class KvError(Exception):
 
 class KvBootstrapError(KvError):
     """The two legs never met: no prefill (or no decode) for the room in time, a refused handshake."""
-
-
-class KvRoomInUseError(KvBootstrapError):
-    """A second prefill request for a room that already has one: the client's mistake (HTTP 400)."""
 
 
 class KvTransferError(KvError):
@@ -109,11 +117,15 @@ class TokenBucket:
 
 
 class RoomTransfer:
-    """The rendezvous of one bootstrap room: the prefill request, the decode's stream, the bytes between."""
+    """One transfer of a bootstrap room: a prefill request, a decode's stream, the bytes between."""
 
-    def __init__(self, room: int) -> None:
+    def __init__(self, room: int, serial: int) -> None:
         self.room = room
+        self.serial = serial
+        """Tells apart the transfers of one room (the decode names it when it confirms)."""
         self.total_bytes = 0
+        self.token_bytes = 0.0
+        """Wire bytes per prompt token; the rest of ``total_bytes`` is the state, sent last."""
         self.prompt_tokens = 0
         self.cached_tokens = 0
         self.available_bytes = 0
@@ -128,12 +140,13 @@ class RoomTransfer:
         self.on_failure: Callable[[str], None] | None = None
         """Lets a prefill request that is still queued give up at once."""
 
-    def publish(self, fraction: float) -> None:
-        """The prefill has computed ``fraction`` of the prompt: that share of the KV may go out."""
-        if fraction >= 1.0:
+    def publish(self, tokens: int | None) -> None:
+        """The KV of the prompt's first ``tokens`` tokens may go out; None: all of it, the state included."""
+        if tokens is None:
             self.available_bytes, self.computed = self.total_bytes, True
         else:
-            self.available_bytes = max(self.available_bytes, int(self.total_bytes * fraction))
+            ready = min(self.total_bytes, round(self.token_bytes * tokens))
+            self.available_bytes = max(self.available_bytes, ready)
         self.changed.set()
 
     def fail(self, message: str) -> None:
@@ -156,8 +169,7 @@ class KvBootstrapServer:
         kv_cache_dtype: str,
         tp_size: int,
         transfer_backend: str,
-        bootstrap_timeout: float,
-        heartbeat_seconds: float,
+        timeouts: PdTimeouts,
         link_rate_bytes_per_second: float | None,
         on_bytes_sent: Callable[[int], None],
     ) -> None:
@@ -166,8 +178,8 @@ class KvBootstrapServer:
         self.kv_cache_dtype = kv_cache_dtype
         self.tp_size = tp_size
         self.transfer_backend = transfer_backend
-        self.bootstrap_timeout = bootstrap_timeout
-        self.heartbeat_seconds = heartbeat_seconds
+        self.bootstrap_timeout = timeouts.bootstrap
+        self._keepalive_seconds = timeouts.heartbeat_interval / 2
         self._on_bytes_sent = on_bytes_sent
         self.port = 0
         if link_rate_bytes_per_second is None:
@@ -181,7 +193,8 @@ class KvBootstrapServer:
                 )
             )
             self.bucket = TokenBucket(link_rate_bytes_per_second, burst_bytes=self._chunk)
-        self._rooms: dict[int, RoomTransfer] = {}
+        self._rooms: dict[int, list[RoomTransfer]] = {}
+        self._serials = itertools.count(1)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -193,18 +206,26 @@ class KvBootstrapServer:
 
     # ------------------------------------------------------------------ the prefill request's side
 
-    def register(self, room: int, total_bytes: int, prompt_tokens: int) -> RoomTransfer:
-        """The prefill request for ``room`` arrived. Raises KvBootstrapError if the room is taken or refused."""
-        transfer = self._rooms.get(room)
-        if transfer is None:
-            transfer = self._rooms[room] = RoomTransfer(room)
-        elif transfer.registered:
-            raise KvRoomInUseError(f"bootstrap_room {room} is already in use on this prefill")
+    def register(self, room: int, total_bytes: int, token_bytes: float, prompt_tokens: int) -> RoomTransfer:
+        """A prefill request for ``room`` arrived: it takes the room's first transfer without one.
+        Raises KvBootstrapError if that transfer was refused already."""
+        transfer = self._first(room, lambda one: not one.registered)
         if transfer.failure is not None:
             self._forget(transfer)
             raise KvBootstrapError(transfer.failure)
-        transfer.total_bytes, transfer.prompt_tokens, transfer.registered = total_bytes, prompt_tokens, True
+        transfer.total_bytes, transfer.token_bytes = total_bytes, token_bytes
+        transfer.prompt_tokens, transfer.registered = prompt_tokens, True
         transfer.changed.set()
+        return transfer
+
+    def _first(self, room: int, free: Callable[[RoomTransfer], bool]) -> RoomTransfer:
+        """The room's oldest transfer that ``free`` accepts, else a new one."""
+        transfers = self._rooms.setdefault(room, [])
+        for transfer in transfers:
+            if free(transfer):
+                return transfer
+        transfer = RoomTransfer(room, next(self._serials))
+        transfers.append(transfer)
         return transfer
 
     async def wait_connected(self, transfer: RoomTransfer) -> None:
@@ -243,8 +264,11 @@ class KvBootstrapServer:
         self._forget(transfer)
 
     def _forget(self, transfer: RoomTransfer) -> None:
-        if self._rooms.get(transfer.room) is transfer:
-            del self._rooms[transfer.room]
+        transfers = self._rooms.get(transfer.room, [])
+        if transfer in transfers:
+            transfers.remove(transfer)
+            if not transfers:
+                del self._rooms[transfer.room]
 
     # ------------------------------------------------------------------ HTTP
 
@@ -283,11 +307,7 @@ class KvBootstrapServer:
         if mismatch is not None:
             self._refuse(room, mismatch)
             return web.json_response({"error": mismatch}, status=400)
-        transfer = self._rooms.get(room)
-        if transfer is None:
-            transfer = self._rooms[room] = RoomTransfer(room)
-        elif transfer.connected.is_set():
-            return web.json_response({"error": f"bootstrap_room {room} already has a decode"}, status=409)
+        transfer = self._first(room, lambda one: not one.connected.is_set())
         if transfer.failure is not None:
             return web.json_response({"error": transfer.failure}, status=409)
         transfer.connected.set()
@@ -310,9 +330,9 @@ class KvBootstrapServer:
 
     def _refuse(self, room: int, message: str) -> None:
         """Fail the room on the prefill side too; keep it long enough for a prefill request still on its way."""
-        transfer = self._rooms.get(room)
-        if transfer is None:
-            transfer = self._rooms[room] = RoomTransfer(room)
+        transfer = self._first(room, lambda one: not one.connected.is_set())
+        transfer.connected.set()
+        if not transfer.registered:
             asyncio.get_running_loop().call_later(self.bootstrap_timeout, self._forget, transfer)
         transfer.fail(message)
 
@@ -333,11 +353,15 @@ class KvBootstrapServer:
                     f"within {self.bootstrap_timeout:g} s"
                 )
                 continue
-            await self._wait_or_keepalive(transfer, response, min(remaining, self.heartbeat_seconds), [])
+            await self._wait_or_keepalive(transfer, response, min(remaining, self._keepalive_seconds), [])
 
     async def _stream(self, transfer: RoomTransfer, response: web.StreamResponse) -> None:
         """Frames go out in as few writes as possible: whatever is ready is written at once."""
-        hello = {"kv_bytes": transfer.total_bytes, "prompt_tokens": transfer.prompt_tokens}
+        hello = {
+            "kv_bytes": transfer.total_bytes,
+            "prompt_tokens": transfer.prompt_tokens,
+            "transfer": transfer.serial,
+        }
         pending: list[bytes | memoryview] = [_json_frame(KIND_HELLO, hello)]
         sent = unflushed = 0
         while True:
@@ -360,7 +384,7 @@ class KvBootstrapServer:
                 continue
             if transfer.computed:
                 break
-            await self._wait_or_keepalive(transfer, response, self.heartbeat_seconds, pending)
+            await self._wait_or_keepalive(transfer, response, self._keepalive_seconds, pending)
         pending.append(_json_frame(KIND_END, {"cached_tokens": transfer.cached_tokens}))
         await response.write_eof(b"".join(pending))
         transfer.streamed = True  # the room stays known until the prefill request ends (`release`)
@@ -368,12 +392,16 @@ class KvBootstrapServer:
     async def _kv_done(self, request: web.Request) -> web.Response:
         """The decode has every byte of the room (the prefill's transfer completes)."""
         try:
-            room = int(request.query["room"])
+            room, serial = int(request.query["room"]), int(request.query["transfer"])
         except (KeyError, ValueError):
-            return web.json_response({"error": "query parameter room must be an integer"}, status=400)
-        transfer = self._rooms.get(room)
+            return web.json_response(
+                {"error": "query parameters room and transfer must be integers"}, status=400
+            )
+        transfer = next((one for one in self._rooms.get(room, []) if one.serial == serial), None)
         if transfer is None or not transfer.streamed or transfer.failure is not None:
-            return web.json_response({"error": f"bootstrap_room {room} has no finished transfer"}, status=409)
+            return web.json_response(
+                {"error": f"bootstrap_room {room} has no finished transfer {serial}"}, status=409
+            )
         transfer.delivered.set()
         return web.Response(text="OK")
 
@@ -417,17 +445,15 @@ class KvReceiver:
         page_size: int,
         kv_cache_dtype: str,
         default_bootstrap_port: int,
-        bootstrap_timeout: float,
-        heartbeat_seconds: float,
-        transfer_timeout: float,
+        timeouts: PdTimeouts,
         on_bytes_received: Callable[[int], None],
     ) -> None:
         self._params = {"page_size": str(page_size), "kv_cache_dtype": kv_cache_dtype}
         self._default_port = default_bootstrap_port
-        self._bootstrap_timeout = bootstrap_timeout
-        self._transfer_timeout = transfer_timeout
+        self._bootstrap_timeout = timeouts.bootstrap
+        self._waiting_timeout = timeouts.waiting
         self._timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=bootstrap_timeout, sock_read=MISSED_HEARTBEATS * heartbeat_seconds
+            total=None, sock_connect=timeouts.bootstrap, sock_read=timeouts.silence
         )
         self._on_bytes = on_bytes_received
         self._session: aiohttp.ClientSession | None = None
@@ -468,14 +494,15 @@ class KvReceiver:
             response.close()  # drop the connection: the prefill's sender sees the decode go
             raise
         response.release()
-        await self._confirm(url.removesuffix("/kv") + "/kv_done", target.room, where)
+        await self._confirm(url.removesuffix("/kv") + "/kv_done", target.room, hello["transfer"], where)
         return ReceivedKv(prompt_tokens=hello["prompt_tokens"], cached_tokens=cached)
 
-    async def _confirm(self, url: str, room: int, where: str) -> None:
+    async def _confirm(self, url: str, room: int, serial: int, where: str) -> None:
         """Tell the prefill the last byte arrived; without it the prefill fails the transfer."""
         assert self._session is not None
+        params = {"room": str(room), "transfer": str(serial)}
         try:
-            async with self._session.post(url, params={"room": str(room)}, timeout=self._timeout) as response:
+            async with self._session.post(url, params=params, timeout=self._timeout) as response:
                 if response.status != 200:
                     raise KvTransferError(
                         f"KV transfer from {where} for bootstrap_room {room}: the prefill refused the confirmation "
@@ -512,6 +539,7 @@ class KvReceiver:
                         return {
                             "kv_bytes": int(hello["kv_bytes"]),
                             "prompt_tokens": int(hello["prompt_tokens"]),
+                            "transfer": int(hello["transfer"]),
                         }
                     if kind == KIND_ERROR:
                         raise KvBootstrapError(json.loads(payload)["message"])
@@ -538,7 +566,7 @@ class KvReceiver:
             )
 
         try:
-            async with asyncio.timeout(self._transfer_timeout):
+            async with asyncio.timeout(self._waiting_timeout):
                 while True:
                     kind, payload = await self._frame(response)
                     if kind == KIND_DATA:
@@ -556,7 +584,7 @@ class KvReceiver:
         except aiohttp.ServerTimeoutError:
             raise broken("the prefill went silent (no data or heartbeat)") from None
         except TimeoutError:
-            raise broken(f"not finished within {self._transfer_timeout:g} s") from None
+            raise broken(f"not finished within {self._waiting_timeout:g} s") from None
         except (asyncio.IncompleteReadError, aiohttp.ClientError, ConnectionError) as err:
             raise broken(f"the connection broke ({type(err).__name__})") from err
         if received != expected:

@@ -18,7 +18,6 @@ from prfaas_engine_sim.kv_transfer import (
     KvBootstrapError,
     KvBootstrapServer,
     KvReceiver,
-    KvRoomInUseError,
     KvTransferError,
     RoomTransfer,
 )
@@ -55,7 +54,7 @@ class PrefillLeg:
         *,
         kv_scale: float,
         time_scale: float,
-        transfer_timeout: float,
+        waiting_timeout: float,
     ) -> None:
         self.bootstrap = bootstrap
         self._kv_size = kv_size
@@ -63,7 +62,7 @@ class PrefillLeg:
         self._faults = faults
         self._kv_scale = kv_scale
         self._time_scale = time_scale
-        self._transfer_timeout = transfer_timeout
+        self._waiting_timeout = waiting_timeout
         self.bootstrap_waiting = 0
         self.inflight = 0
         self.last_transfer = (0.0, 0.0)
@@ -74,12 +73,11 @@ class PrefillLeg:
     ) -> None:
         """Wait for the room's decode, compute (``compute`` publishes the KV as it goes), wait for delivery."""
         kv_bytes = kv_wire_bytes(self._kv_size, prompt_tokens, self._kv_scale)
+        token_bytes = self._kv_size.bytes_per_token * self._kv_scale
         try:
-            transfer = self.bootstrap.register(room, kv_bytes, prompt_tokens)
-        except KvRoomInUseError as err:
-            raise EngineFailure(str(err), 400) from None
+            transfer = self.bootstrap.register(room, kv_bytes, token_bytes, prompt_tokens)
         except KvBootstrapError as err:
-            self._metrics.bootstrap_failed.inc()
+            self._metrics.count_failure(self._metrics.bootstrap_failed, room)
             raise EngineFailure(str(err)) from None
         failure: str | None = f"the prefill request for bootstrap_room {room} was aborted"
         try:
@@ -96,24 +94,31 @@ class PrefillLeg:
             forward_done = asyncio.get_running_loop().time()
             self.inflight += 1
             try:
-                await self.bootstrap.wait_delivered(transfer, self._transfer_timeout)
+                await self.bootstrap.wait_delivered(transfer, self._waiting_timeout)
             finally:
                 self.inflight -= 1
             failure = None
-            self._observe_transfer(kv_bytes, asyncio.get_running_loop().time() - forward_done)
+            self._observe_transfer(room, kv_bytes, asyncio.get_running_loop().time() - forward_done)
         except KvBootstrapError as err:
             failure = str(err)
-            self._metrics.bootstrap_failed.inc()
+            self._metrics.count_failure(self._metrics.bootstrap_failed, room)
             raise EngineFailure(failure) from None
         except (KvTransferError, EngineFailure) as err:
             failure = str(err)
-            self._metrics.transfer_failed.inc()
+            self._metrics.count_failure(self._metrics.transfer_failed, room)
             raise EngineFailure(failure) from None
         finally:
             self.bootstrap.release(transfer, failure)
 
-    def _observe_transfer(self, wire_bytes: int, seconds: float) -> None:
+    def _observe_transfer(self, room: int, wire_bytes: int, seconds: float) -> None:
         """SGLang's prefill-side transfer metrics, with the link's real rate over the time that passed.
+
+        The time runs from the end of the last chunk's forward to the last byte delivered, as
+        SGLang's Mooncake prefill measures it (prefill.py sets ``prefill_transfer_queue_entry_time``
+        after the last chunk's ``send_kv_chunk``; req_time_stats.py
+        ``compute_and_observe_kv_transfer_metrics`` takes completion minus that: "only capture
+        the last chunk time"); earlier chunks went out while later ones computed. Every TP rank
+        observes its own shard (see ``EngineMetrics.observe_transfer``).
 
         Everything that reads them (a router) lives in wall-clock time, so the time is as
         measured; the bytes are those a link of the real rate carries in it: the bytes sent
@@ -122,7 +127,7 @@ class PrefillLeg:
         Time scale 0 (instant compute) counts as 1.
         """
         real_bytes = wire_bytes * (self._time_scale or 1.0) / self._kv_scale
-        speed = self._metrics.observe_transfer(real_bytes, seconds)
+        speed = self._metrics.observe_transfer(room, real_bytes, seconds)
         self.last_transfer = (speed, seconds * 1000)
 
 
@@ -149,10 +154,10 @@ class DecodeLeg:
         try:
             received = await self.receiver.receive(target, bootstrapped)
         except KvBootstrapError as err:
-            self._metrics.bootstrap_failed.inc()
+            self._metrics.count_failure(self._metrics.bootstrap_failed, target.room)
             raise EngineFailure(str(err)) from None
         except KvTransferError as err:
-            self._metrics.transfer_failed.inc()
+            self._metrics.count_failure(self._metrics.transfer_failed, target.room)
             raise EngineFailure(str(err)) from None
         finally:
             if phase[0] == "prealloc":
@@ -160,7 +165,7 @@ class DecodeLeg:
             else:
                 self.transferring -= 1
         if self._faults.take():
-            self._metrics.transfer_failed.inc()
+            self._metrics.count_failure(self._metrics.transfer_failed, target.room)
             raise EngineFailure(
                 f"Decode transfer failed for request bootstrap_room={target.room} (injected by the fake engine)"
             )

@@ -59,11 +59,21 @@ class EnginePipeline:
         self.engine_type = ENGINE_TYPES[settings.mode]
         self.kv_size = self._kv_size(settings, profile.kv_size)
         self.cache = PrefixCache(settings.prefix_cache_block_tokens, settings.max_total_tokens)
-        self.metrics = EngineMetrics(settings.model_name, self.engine_type, self.gauge_values)
+        self.metrics = EngineMetrics(
+            settings.model_name,
+            self.engine_type,
+            self.gauge_values,
+            tp_size=settings.tp_size,
+            dp_size=settings.dp_size,
+        )
         self.kv_faults = KvFaults(settings.fail_kv_transfers)
         self.prefill = (
             PrefillScheduler(
-                profile.prefill_time, settings.time_scale, settings.max_prefill_tokens, self.cache
+                profile.prefill_time,
+                settings.time_scale,
+                settings.max_prefill_tokens,
+                settings.chunked_prefill_size,
+                self.cache,
             )
             if settings.mode != "decode"
             else None
@@ -83,8 +93,7 @@ class EnginePipeline:
                     kv_cache_dtype=settings.kv_cache_dtype,
                     tp_size=settings.tp_size,
                     transfer_backend=settings.transfer_backend,
-                    bootstrap_timeout=settings.bootstrap_timeout,
-                    heartbeat_seconds=settings.kv_heartbeat_seconds,
+                    timeouts=settings.pd_timeouts,
                     link_rate_bytes_per_second=settings.link_rate_bytes_per_second,
                     on_bytes_sent=self.metrics.kv_bytes_sent.inc,
                 ),
@@ -93,7 +102,7 @@ class EnginePipeline:
                 self.kv_faults,
                 kv_scale=settings.kv_scale,
                 time_scale=settings.time_scale,
-                transfer_timeout=settings.transfer_timeout,
+                waiting_timeout=settings.pd_timeouts.waiting,
             )
             if settings.mode == "prefill" and self.kv_size is not None  # always set for a prefill (_kv_size)
             else None
@@ -104,9 +113,7 @@ class EnginePipeline:
                     page_size=settings.page_size,
                     kv_cache_dtype=settings.kv_cache_dtype,
                     default_bootstrap_port=settings.bootstrap_port,
-                    bootstrap_timeout=settings.bootstrap_timeout,
-                    heartbeat_seconds=settings.kv_heartbeat_seconds,
-                    transfer_timeout=settings.transfer_timeout,
+                    timeouts=settings.pd_timeouts,
                     on_bytes_received=self.metrics.kv_bytes_received.inc,
                 ),
                 self.metrics,
@@ -206,7 +213,6 @@ class EnginePipeline:
     # ------------------------------------------------------------------ one item through the engine
 
     def _emitter(self, run: ItemRun) -> Callable[[int], None]:
-        ttft = self.metrics.ttft
 
         def emit(position: int) -> None:
             run.produced = position + 1
@@ -215,7 +221,7 @@ class EnginePipeline:
             if position == 0:
                 run.first_token_at = self.last_output_at
                 if run.log_metrics:
-                    ttft.observe(run.first_token_at - run.started)
+                    self.metrics.observe_ttft(run.first_token_at - run.started, run.stream)
             if run.stream:
                 run.events.put_nowait((run, "token", position))
 
@@ -271,6 +277,7 @@ class EnginePipeline:
             cached_tokens=result.cached_tokens,
             generation_tokens=result.completion_tokens,
             e2e_seconds=result.e2e_latency,
+            streaming=run.stream,
             ttft_seconds=None if run.first_token_at is None else run.first_token_at - run.started,
         )
         run.events.put_nowait((run, "done", result))

@@ -89,6 +89,12 @@ class Item:
 class ParsedRequest:
     api: Api
     items: list[Item]
+    """What the client gets back: n copies of every prompt, prompt after prompt."""
+    warmups: list[Item]
+    """With n > 1, one per prompt, run (one after the other) before the copies start and never
+    answered: SGLang's tokenizer_manager.py ``_handle_batch_request`` first sends each prompt
+    with ``max_new_tokens=0`` to cache its prefix, then the n copies, every one with the
+    prompt's room, so in PD each is a KV transfer of its own."""
     stream: bool
     batched: bool
     rid: str | None
@@ -148,25 +154,38 @@ def _ids_prompt(ids: Any, what: str) -> Prompt:
     return Prompt(tokens=len(token_ids), token_ids=token_ids, text=None)
 
 
-def _per_item(value: Any, count: int, name: str, broadcast: bool) -> list[Any]:
+def _per_item(value: Any, count: int, name: str) -> list[Any]:
+    """A list of ``count`` values, or one value for every item."""
     if isinstance(value, list):
         if len(value) != count:
             raise RequestError(f"{name} has {len(value)} values for a batch of {count}")
         return value
-    if count == 1 or value is None or broadcast:
-        return [value] * count
-    raise RequestError(f"{name} must be a list of {count} values for a batch of {count}")
+    return [value] * count
+
+
+def _prompt_rooms(room: Any, count: int) -> list[Any]:
+    """The room of each prompt as SGLang assigns it (io_struct.py
+    ``GenerateReqInput._normalize_bootstrap_params``): a list gives prompt i its i-th room
+    (repeated n times, so every copy of prompt i has room i), a number gives it room + i."""
+    if isinstance(room, list):
+        if len(room) < count:
+            raise RequestError(f"bootstrap_room has {len(room)} values for {count} prompts")
+        return room[:count]
+    if _is_int(room):
+        return [room + i for i in range(count)]
+    return [room] * count
 
 
 def _bootstrap_targets(
     body: dict[str, Any], count: int, options: ParseOptions
 ) -> list[BootstrapTarget | None]:
+    """One target per prompt (every copy of a prompt goes to its prompt's room)."""
     mode = options.required_bootstrap_mode
     if mode is None:
         return [None] * count
-    rooms = _per_item(body.get("bootstrap_room"), count, "bootstrap_room", broadcast=False)
-    hosts = _per_item(body.get("bootstrap_host"), count, "bootstrap_host", broadcast=True)
-    ports = _per_item(body.get("bootstrap_port"), count, "bootstrap_port", broadcast=True)
+    rooms = _prompt_rooms(body.get("bootstrap_room"), count)
+    hosts = _per_item(body.get("bootstrap_host"), count, "bootstrap_host")
+    ports = _per_item(body.get("bootstrap_port"), count, "bootstrap_port")
     targets: list[BootstrapTarget | None] = []
     for room, host, port in zip(rooms, hosts, ports, strict=True):
         if room is None:
@@ -185,11 +204,11 @@ def _bootstrap_targets(
 
 def _items(
     body: dict[str, Any], prompts: list[Prompt], max_new: list[int], n: int, options: ParseOptions
-) -> list[Item]:
-    count = len(prompts) * n
-    targets = _bootstrap_targets(body, count, options)
+) -> tuple[list[Item], list[Item]]:
+    """The copies and the warm-ups (see ParsedRequest)."""
+    targets = _bootstrap_targets(body, len(prompts), options)
     items = []
-    for index in range(count):
+    for index in range(len(prompts) * n):
         prompt_index = index // n
         prompt, budget = prompts[prompt_index], max_new[prompt_index]
         if prompt.tokens + budget > options.context_length:
@@ -201,12 +220,17 @@ def _items(
             Item(
                 prompt=prompt,
                 max_new_tokens=budget,
-                bootstrap=targets[index],
+                bootstrap=targets[prompt_index],
                 index=index,
                 prompt_index=prompt_index,
             )
         )
-    return items
+    warmups = [
+        Item(prompt=prompt, max_new_tokens=0, bootstrap=target, index=i, prompt_index=i)
+        for i, (prompt, target) in enumerate(zip(prompts, targets, strict=True))
+        if n > 1
+    ]
+    return items, warmups
 
 
 def _object(body: Any) -> dict[str, Any]:
@@ -242,8 +266,9 @@ def parse_generate(raw: Any, options: ParseOptions) -> ParsedRequest:
         batch: list[Any] = ids if batched and isinstance(ids, list) else [ids]
         prompts = [_ids_prompt(b, f"input_ids[{i}]" if batched else "input_ids") for i, b in enumerate(batch)]
     params = body.get("sampling_params")
-    param_list = _per_item(params, len(prompts), "sampling_params", broadcast=True)
+    param_list = _per_item(params, len(prompts), "sampling_params")
     max_new = []
+    copies = set()
     for param in param_list:
         if param is not None and not isinstance(param, dict):
             raise RequestError("sampling_params must be an object")
@@ -251,11 +276,17 @@ def parse_generate(raw: Any, options: ParseOptions) -> ParsedRequest:
         max_new.append(
             options.default_max_new_tokens if value is None else _non_negative_int(value, "max_new_tokens")
         )
+        copies.add(_positive_int((param or {}).get("n", 1), "sampling_params.n"))
+    if len(copies) > 1:  # io_struct.py _handle_parallel_sampling
+        raise RequestError("The parallel_sample_num should be the same for all samples in sample params.")
+    n = copies.pop()
+    items, warmups = _items(body, prompts, max_new, n, options)
     return ParsedRequest(
         api=Api.GENERATE,
-        items=_items(body, prompts, max_new, 1, options),
+        items=items,
+        warmups=warmups,
         stream=_bool(body.get("stream", False), "stream"),
-        batched=batched,
+        batched=batched or n > 1,  # n > 1 makes a single prompt a batch (_handle_parallel_sampling)
         rid=_rid(body),
         model=None,
         include_usage=False,
@@ -295,9 +326,11 @@ def parse_completions(raw: Any, options: ParseOptions) -> ParsedRequest:
     else:
         raise RequestError("prompt must be a non-empty string, list of strings, or token ids")
     max_tokens, n, stream, include_usage, model = _openai_common(body, options)
+    items, warmups = _items(body, prompts, [max_tokens] * len(prompts), n, options)
     return ParsedRequest(
         api=Api.COMPLETIONS,
-        items=_items(body, prompts, [max_tokens] * len(prompts), n, options),
+        items=items,
+        warmups=warmups,
         stream=stream,
         batched=len(prompts) * n > 1,
         rid=_rid(body),
@@ -334,9 +367,11 @@ def parse_chat(raw: Any, options: ParseOptions) -> ParsedRequest:
     text = "".join(_message_text(message, i) for i, message in enumerate(messages))
     prompt = _text_prompt(text, "the messages' content", options)
     max_tokens, n, stream, include_usage, model = _openai_common(body, options)
+    items, warmups = _items(body, [prompt], [max_tokens], n, options)
     return ParsedRequest(
         api=Api.CHAT,
-        items=_items(body, [prompt], [max_tokens], n, options),
+        items=items,
+        warmups=warmups,
         stream=stream,
         batched=n > 1,
         rid=_rid(body),

@@ -1,8 +1,8 @@
 """The fake engine's schedulers: the prefill batcher and the decode batcher.
 
 Prefill: one batch at a time from a FIFO queue (up to ``max_batch_tokens`` uncached tokens),
-timed by the profile's T_prefill (engine_timing) and releasing its KV layer by layer while it
-computes. Decode: at most ``max_batch`` running requests on one shared step clock.
+timed by the profile's T_prefill (engine_timing) and releasing each request's KV chunk by
+chunk (``chunked_prefill_size``) while it computes. Decode: at most ``max_batch`` running requests on one shared step clock.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from prfaas_core.profiles import PrefillTimeModel
 
 from prfaas_engine_sim.kv_transfer import RoomTransfer
 from prfaas_engine_sim.prefix_cache import PrefixCache
-from prfaas_engine_sim.timing import pipeline_steps, prefill_batch_seconds
+from prfaas_engine_sim.timing import chunk_ends, prefill_batch_seconds
 
 log = logging.getLogger("prfaas_engine_sim")
 
@@ -45,14 +45,20 @@ class PrefillJob:
 
 
 class PrefillScheduler:
-    """One prefill batch at a time from a FIFO queue; KV released layer by layer while a batch computes."""
+    """One prefill batch at a time from a FIFO queue; KV released chunk by chunk while a batch computes."""
 
     def __init__(
-        self, time_model: PrefillTimeModel, time_scale: float, max_batch_tokens: int, cache: PrefixCache
+        self,
+        time_model: PrefillTimeModel,
+        time_scale: float,
+        max_batch_tokens: int,
+        chunk_tokens: int,
+        cache: PrefixCache,
     ):
         self._time_model = time_model
         self._time_scale = time_scale
         self._max_batch_tokens = max_batch_tokens
+        self._chunk_tokens = chunk_tokens
         self._cache = cache
         self.waiting: deque[PrefillJob] = deque()
         self.running: list[PrefillJob] = []
@@ -137,16 +143,33 @@ class PrefillScheduler:
                 await asyncio.sleep(0)  # zero-time compute still lets the rest of the engine run
 
     async def _compute(self, batch: list[PrefillJob]) -> float:
-        """Run one batch; returns its (scaled) compute seconds."""
+        """Run one batch; returns its (scaled) compute seconds.
+
+        Each request's KV is released at the end of each of its chunks, up to the tokens
+        computed so far, and whole (the state included) at the end of the batch.
+        """
         uncached = [job.prompt_tokens - job.cached for job in batch]
         seconds = prefill_batch_seconds(self._time_model, uncached) * self._time_scale
-        steps = pipeline_steps(seconds)
-        for step in range(1, steps + 1):
-            if seconds > 0:
-                await asyncio.sleep(seconds / steps)
-            for job in batch:
-                if job.transfer is not None and not job.cancelled:
-                    job.transfer.publish(step / steps)
+        releases = sorted(
+            (
+                (share, job, None if share >= 1.0 else job.cached + tokens)
+                for job in batch
+                if job.transfer is not None
+                for share, tokens in chunk_ends(
+                    self._time_model, job.prompt_tokens - job.cached, self._chunk_tokens
+                )
+            ),
+            key=lambda release: release[0],
+        )
+        done_share = 0.0
+        for share, job, tokens in releases:
+            if seconds > 0 and share > done_share:
+                await asyncio.sleep(seconds * (share - done_share))
+                done_share = share
+            if job.transfer is not None and not job.cancelled:
+                job.transfer.publish(tokens)
+        if seconds > 0 and done_share < 1.0:
+            await asyncio.sleep(seconds * (1.0 - done_share))
         for job in batch:
             self._cache.insert(job.block_keys)
             if not job.done.done():

@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from prfaas_engine_sim import protocol as proto
 from prfaas_engine_sim.pipeline import EnginePipeline, ItemRun
+from prfaas_engine_sim.scheduler import EngineFailure
 from prfaas_engine_sim.settings import EngineSettings
 
 log = logging.getLogger("prfaas_engine_sim")
@@ -172,9 +173,20 @@ class FakeEngine:
             )
             for item in parsed.items
         ]
-        self._live[id(runs)] = runs
-        for run in runs:
-            run.task = asyncio.create_task(self.pipeline.run_item(run))
+        warmups = [
+            ItemRun(
+                item=item,
+                rid=f"{rid}-warmup-{item.index}",
+                request_rid=rid,
+                stream=False,
+                events=asyncio.Queue(),
+                started=now,
+            )
+            for item in parsed.warmups
+        ]
+        live = [*warmups, *runs]
+        self._live[id(live)] = live
+        starter = asyncio.create_task(self._start(warmups, runs))
         try:
             if parsed.stream:
                 return await self._respond_stream(request, parsed, rid, runs)
@@ -182,10 +194,26 @@ class FakeEngine:
         except ConnectionError:  # the client left mid-stream: its items are aborted below
             return web.Response(status=499)
         finally:
-            for run in runs:
+            starter.cancel()
+            for run in live:
                 if run.task is not None and not run.task.done():
                     run.task.cancel()
-            self._live.pop(id(runs), None)
+            self._live.pop(id(live), None)
+
+    async def _start(self, warmups: list[ItemRun], runs: list[ItemRun]) -> None:
+        """Run the warm-ups one after the other, then every copy (tokenizer_manager.py
+        ``_handle_batch_request`` awaits each prompt's warm-up before it sends the copies); a
+        failed warm-up fails the request."""
+        for warmup in warmups:
+            warmup.task = asyncio.create_task(self.pipeline.run_item(warmup))
+            _, kind, payload = await warmup.events.get()
+            if kind == "done" and payload.abort_message is not None:
+                kind, payload = "error", EngineFailure(payload.abort_message)
+            if kind == "error":
+                runs[0].events.put_nowait((runs[0], "error", payload))
+                return
+        for run in runs:
+            run.task = asyncio.create_task(self.pipeline.run_item(run))
 
     async def _respond(self, parsed: proto.ParsedRequest, rid: str, runs: list[ItemRun]) -> web.Response:
         results: list[proto.ItemResult | None] = [None] * len(runs)
@@ -391,7 +419,7 @@ class FakeEngine:
             "max_total_tokens": s.max_total_tokens,
             "max_prefill_tokens": s.max_prefill_tokens,
             "max_running_requests": decode.max_batch if decode else None,
-            "chunked_prefill_size": s.max_prefill_tokens,
+            "chunked_prefill_size": s.chunked_prefill_size,
             "enable_metrics": True,
             "is_embedding": False,
             "version": API_VERSION,
@@ -411,7 +439,10 @@ class FakeEngine:
                 "decode_step_seconds": decode.step_seconds / s.time_scale
                 if decode and s.time_scale
                 else None,
-                "bootstrap_timeout": s.bootstrap_timeout,
+                "bootstrap_timeout": s.pd_timeouts.bootstrap,
+                "waiting_timeout": s.pd_timeouts.waiting,
+                "kv_heartbeat_seconds": s.pd_timeouts.heartbeat_interval,
+                "kv_heartbeat_max_failures": s.pd_timeouts.heartbeat_max_failures,
             },
         }
         return web.json_response(body)

@@ -56,11 +56,18 @@ class EngineSettings:
     """The KV pool in tokens: bounds the prefix cache and defines token_usage."""
     context_length: int = 262144
     prefix_cache_block_tokens: int = 64
-    bootstrap_timeout: float = 5.0
-    """Seconds either PD leg waits for the other before failing (SGLang: 300)."""
-    transfer_timeout: float = 300.0
-    kv_heartbeat_seconds: float = 1.0
-    """Keepalive interval on a KV stream; 3 missed ones fail the transfer."""
+    chunked_prefill_size: int = 8192
+    """Tokens per prefill chunk: the KV of each chunk goes out once its forward ends (SGLang's
+    default on H20 and H200, arg_groups/memory_hook.py ``_handle_gpu_memory_settings``)."""
+    bootstrap_timeout: float | None = None
+    """Wall-clock seconds a PD leg waits for the other to bootstrap; None: SGLang's, scaled (`PdTimeouts`)."""
+    waiting_timeout: float | None = None
+    """Wall-clock seconds a bootstrapped transfer may take; None: SGLang's, scaled (`PdTimeouts`)."""
+    kv_heartbeat_seconds: float | None = None
+    """Wall-clock heartbeat interval of a decode on its prefill; None: SGLang's, scaled (`PdTimeouts`)."""
+    kv_heartbeat_max_failures: int = 2
+    """Missed heartbeats in a row that fail a decode's transfers (SGLang:
+    ``SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE``, default 2)."""
     startup_seconds: float = 0.0
     """/health and /ready answer 503 for this long after start, like a loading engine."""
     fail_kv_transfers: int = 0
@@ -89,15 +96,11 @@ class EngineSettings:
         for name in ("time_scale", "kv_scale", "startup_seconds"):
             if not getattr(self, name) >= 0:
                 problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in (
-            "chars_per_token",
-            "bootstrap_timeout",
-            "transfer_timeout",
-            "kv_heartbeat_seconds",
-            "health_generation_delay",
-            "health_check_timeout",
-        ):
+        for name in ("chars_per_token", "health_generation_delay", "health_check_timeout"):
             if not getattr(self, name) > 0:
+                problems.append(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("bootstrap_timeout", "waiting_timeout", "kv_heartbeat_seconds"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0, got {getattr(self, name)}")
         for name in (
             "page_size",
@@ -107,6 +110,8 @@ class EngineSettings:
             "max_total_tokens",
             "context_length",
             "prefix_cache_block_tokens",
+            "chunked_prefill_size",
+            "kv_heartbeat_max_failures",
         ):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -132,6 +137,59 @@ class EngineSettings:
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model_path
+
+    @property
+    def pd_timeouts(self) -> PdTimeouts:
+        """The PD legs' timeouts and heartbeat: the explicit settings, else SGLang's scaled."""
+        scale = self.time_scale or 1.0
+
+        def scaled(sglang_seconds: float, floor: float) -> float:
+            return max(sglang_seconds * scale, floor)
+
+        return PdTimeouts(
+            bootstrap=self.bootstrap_timeout or scaled(SGLANG_BOOTSTRAP_TIMEOUT, MIN_SCALED_TIMEOUT),
+            waiting=self.waiting_timeout or scaled(SGLANG_WAITING_TIMEOUT, MIN_SCALED_TIMEOUT),
+            heartbeat_interval=self.kv_heartbeat_seconds
+            or scaled(SGLANG_HEARTBEAT_INTERVAL, MIN_SCALED_HEARTBEAT_INTERVAL),
+            heartbeat_max_failures=self.kv_heartbeat_max_failures,
+        )
+
+
+# SGLang 0.5.23's defaults (environ.py), in its own seconds
+SGLANG_BOOTSTRAP_TIMEOUT = 300.0
+"""``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT``: a prefill request whose decode never bootstraps
+fails after this (common/conn.py ``CommonKVSender._check_bootstrap_timeout``)."""
+SGLANG_WAITING_TIMEOUT = 300.0
+"""``SGLANG_DISAGGREGATION_WAITING_TIMEOUT``: a decode request whose KV never arrives fails after
+this (common/conn.py ``CommonKVReceiver._poll`` and ``_check_waiting_timeout``)."""
+SGLANG_HEARTBEAT_INTERVAL = 5.0
+"""``SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL``: a decode GETs each prefill's bootstrap ``/health``
+this often (common/conn.py ``_start_heartbeat_checker_thread``; it never goes below 2 s there)."""
+
+MIN_SCALED_TIMEOUT = 5.0
+"""Scaled timeouts never go below this: at the tests' time scale (0.02) SGLang's 300 s would be
+6 s, and a loaded 2-core machine must not fail a slow but healthy handoff."""
+MIN_SCALED_HEARTBEAT_INTERVAL = 1.0
+"""Scaled heartbeats never go below this: SGLang's 5 s at time scale 0.02 would be 0.1 s, and
+two missed ones (0.2 s of silence) are an event-loop stall on a loaded machine, not a dead
+prefill. A test that needs faster failover sets ``kv_heartbeat_seconds`` itself."""
+
+
+@dataclass(frozen=True)
+class PdTimeouts:
+    """What the PD legs wait for, in wall-clock seconds."""
+
+    bootstrap: float
+    """Either leg waits this long for the other (no decode connected, no prefill request)."""
+    waiting: float
+    """A transfer that bootstrapped must deliver its last byte within this."""
+    heartbeat_interval: float
+    heartbeat_max_failures: int
+
+    @property
+    def silence(self) -> float:
+        """A prefill silent this long is lost to its decode (SGLang: ``_handle_node_failure``)."""
+        return self.heartbeat_interval * self.heartbeat_max_failures
 
 
 def advertised_host(bind_host: str, environ: Mapping[str, str]) -> str:
@@ -199,9 +257,26 @@ def build_arg_parser() -> argparse.ArgumentParser:
     add("--max-total-tokens", type=int, default=EngineSettings.max_total_tokens)
     add("--context-length", type=int, default=EngineSettings.context_length)
     add("--prefix-cache-block-tokens", type=int, default=64)
-    add("--bootstrap-timeout", type=float, default=5.0)
-    add("--transfer-timeout", type=float, default=300.0)
-    add("--kv-heartbeat-seconds", type=float, default=1.0)
+    add("--chunked-prefill-size", type=int, default=EngineSettings.chunked_prefill_size)
+    add(
+        "--bootstrap-timeout",
+        type=float,
+        default=None,
+        help="wall-clock seconds (default: SGLang's 300 s, scaled)",
+    )
+    add(
+        "--waiting-timeout",
+        type=float,
+        default=None,
+        help="wall-clock seconds (default: SGLang's 300 s, scaled)",
+    )
+    add(
+        "--kv-heartbeat-seconds",
+        type=float,
+        default=None,
+        help="wall-clock seconds (default: SGLang's 5 s, scaled)",
+    )
+    add("--kv-heartbeat-max-failures", type=int, default=EngineSettings.kv_heartbeat_max_failures)
     add("--startup-seconds", type=float, default=0.0)
     add("--fail-kv-transfers", type=int, default=0, help="the next N KV handoffs fail (tests)")
     add(

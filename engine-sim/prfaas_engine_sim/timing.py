@@ -112,18 +112,21 @@ def kv_wire_bytes(kv_size: KvSizeModel, prompt_tokens: int, kv_scale: float) -> 
     return round(kv_size.bytes_for(float(prompt_tokens)) * kv_scale)
 
 
-PIPELINE_STEP_SECONDS = 0.01
-MAX_PIPELINE_STEPS = 32
+def chunk_ends(model: PrefillTimeModel, uncached_tokens: int, chunk_tokens: int) -> list[tuple[float, int]]:
+    """Where a chunked prefill's chunks end: (share of the request's compute done, tokens computed).
 
-
-def pipeline_steps(batch_seconds: float) -> int:
-    """Pieces a batch's KV is released in while it computes (layer-wise pipelining).
-
-    About one piece per 10 ms of (scaled) compute, at most 32; zero-time compute releases all at once.
+    SGLang computes a prompt ``chunk_tokens`` at a time and sends each chunk's KV once its
+    forward ends (prefill.py ``send_kv_chunk``). The k-th chunk ends when a prompt of its
+    length would have been computed, T(k * chunk) of T(all), the curve the router reads the
+    later chunks' compute from (link_estimate ``TransferShape``). The last is always (1.0, all).
     """
-    if batch_seconds <= 0:
-        return 1
-    return max(1, min(MAX_PIPELINE_STEPS, math.ceil(batch_seconds / PIPELINE_STEP_SECONDS)))
+    tokens = max(1, uncached_tokens)
+    whole = model.seconds_for(float(tokens))
+    ends = [
+        (min(1.0, model.seconds_for(float(end)) / whole), end)
+        for end in range(chunk_tokens, tokens, chunk_tokens)
+    ]
+    return [*ends, (1.0, tokens)]
 
 
 def text_tokens(text: str, chars_per_token: float) -> int:

@@ -154,7 +154,7 @@ async def test_pd_generate_answers_on_both_legs_and_moves_exact_kv_bytes(http: a
         assert sent["sglang:kv_transfer_total_mb_count"] == 1
         assert sent["sglang:kv_transfer_total_mb_sum"] == pytest.approx(real_bytes_in_wall_time / 2**20)
         assert sent["sglang:kv_transfer_latency_ms_sum"] > 0
-        assert received["sglang:kv_transfer_total_mb_count"] == 0
+        assert "sglang:kv_transfer_total_mb_count" not in received  # SGLang's decode observes none
 
 
 async def test_pd_batched_generate_moves_one_room_per_item(http: aiohttp.ClientSession) -> None:
@@ -319,8 +319,9 @@ async def test_health_generates_one_token_and_never_answers_in_under_a_second_as
             status, text, seconds = await timed_get(http, engine.url + "/ready")
             assert (status, text) == (200, "") and seconds < 0.5
             samples = await metrics(http, engine)
-            assert samples["sglang:num_requests_total"] == samples["sglang:num_aborted_requests_total"] == 0
-            assert samples["sglang:prompt_tokens_total"] == 0  # SGLang's health request has log_metrics=False
+            # SGLang's health request has log_metrics=False: no request series appears
+            assert "sglang:num_requests_total" not in samples and "sglang:prompt_tokens_total" not in samples
+            assert samples["sglang:num_aborted_requests_total"] == 0
 
 
 async def test_health_is_fast_only_when_asked_and_fails_when_the_engine_produces_nothing(
@@ -360,18 +361,18 @@ async def test_pd_engine_refuses_a_request_without_bootstrap_fields(
         assert body["message"] == f"bootstrap_room is required in {mode.upper()} mode"
 
 
-async def test_prefill_refuses_a_room_already_in_use_and_times_out_without_its_decode(
+async def test_prefill_requests_of_one_room_each_wait_for_a_decode_and_time_out_without_one(
     http: aiohttp.ClientSession,
 ) -> None:
     async with engines(prefill_settings(bootstrap_timeout=0.5)) as (prefill,):
         body = {"prompt": "hello", "max_tokens": 3} | pd_fields(prefill.bootstrap_port, 5)
         first = asyncio.ensure_future(post(http, prefill.url + "/v1/completions", body))
         await asyncio.sleep(0.1)
-        status, error = await post(http, prefill.url + "/v1/completions", body)
-        assert status == 400 and "bootstrap_room 5 is already in use" in error["message"]
+        status, error = await post(http, prefill.url + "/v1/completions", body)  # SGLang refuses no room
+        assert status == 500 and "no decode connected for bootstrap_room 5" in error["message"]
         status, error = await first
         assert status == 500 and "no decode connected for bootstrap_room 5" in error["message"]
-        assert (await metrics(http, prefill))["sglang:num_bootstrap_failed_reqs_total"] == 1
+        assert (await metrics(http, prefill))["sglang:num_bootstrap_failed_reqs_total"] == 2
 
 
 async def test_decode_without_its_prefill_leg_fails_after_the_bootstrap_timeout(
@@ -456,6 +457,7 @@ async def test_prefill_started_from_sglang_args_killed_mid_transfer_fails_the_de
         ),
         *("--page-size", "1", "--kv-cache-dtype", "auto", "--tp-size", "8", "--enable-metrics"),
         *("--trust-remote-code", "--revision", "main", "--chunked-prefill-size", "8192"),
+        *("--schedule-policy", "lpm"),
         *("--profile", "h200", "--time-scale", "1.5", "--kv-scale", "0.001"),
     ]
     with log_path.open("w") as log:
@@ -471,10 +473,12 @@ async def test_prefill_started_from_sglang_args_killed_mid_transfer_fails_the_de
         assert info["disaggregation_bootstrap_port"] == bootstrap_port
         assert info["tp_size"] == 8 and info["served_model_name"] == "kimi-fake"
         assert info["model_path"] == "/models/kimi-linear"
-        assert "--chunked-prefill-size 8192" in log_path.read_text()  # warned about, not fatal
+        assert info["chunked_prefill_size"] == 8192
+        assert "--schedule-policy lpm" in log_path.read_text()  # warned about, not fatal
 
         async with engines(decode_settings()) as (decode,):
-            # 32768 tokens on the H200 profile: 1.84 s x 1.5 of compute, KV streamed while it runs
+            # 32768 tokens on the H200 profile: 1.84 s x 1.5 of compute, each 8192-token chunk's KV
+            # sent as soon as its forward ends
             body = {"input_ids": [1] * 32768, "sampling_params": {"max_new_tokens": 4}} | pd_fields(
                 bootstrap_port, 3
             )
@@ -720,38 +724,146 @@ async def test_metrics_carry_sglang_names_and_labels(http: aiohttp.ClientSession
     async with engines(prefill_settings(), decode_settings()) as (prefill, decode):
         body = {"prompt": "y" * 400, "max_tokens": 2} | pd_fields(prefill.bootstrap_port, 77)
         await both_legs(http, prefill, decode, "/v1/completions", body)
-        names = [
-            *("num_running_reqs", "num_queue_reqs", "token_usage", "cache_hit_rate", "gen_throughput"),
-            *("num_prefill_inflight_queue_reqs", "num_decode_transfer_queue_reqs"),
-            *("prompt_tokens_total", "generation_tokens_total", "cached_tokens_total", "num_requests_total"),
-            *(
-                "num_aborted_requests_total",
-                "num_bootstrap_failed_reqs_total",
-                "num_transfer_failed_reqs_total",
+        engine_labels = ("model_name", "engine_type")
+        rank_labels = (*engine_labels, "tp_rank", "pp_rank", "moe_ep_rank")
+        streaming_labels = (*engine_labels, "is_streaming")
+        # metrics_collector.py: the scheduler's collector has the rank labels, the tokenizer's not
+        labels_of = {
+            **dict.fromkeys(
+                [
+                    *(
+                        "num_running_reqs",
+                        "num_queue_reqs",
+                        "token_usage",
+                        "cache_hit_rate",
+                        "gen_throughput",
+                    ),
+                    *("num_prefill_inflight_queue_reqs", "num_decode_transfer_queue_reqs"),
+                ],
+                rank_labels,
             ),
-            *("time_to_first_token_seconds_count", "e2e_request_latency_seconds_count"),
-            *("prompt_tokens_histogram_count", "uncached_prompt_tokens_histogram_count"),
-            *("generation_tokens_histogram_count", "kv_transfer_speed_gb_s_count"),
-            *("kv_transfer_latency_ms_count", "kv_transfer_total_mb_count"),
-            "request_time_per_output_token_seconds_count",
-        ]
-        for engine, engine_type in ((prefill, "prefill"), (decode, "decode")):
+            **dict.fromkeys(
+                [
+                    *("prompt_tokens_total", "generation_tokens_total", "num_requests_total"),
+                    *("time_to_first_token_seconds_count", "e2e_request_latency_seconds_count"),
+                ],
+                streaming_labels,
+            ),
+            "cached_tokens_total": (*engine_labels, "cache_source"),
+            **dict.fromkeys(
+                [
+                    *("num_aborted_requests_total", "prompt_tokens_histogram_count"),
+                    *("uncached_prompt_tokens_histogram_count", "generation_tokens_histogram_count"),
+                ],
+                engine_labels,
+            ),
+        }
+        transfer = dict.fromkeys(
+            ["kv_transfer_speed_gb_s_count", "kv_transfer_latency_ms_count", "kv_transfer_total_mb_count"],
+            rank_labels,
+        )
+        for engine, engine_type, expected in (
+            (prefill, "prefill", labels_of | transfer),
+            (decode, "decode", labels_of | {"request_time_per_output_token_seconds_count": streaming_labels}),
+        ):
             async with http.get(engine.url + "/metrics") as response:
                 text = await response.text()
-            labels = {"model_name": "kimi-fake", "engine_type": engine_type}
             found = {
-                sample.name
+                sample.name.removeprefix("sglang:"): sample.labels
                 for family in text_string_to_metric_families(text)
                 for sample in family.samples
-                if {k: sample.labels.get(k) for k in labels} == labels
+                if sample.name.startswith("sglang:")
             }
-            missing = [name for name in names if "sglang:" + name not in found]
-            assert not missing, (engine_type, missing)
+            for name, names in expected.items():
+                assert name in found, (engine_type, name)
+                labels = found[name]
+                assert sorted(labels) == sorted(names), (engine_type, name, labels)
+                assert (labels["model_name"], labels["engine_type"]) == ("kimi-fake", engine_type)
+                assert labels.get("tp_rank", "0") == labels.get("pp_rank", "0") == "0"
+                assert labels.get("is_streaming", "false") == "false"
+            assert "num_transfer_failed_reqs_total" not in found  # as in SGLang: a series from its first
         decode_samples = await metrics(http, decode)
         assert decode_samples["sglang:num_requests_total"] == 1
         assert decode_samples["sglang:prompt_tokens_total"] == 100
         assert decode_samples["sglang:generation_tokens_total"] == 2
         assert decode_samples["sglang:request_time_per_output_token_seconds_count"] == 1  # one gap
+
+
+async def rank_samples(http: aiohttp.ClientSession, engine: FakeEngine, name: str) -> dict[str, float]:
+    """One metric's samples of an engine, by tp_rank."""
+    async with http.get(engine.url + "/metrics") as response:
+        text = await response.text()
+    return {
+        sample.labels["tp_rank"]: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    }
+
+
+async def test_every_tp_rank_observes_its_shard_and_mooncakes_latency_covers_the_last_chunk_only(
+    http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """A 4000-token prompt computed in 1 s (a linear profile), in chunks of 1000 tokens, on a
+    link that carries a chunk in 0.125 s: the chunks before the last are delivered during
+    compute, so the observed latency (last forward end to last byte) is about one chunk's,
+    where a prompt in one chunk has to send all of it after its forward (0.5 s)."""
+    profile = tmp_path / "linear.yaml"
+    points = [{"tokens": tokens, "seconds": tokens / 1000} for tokens in (1000, 2000, 4000)]
+    profile.write_text(json.dumps({"prefill_seconds_points": points}))
+    shaped = {"profile": str(profile), "time_scale": 0.25, "link_rate_bytes_per_second": 4e6, "tp_size": 2}
+    chunked, whole = prefill_settings(**shaped, chunked_prefill_size=1000), prefill_settings(**shaped)
+    async with engines(chunked, whole, decode_settings()) as (chunked_prefill, whole_prefill, decode):
+        latencies = []
+        for prefill in (chunked_prefill, whole_prefill):
+            body = {"input_ids": [prefill.port] * 4000, "sampling_params": {"max_new_tokens": 1}} | pd_fields(
+                prefill.bootstrap_port, 9
+            )
+            (p_status, _), (d_status, _) = await both_legs(http, prefill, decode, "/generate", body)
+            assert (p_status, d_status) == (200, 200)
+            mib = await rank_samples(http, prefill, "sglang:kv_transfer_total_mb_sum")
+            assert set(mib) == {"0", "1"} and mib["0"] == pytest.approx(mib["1"])
+            real_bytes = kv_bytes(4000) * 0.25 / KV_SCALE  # the shards add up to the whole KV
+            assert sum(mib.values()) == pytest.approx(real_bytes / 2**20)
+            count = await rank_samples(http, prefill, "sglang:kv_transfer_latency_ms_count")
+            assert count == {"0": 1.0, "1": 1.0}
+            latency = await rank_samples(http, prefill, "sglang:kv_transfer_latency_ms_sum")
+            assert latency["0"] == latency["1"]
+            latencies.append(latency["0"] / 1000)
+        last_chunk, all_of_it = latencies
+        assert 0.1 <= last_chunk < 0.35, latencies  # 0.125 s of the last chunk's 500 kB at 4 MB/s
+        assert 0.45 <= all_of_it < 0.9, latencies  # all 2 MB after the forward
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/generate"])
+async def test_n_copies_pair_on_their_prompts_room_after_a_warm_up_as_sglang_sends_them(
+    http: aiohttp.ClientSession, path: str
+) -> None:
+    """n = 2 over two prompts, one room per prompt (what the router sends): each prompt's
+    warm-up (max_new_tokens 0) and both copies carry its room, so the prefill makes three
+    transfers per prompt (tokenizer_manager.py ``_handle_batch_request``)."""
+    async with engines(prefill_settings(), decode_settings()) as (prefill, decode):
+        texts = ["a" * 400, "b" * 800]  # 100 and 200 tokens
+        if path == "/generate":
+            body: dict[str, Any] = {"text": texts, "sampling_params": {"max_new_tokens": 3, "n": 2}}
+        else:
+            body = {"prompt": texts, "max_tokens": 3, "n": 2}
+        body |= pd_fields(prefill.bootstrap_port, [31, 32])
+        (p_status, _), (d_status, d_body) = await both_legs(http, prefill, decode, path, body)
+        assert (p_status, d_status) == (200, 200), d_body
+        if path == "/generate":
+            assert [item["meta_info"]["prompt_tokens"] for item in d_body] == [100, 100, 200, 200]
+            assert all(item["text"] == output_text(3) for item in d_body)
+        else:
+            assert [choice["index"] for choice in d_body["choices"]] == [0, 1, 2, 3]
+            assert all(choice["text"] == output_text(3) for choice in d_body["choices"])
+            assert d_body["usage"]["completion_tokens"] == 12
+        sent, received = await metrics(http, prefill), await metrics(http, decode)
+        assert sent["sglang:kv_transfer_total_mb_count"] == 6
+        expected = 3 * (kv_bytes(100) + kv_bytes(200))
+        assert sent["prfaas_fake_engine_kv_bytes_sent_total"] == expected
+        assert received["prfaas_fake_engine_kv_bytes_received_total"] == expected
+        assert received["sglang:num_requests_total"] == 6  # the warm-ups are requests too
 
 
 # ----------------------------------------------------------------------------- helpers

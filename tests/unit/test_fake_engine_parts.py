@@ -11,9 +11,11 @@ from prfaas_core.profiles import PrefillTimeModel, ProfileError
 from prfaas_core.throughput.profile_file import parse_profile
 from prfaas_engine_sim import protocol as proto
 from prfaas_engine_sim.kv_transfer import TokenBucket
+from prfaas_engine_sim.metrics import GAUGES, EngineMetrics
 from prfaas_engine_sim.prefix_cache import PrefixCache, block_keys_for_ids, block_keys_for_text
 from prfaas_engine_sim.settings import (
     EngineSettings,
+    PdTimeouts,
     health_check_timeout_from,
     health_endpoint_generation_from,
     parse_args,
@@ -21,13 +23,14 @@ from prfaas_engine_sim.settings import (
 from prfaas_engine_sim.timing import (
     CASE_STUDY_ENV,
     EMBEDDED_CASE_STUDY,
+    chunk_ends,
     kv_wire_bytes,
     load_profile,
-    pipeline_steps,
     prefill_batch_seconds,
     text_tokens,
 )
 
+GAUGE_NAMES = list(GAUGES)
 REPO_CASE_STUDY = Path(__file__).resolve().parents[2] / "data" / "profiles" / "case-study.yaml"
 
 
@@ -133,15 +136,24 @@ def test_a_batch_pays_the_launch_overhead_once() -> None:
         prefill_batch_seconds(model, [])
 
 
-def test_kv_wire_bytes_and_pipeline_steps() -> None:
+def test_kv_wire_bytes_and_text_tokens() -> None:
     kv = load_profile("h200").kv_size
     assert kv is not None
     assert kv_wire_bytes(kv, 1024, 1e-3) == round(kv.bytes_for(1024.0) * 1e-3)
     assert kv_wire_bytes(kv, 1024, 0.0) == 0
-    assert pipeline_steps(0.0) == 1
-    assert pipeline_steps(0.05) == 5
-    assert pipeline_steps(100.0) == 32
     assert text_tokens("abcde", 4.0) == 2
+
+
+def test_chunks_end_where_a_prompt_of_their_length_would_be_computed() -> None:
+    model = load_profile("h200").prefill_time
+    whole = model.seconds_for(20000.0)
+    assert chunk_ends(model, 20000, 8192) == [
+        (pytest.approx(model.seconds_for(8192.0) / whole), 8192),
+        (pytest.approx(model.seconds_for(16384.0) / whole), 16384),
+        (1.0, 20000),
+    ]
+    assert chunk_ends(model, 8192, 8192) == [(1.0, 8192)]  # one chunk: all KV at the forward's end
+    assert chunk_ends(model, 0, 8192) == [(1.0, 1)]  # a fully cached prompt still computes one token
 
 
 # ----------------------------------------------------------------------------- prefix cache and token bucket
@@ -207,12 +219,45 @@ def test_batched_generate_takes_one_room_per_item() -> None:
     assert all(item.max_new_tokens == 7 for item in parsed.items)
 
 
+def test_rooms_and_copies_as_sglang_expands_them() -> None:
+    """io_struct.py: a room list gives every copy of prompt i room i, a number gives prompt i
+    room + i; with n > 1 each prompt's warm-up (max_new_tokens 0) carries the same room."""
+    common = {"bootstrap_host": "10.0.0.1", "sampling_params": {"n": 2, "max_new_tokens": 3}}
+    parsed = proto.parse_generate({"text": ["aaaa", "bbbbbbbb"], "bootstrap_room": [5, 9], **common}, OPTIONS)
+    assert parsed.batched
+    assert [(item.bootstrap and item.bootstrap.room, item.prompt_index) for item in parsed.items] == [
+        (5, 0),
+        (5, 0),
+        (9, 1),
+        (9, 1),
+    ]
+    assert [(item.bootstrap and item.bootstrap.room, item.max_new_tokens) for item in parsed.warmups] == [
+        (5, 0),
+        (9, 0),
+    ]
+    single = proto.parse_generate({"text": "aaaa", "bootstrap_room": 7, **common}, OPTIONS)
+    assert single.batched and [item.bootstrap and item.bootstrap.room for item in single.items] == [7, 7]
+    assert [item.bootstrap and item.bootstrap.room for item in single.warmups] == [7]
+    plain = proto.parse_generate({"text": ["a", "b"], "bootstrap_host": "h", "bootstrap_room": 7}, OPTIONS)
+    assert [item.bootstrap and item.bootstrap.room for item in plain.items] == [7, 8]
+    assert plain.warmups == []
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
         ({"text": "hi"}, "bootstrap_room is required in DECODE mode"),
         ({"text": "hi", "bootstrap_room": 1}, "bootstrap_host is required"),
-        ({"text": ["a", "b"], "bootstrap_host": "h", "bootstrap_room": 1}, "must be a list of 2"),
+        ({"text": ["a", "b"], "bootstrap_host": "h", "bootstrap_room": [1]}, "1 values for 2 prompts"),
+        (
+            {
+                "text": ["a", "b"],
+                "bootstrap_host": "h",
+                "bootstrap_room": [1, 2],
+                "sampling_params": [{"n": 2}, {}],
+            },
+            "parallel_sample_num should be the same",
+        ),
         ({"text": "hi", "bootstrap_host": "h", "bootstrap_room": -1}, "bootstrap_room must be an integer"),
         ({"text": "hi", "bootstrap_host": "h", "bootstrap_room": 1, "bootstrap_port": 0}, "bootstrap_port"),
         ({"text": "hi", "input_ids": [1]}, "exactly one of them"),
@@ -243,6 +288,7 @@ def test_chat_counts_the_concatenated_message_text_and_n_choices() -> None:
         "bootstrap_room": "ignored outside PD",
     }
     parsed = proto.parse_chat(body, options)
+    assert [(item.prompt.tokens, item.max_new_tokens) for item in parsed.warmups] == [(2, 0)]
     assert [item.prompt.tokens for item in parsed.items] == [2, 2]
     assert [item.prompt_index for item in parsed.items] == [0, 0]
     assert all(item.bootstrap is None and item.max_new_tokens == 3 for item in parsed.items)
@@ -339,3 +385,69 @@ def test_health_settings_come_from_sglangs_environment_variables_as_it_parses_th
     assert health_check_timeout_from({"SGLANG_HEALTH_CHECK_TIMEOUT": "7"}) == 7.0
     settings, _, _ = parse_args([])
     assert (settings.health_generation_delay, settings.health_check_timeout) == (1.0, 20.0)
+
+
+def test_pd_timeouts_are_sglangs_scaled_with_floors_unless_set() -> None:
+    assert EngineSettings().pd_timeouts == PdTimeouts(300.0, 300.0, 5.0, 2)
+    assert EngineSettings(time_scale=0).pd_timeouts == PdTimeouts(300.0, 300.0, 5.0, 2)
+    assert EngineSettings(time_scale=0.1).pd_timeouts == PdTimeouts(30.0, 30.0, 1.0, 2)
+    fast = EngineSettings(time_scale=0.02)
+    assert fast.pd_timeouts == PdTimeouts(6.0, 6.0, 1.0, 2)
+    assert fast.pd_timeouts.silence == 2.0
+    explicit = EngineSettings(
+        time_scale=0.02, bootstrap_timeout=0.5, kv_heartbeat_seconds=0.2, kv_heartbeat_max_failures=3
+    )
+    assert explicit.pd_timeouts == PdTimeouts(0.5, 6.0, 0.2, 3)
+    settings, _, _ = parse_args(
+        ["--chunked-prefill-size", "4096", "--waiting-timeout", "9", "--kv-heartbeat-max-failures", "4"]
+    )
+    assert (settings.chunked_prefill_size, settings.pd_timeouts.waiting) == (4096, 9.0)
+    assert settings.pd_timeouts.heartbeat_max_failures == 4
+    assert EngineSettings().chunked_prefill_size == 8192
+
+
+def _samples(metrics: EngineMetrics, name: str) -> dict[frozenset[tuple[str, str]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        frozenset(sample.labels.items()): sample.value
+        for family in text_string_to_metric_families(metrics.exposition().decode())
+        for sample in family.samples
+        if sample.name == name
+    }
+
+
+def test_every_tp_rank_observes_its_shard_of_a_transfer_and_rank_zero_alone_the_gauges() -> None:
+    metrics = EngineMetrics("m", "prefill", lambda: dict.fromkeys(GAUGE_NAMES, 1.0), tp_size=2, dp_size=1)
+    speed = metrics.observe_transfer(room=3, kv_bytes=4 * 2**20, seconds=0.5)
+    assert speed == pytest.approx(2 / 1024 / 0.5)  # rank 0's 2 MiB over 0.5 s, in GiB/s
+
+    def ranked(tp_rank: str) -> frozenset[tuple[str, str]]:
+        labels = {
+            "model_name": "m",
+            "engine_type": "prefill",
+            "tp_rank": tp_rank,
+            "pp_rank": "0",
+            "moe_ep_rank": "0",
+        }
+        return frozenset(labels.items())
+
+    assert _samples(metrics, "sglang:kv_transfer_total_mb_sum") == {ranked("0"): 2.0, ranked("1"): 2.0}
+    assert _samples(metrics, "sglang:kv_transfer_latency_ms_sum") == {ranked("0"): 500.0, ranked("1"): 500.0}
+    assert _samples(metrics, "sglang:kv_transfer_latency_ms_count") == {ranked("0"): 1.0, ranked("1"): 1.0}
+    assert _samples(metrics, "sglang:num_running_reqs") == {ranked("0"): 1.0}
+    metrics.count_failure(metrics.transfer_failed, room=3)
+    assert _samples(metrics, "sglang:num_transfer_failed_reqs_total") == {ranked("0"): 1.0, ranked("1"): 1.0}
+    metrics.observe_finished(
+        prompt_tokens=5, cached_tokens=0, generation_tokens=2, e2e_seconds=0.1, streaming=True
+    )
+    assert _samples(metrics, "sglang:num_requests_total") == {
+        frozenset({"model_name": "m", "engine_type": "prefill", "is_streaming": "true"}.items()): 1.0
+    }
+
+
+def test_a_rooms_transfer_runs_on_dp_rank_room_mod_dp_size() -> None:
+    metrics = EngineMetrics("m", "prefill", lambda: dict.fromkeys(GAUGE_NAMES, 0.0), tp_size=1, dp_size=2)
+    metrics.observe_transfer(room=3, kv_bytes=2**20, seconds=0.1)
+    (labels,) = _samples(metrics, "sglang:kv_transfer_total_mb_count")
+    assert dict(labels)["dp_rank"] == "1" and dict(labels)["tp_rank"] == "0"
