@@ -447,3 +447,49 @@ async def test_a_decode_full_of_traffic_the_router_never_saw_turns_requests_away
         for hog in hogs:
             hog.close()
         decode.process.stop()
+
+
+def transfers(samples: dict[tuple[str, frozenset[Any]], float]) -> float:
+    """KV transfers an engine observed, where SGLang counts them (the prefill), once per transfer:
+    rank 0 only, as every TP rank observes its own shard's transfer."""
+    return sum(
+        value
+        for (name, labels), value in samples.items()
+        if name == "sglang:kv_transfer_total_mb_count" and dict(labels).get("tp_rank", "0") == "0"
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_n_two_on_completions_and_generate_pairs_every_sample_on_a_room_of_its_own(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, stream: bool
+) -> None:
+    """n = 2 reaches the engines as two samples with a room each (SGLang pairs every sample of an
+    n > 1 request on one room); both samples come back, indexed as n = 2 has them."""
+    router = start_router(config_doc(cluster.prfaas, cluster.local, cluster.decode))
+    prefills = [*cluster.prfaas, *cluster.local]
+    before = [transfers(await metric_samples(client, engine.url)) for engine in prefills]
+    completion = await post(
+        client, router.url + "/v1/completions", {"prompt": SHORT, "max_tokens": 3, "n": 2, "stream": stream}
+    )
+    assert completion.status == 200, completion.body
+    if stream:
+        assert completion.body[-1] == "[DONE]"
+        indexes = {choice["index"] for event in completion.body[:-1] for choice in event["choices"]}
+    else:
+        indexes = {choice["index"] for choice in completion.body["choices"]}
+        assert [choice["text"] for choice in completion.body["choices"]] == [output_text(3)] * 2
+    assert indexes == {0, 1}
+
+    generated = await post(
+        client,
+        router.url + "/generate",
+        {"text": [SHORT, "y" * 40], "sampling_params": {"max_new_tokens": 2, "n": 2}, "stream": stream},
+    )
+    assert generated.status == 200, generated.body
+    if stream:
+        assert generated.body[-1] == "[DONE]"
+        assert {event["index"] for event in generated.body[:-1]} == {0, 1, 2, 3}
+    else:
+        assert [item["text"] for item in generated.body] == [output_text(2)] * 4
+    after = [transfers(await metric_samples(client, engine.url)) for engine in prefills]
+    assert sum(after) - sum(before) == 2 + 4  # one KV transfer per sample
