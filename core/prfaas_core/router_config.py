@@ -7,8 +7,11 @@ clusters, so the router needs no credentials for the remote cluster.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from collections.abc import Sequence
 from typing import Annotated, Literal, Protocol
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -23,12 +26,62 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+_DNS_NAME = re.compile(
+    r"(?i)^(?=.{1,253}$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*\.?$"
+)
+MAX_ENDPOINTS_PER_POOL = 512
+"""More engines than a pool of one deployment has: past it every decision walks a list that
+long (10000 made requests take 26 s), so the config is refused."""
+
+
+def base_url_problem(url: str) -> str | None:
+    """Why `url` is not an engine's base URL (``http[s]://host[:port]``), or None when it is one.
+
+    Checked when the config is validated, so an endpoint the upstream client could not parse
+    (a port out of range, a broken IPv6 literal, CR/LF that would split the request head) is a
+    refused config, not a background loop that fails on every start. The reason never repeats
+    the URL: a refused one may carry credentials.
+    """
+    if not url.isascii() or any(ord(c) <= 0x20 or ord(c) == 0x7F for c in url):
+        return "the URL has spaces, control characters or non-ASCII characters"
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as err:  # a port out of range or not a number, a broken [IPv6] literal
+        return f"the URL does not parse ({str(err).split(':')[0]})"
+    if parts.scheme not in ("http", "https"):
+        return "the URL's scheme must be http or https"
+    if "@" in parts.netloc:
+        return "the URL carries credentials (user:password@); engines are addressed without any"
+    if parts.path or parts.query or parts.fragment or url.endswith(("?", "#")):
+        return "a base URL is scheme, host and port only (no path, query or fragment)"
+    if port == 0:
+        return "the URL's port must be 1-65535"
+    host = parts.hostname or ""
+    if parts.netloc.startswith("["):
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return "the URL's [host] is not an IPv6 address"
+    elif not _DNS_NAME.match(host):
+        return "the URL's host is not a host name or an IPv4 address"
+    return None
+
+
 class Endpoint(_Strict):
     """One SGLang engine: its HTTP base URL and, for prefill, the bootstrap port."""
 
     name: str = Field(description="pod name, for logs and metrics")
-    url: str = Field(pattern=r"^https?://[^/]+$", description="base URL, e.g. http://10.1.2.3:30000")
+    url: str = Field(description="base URL, e.g. http://10.1.2.3:30000")
     bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
+
+    @field_validator("url")
+    @classmethod
+    def _base_url(cls, value: str) -> str:
+        problem = base_url_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
 
 class LinkSpec(_Strict):
@@ -114,9 +167,9 @@ class DecodeCapacity(_Strict):
 
 
 class Pools(_Strict):
-    prfaas_prefill: list[Endpoint] = Field(default_factory=list)
-    local_prefill: list[Endpoint] = Field(default_factory=list)
-    decode: list[Endpoint] = Field(default_factory=list)
+    prfaas_prefill: list[Endpoint] = Field(default_factory=list, max_length=MAX_ENDPOINTS_PER_POOL)
+    local_prefill: list[Endpoint] = Field(default_factory=list, max_length=MAX_ENDPOINTS_PER_POOL)
+    decode: list[Endpoint] = Field(default_factory=list, max_length=MAX_ENDPOINTS_PER_POOL)
 
     def of(self, pool: Pool) -> list[Endpoint]:
         return list(getattr(self, pool.value))

@@ -112,7 +112,7 @@ class RouterService:
             timeout_seconds=settings.health_timeout_seconds,
             failure_threshold=settings.health_failure_threshold,
         )
-        self.watcher.check()
+        await self.watcher.check()
         if self.watcher.current is None:
             log.error("starting without a valid config; not ready until %s is valid", settings.config_path)
         loads = LoadPoller(

@@ -8,6 +8,11 @@ a second writer or a mistake; applying it would make the version a lie). The rou
 log, in `/config` (`last_error`) and in a counter. In-flight requests keep the config snapshot
 they started with, so a reload drops nothing. ``offer`` is the one way in, also for the
 ConfigMap watch (configmap_source.py), which sees a change long before the kubelet's copy.
+
+The file is read in a worker thread, and only a regular file of at most `MAX_CONFIG_BYTES`: a
+FIFO or a device at the path would block the event loop, a huge file would hold it. Whatever
+goes wrong with a document, applying it included, is a refusal in `last_error`, never an
+exception that ends the loop (the router would stop on every start).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +34,29 @@ from prfaas_router.metrics import RouterMetrics
 log = logging.getLogger("prfaas_router.config")
 
 Apply = Callable[[RouterConfig, PolicyModel], None]
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+"""Far above any config the operator writes (the pools are capped, MAX_ENDPOINTS_PER_POOL)."""
+
+
+class _Unreadable(Exception):
+    """The path holds no config file the router will read."""
+
+
+def _read_config(path: Path, seen: tuple[int, int, int] | None) -> tuple[tuple[int, int, int], bytes | None]:
+    """The file's signature and, when it changed, its content (in a worker thread: may block)."""
+    found = os.stat(path)
+    signature = (found.st_mtime_ns, found.st_size, found.st_ino)
+    if signature == seen:
+        return signature, None
+    if not stat.S_ISREG(found.st_mode):
+        raise _Unreadable("not a regular file")
+    if found.st_size > MAX_CONFIG_BYTES:
+        raise _Unreadable(f"{found.st_size} bytes, over the {MAX_CONFIG_BYTES}-byte limit")
+    with path.open("rb") as file:
+        content = file.read(MAX_CONFIG_BYTES + 1)
+    if len(content) > MAX_CONFIG_BYTES:
+        raise _Unreadable(f"over the {MAX_CONFIG_BYTES}-byte limit")
+    return signature, content
 
 
 class ConfigWatcher:
@@ -46,18 +75,15 @@ class ConfigWatcher:
         self.loaded_at: float | None = None  # wall clock, for people reading /config
         self.last_error: str | None = None
 
-    def check(self) -> bool:
-        """Read the file if it changed; True when a new config was applied."""
+    async def check(self) -> bool:
+        """Read the file if it changed (off the event loop); True when a new config was applied."""
         try:
-            stat = os.stat(self.path)
-            signature = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
-            if signature == self._seen:
-                return False
-            content = self.path.read_bytes()
-        except OSError as err:
-            self._refuse(
-                f"cannot read {self.path}: {err.strerror or err}", content=None, origin=str(self.path)
-            )
+            signature, content = await asyncio.to_thread(_read_config, self.path, self._seen)
+        except (OSError, _Unreadable) as err:
+            why = err.strerror or str(err) if isinstance(err, OSError) else str(err)
+            self._refuse(f"cannot read {self.path}: {why}", content=None, origin=str(self.path))
+            return False
+        if content is None:
             return False
         self._seen = signature
         # With an API source the kubelet's copy lags behind: an older file is expected, not an error.
@@ -91,7 +117,12 @@ class ConfigWatcher:
                 )
             return False
         self._content = content
-        self._apply(config, model)
+        try:
+            self._apply(config, model)
+        except Exception as err:  # a config validation let through: refused, the router keeps serving
+            log.exception("applying config version %d failed", config.version)
+            self._refuse(f"cannot apply: {err.__class__.__name__}", content, origin)
+            return False
         self.current = config
         self.source = origin
         self.loaded_at = time.time()
@@ -102,8 +133,8 @@ class ConfigWatcher:
         while True:
             await asyncio.sleep(self._poll_seconds)
             try:
-                self.check()
-            except Exception:  # a bug in applying must not stop reloading
+                await self.check()
+            except Exception:  # a bug must not stop reloading
                 log.exception("config reload failed")
 
     def _refuse(self, why: str, content: bytes | None, origin: str) -> None:
