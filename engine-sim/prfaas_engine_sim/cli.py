@@ -24,7 +24,8 @@ What is emulated, and how:
   prefill). The decode generates once every byte has arrived. ``bootstrap_host`` 2.2.2.2
   (SGLang's health-check host) skips the transfer. Timeouts and the decode's heartbeat are
   SGLang's (300 s, 300 s, every 5 s, 2 misses) times ``--time-scale``, never below 5 s and 1 s.
-* n > 1: each prompt's warm-up (max_new_tokens 0), then n copies, all on the prompt's room.
+* n > 1: each prompt's warm-up (max_new_tokens 0), then n copies, all on the prompt's room
+  (SGLang's copies of one room collide; the fake refuses a room still in flight: kv_transfer).
 * Metrics: per TP rank where SGLang's schedulers report them (see metrics).
 * Tokens: input_ids count as given; text as ceil(characters / ``--chars-per-token``); a chat
   prompt is the concatenated text of its messages' content. Output: max_new_tokens /

@@ -9,17 +9,17 @@ and the KV then moves prefill -> decode. Here the same port also carries the byt
   legs, with SGLang's "Page size mismatch" / "KV cache dtype mismatch" messages;
 * the body is a stream of frames ``kind:1 byte, length:4 bytes, payload``: keepalives (``K``)
   while the prefill request has not arrived or is queued, ``H`` (JSON: kv_bytes,
-  prompt_tokens, transfer) once it has, ``D`` data frames of zeros, each chunk's KV as soon as
+  prompt_tokens) once it has, ``D`` data frames of zeros, each chunk's KV as soon as
   its forward ends (SGLang's prefill.py ``send_kv_chunk`` after every chunk of a chunked
   prefill; the state goes with the last chunk), then ``E`` (JSON: cached_tokens) or ``X``
   (JSON: message) on failure;
-* requests that carry the same room pair up in arrival order, the k-th prefill request with
-  the k-th decode connection (n > 1 sends a warm-up and n copies of a prompt with one room;
-  see protocol). SGLang keys its transfer state by room alone (mooncake/conn.py
-  ``transfer_infos[room]``, common/conn.py ``request_status[room]``), so there copies of one
-  room in flight at once share it and what each gets depends on timing: the fake gives each
-  its own transfer, the count SGLang means to make;
-* the decode confirms the last byte with ``POST /kv_done?room=R&transfer=T``: only then is the KV
+* one transfer per room at a time: a room is reused once its transfer is over (n > 1 sends a
+  warm-up, then n copies of a prompt, all with its room; see protocol), but a second request
+  for a room still in flight is refused at once (prefill: 400; decode: its KV request gets
+  409 and the leg fails). SGLang keys its transfer state by room alone (mooncake/conn.py
+  ``transfer_infos[room]``, common/conn.py ``request_status[room]``) and has no such check:
+  there such copies collide and hang, here they fail loudly;
+* the decode confirms the last byte with ``POST /kv_done?room=R``: only then is the KV
   delivered for the prefill (as SGLang's prefill learns a transfer's completion from its
   transfer engine), so its request, and its transfer's latency, end when the bytes have crossed
   the link, not when they were handed to a socket buffer;
@@ -37,7 +37,6 @@ and the KV then moves prefill -> decode. Here the same port also carries the byt
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import logging
 import struct
@@ -75,6 +74,10 @@ class KvError(Exception):
 
 class KvBootstrapError(KvError):
     """The two legs never met: no prefill (or no decode) for the room in time, a refused handshake."""
+
+
+class KvRoomInUseError(KvBootstrapError):
+    """A second prefill request for a room still in flight (HTTP 400; see the module docstring)."""
 
 
 class KvTransferError(KvError):
@@ -119,10 +122,8 @@ class TokenBucket:
 class RoomTransfer:
     """One transfer of a bootstrap room: a prefill request, a decode's stream, the bytes between."""
 
-    def __init__(self, room: int, serial: int) -> None:
+    def __init__(self, room: int) -> None:
         self.room = room
-        self.serial = serial
-        """Tells apart the transfers of one room (the decode names it when it confirms)."""
         self.total_bytes = 0
         self.token_bytes = 0.0
         """Wire bytes per prompt token; the rest of ``total_bytes`` is the state, sent last."""
@@ -193,8 +194,7 @@ class KvBootstrapServer:
                 )
             )
             self.bucket = TokenBucket(link_rate_bytes_per_second, burst_bytes=self._chunk)
-        self._rooms: dict[int, list[RoomTransfer]] = {}
-        self._serials = itertools.count(1)
+        self._rooms: dict[int, RoomTransfer] = {}
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -207,25 +207,18 @@ class KvBootstrapServer:
     # ------------------------------------------------------------------ the prefill request's side
 
     def register(self, room: int, total_bytes: int, token_bytes: float, prompt_tokens: int) -> RoomTransfer:
-        """A prefill request for ``room`` arrived: it takes the room's first transfer without one.
-        Raises KvBootstrapError if that transfer was refused already."""
-        transfer = self._first(room, lambda one: not one.registered)
+        """The prefill request for ``room`` arrived. Raises KvBootstrapError if the room is taken or refused."""
+        transfer = self._rooms.get(room)
+        if transfer is None:
+            transfer = self._rooms[room] = RoomTransfer(room)
+        elif transfer.registered:
+            raise KvRoomInUseError(f"bootstrap_room {room} is already in use on this prefill")
         if transfer.failure is not None:
             self._forget(transfer)
             raise KvBootstrapError(transfer.failure)
         transfer.total_bytes, transfer.token_bytes = total_bytes, token_bytes
         transfer.prompt_tokens, transfer.registered = prompt_tokens, True
         transfer.changed.set()
-        return transfer
-
-    def _first(self, room: int, free: Callable[[RoomTransfer], bool]) -> RoomTransfer:
-        """The room's oldest transfer that ``free`` accepts, else a new one."""
-        transfers = self._rooms.setdefault(room, [])
-        for transfer in transfers:
-            if free(transfer):
-                return transfer
-        transfer = RoomTransfer(room, next(self._serials))
-        transfers.append(transfer)
         return transfer
 
     async def wait_connected(self, transfer: RoomTransfer) -> None:
@@ -264,11 +257,8 @@ class KvBootstrapServer:
         self._forget(transfer)
 
     def _forget(self, transfer: RoomTransfer) -> None:
-        transfers = self._rooms.get(transfer.room, [])
-        if transfer in transfers:
-            transfers.remove(transfer)
-            if not transfers:
-                del self._rooms[transfer.room]
+        if self._rooms.get(transfer.room) is transfer:
+            del self._rooms[transfer.room]
 
     # ------------------------------------------------------------------ HTTP
 
@@ -307,7 +297,11 @@ class KvBootstrapServer:
         if mismatch is not None:
             self._refuse(room, mismatch)
             return web.json_response({"error": mismatch}, status=400)
-        transfer = self._first(room, lambda one: not one.connected.is_set())
+        transfer = self._rooms.get(room)
+        if transfer is None:
+            transfer = self._rooms[room] = RoomTransfer(room)
+        elif transfer.connected.is_set():
+            return web.json_response({"error": f"bootstrap_room {room} already has a decode"}, status=409)
         if transfer.failure is not None:
             return web.json_response({"error": transfer.failure}, status=409)
         transfer.connected.set()
@@ -330,9 +324,9 @@ class KvBootstrapServer:
 
     def _refuse(self, room: int, message: str) -> None:
         """Fail the room on the prefill side too; keep it long enough for a prefill request still on its way."""
-        transfer = self._first(room, lambda one: not one.connected.is_set())
-        transfer.connected.set()
-        if not transfer.registered:
+        transfer = self._rooms.get(room)
+        if transfer is None:
+            transfer = self._rooms[room] = RoomTransfer(room)
             asyncio.get_running_loop().call_later(self.bootstrap_timeout, self._forget, transfer)
         transfer.fail(message)
 
@@ -357,11 +351,7 @@ class KvBootstrapServer:
 
     async def _stream(self, transfer: RoomTransfer, response: web.StreamResponse) -> None:
         """Frames go out in as few writes as possible: whatever is ready is written at once."""
-        hello = {
-            "kv_bytes": transfer.total_bytes,
-            "prompt_tokens": transfer.prompt_tokens,
-            "transfer": transfer.serial,
-        }
+        hello = {"kv_bytes": transfer.total_bytes, "prompt_tokens": transfer.prompt_tokens}
         pending: list[bytes | memoryview] = [_json_frame(KIND_HELLO, hello)]
         sent = unflushed = 0
         while True:
@@ -392,16 +382,12 @@ class KvBootstrapServer:
     async def _kv_done(self, request: web.Request) -> web.Response:
         """The decode has every byte of the room (the prefill's transfer completes)."""
         try:
-            room, serial = int(request.query["room"]), int(request.query["transfer"])
+            room = int(request.query["room"])
         except (KeyError, ValueError):
-            return web.json_response(
-                {"error": "query parameters room and transfer must be integers"}, status=400
-            )
-        transfer = next((one for one in self._rooms.get(room, []) if one.serial == serial), None)
+            return web.json_response({"error": "query parameter room must be an integer"}, status=400)
+        transfer = self._rooms.get(room)
         if transfer is None or not transfer.streamed or transfer.failure is not None:
-            return web.json_response(
-                {"error": f"bootstrap_room {room} has no finished transfer {serial}"}, status=409
-            )
+            return web.json_response({"error": f"bootstrap_room {room} has no finished transfer"}, status=409)
         transfer.delivered.set()
         return web.Response(text="OK")
 
@@ -494,15 +480,14 @@ class KvReceiver:
             response.close()  # drop the connection: the prefill's sender sees the decode go
             raise
         response.release()
-        await self._confirm(url.removesuffix("/kv") + "/kv_done", target.room, hello["transfer"], where)
+        await self._confirm(url.removesuffix("/kv") + "/kv_done", target.room, where)
         return ReceivedKv(prompt_tokens=hello["prompt_tokens"], cached_tokens=cached)
 
-    async def _confirm(self, url: str, room: int, serial: int, where: str) -> None:
+    async def _confirm(self, url: str, room: int, where: str) -> None:
         """Tell the prefill the last byte arrived; without it the prefill fails the transfer."""
         assert self._session is not None
-        params = {"room": str(room), "transfer": str(serial)}
         try:
-            async with self._session.post(url, params=params, timeout=self._timeout) as response:
+            async with self._session.post(url, params={"room": str(room)}, timeout=self._timeout) as response:
                 if response.status != 200:
                     raise KvTransferError(
                         f"KV transfer from {where} for bootstrap_room {room}: the prefill refused the confirmation "
@@ -539,7 +524,6 @@ class KvReceiver:
                         return {
                             "kv_bytes": int(hello["kv_bytes"]),
                             "prompt_tokens": int(hello["prompt_tokens"]),
-                            "transfer": int(hello["transfer"]),
                         }
                     if kind == KIND_ERROR:
                         raise KvBootstrapError(json.loads(payload)["message"])

@@ -18,6 +18,7 @@ from prfaas_engine_sim.kv_transfer import (
     KvBootstrapError,
     KvBootstrapServer,
     KvReceiver,
+    KvRoomInUseError,
     KvTransferError,
     RoomTransfer,
 )
@@ -76,6 +77,8 @@ class PrefillLeg:
         token_bytes = self._kv_size.bytes_per_token * self._kv_scale
         try:
             transfer = self.bootstrap.register(room, kv_bytes, token_bytes, prompt_tokens)
+        except KvRoomInUseError as err:
+            raise EngineFailure(str(err), 400) from None
         except KvBootstrapError as err:
             self._metrics.count_failure(self._metrics.bootstrap_failed, room)
             raise EngineFailure(str(err)) from None

@@ -361,18 +361,18 @@ async def test_pd_engine_refuses_a_request_without_bootstrap_fields(
         assert body["message"] == f"bootstrap_room is required in {mode.upper()} mode"
 
 
-async def test_prefill_requests_of_one_room_each_wait_for_a_decode_and_time_out_without_one(
+async def test_prefill_refuses_a_room_already_in_use_and_times_out_without_its_decode(
     http: aiohttp.ClientSession,
 ) -> None:
     async with engines(prefill_settings(bootstrap_timeout=0.5)) as (prefill,):
         body = {"prompt": "hello", "max_tokens": 3} | pd_fields(prefill.bootstrap_port, 5)
         first = asyncio.ensure_future(post(http, prefill.url + "/v1/completions", body))
         await asyncio.sleep(0.1)
-        status, error = await post(http, prefill.url + "/v1/completions", body)  # SGLang refuses no room
-        assert status == 500 and "no decode connected for bootstrap_room 5" in error["message"]
+        status, error = await post(http, prefill.url + "/v1/completions", body)
+        assert status == 400 and "bootstrap_room 5 is already in use" in error["message"]
         status, error = await first
         assert status == 500 and "no decode connected for bootstrap_room 5" in error["message"]
-        assert (await metrics(http, prefill))["sglang:num_bootstrap_failed_reqs_total"] == 2
+        assert (await metrics(http, prefill))["sglang:num_bootstrap_failed_reqs_total"] == 1
 
 
 async def test_decode_without_its_prefill_leg_fails_after_the_bootstrap_timeout(
@@ -836,34 +836,26 @@ async def test_every_tp_rank_observes_its_shard_and_mooncakes_latency_covers_the
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/generate"])
-async def test_n_copies_pair_on_their_prompts_room_after_a_warm_up_as_sglang_sends_them(
+async def test_n_copies_go_out_after_a_warm_up_on_their_prompts_room_and_collide(
     http: aiohttp.ClientSession, path: str
 ) -> None:
-    """n = 2 over two prompts, one room per prompt (what the router sends): each prompt's
-    warm-up (max_new_tokens 0) and both copies carry its room, so the prefill makes three
-    transfers per prompt (tokenizer_manager.py ``_handle_batch_request``)."""
+    """n = 2 sent to the engines as it is (the router sends n = 1 samples instead): the prompt's
+    warm-up (max_new_tokens 0) moves its KV on the prompt's room, then both copies take that
+    room at once (tokenizer_manager.py ``_handle_batch_request``), which SGLang cannot pair and
+    the fake refuses."""
     async with engines(prefill_settings(), decode_settings()) as (prefill, decode):
-        texts = ["a" * 400, "b" * 800]  # 100 and 200 tokens
         if path == "/generate":
-            body: dict[str, Any] = {"text": texts, "sampling_params": {"max_new_tokens": 3, "n": 2}}
+            body: dict[str, Any] = {"text": "a" * 400, "sampling_params": {"max_new_tokens": 3, "n": 2}}
         else:
-            body = {"prompt": texts, "max_tokens": 3, "n": 2}
-        body |= pd_fields(prefill.bootstrap_port, [31, 32])
-        (p_status, _), (d_status, d_body) = await both_legs(http, prefill, decode, path, body)
-        assert (p_status, d_status) == (200, 200), d_body
-        if path == "/generate":
-            assert [item["meta_info"]["prompt_tokens"] for item in d_body] == [100, 100, 200, 200]
-            assert all(item["text"] == output_text(3) for item in d_body)
-        else:
-            assert [choice["index"] for choice in d_body["choices"]] == [0, 1, 2, 3]
-            assert all(choice["text"] == output_text(3) for choice in d_body["choices"])
-            assert d_body["usage"]["completion_tokens"] == 12
+            body = {"prompt": "a" * 400, "max_tokens": 3, "n": 2}
+        body |= pd_fields(prefill.bootstrap_port, 31)
+        (p_status, p_body), (d_status, _) = await both_legs(http, prefill, decode, path, body)
+        assert p_status == 400 and "bootstrap_room 31 is already in use" in json.dumps(p_body)
+        assert d_status == 500
         sent, received = await metrics(http, prefill), await metrics(http, decode)
-        assert sent["sglang:kv_transfer_total_mb_count"] == 6
-        expected = 3 * (kv_bytes(100) + kv_bytes(200))
-        assert sent["prfaas_fake_engine_kv_bytes_sent_total"] == expected
-        assert received["prfaas_fake_engine_kv_bytes_received_total"] == expected
-        assert received["sglang:num_requests_total"] == 6  # the warm-ups are requests too
+        assert sent["sglang:kv_transfer_total_mb_count"] == 1  # the warm-up's
+        assert received["prfaas_fake_engine_kv_bytes_received_total"] == kv_bytes(100)
+        assert received["sglang:num_requests_total"] == 1  # the warm-up is a request of its own
 
 
 # ----------------------------------------------------------------------------- helpers
