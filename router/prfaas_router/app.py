@@ -118,6 +118,7 @@ class RouterService:
         loads = LoadPoller(
             self._upstream,
             self.fleet,
+            self.metrics,
             interval_seconds=settings.load_poll_interval_seconds,
             timeout_seconds=settings.load_poll_timeout_seconds,
         )
@@ -197,6 +198,7 @@ class RouterService:
                 self.metrics.worker_available,
                 self.metrics.breaker_open,
                 self.metrics.engine_failures,
+                self.metrics.engine_reports_refused,
             ):
                 metric.remove(gone.pool.value, gone.name)
         self.snapshot = Snapshot(config, model, index_local, index_prfaas)

@@ -6,52 +6,73 @@ at once, and keeps the answer on the worker (`Worker.load`): running requests, w
 included) and `max_running_requests`, summed over the engine's DP ranks. An answer that fails,
 times out or cannot be read makes the load unknown, and the policy counts an unknown decode as
 full: a silent engine never looks idle. The decision itself is `policy.decode_wait_seconds`.
+
+A report is checked before use: at most `MAX_LOADS_BYTES`, at most `MAX_RANKS` ranks, every count
+an integer from 0 to `MAX_REQUESTS`. One that is not is ignored (the load is unknown, so full),
+counted in `prfaas_router_engine_reports_refused_total` and logged once: an engine that sent
+10^400 running requests made every request fail, and 100000 ranks stalled the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 
 from prfaas_core.routing.workers import EngineLoad, Fleet, Worker
 from prfaas_core.vocabulary import Pool
 
-from prfaas_router.upstream import Upstream, UpstreamError, target
+from prfaas_router.metrics import RouterMetrics
+from prfaas_router.upstream import AnswerTooLarge, Upstream, UpstreamError, target
 
 log = logging.getLogger("prfaas_router.loads")
 
 LOADS_PATH = "/v1/loads?include=core"
+MAX_LOADS_BYTES = 1024 * 1024
+"""SGLang's answer is about 300 bytes a rank."""
+MAX_RANKS = 1024
+MAX_REQUESTS = 1_000_000
+"""Per rank and count: far above any engine's max_running_requests or queue."""
 
 
 def parse_loads(body: bytes) -> EngineLoad | None:
     """SGLang's /v1/loads JSON summed over DP ranks; None when it is not that shape."""
     try:
         ranks = json.loads(body)["loads"]
-        if not isinstance(ranks, list) or not ranks:
+        if not isinstance(ranks, list) or not ranks or len(ranks) > MAX_RANKS:
             return None
         running = sum(_count(rank["num_running_reqs"]) for rank in ranks)
         waiting = sum(_count(rank["num_waiting_reqs"]) for rank in ranks)
         limits = [rank.get("max_running_requests") for rank in ranks]
-    except (ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
         return None
     slots = [
-        limit for limit in limits if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0
+        limit
+        for limit in limits
+        if isinstance(limit, int) and not isinstance(limit, bool) and 0 < limit <= MAX_REQUESTS
     ]
     return EngineLoad(running, waiting, sum(slots) if len(slots) == len(ranks) else None)
 
 
 def _count(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_REQUESTS:
         raise ValueError(f"not a request count: {value!r}")
     return value
 
 
 class LoadPoller:
-    def __init__(self, upstream: Upstream, fleet: Fleet, *, interval_seconds: float, timeout_seconds: float):
+    def __init__(
+        self,
+        upstream: Upstream,
+        fleet: Fleet,
+        metrics: RouterMetrics,
+        *,
+        interval_seconds: float,
+        timeout_seconds: float,
+    ):
         self._upstream = upstream
         self._fleet = fleet
+        self._metrics = metrics
         self._interval = interval_seconds
         self._timeout = timeout_seconds
 
@@ -64,10 +85,22 @@ class LoadPoller:
         await asyncio.gather(*(self._poll(worker) for worker in self._fleet.pools[Pool.DECODE]))
 
     async def _poll(self, worker: Worker) -> None:
-        load = None
-        with contextlib.suppress(TimeoutError, UpstreamError):
-            status, body = await self._upstream.get(target(worker.url, LOADS_PATH), self._timeout)
-            load = parse_loads(body) if status == 200 else None
+        load, refused = None, False
+        try:
+            status, body = await self._upstream.get(
+                target(worker.url, LOADS_PATH), self._timeout, max_bytes=MAX_LOADS_BYTES
+            )
+        except AnswerTooLarge:
+            refused = True
+        except (TimeoutError, UpstreamError):
+            pass
+        else:
+            if status == 200:
+                load = parse_loads(body)
+                refused = load is None
+        if refused:
+            self._metrics.engine_reports_refused.labels(worker.pool.value, worker.name).inc()
         if load is None and worker.load is not None:
-            log.info("decode %s: load unknown (no usable /v1/loads answer); it counts as full", worker.name)
+            why = "its /v1/loads report was refused" if refused else "no /v1/loads answer"
+            log.info("decode %s: load unknown (%s); it counts as full", worker.name, why)
         worker.load = load

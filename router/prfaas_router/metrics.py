@@ -148,6 +148,14 @@ class RouterMetrics:
                 registry=r,
             )
         )
+        self.engine_reports_refused = _Cached(
+            Counter(
+                contract.PREFIX + "engine_reports_refused_total",
+                "Engine reports (/v1/loads, /metrics) ignored: too large, malformed, or numbers out of range",
+                ["pool", "worker"],
+                registry=r,
+            )
+        )
         self.breaker_open = Gauge(
             contract.PREFIX + "worker_breaker_open",
             "1 while a worker's circuit breaker is open or half-open",

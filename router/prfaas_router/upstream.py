@@ -12,6 +12,10 @@ engine closes while idle leaves the pool at once, idle ones are closed after
 `keepalive_seconds`, and a connection serves one request at a time. A reply that receives
 nothing for `read_timeout_seconds` fails (one sweep a second checks, instead of a timer per read),
 unless the router itself paused reading it for a slow client.
+
+What an engine sends is bounded: a body that the router holds (read whole, or its first
+event) fails past the request's `max_bytes` and its connection is closed, so an endless or
+huge answer costs at most that much memory. A relayed body goes to the client as it comes.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from urllib.parse import urlsplit
 import httptools
 
 Sink = Callable[[bytes], None]
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+"""The most of one engine's answer the router holds by default (`--max-answer-bytes`)."""
 _FORGET_HEARD_SECONDS = 300.0
 
 
@@ -38,6 +44,13 @@ class UpstreamError(Exception):
     def __init__(self, message: str, *, unreachable: bool) -> None:
         super().__init__(message)
         self.unreachable = unreachable
+
+
+class AnswerTooLarge(UpstreamError):
+    """The engine's answer went past the bytes the router holds for it."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(f"the engine's answer exceeds {max_bytes} bytes", unreachable=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,13 +87,15 @@ class Reply:
         "_first",
         "_header_list",
         "_headers_ready",
+        "_limit",
         "_pieces",
+        "_received",
         "_sink",
         "headers",
         "status",
     )
 
-    def __init__(self, connection: _Connection) -> None:
+    def __init__(self, connection: _Connection, max_bytes: int) -> None:
         loop = asyncio.get_running_loop()
         self._connection: _Connection | None = connection
         self._headers_ready: asyncio.Future[None] = loop.create_future()
@@ -89,6 +104,8 @@ class Reply:
         self._header_list: list[tuple[bytes, bytes]] = []
         self._pieces: list[bytes] = []
         self._sink: Sink | None = None
+        self._limit = max_bytes
+        self._received = 0  # body bytes held for a reader (not relayed)
         self.status = 0
         self.headers: dict[str, str] = {}
 
@@ -169,6 +186,15 @@ class Reply:
         sink = self._sink
         if sink is not None:
             sink(data)
+            return
+        self._received += len(data)
+        if self._received > self._limit:
+            if not self._ended.done():
+                self._pieces = []
+                self._fail(AnswerTooLarge(self._limit))
+                connection, self._connection = self._connection, None
+                if connection is not None:
+                    connection.finished(self, reusable=False)
             return
         self._pieces.append(data)
         first = self._first
@@ -316,9 +342,11 @@ class Upstream:
         headers: dict[str, str] | None = None,
         body: bytes = b"",
         *,
+        max_bytes: int = MAX_ANSWER_BYTES,
         probe: bool = False,
     ) -> Reply:
-        """Sends the request and returns once the status and headers are in."""
+        """Sends the request and returns once the status and headers are in; the router holds at
+        most `max_bytes` of its body."""
         if self._sweeper is None:
             self._sweeper = asyncio.create_task(self._sweep(), name="upstream-sweeper")
         connection = self._take(where.pool_key) or await self._connect(where)
@@ -328,7 +356,7 @@ class Upstream:
         if headers:
             lines.extend(f"{name}: {value}" for name, value in headers.items())
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        reply = Reply(connection)
+        reply = Reply(connection, max_bytes)
         connection.send(reply, head, body, probe)
         try:
             await reply._headers_ready
@@ -337,13 +365,15 @@ class Upstream:
             raise
         return reply
 
-    async def get(self, where: Target, timeout_seconds: float) -> tuple[int, bytes]:
-        """A whole GET within `timeout_seconds` (health checks)."""
+    async def get(
+        self, where: Target, timeout_seconds: float, *, max_bytes: int = MAX_ANSWER_BYTES
+    ) -> tuple[int, bytes]:
+        """A whole GET of at most `max_bytes` within `timeout_seconds` (health checks, reports)."""
         reply: Reply | None = None
 
         async def whole() -> tuple[int, bytes]:
             nonlocal reply
-            reply = await self.request("GET", where, probe=True)
+            reply = await self.request("GET", where, max_bytes=max_bytes, probe=True)
             return reply.status, await reply.read()
 
         try:

@@ -14,6 +14,9 @@ in flight (as a decode busy with long answers does). Every POST meets the fault:
 - `busy`: a valid chat completion after `--busy-seconds`, nothing sent before it
 - `ok`: a valid answer at once (a prefill that needs no decode to pull its KV)
 
+With `--loads-file F` a GET of /v1/loads answers F's bytes, with `--metrics-file F` a GET of
+/metrics does (reports that lie: numbers out of range, pages too large).
+
 With `--bootstrap-port` it also holds a bootstrap port that accepts and never answers, so a
 decode paired with it waits for its KV instead of failing at once.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+from pathlib import Path
 
 _COMPLETION = json.dumps(
     {
@@ -56,16 +60,23 @@ def _answer(status: str, content_type: str, body: bytes) -> bytes:
 
 
 class FaultyEngine:
-    def __init__(self, fault: str, busy_seconds: float) -> None:
+    def __init__(self, fault: str, busy_seconds: float, reports: dict[bytes, bytes]) -> None:
         self.fault = fault
         self.busy_seconds = busy_seconds
+        self.reports = reports  # path prefix -> the GET answer's body
         self.in_flight = 0
+
+    def _get(self, path: bytes) -> bytes:
+        for prefix, body in self.reports.items():
+            if path.startswith(prefix):
+                return _answer("200 OK", "application/json", body)
+        return _answer("200 OK", "text/plain", b"ok")
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                method = head.split(b" ", 1)[0]
+                method, path = head.split(b" ", 2)[:2]
                 length = 0
                 for line in head.split(b"\r\n")[1:]:
                     name, _, value = line.partition(b":")
@@ -75,7 +86,7 @@ class FaultyEngine:
                 if method == b"GET":
                     if self.fault == "busy" and self.in_flight:
                         await asyncio.sleep(self.busy_seconds)
-                    writer.write(_answer("200 OK", "text/plain", b"ok"))
+                    writer.write(self._get(path))
                     continue
                 if not await self._post(writer):
                     return
@@ -139,8 +150,15 @@ async def main() -> None:
         choices=["500", "413", "garbage", "truncated", "hang", "cut", "abort", "busy", "ok"],
     )
     parser.add_argument("--busy-seconds", type=float, default=2.0)
+    parser.add_argument("--loads-file")
+    parser.add_argument("--metrics-file")
     args = parser.parse_args()
-    engine = FaultyEngine(args.fault, args.busy_seconds)
+    reports = {
+        prefix: Path(name).read_bytes()
+        for prefix, name in ((b"/v1/loads", args.loads_file), (b"/metrics", args.metrics_file))
+        if name
+    }
+    engine = FaultyEngine(args.fault, args.busy_seconds, reports)
     servers = [await asyncio.start_server(engine.serve, args.host, args.port)]
     if args.bootstrap_port is not None:
         servers.append(await asyncio.start_server(_silent, args.host, args.bootstrap_port))

@@ -73,8 +73,15 @@ def strict_router(start_router: RouterFactory, cluster: Cluster, *flags: str) ->
 
 
 def start_faulty(
-    name: str, fault: str, host: str, logs: Path, *, prefill: bool = False, busy: float = 2.0
+    name: str,
+    fault: str,
+    host: str,
+    logs: Path,
+    *extra: str,
+    prefill: bool = False,
+    busy: float = 2.0,
 ) -> Engine:
+    """A `faulty_engine.py` process; `extra` are more of its flags."""
     port = free_port(host)
     bootstrap = free_port(host) if prefill else None
     args = [
@@ -87,6 +94,7 @@ def start_faulty(
         fault,
         "--busy-seconds",
         str(busy),
+        *extra,
     ]
     if bootstrap is not None:
         args += ["--bootstrap-port", str(bootstrap)]

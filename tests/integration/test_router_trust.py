@@ -7,21 +7,27 @@ bound. Only the engine that misbehaved is blamed; a refused report or config nev
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import aiohttp
 import pytest
 from router_harness import (
     SHORT,
     Cluster,
+    Router,
     RouterFactory,
     chat,
     config_doc,
     http_get,
+    metric_samples,
     post,
+    sample,
     wait_until,
 )
-from test_router_faults import CHAT_PATH, router_log
+from test_router_faults import CHAT_PATH, STRICT, assert_unharmed, breakers, router_log, start_faulty
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -70,3 +76,59 @@ async def test_an_unusable_endpoint_url_is_refused_and_the_router_runs_on(
     assert router.process.popen.poll() is None
     shown = str(router.config_page()) + router_log(router)
     assert "s3cret" not in shown and "background loop" not in shown and "Traceback" not in shown
+
+
+# ------------------------------------------------------------------------------ engines that lie
+
+DECODE_CAPACITY = {"max_running_requests": 8, "seconds_per_request": 0.1}
+
+
+def loads_report(ranks: int, running: str) -> str:
+    rank = (
+        f'{{"dp_rank": 0, "num_running_reqs": {running}, "num_waiting_reqs": 0, "max_running_requests": 8}}'
+    )
+    return '{"loads": [' + ", ".join([rank] * ranks) + "]}"
+
+
+async def refused_reports(client: aiohttp.ClientSession, router: Router, worker: str) -> float:
+    samples = await metric_samples(client, router.url)
+    return sample(samples, "prfaas_router_engine_reports_refused_total", worker=worker)
+
+
+async def until(what: str, value: Callable[[], Awaitable[float]], seconds: float = 10.0) -> float:
+    """Polls `value` until it is above zero; returns it."""
+    deadline = time.monotonic() + seconds
+    while (found := await value()) <= 0:
+        assert time.monotonic() < deadline, f"{what} not after {seconds} s"
+        await asyncio.sleep(0.1)
+    return found
+
+
+@pytest.mark.parametrize(
+    "report",
+    [
+        loads_report(1, "1" + "0" * 400),  # 10^400 running: every request was a 500 (OverflowError)
+        loads_report(100_000, "1"),  # 100000 ranks: 277 ms of event loop per poll
+    ],
+    ids=["huge-count", "huge-ranks"],
+)
+async def test_a_decode_whose_loads_lie_is_ignored_counted_and_the_others_serve(
+    report: str, cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """Broken 2: the liar's load is unknown (full, never idle), its report counted, nobody blamed."""
+    lie = tmp_path / "loads.json"
+    lie.write_text(report)
+    liar = start_faulty("d-liar", "ok", "127.0.2.23", tmp_path, "--loads-file", str(lie))
+    try:
+        doc = config_doc(cluster.prfaas, cluster.local, [liar, *cluster.decode])
+        doc["decode"] = DECODE_CAPACITY
+        router = start_router(doc, *STRICT)
+        await until("a refused report", lambda: refused_reports(client, router, "d-liar"))
+        answers = [await post(client, router.url + CHAT_PATH, chat(f"{SHORT} {i}")) for i in range(4)]
+        assert [a.status for a in answers] == [200] * 4, [a.body for a in answers]
+        assert {a.headers.get("x-prfaas-route") for a in answers} <= {"local", "prfaas"}
+        assert breakers(router)["d-liar"] == "closed"  # a bad report is no failed request
+        await assert_unharmed(client, router, ["p0", "l0", "d0"])
+        assert "Traceback" not in router_log(router)
+    finally:
+        liar.process.stop()

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from prfaas_core.routing.workers import EngineLoad
-from prfaas_router.loads import parse_loads
+from prfaas_router.loads import MAX_RANKS, MAX_REQUESTS, parse_loads
 
 
 def answer(*ranks: dict[str, object]) -> bytes:
@@ -48,7 +48,20 @@ def test_a_rank_without_its_max_leaves_the_slots_to_the_config() -> None:
         answer(rank(1.5, 0)),
         answer(rank(True, 0)),
         answer(rank(1, "2")),
+        answer(rank(10**400, 0)),  # made every request a 500 (OverflowError in the decode wait)
+        answer(rank(MAX_REQUESTS + 1, 0)),
+        answer(*[rank(1, 0)] * (MAX_RANKS + 1)),
+        b'{"loads": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
     ],
 )
 def test_anything_else_is_unknown_never_zero(body: bytes) -> None:
     assert parse_loads(body) is None
+
+
+def test_counts_at_their_bounds_are_read() -> None:
+    ranks = [rank(MAX_REQUESTS, 0, MAX_REQUESTS)] * MAX_RANKS
+    assert parse_loads(answer(*ranks)) == EngineLoad(MAX_REQUESTS * MAX_RANKS, 0, MAX_REQUESTS * MAX_RANKS)
+
+
+def test_a_slot_count_out_of_range_leaves_the_slots_to_the_config() -> None:
+    assert parse_loads(answer(rank(1, 0, 10**400))) == EngineLoad(1, 0, None)
