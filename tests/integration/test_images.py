@@ -203,6 +203,22 @@ def test_the_product_image_holds_no_testbed_fake_engine_or_simulator(product_roo
     assert strays == []
 
 
+def test_the_product_image_holds_exactly_the_locked_dependencies(product_root: Path) -> None:
+    """The dependency layer is locks/product.txt, version for version, and nothing else but prfaas."""
+    locked = dict(
+        re.findall(r"^([a-z0-9-]+)==(\S+)", (REPO / "locks" / "product.txt").read_text(), re.MULTILINE)
+    )
+    installed = dict(
+        (re.sub(r"[-_.]+", "-", name).lower(), version)
+        for name, version in (
+            p.name.removesuffix(".dist-info").split("-")
+            for p in _site_packages(product_root).glob("*.dist-info")
+        )
+    )
+    assert installed.pop("prfaas") == _chart_app_version()
+    assert installed == locked
+
+
 def test_the_product_image_config_runs_non_root_with_labels(images: Images, product_root: Path) -> None:
     config = images.config(images.product)
     runtime = config["config"]
