@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 from prfaas_core.router_config import RouterConfig
-from prfaas_core.routing.policy import PolicyModel, SessionTable
+from prfaas_core.routing.policy import PolicyModel, SessionTable, session_key
 from prfaas_core.routing.prefix_index import PrefixIndex
 from prfaas_core.routing.workers import Fleet
 from prfaas_core.vocabulary import Pool
@@ -264,6 +264,7 @@ class RouterService:
                 response.force_close()  # the rest of the body may still come: this connection is done
             return response
         header = config.session_affinity_header
+        session = request.headers.get(header) if header else None
         exchange = Exchange(
             http=request,
             request_id=rid,
@@ -271,7 +272,8 @@ class RouterService:
             body=body,
             parsed=parsed,
             keys=keys,
-            session_key=request.headers.get(header) if header else None,
+            # aiohttp decodes header bytes as UTF-8 with surrogateescape: this gives them back
+            session_key=None if session is None else session_key(session.encode("utf-8", "surrogateescape")),
             started=started,
         )
         return await dispatcher.serve(exchange, snapshot)

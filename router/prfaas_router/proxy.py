@@ -95,7 +95,8 @@ class Exchange:
     body: dict[str, object]
     parsed: ParsedRequest
     keys: Sequence[PromptKey]
-    session_key: str | None
+    session_key: bytes | None
+    """`policy.session_key` of the session-affinity header, when the config names one and it came."""
     started: float
 
 

@@ -8,6 +8,7 @@ bound. Only the engine that misbehaved is blamed; a refused report or config nev
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -27,7 +28,16 @@ from router_harness import (
     sample,
     wait_until,
 )
-from test_router_faults import CHAT_PATH, STRICT, assert_unharmed, breakers, router_log, start_faulty
+from test_router_faults import (
+    CHAT_PATH,
+    STRICT,
+    assert_unharmed,
+    breakers,
+    parse_answer,
+    raw_request,
+    router_log,
+    start_faulty,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -132,3 +142,31 @@ async def test_a_decode_whose_loads_lie_is_ignored_counted_and_the_others_serve(
         assert "Traceback" not in router_log(router)
     finally:
         liar.process.stop()
+
+
+# ------------------------------------------------------------------------------ clients' bytes
+
+
+@pytest.mark.parametrize("key", [b"\xff\xfe", b"caf\xe9", b"k" * 8000], ids=["not-utf8", "latin1", "8kb"])
+async def test_any_session_key_bytes_route_with_several_replicas(
+    key: bytes, cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    """Broken 3: a session key that is not UTF-8 was a 500 and a traceback per request."""
+    doc = config_doc(
+        cluster.prfaas,
+        cluster.local,
+        cluster.decode,
+        session_affinity_header="X-Session-Id",
+        router_replicas=2,
+    )
+    router = start_router(doc, *STRICT)
+    body = json.dumps(chat(SHORT)).encode()
+    head = (
+        b"POST " + CHAT_PATH.encode() + b" HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n"
+        b"Connection: close\r\nX-Session-Id: " + key + b"\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
+    for _ in range(2):  # the second turn finds the session's pin
+        status, _, answer = parse_answer(await raw_request(router, head + body))
+        assert status == 200, answer
+    assert "Traceback" not in router_log(router)
+    await assert_unharmed(client, router, ["p0", "l0", "d0"])

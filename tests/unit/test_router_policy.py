@@ -23,6 +23,7 @@ from prfaas_core.routing.policy import (
     decode_wait_seconds,
     prefill_seconds,
     rendezvous,
+    session_key,
 )
 from prfaas_core.routing.prefix_index import PrefixHit
 from prfaas_core.routing.workers import EngineLoad
@@ -137,7 +138,7 @@ def test_with_several_replicas_an_unseen_session_goes_where_its_key_hashes() -> 
     available, by_name = pools(local=4, prfaas=4, decode=4)
     by_name["l0"].outstanding_tokens = by_name["d0"].outstanding_tokens = 1  # not the least loaded
     chosen = {}
-    for key in (f"conversation-{n}" for n in range(40)):
+    for key in (session_key(f"conversation-{n}".encode()) for n in range(40)):
         d = routed(decide(model, RequestView(total_tokens=100, sequences=1, session=key), available, 0.0))
         again = routed(decide(model, RequestView(total_tokens=100, sequences=1, session=key), available, 0.0))
         assert (d.prefill.name, d.decode.name) == (again.prefill.name, again.decode.name)
@@ -154,7 +155,7 @@ def test_with_several_replicas_an_unseen_session_goes_where_its_key_hashes() -> 
 def test_one_replica_keeps_least_loaded_placement_for_sessions() -> None:
     available, by_name = pools()
     by_name["l0"].outstanding_tokens = 5000
-    for key in (f"conversation-{n}" for n in range(8)):
+    for key in (session_key(f"conversation-{n}".encode()) for n in range(8)):
         view = RequestView(total_tokens=100, sequences=1, session=key)
         assert routed(decide(make_model(), view, available, 0.0)).prefill.name == "l1"
 
@@ -269,11 +270,19 @@ def test_config_with_duplicate_names_or_missing_bootstrap_ports_is_refused() -> 
 def test_session_table_is_a_bounded_lru() -> None:
     table = SessionTable(2)
     pin = SessionPin("local", "l0", "d0")
-    table.put("a", pin)
-    table.put("b", pin)
-    table.get("a")
-    table.put("c", pin)
-    assert len(table) == 2 and table.get("a") is None and table.get("c") == pin
+    table.put(b"a", pin)
+    table.put(b"b", pin)
+    table.get(b"a")
+    table.put(b"c", pin)
+    assert len(table) == 2 and table.get(b"a") is None and table.get(b"c") == pin
+
+
+@pytest.mark.parametrize("header", [b"\xff\xfe", b"caf\xe9", b"x" * 8192, b""])
+def test_any_session_header_bytes_hash_to_a_fixed_size_key(header: bytes) -> None:
+    available, _ = pools(local=3, decode=3)
+    key = session_key(header)
+    assert len(key) == 16 and key == session_key(header)
+    assert rendezvous(available.local, key) is rendezvous(available.local, session_key(header))
 
 
 # ---------------------------------------------------------------------------- invariants

@@ -151,8 +151,8 @@ class RequestView:
     hit_local: PrefixHit = NO_HIT
     hit_prfaas: PrefixHit = NO_HIT
     pin: SessionPin | None = None
-    session: str | None = None
-    """The session-affinity key, when the request carries one."""
+    session: bytes | None = None
+    """The session-affinity key (`session_key`), when the request carries one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,14 +433,23 @@ def _pick_decode(model: PolicyModel, workers: Sequence[Worker], request: Request
     return best, best_key[0]
 
 
-def rendezvous(workers: Sequence[Worker], key: str) -> Worker:
+def session_key(header_value: bytes) -> bytes:
+    """The session-affinity header's value as the 16 bytes the router keys and hashes a
+    conversation by: any bytes hash without error (the header is not text), and every entry of
+    the session table costs the same whatever the header's length, so its count bounds its bytes
+    (8 KB keys at 65536 entries would have held about 513 MB)."""
+    return hashlib.blake2b(header_value, digest_size=16).digest()
+
+
+def rendezvous(workers: Sequence[Worker], key: bytes) -> Worker:
     """The worker `key` hashes highest with (rendezvous hashing): the same in every replica and
     process for the same pool, and only the keys of a worker that leaves move elsewhere."""
     return max(workers, key=lambda worker: _score(key, worker.name))
 
 
-def _score(key: str, name: str) -> bytes:
-    return hashlib.blake2b(f"{key}\0{name}".encode(), digest_size=8).digest()
+def _score(key: bytes, name: str) -> bytes:
+    # surrogatepass: a JSON config may carry lone surrogates in a name, which still hash
+    return hashlib.blake2b(key + b"\0" + name.encode("utf-8", "surrogatepass"), digest_size=8).digest()
 
 
 def _load(worker: Worker) -> tuple[int, int]:
@@ -448,21 +457,21 @@ def _load(worker: Worker) -> tuple[int, int]:
 
 
 class SessionTable:
-    """Bounded LRU of session key -> where its last turn ran (session-affinity header)."""
+    """Bounded LRU of session key (`session_key`: 16 bytes) -> where its last turn ran."""
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
             raise ValueError(f"session table capacity must be positive, got {capacity}")
         self._capacity = capacity
-        self._pins: OrderedDict[str, SessionPin] = OrderedDict()
+        self._pins: OrderedDict[bytes, SessionPin] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._pins)
 
-    def get(self, key: str) -> SessionPin | None:
+    def get(self, key: bytes) -> SessionPin | None:
         return self._pins.get(key)
 
-    def put(self, key: str, pin: SessionPin) -> None:
+    def put(self, key: bytes, pin: SessionPin) -> None:
         self._pins[key] = pin
         self._pins.move_to_end(key)
         if len(self._pins) > self._capacity:
