@@ -5,6 +5,10 @@ in flight (as a decode busy with long answers does). Every POST meets the fault:
 
 - `500`: SGLang's JSON error, HTTP 500
 - `413`: a plain-text 413, as SGLang's HTTP server answers an oversized body
+- `302`: a redirect elsewhere (SGLang never redirects)
+- `empty`: a 200 with an empty body
+- `endless`: a 200 JSON answer without a length whose body never ends
+- `endless-stream`: a 200 SSE stream of token events that never ends
 - `garbage`: bytes that are not HTTP, then close
 - `truncated`: a 200 whose body stops short of its Content-Length, then close
 - `hang`: a 200's headers (an SSE stream), then silence
@@ -100,6 +104,18 @@ class FaultyEngine:
         fault = self.fault
         if fault == "500":
             writer.write(_answer("500 Internal Server Error", "application/json", _SGLANG_ERROR))
+        elif fault == "302":
+            writer.write(b"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:9/\r\nContent-Length: 0\r\n\r\n")
+        elif fault == "empty":
+            writer.write(_answer("200 OK", "application/json", b""))
+        elif fault in ("endless", "endless-stream"):
+            kind = "application/json" if fault == "endless" else "text/event-stream"
+            writer.write(f"HTTP/1.1 200 OK\r\nContent-Type: {kind}\r\nConnection: close\r\n\r\n".encode())
+            event = b'data: {"choices":[{"index":0,"delta":{"content":" a"}}]}\n\n'
+            piece = b'{"choices": [' + b" " * 65536 if fault == "endless" else event * 64
+            while True:  # until the router hangs up
+                writer.write(piece)
+                await writer.drain()
         elif fault == "413":
             writer.write(_answer("413 Request Entity Too Large", "text/plain", b"Request Entity Too Large"))
         elif fault == "garbage":
@@ -147,7 +163,21 @@ async def main() -> None:
     parser.add_argument(
         "--fault",
         required=True,
-        choices=["500", "413", "garbage", "truncated", "hang", "cut", "abort", "busy", "ok"],
+        choices=[
+            "500",
+            "413",
+            "302",
+            "empty",
+            "endless",
+            "endless-stream",
+            "garbage",
+            "truncated",
+            "hang",
+            "cut",
+            "abort",
+            "busy",
+            "ok",
+        ],
     )
     parser.add_argument("--busy-seconds", type=float, default=2.0)
     parser.add_argument("--loads-file")

@@ -170,3 +170,36 @@ async def test_any_session_key_bytes_route_with_several_replicas(
         assert status == 200, answer
     assert "Traceback" not in router_log(router)
     await assert_unharmed(client, router, ["p0", "l0", "d0"])
+
+
+# ------------------------------------------------------------------------------ answers that lie
+
+
+async def test_a_decode_answering_3xx_is_blamed_alone(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """Broken 7: a 302 counted as success, so the healthy prefill was blamed and ejected."""
+    sick = start_faulty("d-sick", "302", "127.0.2.24", tmp_path)
+    try:
+        router = start_router(config_doc(cluster.prfaas, cluster.local, [sick, *cluster.decode]), *STRICT)
+        answers = [await post(client, router.url + CHAT_PATH, chat(f"{SHORT} {i}")) for i in range(3)]
+        assert [a.status for a in answers] == [200] * 3, [a.body for a in answers]
+        assert breakers(router)["d-sick"] == "open"
+        await assert_unharmed(client, router, ["p0", "l0", "d0"])
+    finally:
+        sick.process.stop()
+
+
+async def test_a_prefill_answering_3xx_is_blamed_alone(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """Broken 7: a prefill's 302 got every decode ejected and all traffic 503."""
+    sick = start_faulty("l-sick", "302", "127.0.2.25", tmp_path, prefill=True)
+    try:
+        router = start_router(config_doc(cluster.prfaas, [sick], cluster.decode), *STRICT)
+        answers = [await post(client, router.url + CHAT_PATH, chat(f"{SHORT} {i}")) for i in range(3)]
+        assert [a.status for a in answers] == [200] * 3, [a.body for a in answers]
+        assert breakers(router)["l-sick"] == "open"
+        await assert_unharmed(client, router, ["p0", "d0"])
+    finally:
+        sick.process.stop()
