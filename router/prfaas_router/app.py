@@ -102,6 +102,7 @@ class RouterService:
             settings.max_attempts,
             settings.client_stall_seconds,
             self._link,
+            settings.max_answer_bytes,
         )
         self._health = HealthChecker(
             self._upstream,

@@ -11,12 +11,17 @@ hence a timeout of a few seconds. It also reads `sglang:num_prefill_inflight_que
 delivered): while that stays above zero and no transfer completes, `link_estimate.stalled_bound`
 caps the estimate (a poll some engine did not answer leaves that bound as it was). The dispatcher routes with `limit(model)`: the config's model with its link at the
 estimate.
+
+A page is checked before use: at most `MAX_METRICS_BYTES`; only the lines of the series read
+are parsed, in a worker thread (the exposition parser costs about 0.8 s a MiB: a 20 MiB page
+on the event loop froze the router for 21.6 s); values must be finite and not negative. A page
+that fails a check is ignored as if unanswered and counted in
+`prfaas_router_engine_reports_refused_total`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -37,16 +42,37 @@ from prfaas_core.routing.link_estimate import (
     stalled_bound,
 )
 from prfaas_core.routing.policy import PolicyModel
-from prfaas_core.routing.workers import Fleet
+from prfaas_core.routing.workers import Fleet, Worker
 from prfaas_core.vocabulary import ROUTE_PRFAAS, Pool
 from prometheus_client.parser import text_string_to_metric_families
 
 from prfaas_router.metrics import RouterMetrics
-from prfaas_router.upstream import Upstream, UpstreamError, target
+from prfaas_router.upstream import AnswerTooLarge, Upstream, UpstreamError, target
 
 log = logging.getLogger("prfaas_router.link_probe")
 
 METRICS_PATH = "/metrics"
+MAX_METRICS_BYTES = 8 * 1024 * 1024
+"""SGLang's page is tens of KiB a rank."""
+_READ_SERIES = (
+    contract.ENGINE_KV_TRANSFER_TOTAL_MB + "_sum",
+    contract.ENGINE_KV_TRANSFER_LATENCY_MS + "_sum",
+    contract.ENGINE_KV_TRANSFER_LATENCY_MS + "_count",
+    contract.ENGINE_PREFILL_INFLIGHT_QUEUE_REQS,
+)
+_READ_LINE_STARTS = tuple(name.encode() + end for name in _READ_SERIES for end in (b"{", b" "))
+
+
+class ReportRefused(ValueError):
+    """An engine's page that says what cannot be: unparsable, non-finite or negative values."""
+
+
+def read_series(page: bytes) -> str:
+    """The page's sample lines of the series read; the rest (buckets, other families) unparsed."""
+    lines = [
+        line.decode(errors="replace") for line in page.splitlines() if line.startswith(_READ_LINE_STARTS)
+    ]
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +84,7 @@ class EngineTransfers:
 
 def parse_engine_transfers(text: str) -> EngineTransfers | None:
     """An engine's KV transfers from its exposition (per-rank series, `engine_totals`); None when
-    it reports no transfer totals."""
+    it reports no transfer totals; ReportRefused when what it reports cannot be."""
     # per series (its labels): [bytes, latency seconds, transfers]
     series: dict[frozenset[tuple[str, str]], list[float]] = {}
     undelivered = 0.0
@@ -81,10 +107,12 @@ def parse_engine_transfers(text: str) -> EngineTransfers | None:
                     sample.value * unit
                 )
                 seen = seen or index == 0
-    except ValueError:
-        return None
+    except ValueError as err:
+        raise ReportRefused(f"not an exposition: {err}") from None
     values = [value for found in series.values() for value in found]
-    if not seen or not all(math.isfinite(value) for value in (*values, undelivered)):
+    if not all(math.isfinite(value) and value >= 0 for value in (*values, undelivered)):
+        raise ReportRefused("a transfer total or queue that is not a finite count")
+    if not seen:
         return None
     totals = engine_totals(
         RankSeries(
@@ -96,6 +124,10 @@ def parse_engine_transfers(text: str) -> EngineTransfers | None:
         for labels, found in series.items()
     )
     return EngineTransfers(totals, undelivered)
+
+
+def _engine_report(page: bytes) -> EngineTransfers | None:
+    return parse_engine_transfers(read_series(page))
 
 
 class LinkProbe:
@@ -115,6 +147,7 @@ class LinkProbe:
         chunk_tokens: int,
     ) -> None:
         self._upstream = upstream
+        self._metrics = metrics
         self._chunk_tokens = chunk_tokens
         self._fleet = fleet
         self._current_model = current_model
@@ -146,7 +179,7 @@ class LinkProbe:
 
     async def poll_all(self) -> None:
         workers = self._fleet.pools[Pool.PRFAAS_PREFILL]
-        answers = await asyncio.gather(*(self._read(worker.url) for worker in workers))
+        answers = await asyncio.gather(*(self._read(worker) for worker in workers))
         now = time.monotonic()
         moved = NO_TRANSFERS
         undelivered = 0.0
@@ -197,11 +230,19 @@ class LinkProbe:
         if stalled >= self.estimator.rules.half_life_seconds:
             self.estimator.cap(now, stalled_bound(self._outstanding_bytes(), stalled), configured)
 
-    async def _read(self, url: str) -> EngineTransfers | None:
-        with contextlib.suppress(TimeoutError, UpstreamError):
-            status, body = await self._upstream.get(target(url, METRICS_PATH), self._timeout)
-            if status == 200:
-                return parse_engine_transfers(body.decode(errors="replace"))
+    async def _read(self, worker: Worker) -> EngineTransfers | None:
+        try:
+            status, body = await self._upstream.get(
+                target(worker.url, METRICS_PATH), self._timeout, max_bytes=MAX_METRICS_BYTES
+            )
+            if status != 200:
+                return None
+            return await asyncio.to_thread(_engine_report, body)
+        except (AnswerTooLarge, ReportRefused) as err:
+            self._metrics.engine_reports_refused.labels(worker.pool.value, worker.name).inc()
+            log.debug("prefill %s: its /metrics page was refused: %s", worker.name, err)
+        except (TimeoutError, UpstreamError):
+            pass
         return None
 
     def _estimate_or_nan(self) -> float:

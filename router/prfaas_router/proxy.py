@@ -202,8 +202,10 @@ class Dispatcher:
         max_attempts: int,
         client_stall_seconds: float,
         link: LinkProbe,
+        max_answer_bytes: int,
     ) -> None:
         self._upstream = upstream
+        self._max_answer_bytes = max_answer_bytes
         self._link = link
         self._client_stall_seconds = client_stall_seconds
         self._fleet = fleet
@@ -396,7 +398,9 @@ class Dispatcher:
     async def _prefill_leg(
         self, where: Target, payload: bytes, headers: dict[str, str]
     ) -> tuple[int, bytes, str]:
-        reply = await self._upstream.request("POST", where, headers, payload)
+        reply = await self._upstream.request(
+            "POST", where, headers, payload, max_bytes=self._max_answer_bytes
+        )
         try:
             body = await reply.read()  # drained whether streamed or not
         except BaseException:
@@ -408,7 +412,9 @@ class Dispatcher:
         self, where: Target, payload: bytes, headers: dict[str, str], stream: bool
     ) -> tuple[Reply, bytes]:
         """The decode's reply and its first bytes (the whole body when not streaming)."""
-        reply = await self._upstream.request("POST", where, headers, payload)
+        reply = await self._upstream.request(
+            "POST", where, headers, payload, max_bytes=self._max_answer_bytes
+        )
         try:
             if reply.status >= 400 or not stream:
                 return reply, await reply.read()

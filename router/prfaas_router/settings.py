@@ -23,6 +23,7 @@ from prfaas_core.routing.link_estimate import LinkEstimateRules
 from prfaas_router.configmap_source import ConfigMapRef
 from prfaas_router.listener import ClientLimits
 from prfaas_router.payloads import Limits
+from prfaas_router.upstream import MAX_ANSWER_BYTES
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # the defaults of the parts the flags fill in (slotted dataclasses keep them on instances only)
@@ -88,6 +89,12 @@ class RouterSettings:
         "close idle engine connections after this long (under uvicorn's 5 s, so SGLang never closes one first)",
     )
     max_body_bytes: int = setting(32 * 1024 * 1024, at_least=1)
+    max_answer_bytes: int = setting(
+        MAX_ANSWER_BYTES,
+        "the most of an engine's answer the router holds (a whole answer, or a stream's first event); "
+        "past it the engine failed",
+        at_least=1,
+    )
     shutdown_delay_seconds: float = setting(
         0.0,
         "after SIGUSR1 (the preStop hook) or SIGTERM: not ready, connections closed after their "

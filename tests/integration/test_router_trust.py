@@ -203,3 +203,57 @@ async def test_a_prefill_answering_3xx_is_blamed_alone(
         await assert_unharmed(client, router, ["p0", "d0"])
     finally:
         sick.process.stop()
+
+
+def rss_bytes(router: Router) -> int:
+    """The router process's resident set (VmRSS of /proc/PID/status)."""
+    assert router.process.popen is not None
+    status = Path(f"/proc/{router.process.popen.pid}/status").read_text()
+    (line,) = (line for line in status.splitlines() if line.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
+MIB = 1024 * 1024
+
+
+async def test_an_endless_answer_is_cut_at_the_cap_and_its_decode_blamed(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """Broken 5: an endless non-streamed body grew the router by about 6 MB/s until the client left."""
+    sick = start_faulty("d-sick", "endless", "127.0.2.26", tmp_path)
+    try:
+        doc = config_doc(cluster.prfaas, cluster.local, [sick, *cluster.decode])
+        router = start_router(doc, *STRICT, "--max-answer-bytes", str(4 * MIB))
+        before = rss_bytes(router)
+        answer = await post(client, router.url + CHAT_PATH, chat(SHORT))
+        assert answer.status == 200, answer.body  # retried on the healthy decode
+        assert rss_bytes(router) - before < 24 * MIB
+        assert breakers(router)["d-sick"] == "open"
+        await assert_unharmed(client, router, ["p0", "l0", "d0"])
+    finally:
+        sick.process.stop()
+
+
+async def test_a_huge_metrics_page_is_refused_without_stalling_the_router(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """Broken 6: a 20 MiB /metrics page of a PrfaaS prefill froze the router up to 21.6 s a poll."""
+    page = tmp_path / "metrics.txt"
+    line = 'sglang:kv_transfer_total_mb_bucket{engine_type="prefill",le="1.0",tp_rank="%d"} 1.0\n'
+    page.write_text("".join(line % rank for rank in range(20 * MIB // len(line))))
+    liar = start_faulty("p-liar", "ok", "127.0.1.26", tmp_path, "--metrics-file", str(page), prefill=True)
+    try:
+        router = start_router(config_doc([liar, *cluster.prfaas], cluster.local, cluster.decode), *STRICT)
+        slowest = 0.0
+        deadline = time.monotonic() + 3.0  # three link polls
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            async with client.get(router.url + "/liveness") as reply:
+                assert reply.status == 200
+            slowest = max(slowest, time.monotonic() - started)
+            await asyncio.sleep(0.02)
+        assert slowest < 0.25, slowest
+        assert await refused_reports(client, router, "p-liar") >= 2
+        await assert_unharmed(client, router, ["p0", "l0", "d0"])
+    finally:
+        liar.process.stop()

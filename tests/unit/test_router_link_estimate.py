@@ -19,7 +19,7 @@ from prfaas_core.routing.link_estimate import (
     sample_bytes_per_second,
     stalled_bound,
 )
-from prfaas_router.link_probe import EngineTransfers, parse_engine_transfers
+from prfaas_router.link_probe import EngineTransfers, ReportRefused, parse_engine_transfers, read_series
 from router_cases import make_model
 
 CONFIGURED = 1e9
@@ -257,14 +257,28 @@ def test_per_rank_series_give_the_engines_bytes_and_each_transfer_once() -> None
     assert parsed.totals == TransferTotals(40.0 * BYTES_PER_MIB, pytest.approx(0.407), 2.0)
 
 
+@pytest.mark.parametrize("text", ["", "sglang:num_queue_reqs 1\n"])
+def test_an_engine_without_transfer_totals_adds_nothing(text: str) -> None:
+    assert parse_engine_transfers(text) is None
+
+
 @pytest.mark.parametrize(
     "text",
     [
-        "",
-        "sglang:num_queue_reqs 1\n",
         "this is { not an exposition\n",
         EXPOSITION.replace("1500.0", "NaN"),
+        EXPOSITION.replace("1500.0", "-1500.0"),
+        EXPOSITION.replace("1500.0", "+Inf"),
     ],
 )
-def test_an_engine_without_readable_transfer_totals_adds_nothing(text: str) -> None:
-    assert parse_engine_transfers(text) is None
+def test_an_engine_reporting_what_cannot_be_is_refused(text: str) -> None:
+    with pytest.raises(ReportRefused):
+        parse_engine_transfers(text)
+
+
+def test_only_the_series_read_are_parsed_and_they_read_the_same() -> None:
+    noise = "".join(f'sglang:other_metric{{rank="{i}"}} {i}\n' for i in range(1000))
+    page = (noise + EXPOSITION + noise).encode()
+    kept = read_series(page)
+    assert "other_metric" not in kept and "_bucket" not in kept
+    assert parse_engine_transfers(kept) == parse_engine_transfers(EXPOSITION)
