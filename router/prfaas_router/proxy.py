@@ -10,14 +10,27 @@ When the client goes away, both legs are cancelled, which closes their connectio
 the engines abort the request. A streamed answer is relayed chunk by chunk from the decode's
 socket to the client's without a coroutine in between (`_Relay`).
 
+Errors inside a 200 (`stream_error`): SGLang answers a stream 200 before it knows the outcome
+and ends a request that fails later with an error event (`data: {"error": ...}` on the OpenAI
+routes, an abort `finish_reason` on `/generate`). The decode's first event is read before the
+client gets its headers: an error there, like a failed status, fails the attempt, which is
+retried since nothing reached the client. An error event after that is relayed as it came,
+counted against the decode (it had generated, so its KV had arrived) and recorded as
+`stream_error`, with no retry. A prefill leg fails on a failed status or an error event in its
+drained body. 1xx and 3xx are failures (SGLang never sends them); a 4xx refuses the request,
+passed back in the router's error shape and counted against no engine.
+
 Blame: each leg is judged by its own behaviour, and a failure counts against one engine at most
-(`at_fault`). A failing leg is at fault, except when the other leg failed first (a prefill that
-dies mid-transfer fails its decode) or when the failure is the engine's report that the KV
-handoff failed while the other leg is still out (a decode that waited in vain for the KV of a
-stuck prefill, a prefill whose KV no decode pulled): then the other leg is. A prefill leg that
-fails after its decode failed is not counted. Only an engine's behaviour counts: an exception
-raised inside the router is answered 500 and opens no breaker, and a client that stops reading
-is the client's fault (`_Relay` aborts both legs).
+(`at_fault`). A failing leg is at fault, except when the other leg failed too within a short
+grace or is still out and the failure is the engine's report that the KV handoff failed. A
+failed decode waits the grace for its prefill: a prefill that failed is the cause (one that dies
+mid-transfer fails its decode). A prefill reporting a failed handoff blames its decode (no KV
+pulled), unless the decode reports the failed handoff within the grace: SGLang's decode reports
+a transfer its prefill failed as its stream's error, so a decode alive to say so is the victim.
+A prefill leg that fails after its decode failed is not counted. Only an engine's behaviour
+counts: an exception raised inside the router is answered 500 and opens no breaker, and a
+client that stops reading is the client's fault (`_Relay` aborts both legs). Prefixes are
+learned on the decode's first good event only: SGLang generates nothing before the KV arrived.
 """
 
 from __future__ import annotations
@@ -155,14 +168,20 @@ def failed_status(status: int) -> bool:
     return not (200 <= status < 300 or 400 <= status < 500)
 
 
-_STREAM_ERROR = re.compile(rb'(?:^|\n)data:\s*\{\s*"error"\s*:')
+_STREAM_ERROR = re.compile(
+    rb'(?:^|\n)data:\s*\{\s*"error"\s*:|"finish_reason"\s*:\s*\{\s*"type"\s*:\s*"abort"'
+)
 _STREAM_ERROR_LONGEST = 64  # bytes kept between chunks: more than a match with SGLang's spacing
 
 
 def stream_error(data: bytes) -> bool:
     """Whether SSE data holds an error event: SGLang's way of failing a stream it already
-    answered 200 (openai/serving_chat.py and serving_completions.py: an abort with a status code
-    becomes `data: {"error": ...}`; http_server.py generate_request's stream_results likewise)."""
+    answered 200. On the OpenAI routes an abort with a status code becomes `data: {"error": ...}`
+    (openai/serving_chat.py, serving_completions.py); `/generate` yields the aborted output
+    itself, its `meta_info.finish_reason` `{"type": "abort", ...}` (tokenizer_manager.py
+    `_handle_abort_finish_reason`, FINISH_ABORT.to_json), and `{"error": ...}` only for a
+    ValueError (http_server.py generate_request's stream_results). A key inside a JSON string
+    has its quotes escaped, so generated text never matches."""
     return _STREAM_ERROR.search(data) is not None
 
 
@@ -716,7 +735,7 @@ class _EventCounter:
         if not self.failed:
             seen = self._error_tail + chunk
             self._error_tail = seen[-_STREAM_ERROR_LONGEST:]
-            if b'"error"' in seen:  # rare: spare the regex otherwise
+            if b'"error"' in seen or b'"abort"' in seen:  # rare: spare the regex otherwise
                 self.failed = stream_error(seen)
         if b"completion_tokens" in window:  # rare (usage, meta_info): spare the regex otherwise
             reported = last_completion_tokens(window)

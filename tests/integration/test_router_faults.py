@@ -164,6 +164,14 @@ async def prefill_gave_up(client: aiohttp.ClientSession, prefill: Engine) -> flo
     )
 
 
+def failed_event(event: Any) -> bool:
+    """An SSE event that fails its stream: an OpenAI error event, or /generate's aborted output."""
+    if not isinstance(event, dict):
+        return False
+    finish = event.get("meta_info", {}).get("finish_reason")
+    return "error" in event or (isinstance(finish, dict) and finish.get("type") == "abort")
+
+
 def router_log(router: Router) -> str:
     return router.process.log_path.read_text(errors="replace")
 
@@ -258,12 +266,13 @@ async def test_an_abort_after_the_stream_started_reaches_the_client_and_counts_a
         late.process.stop()
 
 
-@pytest.mark.parametrize("path", [CHAT_PATH, "/v1/completions"])
+@pytest.mark.parametrize("path", [CHAT_PATH, "/v1/completions", "/generate"])
 async def test_a_handoff_abort_before_the_first_token_is_retried_and_counted_against_the_prefill(
     path: str, cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
     """SGLang's decode reports a transfer its prefill failed as a 200 whose first event is the
-    error; nothing has reached the client, so another prefill serves it."""
+    error (on /generate, the output with an abort finish_reason); nothing has reached the
+    client, so another prefill serves it."""
     failing = start_engine(
         "l-fail", "prefill", "127.0.2.34", "h20", tmp_path, *QUICK_KV, "--fail-kv-transfers", "1"
     )
@@ -273,11 +282,13 @@ async def test_a_handoff_abort_before_the_first_token_is_retried_and_counted_aga
         body: dict[str, Any] = {"model": "kimi-fake", "stream": True}
         if path == CHAT_PATH:
             body = chat(SHORT, stream=True)
+        elif path == "/generate":
+            body = {"text": SHORT, "sampling_params": {"max_new_tokens": 4}, "stream": True}
         else:
             body |= {"prompt": SHORT, "max_tokens": 4}
         streamed = await post(client, router.url + path, body)
         assert streamed.status == 200
-        assert not any(isinstance(event, dict) and "error" in event for event in streamed.body), streamed.body
+        assert not any(failed_event(event) for event in streamed.body), streamed.body
         assert streamed.headers["x-prfaas-route"] == "prfaas"  # retried on the other cluster's prefill
         samples = await metric_samples(client, router.url)
         assert sample(samples, "prfaas_router_engine_failures_total", worker="l-fail") == 1

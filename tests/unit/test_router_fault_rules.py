@@ -7,7 +7,7 @@ import pytest
 from aiohttp.http_exceptions import BadStatusLine, LineTooLong
 from prfaas_router.health import busy
 from prfaas_router.listener import LogThrottle, connection_limit, malformed_request_error
-from prfaas_router.proxy import Culprit, at_fault, engine_fault, reports_handoff
+from prfaas_router.proxy import Culprit, at_fault, engine_fault, reports_handoff, stream_error
 from prfaas_router.upstream import UpstreamError
 
 
@@ -42,6 +42,26 @@ def test_a_failure_counts_against_the_failing_leg_unless_it_reports_its_peer(
 )
 def test_engine_reports_of_a_failed_kv_handoff_are_recognised(body: bytes, handoff: bool) -> None:
     assert reports_handoff(body) is handoff
+
+
+@pytest.mark.parametrize(
+    ("data", "failed"),
+    [
+        (b'data: {"error": {"message": "Decode transfer failed", "code": 500}}\n\n', True),  # OpenAI routes
+        (  # /generate: the aborted output itself (tokenizer_manager.py _handle_abort_finish_reason)
+            b'data: {"text":"","output_ids":[],"meta_info":{"id":"1","finish_reason":'
+            b'{"type":"abort","message":"KV transfer failed","status_code":500,"err_type":null}}}\n\n',
+            True,
+        ),
+        (b'data: {"text":" a","meta_info":{"finish_reason":{"type":"length","length":4}}}\n\n', False),
+        (b'data: {"text":"\\"finish_reason\\":{\\"type\\":\\"abort\\"","meta_info":{}}\n\n', False),
+        (b'data: {"choices":[{"delta":{"content":"\\"error\\": no"}}]}\n\n', False),
+    ],
+)
+def test_an_error_inside_a_200_stream_is_recognised_in_each_of_sglangs_shapes(
+    data: bytes, failed: bool
+) -> None:
+    assert stream_error(data) is failed
 
 
 def test_only_what_the_engine_did_on_the_wire_is_its_fault() -> None:
