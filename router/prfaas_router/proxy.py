@@ -203,6 +203,26 @@ async def _first_event(reply: Reply) -> bytes:
     return data
 
 
+def drop_frames(error: BaseException) -> None:
+    """Forgets the tracebacks of a handled failure and of its causes.
+
+    A traceback holds the frames it passed through, and those hold the exception (the variable
+    it was caught in, or raised from): a reference cycle that keeps the failed attempt's
+    payload, replies and tasks (tens of MiB for a large prompt) until a full collection, which
+    the router's tuned gc thresholds (`__main__._tune_gc`) make rare. Without the tracebacks the
+    frames go as soon as the attempt does.
+    """
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        current.__traceback__ = None
+        pending += (current.__cause__, current.__context__)
+
+
 def engine_fault(error: BaseException) -> bool:
     """Whether an exception of a leg is the engine's doing: only what the upstream client saw on
     the wire. Anything else was raised inside the router and must not eject an engine."""
@@ -282,6 +302,7 @@ class Dispatcher:
                 excluded.add(failure.worker)
                 failures.append(str(failure))
                 metrics.retries.labels(failure.worker.pool.value).inc()
+                drop_frames(failure)
         metrics.requests.labels(NO_ROUTE, "upstream_error").inc()
         error = ApiError(
             502,
