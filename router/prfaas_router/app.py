@@ -48,7 +48,11 @@ class RouterService:
         self.settings = settings
         self.limits = settings.limits  # built once, read by every request
         self.metrics = RouterMetrics()
-        self.tokenizer = PromptTokenizer(settings.tokenizer_path) if settings.tokenizer_path else None
+        self.tokenizer = (
+            PromptTokenizer(settings.tokenizer_path, settings.max_tokenize_chars)
+            if settings.tokenizer_path
+            else None
+        )
         self.fleet = Fleet(settings.breaker_failure_threshold, settings.breaker_cooldown_seconds)
         self.snapshot: Snapshot | None = None
         self.drain = drain if drain is not None else ShutdownDrain(settings.shutdown_delay_seconds)
@@ -160,6 +164,8 @@ class RouterService:
             await self._dispatcher.close()
         if self._upstream is not None:
             await self._upstream.close()
+        if self.tokenizer is not None:
+            self.tokenizer.close()
 
     def build_app(self) -> web.Application:
         app = web.Application(client_max_size=self.settings.max_body_bytes, middlewares=[_json_errors])
@@ -256,7 +262,8 @@ class RouterService:
                 )
             if self.tokenizer is not None and parsed.texts:
                 token_ids = await self.tokenizer.token_buffers_off_loop(parsed.texts)
-                parsed = replace(parsed, texts=(), token_ids=tuple(token_ids))
+                if token_ids is not None:
+                    parsed = replace(parsed, texts=(), token_ids=tuple(token_ids))
             keys = prompt_keys(parsed, config.block_size_tokens, config.chars_per_token)
         except ApiError as error:
             self.metrics.requests.labels("none", "bad_request").inc()

@@ -140,6 +140,11 @@ class RouterSettings:
         "the model's tokenizer.json: count and hash text prompts in real tokens (default: estimate)",
         flag="--tokenizer",
     )
+    max_tokenize_chars: int = setting(
+        256 * 1024,
+        "a request whose texts are longer is not tokenized: its tokens are estimated from its characters",
+        at_least=0,
+    )
     config_map: str | None = setting(
         None,
         "also watch the config's ConfigMap through the API with the pod's ServiceAccount "

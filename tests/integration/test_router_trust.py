@@ -292,3 +292,33 @@ async def test_retried_attempts_of_large_requests_give_their_memory_back(
     finally:
         for engine in engines:
             engine.process.stop()
+
+
+async def test_prompts_past_the_tokenizer_cap_are_estimated_and_hold_nobody_up(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """Degraded: 8 prompts of 2M characters made small requests wait 12.7 s in the shared thread
+    pool (RSS 1.86 GB). Past the cap a prompt is estimated from its characters, never tokenized."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel(vocab={"[UNK]": 0, "hello": 1}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    path = tmp_path / "tokenizer.json"
+    tokenizer.save(str(path))
+    router = start_router(config_doc(cluster.prfaas, cluster.local, cluster.decode), "--tokenizer", str(path))
+    huge = "hello " * (150 * 1024)  # 900 KiB: past the 256 KiB cap, within the model's context
+
+    async def timed(content: str) -> float:
+        started = time.monotonic()
+        answer = await post(client, router.url + CHAT_PATH, chat(content))
+        assert answer.status == 200, answer.body
+        return time.monotonic() - started
+
+    big = [asyncio.create_task(timed(huge)) for _ in range(8)]
+    await asyncio.sleep(0.2)
+    small = await timed(SHORT)
+    await asyncio.gather(*big)
+    assert small < 2.0, small
+    samples = await metric_samples(client, router.url)
+    # SHORT tokenized: 50 words; each huge prompt estimated at 4 characters a token
+    assert sample(samples, "prfaas_router_prompt_tokens_sum") == 50 + 8 * (len(huge) // 4)
