@@ -12,8 +12,9 @@ prefill and decode:
 * `smg`:    `smg launch --pd-disaggregation --prefill URL BOOTSTRAP --decode URL` (SMG, defaults).
 
 Before measuring, a second SMG behind a recording tap shows what SMG polls and that its two
-legs carry `bootstrap_host/port/room`; in every phase the decode's count of KV transfers must
-equal the requests sent, which proves that each request crossed the PD protocol.
+legs carry `bootstrap_host/port/room`; in every phase the prefills' count of KV transfers (where
+SGLang observes them) must equal the requests sent, which proves that each request crossed the
+PD protocol.
 
 Phases, each path in turn, in 3 rounds (1 with --quick) whose path order rotates, so that all
 paths meet the same background load; the load generator is a separate process whose streams
@@ -312,7 +313,7 @@ class Run:
     sent: int  # every request, warm-up included
     errors: int
     error_samples: list[str]
-    transfers: int  # KV transfers the decode received meanwhile
+    transfers: int  # KV transfers the prefills sent meanwhile
     cpu: dict[str, float]
     others_cores: float
 
