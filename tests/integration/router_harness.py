@@ -138,11 +138,19 @@ class Cluster:
 @contextlib.contextmanager
 def healthy_cluster(logs: Path, *extra: str) -> Iterator[Cluster]:
     """One PrfaaS prefill, one local prefill and one decode, healthy until the block ends."""
-    engines = Cluster(
-        prfaas=[start_engine("p0", "prefill", "127.0.1.1", "h200", logs, *extra)],
-        local=[start_engine("l0", "prefill", "127.0.2.1", "h20", logs, *extra)],
-        decode=[start_engine("d0", "decode", "127.0.2.11", "h20", logs, *extra)],
-    )
+    with running(
+        Cluster(
+            prfaas=[start_engine("p0", "prefill", "127.0.1.1", "h200", logs, *extra)],
+            local=[start_engine("l0", "prefill", "127.0.2.1", "h20", logs, *extra)],
+            decode=[start_engine("d0", "decode", "127.0.2.11", "h20", logs, *extra)],
+        )
+    ) as engines:
+        yield engines
+
+
+@contextlib.contextmanager
+def running(engines: Cluster) -> Iterator[Cluster]:
+    """Started engines, once healthy, until the block ends; stopped then."""
     everyone = [*engines.prfaas, *engines.local, *engines.decode]
     try:
         for engine in everyone:

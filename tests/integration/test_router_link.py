@@ -31,9 +31,9 @@ from router_harness import (
     healthy_cluster,
     metric_samples,
     post,
+    running,
     sample,
     start_engine,
-    wait_healthy,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -113,11 +113,6 @@ SHAPED_CONFIGURED = 5e8
 CHUNK_TOKENS = 8192
 SHAPED_PROMPT_TOKENS = 60_000  # 8 chunks; the last chunk carries about a fifth of the KV
 SHAPED_REQUESTS = 7
-SHAPED_FLAGS = (
-    "--link-poll-interval-seconds", "0.2",
-    "--link-half-life-seconds", "0.5",
-    "--prefill-chunk-tokens", str(CHUNK_TOKENS),
-)  # fmt: skip
 
 
 @pytest.fixture(scope="module", params=SHAPED_RATES, ids=lambda rate: f"{rate:g}")
@@ -129,24 +124,19 @@ def shaped_link(
     wire_rate = request.param * KV_SCALE / SHAPED_TIME_SCALE
     scale = str(SHAPED_TIME_SCALE)
     chunked = ("--chunked-prefill-size", str(CHUNK_TOKENS))
-    engines = Cluster(
-        prfaas=[
-            start_engine(
-                "p0", "prefill", "127.0.1.1", "h200", logs, "--tp-size", "2", *chunked,
-                "--link-rate-bytes-per-second", f"{wire_rate:g}", time_scale=scale,
-            )
-        ],
-        local=[start_engine("l0", "prefill", "127.0.2.1", "h20", logs, *chunked, time_scale=scale)],
-        decode=[start_engine("d0", "decode", "127.0.2.11", "h20", logs, time_scale=scale)],
-    )  # fmt: skip
-    everyone = [*engines.prfaas, *engines.local, *engines.decode]
-    try:
-        for engine in everyone:
-            wait_healthy(engine)
+    with running(
+        Cluster(
+            prfaas=[
+                start_engine(
+                    "p0", "prefill", "127.0.1.1", "h200", logs, "--tp-size", "2", *chunked,
+                    "--link-rate-bytes-per-second", f"{wire_rate:g}", time_scale=scale,
+                )
+            ],
+            local=[start_engine("l0", "prefill", "127.0.2.1", "h20", logs, *chunked, time_scale=scale)],
+            decode=[start_engine("d0", "decode", "127.0.2.11", "h20", logs, time_scale=scale)],
+        )
+    ) as engines:  # fmt: skip
         yield engines
-    finally:
-        for engine in everyone:
-            engine.process.stop()
 
 
 def scaled_world(doc: dict[str, Any], scale: float) -> dict[str, Any]:
@@ -198,7 +188,9 @@ async def test_the_measured_bandwidth_is_within_ten_percent_of_the_shaped_rate(
         shaped_link.decode,
         link={"bandwidth_bytes_per_second": SHAPED_CONFIGURED, "headroom": 0.8, "latency_seconds": 0.001},
     )
-    router = start_router(scaled_world(doc, SHAPED_TIME_SCALE), *SHAPED_FLAGS)
+    router = start_router(
+        scaled_world(doc, SHAPED_TIME_SCALE), *ESTIMATE_FLAGS, "--prefill-chunk-tokens", str(CHUNK_TOKENS)
+    )
     url = router.url + "/v1/chat/completions"
     started = time.monotonic()
     readings: list[float] = []
