@@ -231,8 +231,7 @@ def kv_transfers(prefills: Sequence[Engine]) -> int:
         status, body = http_get(prefill.url + "/metrics", timeout=10.0)
         if status != 200:
             raise RuntimeError(f"prefill {prefill.url} /metrics answered {status}")
-        found = parse_engine_transfers(body.decode())
-        total += found.totals.transfers if found is not None else 0.0
+        total += parse_engine_transfers(body.decode()).totals.transfers
     return round(total)
 
 

@@ -82,9 +82,14 @@ class EngineTransfers:
     """Requests whose KV is computed and not yet delivered (0 when the engine does not say)."""
 
 
-def parse_engine_transfers(text: str) -> EngineTransfers | None:
-    """An engine's KV transfers from its exposition (per-rank series, `engine_totals`); None when
-    it reports no transfer totals; ReportRefused when what it reports cannot be."""
+def parse_engine_transfers(text: str) -> EngineTransfers:
+    """An engine's KV transfers from its exposition (per-rank series, `engine_totals`);
+    ReportRefused when what it reports cannot be.
+
+    No transfer series is no transfer yet (zero totals): SGLang's series appear with their first
+    observation, so an engine that answered without them has sent nothing, and its first
+    transfer then counts against that zero instead of only setting the baseline.
+    """
     # per series (its labels): [bytes, latency seconds, transfers]
     series: dict[frozenset[tuple[str, str]], list[float]] = {}
     undelivered = 0.0
@@ -113,7 +118,7 @@ def parse_engine_transfers(text: str) -> EngineTransfers | None:
     if not all(math.isfinite(value) and value >= 0 for value in (*values, undelivered)):
         raise ReportRefused("a transfer total or queue that is not a finite count")
     if not seen:
-        return None
+        return EngineTransfers(NO_TRANSFERS, undelivered)
     totals = engine_totals(
         RankSeries(
             tuple(
@@ -126,7 +131,7 @@ def parse_engine_transfers(text: str) -> EngineTransfers | None:
     return EngineTransfers(totals, undelivered)
 
 
-def _engine_report(page: bytes) -> EngineTransfers | None:
+def _engine_report(page: bytes) -> EngineTransfers:
     return parse_engine_transfers(read_series(page))
 
 

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prfaas_core.metrics_contract import BYTES_PER_MIB
 from prfaas_core.routing.link_estimate import (
+    NO_TRANSFERS,
     LinkEstimateRules,
     LinkEstimator,
     RankSeries,
@@ -258,8 +259,12 @@ def test_per_rank_series_give_the_engines_bytes_and_each_transfer_once() -> None
 
 
 @pytest.mark.parametrize("text", ["", "sglang:num_queue_reqs 1\n"])
-def test_an_engine_without_transfer_totals_adds_nothing(text: str) -> None:
-    assert parse_engine_transfers(text) is None
+def test_an_engine_without_transfer_series_has_sent_nothing_yet(text: str) -> None:
+    """SGLang's series appear with their first observation: none yet is zero, so the first
+    transfer counts against it rather than only setting a baseline."""
+    assert parse_engine_transfers(text) == EngineTransfers(NO_TRANSFERS, 0.0)
+    first = parse_engine_transfers(EXPOSITION).totals
+    assert first.since(parse_engine_transfers(text).totals) == first
 
 
 @pytest.mark.parametrize(
