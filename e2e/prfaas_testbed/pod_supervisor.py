@@ -20,6 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,13 +30,15 @@ from lightkube import ApiError
 
 from prfaas_testbed.clusters import Cluster
 from prfaas_testbed.pod_api import PodApi
-from prfaas_testbed.pod_workloads import LocalProcess, PodFacts, observed_role
+from prfaas_testbed.pod_workloads import HttpProbe, LocalProcess, PodFacts, observed_role
 from prfaas_testbed.runner_state import utc_now, write_atomically
 
 log = logging.getLogger("prfaas_testbed.runner")
 
-PROBE_TIMEOUT_MAX_SECONDS = 3.0
-"""Probes run every probe_seconds; a longer timeout would keep the supervisor from noticing a stop."""
+PROBES = ThreadPoolExecutor(max_workers=64, thread_name_prefix="probe")
+"""Probes block a thread for as long as the pod's own timeout allows: SGLang's /health never
+answers in under a second, and on a busy prefill not before its next output (the operator's
+probes allow 20 s). Their own pool, so a dozen engines' probes never queue behind each other."""
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 
 
@@ -293,14 +296,33 @@ class PodSupervisor:
             except (ApiError, httpx2.TransportError, OSError) as err:
                 log.warning("%s: volume sync failed: %s", self.label, err)
             if probe is not None:
-                ok = await asyncio.to_thread(
-                    _probe, probe.url, min(probe.timeout_seconds, PROBE_TIMEOUT_MAX_SECONDS)
-                )
+                ok = await self._probe_while_running(process, probe)
+                if ok is None:  # the process exited or the pod is stopping: the loop's top sees to it
+                    continue
                 failures = 0 if ok else failures + 1
                 if ok or failures >= probe.failure_threshold or not self.ready:
                     await self._set_ready(ok)
         self.last_exit = process.returncode
         self.state = "exited"
+
+    async def _probe_while_running(
+        self, process: asyncio.subprocess.Process, probe: HttpProbe
+    ) -> bool | None:
+        """One probe with the pod's own timeout, as the kubelet runs it; None when the process
+        exits or the pod is stopped first (the probe's thread then ends at its timeout)."""
+        probing: asyncio.Future[bool] = asyncio.get_running_loop().run_in_executor(
+            PROBES, _probe, probe.url, probe.timeout_seconds
+        )
+        interrupts: set[asyncio.Future[Any]] = {
+            asyncio.ensure_future(process.wait()),
+            asyncio.ensure_future(self._stop.wait()),
+        }
+        try:
+            await asyncio.wait({probing, *interrupts}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for interrupt in interrupts:
+                interrupt.cancel()
+        return probing.result() if probing.done() else None
 
     async def _terminate(self, *, kill_now: bool) -> None:
         process = self.process
