@@ -43,6 +43,12 @@ PANEL_TARGETS_MAY_BE_EMPTY = {
     ("429s and errors", "B"),
     # created on the operator's first failure to use a cluster
     ("Operator: reconciles and cluster errors", "B"),
+    # SGLang creates a counter's series with its first increment (metrics_collector.py
+    # increment_bootstrap_failed_reqs, ...): no aborted request, no failed KV transfer or bootstrap
+    # (one query each: a sum of two would be empty while either series is missing)
+    ("429s and errors", "C"),
+    ("429s and errors", "D"),
+    ("429s and errors", "F"),
 }
 # Alerts whose input series may not exist yet in a healthy short run.
 ALERT_INPUTS_MAY_BE_ABSENT = {
