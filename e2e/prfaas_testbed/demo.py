@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import shutil
 import signal
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +66,20 @@ TRACE_SHARE = 0.4
 """With --duration: the share of it the trace gets; the long prompts get the rest."""
 SETTLE_SECONDS = 30.0
 """After the traffic plan: how long requests still in flight may take before the summary."""
+IDLE_SECONDS = 15.0
+"""After the traffic: how long the system idles before the router's readiness is read. SGLang's
+/health never answers in under a second: an idle router must still keep every engine."""
+
+
+def _json_of(url: str) -> dict[str, Any]:
+    """A JSON answer, whatever its status (/readiness says why in a 503 too)."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            body = reply.read()
+    except urllib.error.HTTPError as err:
+        body = err.read()
+    found: dict[str, Any] = json.loads(body)
+    return found
 
 
 def say(text: str) -> None:
@@ -256,6 +273,27 @@ class Demo:
             flush=True,
         )
 
+    async def idle_health(self, system: LiveSystem) -> str:
+        """The router's workers after IDLE_SECONDS without traffic, and the ejections it logged."""
+        say(f"traffic done; idling {IDLE_SECONDS:g} s, then reading the router's /readiness")
+        await asyncio.sleep(IDLE_SECONDS)
+        url = system.router_url()
+        if url is None:
+            return "unknown: the router has no ready pod"
+        try:
+            readiness = await asyncio.to_thread(_json_of, url + "/readiness")
+        except (OSError, ValueError) as err:
+            return f"unknown: /readiness did not answer ({err})"
+        healthy, total = readiness.get("healthy_workers", {}), readiness.get("total_workers", {})
+        pools = ", ".join(f"{pool} {healthy.get(pool, 0)}/{count}" for pool, count in total.items())
+        await asyncio.to_thread(system.keep_container_logs)
+        ejections = sum(
+            path.read_text(errors="replace").count(" is unhealthy")
+            for path in system.work_dir.rglob("*.log")
+            if "-router-" in str(path)
+        )
+        return f"{readiness.get('status')}; healthy workers {pools}; ejections the router logged: {ejections}"
+
     # ---- summary ------------------------------------------------------------------------------------
 
     def egress(self, system: LiveSystem) -> tuple[float | None, float | None]:
@@ -277,10 +315,11 @@ class Demo:
             ),
         )
 
-    def summary(self, system: LiveSystem, driver: TrafficDriver) -> None:
+    def summary(self, system: LiveSystem, driver: TrafficDriver, idle: str) -> None:
         say("summary")
         for phase, label in (("trace", "Mooncake trace"), ("long", "long prompts"), (None, "all")):
             print(f"  {label:15} {driver.summary(phase).line()}")
+        print(f"  router after {IDLE_SECONDS:g} s idle: {idle}")
         errors = driver.summary().errors
         for text, count in sorted(errors.items(), key=lambda item: -item[1])[:5]:
             print(f"    failed x{count}: {text}")
@@ -368,7 +407,8 @@ async def _run(demo: Demo, system: LiveSystem) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal)
     driver = await demo.drive(system, stop)
-    demo.summary(system, driver)
+    idle = await demo.idle_health(system) if not interrupted.is_set() else "not read (interrupted)"
+    demo.summary(system, driver, idle)
     if demo.args.duration is None and not interrupted.is_set():
         demo.print_kubectl()
         say("Ctrl-C to tear down")
