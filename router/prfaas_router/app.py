@@ -107,6 +107,7 @@ class RouterService:
             settings.client_stall_seconds,
             self._link,
             settings.max_answer_bytes,
+            settings.max_stream_seconds,
         )
         self._health = HealthChecker(
             self._upstream,

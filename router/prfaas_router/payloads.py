@@ -70,6 +70,8 @@ class ParsedRequest:
     copies: int  # n: each prompt is generated (and prefilled, and moved) n times
     batch: int | None
     """Prompts of a prompt field given as a list (None: one prompt)."""
+    max_output_tokens: int
+    """The most tokens one sample may generate: the request's limit, else the context length."""
 
     @property
     def samples(self) -> int:
@@ -134,7 +136,8 @@ def parse(kind: Kind, raw: bytes, limits: Limits = Limits()) -> tuple[dict[str, 
             code="batch_too_large",
         )
     _check_context(token_ids, output, limits.context_tokens)
-    return body, ParsedRequest(kind, bool(stream), model, texts, token_ids, copies, batch)
+    max_output = output[1] if output[1] > 0 else limits.context_tokens
+    return body, ParsedRequest(kind, bool(stream), model, texts, token_ids, copies, batch, max_output)
 
 
 def request_id(sent: str | None) -> str:

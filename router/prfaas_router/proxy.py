@@ -86,6 +86,9 @@ _RELAY_HIGH_WATER = 256 * 1024  # bytes waiting for a slow client before the dec
 _RELAY_LOW_WATER = 64 * 1024
 _RELAY_DRAIN_POLL_SECONDS = 0.005
 RETRY_AFTER_SECONDS = 1  # what a 429 or 503 tells the client to wait
+STREAM_EVENT_MARGIN = 64
+"""Token events a stream may send beyond its request's output limit (at most one token each in
+SGLang, which may also put several in one) before the router ends it as the decode's failure."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +206,13 @@ async def _first_event(reply: Reply) -> bytes:
     return data
 
 
+def servable(first: bytes) -> bool:
+    """Whether a decode's 2xx begins as an answer does: a JSON document, or an SSE event (SGLang
+    sends no comment or blank line first). Checked on the first bytes only, not parsed."""
+    start = first.lstrip()[:5]
+    return start[:1] in (b"{", b"[") or start == b"data:"
+
+
 def drop_frames(error: BaseException) -> None:
     """Forgets the tracebacks of a handled failure and of its causes.
 
@@ -221,6 +231,14 @@ def drop_frames(error: BaseException) -> None:
         seen.add(id(current))
         current.__traceback__ = None
         pending += (current.__cause__, current.__context__)
+
+
+def _drop_leg_frames(task: asyncio.Task[Any]) -> None:
+    """A finished leg's failure, if any, without its frames: the reply it failed on holds the
+    failure, whose traceback holds the leg's frame, which holds the reply (a cycle)."""
+    error = task.exception()
+    if error is not None:
+        drop_frames(error)
 
 
 def engine_fault(error: BaseException) -> bool:
@@ -242,9 +260,11 @@ class Dispatcher:
         client_stall_seconds: float,
         link: LinkProbe,
         max_answer_bytes: int,
+        max_stream_seconds: float,
     ) -> None:
         self._upstream = upstream
         self._max_answer_bytes = max_answer_bytes
+        self._max_stream_seconds = max_stream_seconds
         self._link = link
         self._client_stall_seconds = client_stall_seconds
         self._fleet = fleet
@@ -376,6 +396,8 @@ class Dispatcher:
                 else:  # closing the connection makes the engine abort the request
                     response.close()
             lease.release_decode()
+            if decode_task.done() and not decode_task.cancelled():
+                _drop_leg_frames(decode_task)
             if not prefill_task.done():
                 if delivered:  # answered: let the prefill's reply drain on its own
                     self._background.add(prefill_task)
@@ -476,6 +498,7 @@ class Dispatcher:
         if task.cancelled():
             return
         error = task.exception()
+        _drop_leg_frames(task)
         if error is not None and not engine_fault(error):
             log.error("request %s: prefill leg failed inside the router", exchange.request_id, exc_info=error)
             return
@@ -518,13 +541,20 @@ class Dispatcher:
         chunked = request.version >= HttpVersion11
         if chunked:  # framed by us from the second chunk on (`_Relay`), so fixed before prepare
             out.enable_chunked_encoding()
+        else:  # HTTP/1.0 has no chunks: the stream ends where the connection does, keep-alive or not
+            out.force_close()
         counter = _EventCounter()
         outcome = "ok"
         try:
+            parsed = exchange.parsed
+            max_events = parsed.max_output_tokens * parsed.samples + STREAM_EVENT_MARGIN
+            counter.feed(first)
+            overran = counter.events > max_events
+            if overran:  # its first event, then the failure
+                first = first[: first.find(b"\n\n") + 2]
             await out.prepare(request)
             await out.write(first)  # the headers and the first bytes, through aiohttp
             metrics.ttft.labels(decision.route).observe(time.monotonic() - exchange.started)
-            counter.feed(first)
             relay = _Relay(
                 request.transport,
                 reply,
@@ -532,7 +562,14 @@ class Dispatcher:
                 chunked,
                 self._client_stall_seconds,
                 lambda: self._client_stalled(exchange, decision, lease),
+                max_events,
             )
+            limit = self._max_stream_seconds
+            timer = asyncio.get_running_loop().call_later(
+                limit, relay.stop, f"the stream went on past the {limit} s limit"
+            )
+            if overran:
+                relay.stop(f"the stream passed {max_events} token events, more than the request asked for")
             try:
                 await reply.relay(relay.send)
             except UpstreamError as err:
@@ -540,6 +577,8 @@ class Dispatcher:
                     outcome = "stream_error"
                     lease.decode_failed = True
                     await out.write(self._stream_failed(exchange, decision, err))
+            finally:
+                timer.cancel()
             if relay.client_gone:
                 raise ConnectionResetError("the client went away")
             if counter.failed and outcome == "ok":
@@ -669,11 +708,13 @@ class _Relay:
         "_chunked",
         "_counter",
         "_drainer",
+        "_max_events",
         "_on_stall",
         "_reply",
         "_stall_seconds",
         "_transport",
         "client_gone",
+        "overrun",
     )
 
     def __init__(
@@ -684,8 +725,12 @@ class _Relay:
         chunked: bool,
         stall_seconds: float,
         on_stall: Callable[[], None],
+        max_events: int,
     ) -> None:
         self._transport = transport
+        self._max_events = max_events
+        self.overrun: str | None = None
+        """Why the router ended the stream (`stop`): the decode sent more than it may."""
         self._reply = reply
         self._counter = counter
         self._chunked = chunked
@@ -696,16 +741,32 @@ class _Relay:
 
     def send(self, data: bytes) -> None:
         transport = self._transport
+        if self.overrun is not None:
+            return
         if transport is None or transport.is_closing():
             if not self.client_gone:
                 self.client_gone = True
                 self._reply.close()
             return
-        self._counter.feed(data)
+        counter = self._counter
+        counter.feed(data)
+        if counter.events > self._max_events:
+            # the event the client has begun is finished, so the error event that follows parses
+            end = data.find(b"\n\n") + 2
+            if end > 1:
+                transport.write(b"%x\r\n%b\r\n" % (end, data[:end]) if self._chunked else data[:end])
+            self.stop(f"the stream passed {self._max_events} token events, more than the request asked for")
+            return
         transport.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data)
         if self._drainer is None and transport.get_write_buffer_size() > _RELAY_HIGH_WATER:
             self._reply.pause_reading()
             self._drainer = asyncio.get_running_loop().create_task(self._resume_when_drained(transport))
+
+    def stop(self, why: str) -> None:
+        """Ends a stream that overran its bounds; the reader sees the decode fail with `why`."""
+        if self.overrun is None and not self.client_gone:
+            self.overrun = why
+            self._reply.close(UpstreamError(why, unreachable=False))
 
     async def _resume_when_drained(self, transport: asyncio.Transport) -> None:
         """Resumes the decode once the client has read its backlog; a client that reads nothing
@@ -763,6 +824,11 @@ class _EventCounter:
             if reported is not None:
                 self._reported = reported
 
+    @property
+    def events(self) -> int:
+        """Events that carried text so far."""
+        return self._events
+
     def output_tokens(self) -> int:
         return self._reported if self._reported is not None else self._events
 
@@ -805,6 +871,9 @@ def _decode_result(task: asyncio.Task[tuple[Reply, bytes]], worker: Worker) -> t
     if reply.status >= 400:
         reply.release()
         raise _Refused(engine_error(reply.status, first, reply.content_type))
+    if not servable(first):  # an empty 200 (or one of something else) answers nobody
+        reply.close()
+        raise LegFailure(worker, f"decode answered HTTP {reply.status} with no answer in it: {first[:200]!r}")
     if stream_error(_event_head(first)):  # nothing reached the client yet: retried like a failed status
         reply.close()
         raise LegFailure(

@@ -89,6 +89,10 @@ class RouterSettings:
         "close idle engine connections after this long (under uvicorn's 5 s, so SGLang never closes one first)",
     )
     max_body_bytes: int = setting(32 * 1024 * 1024, at_least=1)
+    max_stream_seconds: float = setting(
+        6 * 3600.0,
+        "a stream still going this long is ended as its decode's failure (a whole context at 80 ms a token)",
+    )
     max_answer_bytes: int = setting(
         MAX_ANSWER_BYTES,
         "the most of an engine's answer the router holds (a whole answer, or a stream's first event); "

@@ -162,12 +162,13 @@ class Reply:
         if connection is not None:
             connection.finished(self, reusable=self.complete)
 
-    def close(self) -> None:
-        """Drop the connection now: the engine sees the client go and aborts the request."""
+    def close(self, error: UpstreamError | None = None) -> None:
+        """Drop the connection now: the engine sees the client go and aborts the request. A
+        reader still waiting gets `error` (default: closed by the router)."""
         connection, self._connection = self._connection, None
         if connection is not None:
             connection.finished(self, reusable=False)
-        self._fail(UpstreamError("closed by the router", unreachable=False))
+        self._fail(error or UpstreamError("closed by the router", unreachable=False))
 
     # ---- fed by the connection
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from prfaas_router.proxy import STREAM_EVENT_MARGIN
 from router_harness import (
     SHORT,
     Cluster,
@@ -216,6 +217,45 @@ def rss_bytes(router: Router) -> int:
 MIB = 1024 * 1024
 
 
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_decode_answering_an_empty_200_is_blamed_and_the_request_served(
+    stream: bool, cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """Degraded: a decode answering 200 with an empty body was never ejected (40 of 40 clients
+    got empty answers)."""
+    sick = start_faulty("d-sick", "empty", "127.0.2.30", tmp_path)
+    try:
+        router = start_router(config_doc(cluster.prfaas, cluster.local, [sick, *cluster.decode]), *STRICT)
+        answers = [
+            await post(client, router.url + CHAT_PATH, chat(f"{SHORT} {i}", stream=stream)) for i in range(3)
+        ]
+        assert [a.status for a in answers] == [200] * 3, [a.body for a in answers]
+        assert all(a.body for a in answers)
+        assert breakers(router)["d-sick"] == "open"
+        await assert_unharmed(client, router, ["p0", "l0", "d0"])
+    finally:
+        sick.process.stop()
+
+
+async def test_a_stream_past_its_token_limit_is_ended_as_its_decodes_failure(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """Degraded: a stream's length was not bounded (974 events for `max_tokens: 5`, and on)."""
+    sick = start_faulty("d-sick", "endless-stream", "127.0.2.31", tmp_path)
+    try:
+        router = start_router(config_doc(cluster.prfaas, cluster.local, [sick, *cluster.decode]), *STRICT)
+        answer = await post(client, router.url + CHAT_PATH, chat(SHORT, stream=True, max_tokens=5))
+        assert answer.status == 200
+        tokens = [e for e in answer.body if isinstance(e, dict) and "choices" in e]
+        assert len(tokens) <= 5 + STREAM_EVENT_MARGIN + 1, len(tokens)  # the begun event finished
+        assert answer.body[-1]["error"]["code"] == "decode_failed", answer.body[-1]
+        assert "token events" in answer.body[-1]["error"]["message"]
+        assert breakers(router)["d-sick"] == "open"
+        await assert_unharmed(client, router, ["p0", "l0", "d0"])
+    finally:
+        sick.process.stop()
+
+
 async def test_an_endless_answer_is_cut_at_the_cap_and_its_decode_blamed(
     cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
@@ -322,3 +362,71 @@ async def test_prompts_past_the_tokenizer_cap_are_estimated_and_hold_nobody_up(
     samples = await metric_samples(client, router.url)
     # SHORT tokenized: 50 words; each huge prompt estimated at 4 characters a token
     assert sample(samples, "prfaas_router_prompt_tokens_sum") == 50 + 8 * (len(huge) // 4)
+
+
+async def test_an_http10_keep_alive_stream_is_closed_at_its_end(
+    cluster: Cluster, start_router: RouterFactory
+) -> None:
+    """Degraded: an HTTP/1.0 keep-alive stream was held open to the 30 s idle timeout (it has no
+    other end than the connection's)."""
+    router = start_router(config_doc(cluster.prfaas, cluster.local, cluster.decode))
+    body = json.dumps(chat(SHORT, stream=True)).encode()
+    head = (
+        b"POST " + CHAT_PATH.encode() + b" HTTP/1.0\r\nHost: router\r\nContent-Type: application/json\r\n"
+        b"Connection: keep-alive\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
+    started = time.monotonic()
+    raw = await raw_request(router, head + body, read_seconds=10.0)
+    assert time.monotonic() - started < 3.0
+    assert raw.startswith(b"HTTP/1.") and b" 200 " in raw.split(b"\r\n", 1)[0], raw[:200]
+    assert raw.rstrip().endswith(b"data: [DONE]"), raw[-200:]
+
+
+SOAK_ROUNDS = 60
+SOAK_SECONDS = 90.0
+
+
+async def test_a_soak_of_retries_large_answers_and_bad_reports_keeps_rss_flat(
+    start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """Done means: a bounded soak (SOAK_ROUNDS requests, SOAK_SECONDS at most) keeps the router's
+    RSS flat. Every 4 MiB request meets a decode answering 500, then one whose answer never ends
+    (cut at the cap), then a decode whose /v1/loads lies (10^400 running, polled every 0.1 s)."""
+    lie = tmp_path / "loads.json"
+    lie.write_text(loads_report(1, "1" + "0" * 400))
+    engines = [
+        start_faulty("l-ok", "ok", "127.0.2.32", tmp_path, prefill=True),
+        start_faulty("d-sick", "500", "127.0.2.33", tmp_path),
+        start_faulty("d-endless", "endless", "127.0.2.34", tmp_path),
+        start_faulty("d-liar", "ok", "127.0.2.35", tmp_path, "--loads-file", str(lie)),
+    ]
+    try:
+        prefill, *decodes = engines
+        doc = config_doc([], [prefill], decodes)
+        doc["decode"] = DECODE_CAPACITY
+        router = start_router(
+            doc,
+            "--breaker-failure-threshold",
+            "100000",
+            "--max-answer-bytes",
+            str(4 * MIB),
+            "--load-poll-interval-seconds",
+            "0.1",
+        )
+        request = chat("y" * (4 * MIB))
+        deadline = time.monotonic() + SOAK_SECONDS
+        rss: list[int] = []
+        for round_ in range(SOAK_ROUNDS):
+            assert time.monotonic() < deadline, f"the soak took over {SOAK_SECONDS} s at round {round_}"
+            answer = await post(client, router.url + CHAT_PATH, request)
+            assert answer.status == 200, answer.body
+            rss.append(rss_bytes(router))
+        warm = rss[SOAK_ROUNDS // 6]
+        grown = max(rss[SOAK_ROUNDS // 6 :]) - warm
+        assert grown < 32 * MIB, f"RSS grew {grown / MIB:.0f} MiB after warm-up: {[r // MIB for r in rss]}"
+        samples = await metric_samples(client, router.url)
+        assert sample(samples, "prfaas_router_upstream_retries_total", pool="decode") == 2 * SOAK_ROUNDS
+        assert sample(samples, "prfaas_router_engine_reports_refused_total", worker="d-liar") > 0
+    finally:
+        for engine in engines:
+            engine.process.stop()
