@@ -8,9 +8,10 @@ bound. Only the engine that misbehaved is blamed; a refused report or config nev
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -173,6 +174,30 @@ async def test_any_session_key_bytes_route_with_several_replicas(
     await assert_unharmed(client, router, ["p0", "l0", "d0"])
 
 
+@contextlib.asynccontextmanager
+async def blamed_alone(
+    fault: str,
+    host: str,
+    cluster: Cluster,
+    start_router: RouterFactory,
+    client: aiohttp.ClientSession,
+    logs: Path,
+    *flags: str,
+) -> AsyncIterator[Router]:
+    """A router whose first decode misbehaves with `fault`; after the block that decode's breaker
+    is open, no healthy engine was blamed, and a normal request is served."""
+    sick = start_faulty("d-sick", fault, host, logs)
+    try:
+        router = start_router(
+            config_doc(cluster.prfaas, cluster.local, [sick, *cluster.decode]), *STRICT, *flags
+        )
+        yield router
+        assert breakers(router)["d-sick"] == "open"
+        await assert_unharmed(client, router, ["p0", "l0", "d0"])
+    finally:
+        sick.process.stop()
+
+
 # ------------------------------------------------------------------------------ answers that lie
 
 
@@ -180,15 +205,9 @@ async def test_a_decode_answering_3xx_is_blamed_alone(
     cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
     """Broken 7: a 302 counted as success, so the healthy prefill was blamed and ejected."""
-    sick = start_faulty("d-sick", "302", "127.0.2.24", tmp_path)
-    try:
-        router = start_router(config_doc(cluster.prfaas, cluster.local, [sick, *cluster.decode]), *STRICT)
+    async with blamed_alone("302", "127.0.2.24", cluster, start_router, client, tmp_path) as router:
         answers = [await post(client, router.url + CHAT_PATH, chat(f"{SHORT} {i}")) for i in range(3)]
         assert [a.status for a in answers] == [200] * 3, [a.body for a in answers]
-        assert breakers(router)["d-sick"] == "open"
-        await assert_unharmed(client, router, ["p0", "l0", "d0"])
-    finally:
-        sick.process.stop()
 
 
 async def test_a_prefill_answering_3xx_is_blamed_alone(
@@ -223,55 +242,39 @@ async def test_a_decode_answering_an_empty_200_is_blamed_and_the_request_served(
 ) -> None:
     """Degraded: a decode answering 200 with an empty body was never ejected (40 of 40 clients
     got empty answers)."""
-    sick = start_faulty("d-sick", "empty", "127.0.2.30", tmp_path)
-    try:
-        router = start_router(config_doc(cluster.prfaas, cluster.local, [sick, *cluster.decode]), *STRICT)
+    async with blamed_alone("empty", "127.0.2.30", cluster, start_router, client, tmp_path) as router:
         answers = [
             await post(client, router.url + CHAT_PATH, chat(f"{SHORT} {i}", stream=stream)) for i in range(3)
         ]
         assert [a.status for a in answers] == [200] * 3, [a.body for a in answers]
         assert all(a.body for a in answers)
-        assert breakers(router)["d-sick"] == "open"
-        await assert_unharmed(client, router, ["p0", "l0", "d0"])
-    finally:
-        sick.process.stop()
 
 
 async def test_a_stream_past_its_token_limit_is_ended_as_its_decodes_failure(
     cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
     """Degraded: a stream's length was not bounded (974 events for `max_tokens: 5`, and on)."""
-    sick = start_faulty("d-sick", "endless-stream", "127.0.2.31", tmp_path)
-    try:
-        router = start_router(config_doc(cluster.prfaas, cluster.local, [sick, *cluster.decode]), *STRICT)
+    async with blamed_alone(
+        "endless-stream", "127.0.2.31", cluster, start_router, client, tmp_path
+    ) as router:
         answer = await post(client, router.url + CHAT_PATH, chat(SHORT, stream=True, max_tokens=5))
         assert answer.status == 200
         tokens = [e for e in answer.body if isinstance(e, dict) and "choices" in e]
         assert len(tokens) <= 5 + STREAM_EVENT_MARGIN + 1, len(tokens)  # the begun event finished
         assert answer.body[-1]["error"]["code"] == "decode_failed", answer.body[-1]
         assert "token events" in answer.body[-1]["error"]["message"]
-        assert breakers(router)["d-sick"] == "open"
-        await assert_unharmed(client, router, ["p0", "l0", "d0"])
-    finally:
-        sick.process.stop()
 
 
 async def test_an_endless_answer_is_cut_at_the_cap_and_its_decode_blamed(
     cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
     """Broken 5: an endless non-streamed body grew the router by about 6 MB/s until the client left."""
-    sick = start_faulty("d-sick", "endless", "127.0.2.26", tmp_path)
-    try:
-        doc = config_doc(cluster.prfaas, cluster.local, [sick, *cluster.decode])
-        router = start_router(doc, *STRICT, "--max-answer-bytes", str(4 * MIB))
+    cap = ("--max-answer-bytes", str(4 * MIB))
+    async with blamed_alone("endless", "127.0.2.26", cluster, start_router, client, tmp_path, *cap) as router:
         before = rss_bytes(router)
         answer = await post(client, router.url + CHAT_PATH, chat(SHORT))
         assert answer.status == 200, answer.body  # retried on the healthy decode
         assert rss_bytes(router) - before < 24 * MIB
-        assert breakers(router)["d-sick"] == "open"
-        await assert_unharmed(client, router, ["p0", "l0", "d0"])
-    finally:
-        sick.process.stop()
 
 
 async def test_a_huge_metrics_page_is_refused_without_stalling_the_router(
