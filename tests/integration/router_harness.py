@@ -258,3 +258,13 @@ def sample(samples: dict[tuple[str, frozenset[Any]], float], name: str, **labels
         if found == name and set(labels.items()) <= found_labels:
             return value
     return 0.0
+
+
+def total(samples: dict[tuple[str, frozenset[Any]], float], name: str, **labels: str) -> float:
+    """The sum over every series that has the given labels (SGLang splits request counters by
+    `is_streaming`, and series appear with their first observation)."""
+    return sum(
+        value
+        for (found, found_labels), value in samples.items()
+        if found == name and set(labels.items()) <= found_labels
+    )

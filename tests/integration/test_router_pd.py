@@ -36,6 +36,7 @@ from router_harness import (
     sample,
     sse_events,
     start_engine,
+    total,
     wait_healthy,
 )
 
@@ -97,7 +98,7 @@ async def test_long_uncached_prompts_go_to_prfaas_short_and_cached_ones_stay_loc
     cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession
 ) -> None:
     router = start_router(config_doc(cluster.prfaas, cluster.local, cluster.decode))
-    prfaas_before = sample(await metric_samples(client, cluster.prfaas[0].url), "sglang:num_requests_total")
+    prfaas_before = total(await metric_samples(client, cluster.prfaas[0].url), "sglang:num_requests_total")
 
     short = await post(client, router.url + "/v1/chat/completions", chat(SHORT))
     long = await post(client, router.url + "/v1/chat/completions", chat(LONG))
@@ -107,7 +108,7 @@ async def test_long_uncached_prompts_go_to_prfaas_short_and_cached_ones_stay_loc
     assert routes == [("local", "short_uncached"), ("prfaas", "long_uncached"), ("local", "cached_prefix")]
 
     # the PrfaaS engine really prefilled exactly one of them, and its KV really crossed
-    prfaas_after = sample(await metric_samples(client, cluster.prfaas[0].url), "sglang:num_requests_total")
+    prfaas_after = total(await metric_samples(client, cluster.prfaas[0].url), "sglang:num_requests_total")
     assert prfaas_after - prfaas_before == 1
     samples = await metric_samples(client, router.url)
     assert sample(samples, "prfaas_router_decisions_total", route="prfaas", reason="long_uncached") == 1
@@ -148,8 +149,19 @@ async def test_an_exhausted_link_budget_keeps_long_prompts_local(
 async def test_killing_the_prfaas_engines_moves_traffic_local_without_failing_requests(
     cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
-    # real time: a 1400-token prefill takes ~0.45 s on the H200 profile, its KV streamed meanwhile
-    doomed = start_engine("p-doomed", "prefill", "127.0.1.9", "h200", tmp_path, time_scale="1.0")
+    # real time: a 1400-token prefill takes ~0.45 s on the H200 profile; in chunks of 128 tokens
+    # its KV leaves chunk by chunk meanwhile (SGLang sends a chunk's KV at its forward's end: in
+    # one chunk it would all leave at the end, and no kill could land mid-transfer)
+    doomed = start_engine(
+        "p-doomed",
+        "prefill",
+        "127.0.1.9",
+        "h200",
+        tmp_path,
+        "--chunked-prefill-size",
+        "128",
+        time_scale="1.0",
+    )
     decode = cluster.decode[0]
     try:
         wait_healthy(doomed)
