@@ -245,7 +245,13 @@ def readiness_probe(facts: PodFacts) -> HttpProbe | None:
     if not http:
         raise PodWorkloadError(f"pod {facts.key}: only httpGet readiness probes are supported")
     return HttpProbe(
-        host=facts.ip, port=_container_port(facts, http.get("port")), path=http.get("path") or "/"
+        host=facts.ip,
+        port=_container_port(facts, http.get("port")),
+        path=http.get("path") or "/",
+        # the pod's own, with the kubelet's defaults: SGLang's /health never answers in under a
+        # second, so the operator's engine probes allow 20 s
+        timeout_seconds=float(probe.get("timeoutSeconds") or 1),
+        failure_threshold=int(probe.get("failureThreshold") or 3),
     )
 
 

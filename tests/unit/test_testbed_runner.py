@@ -123,6 +123,8 @@ def test_prfaas_prefill_pod_becomes_a_fake_engine_on_its_pod_ip(tmp_path: Path) 
     assert flag(process.argv, "--time-scale") == "0.5"
     assert float(flag(process.argv, "--link-rate-bytes-per-second")) == pytest.approx(3.125e6)
     assert process.readiness is not None and process.readiness.url == "http://127.100.1.2:30000/health"
+    # the operator's own timeout and threshold: SGLang's /health never answers in under a second
+    assert (process.readiness.timeout_seconds, process.readiness.failure_threshold) == (20.0, 3)
     assert process.metrics_port == 30000
     assert process.env["SGLANG_HOST_IP"] == "127.100.1.2"  # $(POD_IP) expanded from the fieldRef
     assert "KUBECONFIG" not in process.env and "HOME" not in process.env  # the host's env stays out
