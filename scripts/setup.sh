@@ -31,7 +31,11 @@ sglang_pin=tests/conformance/requirements-sglang.txt
 if [ ! -f .venv-sglang/.prfaas-installed ] || [ "$sglang_pin" -nt .venv-sglang/.prfaas-installed ]; then
   [ -x .venv-sglang/bin/python ] || python3 -m venv .venv-sglang
   .venv-sglang/bin/pip install -q --no-deps "$(grep -E '^sglang==' "$sglang_pin")"
-  grep -vE '^(sglang==|#|$)' "$sglang_pin" | .venv-sglang/bin/pip install -q -r /dev/stdin
+  # pip lists every GPU package of sglang's it leaves out as a conflict: shown only on failure
+  if ! out=$(grep -vE '^(sglang==|#|$)' "$sglang_pin" | .venv-sglang/bin/pip install -q -r /dev/stdin 2>&1); then
+    echo "$out" >&2
+    exit 1
+  fi
   touch .venv-sglang/.prfaas-installed
 fi
 bash e2e/testbed/install-deps.sh
