@@ -87,7 +87,11 @@ def engine_pod(name: str) -> Pod:
                         "args": ["--host", "0.0.0.0", "--port", "30000", "--disaggregation-mode", "decode"],
                         "ports": [{"name": "http", "containerPort": 30000}],
                         "resources": {"limits": {GPU_RESOURCE: "8"}, "requests": {GPU_RESOURCE: "8"}},
-                        "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}},
+                        # as the operator writes it: SGLang's /health never answers in under 1 s
+                        "readinessProbe": {
+                            "httpGet": {"path": "/health", "port": "http"},
+                            "timeoutSeconds": 20,
+                        },
                     }
                 ],
             },
