@@ -182,7 +182,10 @@ class PodSupervisor:
     async def _run(self) -> None:
         try:
             if self._previous is not None:
-                await self._previous.finished.wait()  # the same IP: its process must be gone first
+                # the same IP: its process must be gone first, and meanwhile what answers there is
+                # not this pod (kwok marks a new pod Ready at once; a kubelet would not, yet)
+                await self._set_ready(False)
+                await self._previous.finished.wait()
             self.pod_dir.mkdir(parents=True, exist_ok=True)
             backoff = self._settings.restart_backoff_seconds
             while not self._stop.is_set():
