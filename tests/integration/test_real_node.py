@@ -65,9 +65,12 @@ def engine_pod(namespace: str) -> Any:
                             },
                         ],
                         "ports": [{"name": "http", "containerPort": 30000}],
+                        # SGLang's /health never answers in under 1 s, the kubelet's default
+                        # timeout: the operator's engine probes allow 20 s
                         "readinessProbe": {
                             "httpGet": {"path": "/health", "port": "http"},
                             "periodSeconds": 1,
+                            "timeoutSeconds": 20,
                         },
                         "resources": {
                             "requests": {"cpu": "100m", "memory": "256Mi"},
