@@ -45,7 +45,7 @@ def main() -> int:
     servers = [local.server, decode.server, prfaas.server]
     try:
         for engine in (local, decode, prfaas):
-            engine.server.wait_http(engine.url + "/health")
+            engine.server.wait_http(engine.url + "/ready")  # SGLang's /health takes a second
         config = logs / "router-config.json"
         config.write_text(json.dumps(router_config(local, prfaas, decode)))
         port = free_port()
