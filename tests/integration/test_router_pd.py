@@ -18,6 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 from prfaas_engine_sim.protocol import output_text
+from prfaas_router.link_probe import parse_engine_transfers
 from router_harness import (
     LONG,
     MODEL,
@@ -461,14 +462,12 @@ async def test_a_decode_full_of_traffic_the_router_never_saw_turns_requests_away
         decode.process.stop()
 
 
-def transfers(samples: dict[tuple[str, frozenset[Any]], float]) -> float:
-    """KV transfers an engine observed, where SGLang counts them (the prefill), once per transfer:
-    rank 0 only, as every TP rank observes its own shard's transfer."""
-    return sum(
-        value
-        for (name, labels), value in samples.items()
-        if name == "sglang:kv_transfer_total_mb_count" and dict(labels).get("tp_rank", "0") == "0"
-    )
+async def transfers(client: aiohttp.ClientSession, url: str) -> float:
+    """KV transfers an engine observed, where SGLang counts them (the prefill), each once over its
+    ranks' series: the router's own reading (`link_probe.parse_engine_transfers`)."""
+    async with client.get(url + "/metrics") as reply:
+        assert reply.status == 200
+        return parse_engine_transfers(await reply.text()).totals.transfers
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -479,7 +478,7 @@ async def test_n_two_on_completions_and_generate_pairs_every_sample_on_a_room_of
     n > 1 request on one room); both samples come back, indexed as n = 2 has them."""
     router = start_router(config_doc(cluster.prfaas, cluster.local, cluster.decode))
     prefills = [*cluster.prfaas, *cluster.local]
-    before = [transfers(await metric_samples(client, engine.url)) for engine in prefills]
+    before = [await transfers(client, engine.url) for engine in prefills]
     completion = await post(
         client, router.url + "/v1/completions", {"prompt": SHORT, "max_tokens": 3, "n": 2, "stream": stream}
     )
@@ -503,5 +502,5 @@ async def test_n_two_on_completions_and_generate_pairs_every_sample_on_a_room_of
         assert {event["index"] for event in generated.body[:-1]} == {0, 1, 2, 3}
     else:
         assert [item["text"] for item in generated.body] == [output_text(2)] * 4
-    after = [transfers(await metric_samples(client, engine.url)) for engine in prefills]
+    after = [await transfers(client, engine.url) for engine in prefills]
     assert sum(after) - sum(before) == 2 + 4  # one KV transfer per sample
