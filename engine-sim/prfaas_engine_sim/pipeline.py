@@ -1,6 +1,6 @@
 """One item's way through the fake engine, without HTTP: schedulers, PD legs, prefix cache, counts.
 
-The server (engine_server) parses a request into items and starts one ``run_item`` per item;
+The server (`server`) parses a request into items and starts one ``run_item`` per item;
 the pipeline sends it through the prefill and decode schedulers (and, in PD mode, the leg of
 its mode), emits its tokens as events and keeps the counts behind ``sglang:*`` metrics.
 """
