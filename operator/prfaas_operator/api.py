@@ -9,6 +9,7 @@ discovered later by the operator.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from prfaas_core import planning, router_config
@@ -148,6 +149,17 @@ class KvProfile(_Model):
     )
 
 
+def last_flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of the last `flag VALUE` or `flag=VALUE` in args (argparse: the last one wins)."""
+    value: str | None = None
+    for index, arg in enumerate(args):
+        if arg == flag and index + 1 < len(args):
+            value = args[index + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
 class ModelSpec(_Model):
     """The model every engine serves."""
 
@@ -165,6 +177,10 @@ class ModelSpec(_Model):
         description="Extra SGLang launch_server arguments for every engine.",
     )
     kv: KvProfile = Field(description="KV-cache layout and size.")
+
+    def extra_arg(self, flag: str) -> str | None:
+        """The value extraArgs give `flag`, as SGLang will read it; None when they do not set it."""
+        return last_flag_value(self.extra_args, flag)
 
 
 class PodPlacement(_Model):

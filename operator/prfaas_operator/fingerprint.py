@@ -21,35 +21,22 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
 
 from prfaas_operator.api import ModelSpec
 
 FINGERPRINT_LENGTH = 12  # hex digits: a label value, and 48 bits make accidental equality negligible
 
 
-def last_flag_value(args: Sequence[str], flag: str) -> str | None:
-    """The value of the last `flag VALUE` or `flag=VALUE` in args (argparse: the last one wins)."""
-    value: str | None = None
-    for index, arg in enumerate(args):
-        if arg == flag and index + 1 < len(args):
-            value = args[index + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
-
-
 def kv_layout(model: ModelSpec) -> dict[str, str | None]:
     """The inputs of the fingerprint, as SGLang will see them."""
-    extra = model.extra_args
     return {
         "image": model.image,
         "modelPath": model.model_path,
         "revision": model.revision,
-        "pageSize": last_flag_value(extra, "--page-size") or str(model.kv.page_size),
-        "kvCacheDtype": last_flag_value(extra, "--kv-cache-dtype") or model.kv.dtype.value,
-        "dtype": last_flag_value(extra, "--dtype"),
-        "quantization": last_flag_value(extra, "--quantization"),
+        "pageSize": model.extra_arg("--page-size") or str(model.kv.page_size),
+        "kvCacheDtype": model.extra_arg("--kv-cache-dtype") or model.kv.dtype.value,
+        "dtype": model.extra_arg("--dtype"),
+        "quantization": model.extra_arg("--quantization"),
     }
 
 

@@ -436,6 +436,24 @@ def router_drain_seconds(spec: PrfaasDeploymentSpec) -> int:
     return math.ceil(spec.slo.ttft_seconds + tokens * spec.slo.tpot_seconds)
 
 
+UNCHUNKED_PREFILL_TOKENS = 2**31 - 1
+"""`--chunked-prefill-size -1` (or 0) turns chunking off: one chunk holds any prompt."""
+
+
+def prefill_chunk_tokens(model: ModelSpec) -> int | None:
+    """SGLang's chunk size when extraArgs set it, for the router's link estimate (a transfer's
+    observed latency covers the last chunk only); None leaves the router's default, SGLang's own
+    on H20/H200 (8192)."""
+    value = model.extra_arg("--chunked-prefill-size")
+    try:
+        tokens = int(value) if value is not None else None
+    except ValueError:
+        return None  # SGLang refuses it at start; the engines' status says so
+    if tokens is None:
+        return None
+    return tokens if tokens > 0 else UNCHUNKED_PREFILL_TOKENS
+
+
 def router_deployment(spec: PrfaasDeploymentSpec, owner: Owner, config_json: str | None) -> Manifest:
     """The router Deployment. The config checksum sits on the Deployment, not the pod template:
     the router hot-reloads its mounted config, so a new config must not roll the pods.
@@ -470,6 +488,9 @@ def router_deployment(spec: PrfaasDeploymentSpec, owner: Owner, config_json: str
         {"name": "config", "configMap": {"name": names.router_config}},
         {"name": "tmp", "emptyDir": {"sizeLimit": ROUTER_TMP_SIZE}},
     ]
+    chunk_tokens = prefill_chunk_tokens(spec.model)
+    if chunk_tokens is not None:
+        args += ["--prefill-chunk-tokens", str(chunk_tokens)]
     if router.tokenizer is not None:
         args += ["--tokenizer", f"{ROUTER_TOKENIZER_DIR}/{router.tokenizer.path}"]
         mounts.append({"name": "tokenizer", "mountPath": ROUTER_TOKENIZER_DIR, "readOnly": True})

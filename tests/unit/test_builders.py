@@ -17,8 +17,8 @@ from prfaas_core.router_config import RouterConfig
 from prfaas_core.vocabulary import ANNOTATION_CONFIG_CHECKSUM, LABEL_FINGERPRINT, LABEL_OWNER, LABEL_OWNER_UID
 from prfaas_operator import manifests
 from prfaas_operator.allocation import effective_allocation
-from prfaas_operator.api import Allocation, PrfaasDeploymentSpec
-from prfaas_operator.fingerprint import kv_fingerprint, last_flag_value
+from prfaas_operator.api import Allocation, PrfaasDeploymentSpec, last_flag_value
+from prfaas_operator.fingerprint import kv_fingerprint
 from prfaas_operator.manifests import Owner, label_value
 from prfaas_operator.router_config_builder import PoolChoice, build_router_config, choose_pools
 from prfaas_operator.status import PodInfo
@@ -247,6 +247,19 @@ class TestPdClusterObjects:
             "args"
         ]
         assert args[args.index("--drain-timeout-seconds") + 1] == "600"
+
+    def test_router_learns_the_engines_chunk_size_from_extra_args(self) -> None:
+        def chunk_arg(extra: list[str]) -> str | None:
+            deployment = manifests.router_deployment(spec(**{"model.extraArgs": extra}), OWNER, None)
+            return flag(
+                deployment["spec"]["template"]["spec"]["containers"][0]["args"], "--prefill-chunk-tokens"
+            )
+
+        assert chunk_arg([]) is None, "SGLang's default on H20/H200 is the router's default"
+        assert chunk_arg(["--chunked-prefill-size", "4096"]) == "4096"
+        assert chunk_arg(["--chunked-prefill-size=16384", "--chunked-prefill-size", "2048"]) == "2048"
+        assert chunk_arg(["--chunked-prefill-size", "-1"]) == str(manifests.UNCHUNKED_PREFILL_TOKENS)
+        assert chunk_arg(["--chunked-prefill-size", "lots"]) is None
 
     def test_router_reads_the_tokenizer_from_the_volume_the_cr_names(self) -> None:
         for source, volume in (
