@@ -28,7 +28,9 @@ fi
 # SGLang itself, for the conformance suite (tests/conformance): its own venv, since .venv holds
 # the testbed's sglang.launch_server shim; the pinned release without its GPU stack.
 sglang_pin=tests/conformance/requirements-sglang.txt
-if [ ! -f .venv-sglang/.prfaas-installed ] || [ "$sglang_pin" -nt .venv-sglang/.prfaas-installed ]; then
+sglang_stamp=.venv-sglang/.prfaas-installed
+sglang_inputs=$(sha256sum <"$sglang_pin")
+if [ "$(cat "$sglang_stamp" 2>/dev/null)" != "$sglang_inputs" ]; then
   [ -x .venv-sglang/bin/python ] || python3 -m venv .venv-sglang
   .venv-sglang/bin/pip install -q --no-deps "$(grep -E '^sglang==' "$sglang_pin")"
   # pip lists every GPU package of sglang's it leaves out as a conflict: shown only on failure
@@ -36,7 +38,7 @@ if [ ! -f .venv-sglang/.prfaas-installed ] || [ "$sglang_pin" -nt .venv-sglang/.
     echo "$out" >&2
     exit 1
   fi
-  touch .venv-sglang/.prfaas-installed
+  echo "$sglang_inputs" >"$sglang_stamp"
 fi
 bash e2e/testbed/install-deps.sh
 bash e2e/testbed/build-binaries.sh >/dev/null
