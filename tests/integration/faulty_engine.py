@@ -12,6 +12,7 @@ in flight (as a decode busy with long answers does). Every POST meets the fault:
 - `garbage`: bytes that are not HTTP, then close
 - `truncated`: a 200 whose body stops short of its Content-Length, then close
 - `hang`: a 200's headers (an SSE stream), then silence
+- `stall`: a 200 SSE stream with one token, then silence
 - `cut`: a 200 SSE stream with one token, then close (a decode dying mid-stream)
 - `abort`: a 200 SSE stream with one token, then SGLang's error event and [DONE] (an abort
   after the stream started: openai/serving_chat.py, the abort branch of _generate_chat_stream)
@@ -125,7 +126,7 @@ class FaultyEngine:
             writer.write(_answer("200 OK", "application/json", _COMPLETION)[:-20])
             await writer.drain()
             return False
-        elif fault in ("hang", "cut", "abort"):
+        elif fault in ("hang", "stall", "cut", "abort"):
             writer.write(
                 b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
             )
@@ -136,7 +137,8 @@ class FaultyEngine:
                 for event in events:
                     writer.write(b"%x\r\n%b\r\n" % (len(event), event))
                 await writer.drain()
-                return fault == "abort"
+                if fault != "stall":
+                    return fault == "abort"
             await asyncio.sleep(3600)
         elif fault == "busy":
             self.in_flight += 1
@@ -173,6 +175,7 @@ async def main() -> None:
             "garbage",
             "truncated",
             "hang",
+            "stall",
             "cut",
             "abort",
             "busy",

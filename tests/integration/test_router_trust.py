@@ -265,6 +265,21 @@ async def test_a_stream_past_its_token_limit_is_ended_as_its_decodes_failure(
         assert "token events" in answer.body[-1]["error"]["message"]
 
 
+async def test_a_stream_past_its_time_limit_is_ended_as_its_decodes_failure(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """A stream still going at `--max-stream-seconds` (here a decode that sent one token and then
+    nothing, under the 3 s read timeout) is ended with an error event and its decode blamed."""
+    limit = ("--max-stream-seconds", "1")
+    async with blamed_alone("stall", "127.0.2.40", cluster, start_router, client, tmp_path, *limit) as router:
+        started = time.monotonic()
+        answer = await post(client, router.url + CHAT_PATH, chat(SHORT, stream=True))
+        assert answer.status == 200
+        assert 1.0 <= time.monotonic() - started < 3.0, "ended by the stream limit, not the read timeout"
+        assert answer.body[-1]["error"]["code"] == "decode_failed", answer.body[-1]
+        assert "1.0 s limit" in answer.body[-1]["error"]["message"]
+
+
 async def test_an_endless_answer_is_cut_at_the_cap_and_its_decode_blamed(
     cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
