@@ -1,16 +1,22 @@
-"""The decode engines' own account of their requests, for the decode-wait term of the TTFT estimate.
+"""The engines' own account of their requests, for the decode-wait and prefill-queue terms of the TTFT estimate.
 
-Every interval the router GETs SGLang's `/v1/loads?include=core` from each decode instance, all
-at once, and keeps the answer on the worker (`Worker.load`): running requests, waiting requests
-(on a decode SGLang counts every request not yet running, those whose KV is still on its way
-included) and `max_running_requests`, summed over the engine's DP ranks. An answer that fails,
-times out or cannot be read makes the load unknown, and the policy counts an unknown decode as
-full: a silent engine never looks idle. The decision itself is `policy.decode_wait_seconds`.
+Every interval the router GETs SGLang's `/v1/loads?include=core` from every engine, all at once,
+and keeps the answer on the worker (`Worker.load`): running requests, waiting requests,
+`max_running_requests` and the waiting uncached prompt tokens, summed over the engine's DP ranks.
+On a decode SGLang counts as waiting every request not yet running, those whose KV is still on
+its way included (`policy.decode_wait_seconds`). On a prefill the uncached tokens are its queue
+as every router replica filled it (`policy._queue_seconds`), so N replicas see one queue, not N
+guesses; SGLang 0.5.23 counts there the waiting queue's uncached tokens and the rest of a chunked
+prompt (`srt/managers/scheduler_components/load_inquirer.py`:
+`SchedulerLoadInquirer.get_num_waiting_uncached_tokens`), while its `num_waiting_reqs` adds the
+bootstrap queue (`get_loads`). An answer that fails, times out or cannot be read makes the load
+unknown: the policy then counts a decode as full and a prefill's queue from its own dispatches, so
+a silent engine never looks idle.
 
 A report is checked before use: at most `MAX_LOADS_BYTES`, at most `MAX_RANKS` ranks, every count
-an integer from 0 to `MAX_REQUESTS`. One that is not is ignored (the load is unknown, so full),
-counted in `prfaas_router_engine_reports_refused_total` and logged once: an engine that sent
-10^400 running requests made every request fail, and 100000 ranks stalled the event loop.
+an integer from 0 to `MAX_REQUESTS` (tokens: `MAX_TOKENS`). One that is not is ignored (the load
+is unknown), counted in `prfaas_router_engine_reports_refused_total` and logged once: an engine
+that sent 10^400 running requests made every request fail, and 100000 ranks stalled the event loop.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ MAX_LOADS_BYTES = 1024 * 1024
 MAX_RANKS = 1024
 MAX_REQUESTS = 1_000_000
 """Per rank and count: far above any engine's max_running_requests or queue."""
+MAX_TOKENS = 1_000_000_000
+"""Waiting uncached tokens per rank: a thousand prompts of a million tokens."""
 
 
 def parse_loads(body: bytes) -> EngineLoad | None:
@@ -41,9 +49,11 @@ def parse_loads(body: bytes) -> EngineLoad | None:
         ranks = json.loads(body)["loads"]
         if not isinstance(ranks, list) or not ranks or len(ranks) > MAX_RANKS:
             return None
-        running = sum(_count(rank["num_running_reqs"]) for rank in ranks)
-        waiting = sum(_count(rank["num_waiting_reqs"]) for rank in ranks)
+        running = sum(_count(rank["num_running_reqs"], MAX_REQUESTS) for rank in ranks)
+        waiting = sum(_count(rank["num_waiting_reqs"], MAX_REQUESTS) for rank in ranks)
         limits = [rank.get("max_running_requests") for rank in ranks]
+        uncached = [rank.get("num_waiting_uncached_tokens") for rank in ranks]
+        tokens = None if None in uncached else sum(_count(count, MAX_TOKENS) for count in uncached)
     except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
         return None
     slots = [
@@ -51,12 +61,12 @@ def parse_loads(body: bytes) -> EngineLoad | None:
         for limit in limits
         if isinstance(limit, int) and not isinstance(limit, bool) and 0 < limit <= MAX_REQUESTS
     ]
-    return EngineLoad(running, waiting, sum(slots) if len(slots) == len(ranks) else None)
+    return EngineLoad(running, waiting, sum(slots) if len(slots) == len(ranks) else None, tokens)
 
 
-def _count(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_REQUESTS:
-        raise ValueError(f"not a request count: {value!r}")
+def _count(value: object, most: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
+        raise ValueError(f"not a count from 0 to {most}: {value!r}")
     return value
 
 
@@ -82,9 +92,10 @@ class LoadPoller:
             await asyncio.sleep(self._interval)
 
     async def poll_all(self) -> None:
-        await asyncio.gather(*(self._poll(worker) for worker in self._fleet.pools[Pool.DECODE]))
+        await asyncio.gather(*(self._poll(worker) for worker in self._fleet.workers()))
 
     async def _poll(self, worker: Worker) -> None:
+        dispatched_at_poll = worker.dispatched_seconds
         load, refused = None, False
         try:
             status, body = await self._upstream.get(
@@ -102,5 +113,8 @@ class LoadPoller:
             self._metrics.engine_reports_refused.labels(worker.pool.value, worker.name).inc()
         if load is None and worker.load is not None:
             why = "its /v1/loads report was refused" if refused else "no /v1/loads answer"
-            log.info("decode %s: load unknown (%s); it counts as full", worker.name, why)
-        worker.load = load
+            then = (
+                "it counts as full" if worker.pool is Pool.DECODE else "its queue is read from our dispatches"
+            )
+            log.info("%s %s: load unknown (%s); %s", worker.pool.value, worker.name, why, then)
+        worker.record_load(load, dispatched_at_poll)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 from prfaas_core.routing.workers import EngineLoad
-from prfaas_router.loads import MAX_RANKS, MAX_REQUESTS, parse_loads
+from prfaas_router.loads import MAX_RANKS, MAX_REQUESTS, MAX_TOKENS, parse_loads
 
 
 def answer(*ranks: dict[str, object]) -> bytes:
@@ -32,6 +32,19 @@ def test_dp_ranks_are_summed_slots_included() -> None:
     assert parse_loads(answer(rank(5, 1, 16), rank(7, 0, 16))) == EngineLoad(12, 1, 32)
 
 
+def test_a_prefills_waiting_uncached_tokens_are_summed_over_its_ranks() -> None:
+    ranks = [
+        {**rank(0, 3, 0), "num_waiting_uncached_tokens": 30_000},
+        {**rank(1, 1, 0), "num_waiting_uncached_tokens": 5},
+    ]
+    assert parse_loads(answer(*ranks)) == EngineLoad(1, 4, None, waiting_uncached_tokens=30_005)
+
+
+def test_tokens_missing_on_a_rank_leave_them_unknown_not_zero() -> None:
+    ranks = [{**rank(0, 3, 0), "num_waiting_uncached_tokens": 30_000}, rank(0, 1, 0)]
+    assert parse_loads(answer(*ranks)) == EngineLoad(0, 4, None, waiting_uncached_tokens=None)
+
+
 def test_a_rank_without_its_max_leaves_the_slots_to_the_config() -> None:
     assert parse_loads(answer(rank(5, 1, 16), rank(7, 0, None))) == EngineLoad(12, 1, None)
 
@@ -50,6 +63,10 @@ def test_a_rank_without_its_max_leaves_the_slots_to_the_config() -> None:
         answer(rank(1, "2")),
         answer(rank(10**400, 0)),  # made every request a 500 (OverflowError in the decode wait)
         answer(rank(MAX_REQUESTS + 1, 0)),
+        answer({**rank(0, 1), "num_waiting_uncached_tokens": MAX_TOKENS + 1}),
+        answer({**rank(0, 1), "num_waiting_uncached_tokens": -1}),
+        answer({**rank(0, 1), "num_waiting_uncached_tokens": 1e9}),
+        answer({**rank(0, 1), "num_waiting_uncached_tokens": 10**400}),
         answer(*[rank(1, 0)] * (MAX_RANKS + 1)),
         b'{"loads": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
     ],

@@ -11,8 +11,10 @@ The paper's short-timescale rules (section 3.4.3, DESIGN.md "Two loops"):
 - Within a pool: the least outstanding tokens, unless the instance holding the request's prefix
   is behind by less than the tokens its cache saves (cache affinity); decode by outstanding tokens.
 - Several router replicas (`router_replicas` > 1) share the link and the engines: each commits
-  its share of the horizon, and reads its own bytes in flight and its own prefill work queued on
-  an instance as its share of the link's backlog and of that queue. A conversation
+  its share of the horizon and reads its own bytes in flight as its share of the link's backlog.
+  An instance's queue is what the engine itself last reported (every replica's work in it) plus
+  what this replica sent since; only while that report is unknown does a replica read its own
+  queued work as its share of the queue (`_queue_seconds`). A conversation
   this replica has not seen goes to the instances its session key hashes to (rendezvous
   hashing), so every replica sends it to the same ones without sharing any state.
 - Mooncake-style TTFT estimate = queue (estimated prefill seconds already on the instance) +
@@ -91,8 +93,8 @@ class PolicyModel:
     """Replicas sharing the link, each holding its share: the link's backlog is about this many
     times what this replica has in flight."""
     queue_replicas: int
-    """Replicas sending work to the same engines: an instance's queue is about this many times what
-    this replica sent there (1 for a router that sees every replica's work)."""
+    """Replicas sending work to the same engines: while an instance's own report is unknown, its queue
+    is about this many times what this replica sent there (1 for a router that sees every replica's work)."""
 
     @classmethod
     def from_config(cls, config: RouterConfig) -> PolicyModel:
@@ -315,7 +317,9 @@ def _local_option(
         prefill_seconds=seconds,
         link_bytes=link_bytes,
         egress_bytes=0.0,
-        ttft=max(_queue_seconds(model, worker) + seconds + transfer, decode_wait),
+        ttft=max(
+            _queue_seconds(model, worker, model.prefill_time[ROUTE_LOCAL]) + seconds + transfer, decode_wait
+        ),
         unloaded_ttft=seconds + unloaded_transfer,
         fits_link=True,
     )
@@ -341,16 +345,36 @@ def _prfaas_option(
         prefill_seconds=seconds,
         link_bytes=egress,
         egress_bytes=egress,
-        ttft=max(_queue_seconds(model, worker) + seconds + transfer + move_in, decode_wait),
+        ttft=max(
+            _queue_seconds(model, worker, model.prefill_time[ROUTE_PRFAAS]) + seconds + transfer + move_in,
+            decode_wait,
+        ),
         unloaded_ttft=seconds + model.link_latency + egress / model.link_bandwidth + move_in,
         fits_link=inflight + egress <= model.link_horizon_bytes,
     )
 
 
-def _queue_seconds(model: PolicyModel, worker: Worker) -> float:
-    """The prefill work queued ahead on `worker`: what this replica sent there, times the replicas,
-    since each sends about as much (kube-proxy spreads connections evenly)."""
-    return worker.queued_seconds * model.queue_replicas
+def _queue_seconds(model: PolicyModel, worker: Worker, time_model: PrefillTimeModel) -> float:
+    """The prefill work queued ahead on `worker`, the same in every replica where the engine reports.
+
+    With the engine's report (SGLang's /v1/loads, every replica's work in it): the prefill time of
+    its waiting uncached tokens, as that many prompts of the mean length one after another, plus
+    what this replica sent there since the poll went out, so a burst between polls is still seen.
+    The report is not drained with the time since the poll: it leaves out the forward in progress,
+    about what the engine has done since, and the next poll replaces it. Without a report (none yet,
+    the last poll failed, or one without the tokens) the engine is not taken as idle: what this
+    replica sent there and has not seen back, times the replicas, since each sends about as much
+    (kube-proxy spreads connections evenly).
+    """
+    report = worker.load
+    tokens = None if report is None else report.waiting_uncached_tokens
+    if report is None or tokens is None:
+        return worker.queued_seconds * model.queue_replicas
+    since_report = worker.dispatched_seconds - worker.dispatched_seconds_at_report
+    if tokens == 0:
+        return since_report
+    prompts = max(report.waiting, 1)
+    return prompts * time_model.seconds_for(tokens / prompts) + since_report
 
 
 def _prefill_seconds(time_model: PrefillTimeModel, request: RequestView, hit: PrefixHit) -> float:

@@ -72,12 +72,17 @@ class CircuitBreaker:
 
 @dataclass(frozen=True, slots=True)
 class EngineLoad:
-    """What an engine last reported of its requests (SGLang's /v1/loads: running, waiting, its max)."""
+    """What an engine last reported of its requests (SGLang's /v1/loads: running, waiting, its max,
+    and the uncached prompt tokens waiting for prefill)."""
 
     running: int
     waiting: int
-    """On a decode engine SGLang counts here every request not yet running, KV still to come included."""
+    """On a decode engine SGLang counts here every request not yet running, KV still to come included;
+    on a prefill, its waiting queue and its bootstrap queue (waiting for the decode's handshake)."""
     max_running: int | None = None
+    waiting_uncached_tokens: int | None = None
+    """Prefill compute still ahead: the waiting queue's uncached tokens and the rest of a chunked
+    prompt, not the bootstrap queue nor the forward in progress (0 on a decode; None: not reported)."""
 
 
 class Worker:
@@ -86,6 +91,8 @@ class Worker:
     __slots__ = (
         "bootstrap_port",
         "breaker",
+        "dispatched_seconds",
+        "dispatched_seconds_at_report",
         "health_failures",
         "health_timed_out",
         "healthy",
@@ -117,6 +124,10 @@ class Worker:
         """The failed checks only timed out: slow or cut off, not refusing (a last resort, see Fleet)."""
         self.outstanding_tokens = 0
         self.queued_seconds = 0.0
+        self.dispatched_seconds = 0.0
+        """Estimated prefill seconds of everything this router has sent here, ever (never decreases)."""
+        self.dispatched_seconds_at_report = 0.0
+        """`dispatched_seconds` when the poll behind `load` went out: what was sent since is not in it."""
         self.inflight = 0
         self.load: EngineLoad | None = None  # unknown until the engine reports, and again when a poll fails
 
@@ -145,11 +156,17 @@ class Worker:
                 self.healthy = False
         return before != self.healthy
 
+    def record_load(self, load: EngineLoad | None, dispatched_at_poll: float) -> None:
+        """Adopt the engine's answer to a poll sent when `dispatched_seconds` was `dispatched_at_poll`."""
+        self.load = load
+        self.dispatched_seconds_at_report = dispatched_at_poll
+
     def begin(self, now: float, tokens: int, prefill_seconds: float) -> None:
         self.breaker.on_dispatch(now)
         self.inflight += 1
         self.outstanding_tokens += tokens
         self.queued_seconds += prefill_seconds
+        self.dispatched_seconds += prefill_seconds
 
     def end(self, tokens: int, prefill_seconds: float) -> None:
         self.inflight -= 1
