@@ -16,6 +16,7 @@ import httpx2
 from lightkube import ApiError
 from lightkube.generic_resource import create_namespaced_resource
 from prfaas_core.vocabulary import GROUP, KIND, LABEL_OWNER_UID, PLURAL, VERSION
+from prfaas_operator.api import last_flag_value
 
 from prfaas_testbed.clusters import Cluster, Testbed
 from prfaas_testbed.link import (
@@ -29,7 +30,7 @@ from prfaas_testbed.link import (
     tc_commands,
 )
 from prfaas_testbed.pod_api import PodApi, as_dict
-from prfaas_testbed.pod_workloads import PodFacts, Scales, flag_value
+from prfaas_testbed.pod_workloads import PodFacts, Scales
 
 log = logging.getLogger("prfaas_testbed.runner")
 
@@ -80,7 +81,7 @@ class LinkEmulator:
         if self.mode is not LinkMode.ENGINE_TOKEN_BUCKET or cluster is not Cluster.PRFAAS:
             return None
         if (
-            flag_value([str(a) for a in facts.container.get("args") or []], "--disaggregation-mode")
+            last_flag_value([str(a) for a in facts.container.get("args") or []], "--disaggregation-mode")
             != "prefill"
         ):
             return None

@@ -30,6 +30,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from prfaas_core.vocabulary import GPU_PRODUCT_LABEL, LABEL_ROLE
+from prfaas_operator.api import last_flag_value
 
 WILDCARD_ADDRESS = "0.0.0.0"
 FAKE_ENGINE_PROFILES = {"NVIDIA-H200": "h200", "NVIDIA-H20": "h20"}
@@ -327,7 +328,7 @@ def _metrics_port(facts: PodFacts, kind: WorkloadKind, args: Sequence[str]) -> i
             return int(declared["containerPort"])
     if kind is WorkloadKind.OPERATOR:
         return None
-    port = flag_value(args, "--port")
+    port = last_flag_value(args, "--port")
     return int(port) if port is not None and port.isdigit() else None
 
 
@@ -338,17 +339,6 @@ def observed_role(facts: PodFacts) -> tuple[WorkloadKind, str, int | None] | Non
         return None
     args = [str(arg) for arg in facts.container.get("args") or []]
     return kind, facts.labels.get(LABEL_ROLE) or kind.value, _metrics_port(facts, kind, args)
-
-
-def flag_value(args: Sequence[str], flag: str) -> str | None:
-    """The value of ``--flag V`` or ``--flag=V`` (the last one wins, as with argparse)."""
-    value = None
-    for index, arg in enumerate(args):
-        if arg == flag and index + 1 < len(args):
-            value = args[index + 1]
-        elif arg.startswith(f"{flag}="):
-            value = arg.split("=", 1)[1]
-    return value
 
 
 def local_process(
@@ -397,7 +387,7 @@ def local_process(
         argv = [programs.router, *args]
     else:
         argv = [programs.python, "-m", "prfaas_operator", *args]
-        if flag_value(args, "--bind-address") is None:
+        if last_flag_value(args, "--bind-address") is None:
             argv += ["--bind-address", facts.ip]  # its default, 0.0.0.0, is the pod IP inside a pod
         service_account = facts.service_account
         kubeconfig_path = pod_dir / "kubeconfig.yaml"
