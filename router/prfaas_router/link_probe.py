@@ -3,14 +3,11 @@
 Every interval the router GETs `/metrics` from each PrfaaS prefill instance, all at once, and
 reads SGLang's per-transfer histograms `sglang:kv_transfer_total_mb` (MiB) and
 `sglang:kv_transfer_latency_ms` (their `_sum` and `_count`, per rank's series, combined by
-`link_estimate.engine_totals`).
-The change since the engine's previous answer, summed over engines, is one interval's
-transfers; an engine that did not answer, or whose totals went back (a restart), adds nothing
-this time. The engines' answers cross the link: on a congested one they queue behind the KV,
-hence a timeout of a few seconds. It also reads `sglang:num_prefill_inflight_queue_reqs` (KV computed, not yet
-delivered): while that stays above zero and no transfer completes, `link_estimate.stalled_bound`
-caps the estimate (a poll some engine did not answer leaves that bound as it was). The dispatcher routes with `limit(model)`: the config's model with its link at the
-estimate.
+`link_estimate.engine_totals`) and `sglang:num_prefill_inflight_queue_reqs` (KV computed, not yet
+delivered); `link_estimate.LinkMonitor` makes the estimate of these answers (the simulator feeds
+it the same way). The engines' answers cross the link: on a congested one they queue behind the
+KV, hence a timeout of a few seconds. The dispatcher routes with `limit(model)`: the config's
+model with its link at the estimate.
 
 A page is checked before use: at most `MAX_METRICS_BYTES`; only the lines of the series read
 are parsed, in a worker thread (the exposition parser costs about 0.8 s a MiB: a 20 MiB page
@@ -26,24 +23,21 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from prfaas_core import metrics_contract as contract
 from prfaas_core.routing.link_estimate import (
     NO_TRANSFERS,
+    EngineTransfers,
     LinkEstimateRules,
-    LinkEstimator,
+    LinkMonitor,
     RankSeries,
-    TransferShape,
     TransferTotals,
     engine_totals,
     limited,
-    sample_bytes_per_second,
-    stalled_bound,
 )
 from prfaas_core.routing.policy import PolicyModel
 from prfaas_core.routing.workers import Fleet, Worker
-from prfaas_core.vocabulary import ROUTE_PRFAAS, Pool
+from prfaas_core.vocabulary import Pool
 from prometheus_client.parser import text_string_to_metric_families
 
 from prfaas_router.metrics import RouterMetrics
@@ -73,13 +67,6 @@ def read_series(page: bytes) -> str:
         line.decode(errors="replace") for line in page.splitlines() if line.startswith(_READ_LINE_STARTS)
     ]
     return "\n".join(lines) + "\n" if lines else ""
-
-
-@dataclass(frozen=True, slots=True)
-class EngineTransfers:
-    totals: TransferTotals
-    undelivered: float
-    """Requests whose KV is computed and not yet delivered (0 when the engine does not say)."""
 
 
 def parse_engine_transfers(text: str) -> EngineTransfers:
@@ -153,16 +140,12 @@ class LinkProbe:
     ) -> None:
         self._upstream = upstream
         self._metrics = metrics
-        self._chunk_tokens = chunk_tokens
         self._fleet = fleet
         self._current_model = current_model
         self._outstanding_bytes = outstanding_bytes
         self._interval = interval_seconds
         self._timeout = timeout_seconds
-        self.estimator = LinkEstimator(rules)
-        self._totals: dict[str, TransferTotals] = {}
-        self._sampled_at: float | None = None  # the end of the last interval that gave a sample
-        self._stalled_since: float | None = None  # KV undelivered and no transfer completed since then
+        self.monitor = LinkMonitor(rules, chunk_tokens)
         self._limited: tuple[PolicyModel, float, PolicyModel] | None = None
         metrics.link_estimate.set_function(self._estimate_or_nan)
         metrics.link_measured.set_function(self._measured_or_nan)
@@ -174,7 +157,7 @@ class LinkProbe:
 
     def limit(self, model: PolicyModel) -> PolicyModel:
         """`model` with its link at the current estimate (the same object while neither changed)."""
-        estimate = self.estimator.estimate(time.monotonic(), model.link_bandwidth)
+        estimate = self.monitor.estimator.estimate(time.monotonic(), model.link_bandwidth)
         cached = self._limited
         if cached is not None and cached[0] is model and cached[1] == estimate:
             return cached[2]
@@ -185,55 +168,12 @@ class LinkProbe:
     async def poll_all(self) -> None:
         workers = self._fleet.pools[Pool.PRFAAS_PREFILL]
         answers = await asyncio.gather(*(self._read(worker) for worker in workers))
-        now = time.monotonic()
-        moved = NO_TRANSFERS
-        undelivered = 0.0
-        for worker, answer in zip(workers, answers, strict=True):
-            if answer is None:
-                continue
-            undelivered += answer.undelivered
-            earlier = self._totals.get(worker.name)
-            self._totals[worker.name] = answer.totals
-            delta = answer.totals.since(earlier) if earlier is not None else None
-            if delta is not None:
-                moved = moved + delta
-        for gone in self._totals.keys() - {worker.name for worker in workers}:
-            del self._totals[gone]
-        model = self._current_model()
-        if self._sampled_at is None or model is None:
-            self._sampled_at = now
-            return
-        # a transfer longer than a poll interval completes in one: the sample covers every
-        # interval since the last one that gave a sample
-        wall = now - self._sampled_at
-        sample = sample_bytes_per_second(moved, wall, model.link_latency, self._shape(model))
-        if sample is not None:
-            self.estimator.observe(now, sample, wall, model.link_bandwidth)
-            self._sampled_at = now
-        if all(answer is not None for answer in answers):  # a silent engine may hold undelivered KV
-            self._bound_by_non_delivery(now, undelivered, moved.bytes, model.link_bandwidth)
-
-    def _shape(self, model: PolicyModel) -> TransferShape:
-        return TransferShape(
-            model.kv_bytes_per_token,
-            model.kv_fixed_bytes,
-            self._chunk_tokens,
-            model.prefill_time[ROUTE_PRFAAS].seconds_for,
+        self.monitor.poll(
+            time.monotonic(),
+            {worker.name: answer for worker, answer in zip(workers, answers, strict=True)},
+            self._current_model(),
+            self._outstanding_bytes(),
         )
-
-    def _bound_by_non_delivery(
-        self, now: float, undelivered: float, completed: float, configured: float
-    ) -> None:
-        """While KV waits undelivered and no transfer completes, the link carried less than what is out."""
-        if undelivered <= 0 or completed > 0:
-            self._stalled_since = now if undelivered > 0 else None
-            return
-        if self._stalled_since is None:
-            self._stalled_since = now
-            return
-        stalled = now - self._stalled_since
-        if stalled >= self.estimator.rules.half_life_seconds:
-            self.estimator.cap(now, stalled_bound(self._outstanding_bytes(), stalled), configured)
 
     async def _read(self, worker: Worker) -> EngineTransfers | None:
         try:
@@ -252,9 +192,15 @@ class LinkProbe:
 
     def _estimate_or_nan(self) -> float:
         model = self._current_model()
-        return math.nan if model is None else self.estimator.estimate(time.monotonic(), model.link_bandwidth)
+        return (
+            math.nan
+            if model is None
+            else self.monitor.estimator.estimate(time.monotonic(), model.link_bandwidth)
+        )
 
     def _measured_or_nan(self) -> float:
         model = self._current_model()
-        measured = None if model is None else self.estimator.measured(time.monotonic(), model.link_bandwidth)
+        measured = (
+            None if model is None else self.monitor.estimator.measured(time.monotonic(), model.link_bandwidth)
+        )
         return math.nan if measured is None else measured

@@ -10,8 +10,10 @@ from hypothesis import strategies as st
 from prfaas_core.metrics_contract import BYTES_PER_MIB
 from prfaas_core.routing.link_estimate import (
     NO_TRANSFERS,
+    EngineTransfers,
     LinkEstimateRules,
     LinkEstimator,
+    LinkMonitor,
     RankSeries,
     TransferShape,
     TransferTotals,
@@ -20,7 +22,7 @@ from prfaas_core.routing.link_estimate import (
     sample_bytes_per_second,
     stalled_bound,
 )
-from prfaas_router.link_probe import EngineTransfers, ReportRefused, parse_engine_transfers, read_series
+from prfaas_router.link_probe import ReportRefused, parse_engine_transfers, read_series
 from router_cases import make_model
 
 CONFIGURED = 1e9
@@ -213,6 +215,57 @@ def test_totals_going_back_mean_a_restart_not_negative_transfers() -> None:
     before = TransferTotals(10.0, 2.0, 3.0)
     assert TransferTotals(15.0, 2.5, 4.0).since(before) == TransferTotals(5.0, 0.5, 1.0)
     assert TransferTotals(1.0, 0.1, 1.0).since(before) is None
+
+
+# A one-chunk transfer of the config's model (1000 tokens): the latency covers all its bytes.
+MONITOR_MODEL = make_model()
+ONE_TRANSFER_BYTES = MONITOR_MODEL.kv_fixed_bytes + 1000 * MONITOR_MODEL.kv_bytes_per_token
+
+
+def transfers_at(rate: float, count: int) -> TransferTotals:
+    """`count` one-chunk transfers, each alone on a link of `rate` bytes/s."""
+    seconds = ONE_TRANSFER_BYTES / rate + MONITOR_MODEL.link_latency
+    return TransferTotals(count * ONE_TRANSFER_BYTES, count * seconds, float(count))
+
+
+def test_the_monitor_samples_what_the_engines_moved_since_their_previous_answer() -> None:
+    configured = MONITOR_MODEL.link_bandwidth
+    monitor = LinkMonitor(RULES, chunk_tokens=8192)
+    monitor.poll(0.0, {"p0": EngineTransfers(transfers_at(0.1 * configured, 5), 0.0)}, MONITOR_MODEL, 0.0)
+    assert monitor.estimator.measured(0.0, configured) is None  # the first answer is only the baseline
+    monitor.poll(1.0, {"p0": EngineTransfers(transfers_at(0.1 * configured, 6), 0.0)}, MONITOR_MODEL, 0.0)
+    weight = 1 - 0.5 ** (1.0 / RULES.half_life_seconds)
+    assert monitor.estimator.measured(1.0, configured) == pytest.approx(configured * (1 - 0.9 * weight))
+
+
+def test_the_monitor_counts_nothing_from_a_silent_or_restarted_engine() -> None:
+    configured = MONITOR_MODEL.link_bandwidth
+    monitor = LinkMonitor(RULES, chunk_tokens=8192)
+    slow = 0.1 * configured
+    monitor.poll(0.0, {"p0": EngineTransfers(transfers_at(slow, 5), 0.0)}, MONITOR_MODEL, 0.0)
+    monitor.poll(1.0, {"p0": None}, MONITOR_MODEL, 0.0)
+    monitor.poll(2.0, {"p0": EngineTransfers(transfers_at(slow, 1), 0.0)}, MONITOR_MODEL, 0.0)  # restarted
+    assert monitor.estimator.measured(2.0, configured) is None
+    # the restart's totals are the new baseline: one more transfer is one sample over both seconds
+    monitor.poll(3.0, {"p0": EngineTransfers(transfers_at(slow, 2), 0.0)}, MONITOR_MODEL, 0.0)
+    weight = 1 - 0.5 ** (3.0 / RULES.half_life_seconds)
+    assert monitor.estimator.measured(3.0, configured) == pytest.approx(configured * (1 - 0.9 * weight))
+
+
+def test_the_monitor_bounds_a_link_that_holds_kv_and_delivers_nothing_only_while_all_answer() -> None:
+    configured = MONITOR_MODEL.link_bandwidth
+    held = EngineTransfers(transfers_at(configured, 1), undelivered=3.0)
+    outstanding = 100 * ONE_TRANSFER_BYTES
+    for silent in (False, True):
+        monitor = LinkMonitor(RULES, chunk_tokens=8192)
+        for second in range(12):
+            answers = {"p0": held, "p1": None if silent and second > 0 else held}
+            monitor.poll(float(second), answers, MONITOR_MODEL, outstanding)
+        estimate = monitor.estimator.estimate(11.0, configured)
+        if silent:
+            assert estimate == configured
+        else:  # stalled since t = 1: capped at what is out over the time nothing came
+            assert estimate == pytest.approx(outstanding / 10.0)
 
 
 EXPOSITION = """\

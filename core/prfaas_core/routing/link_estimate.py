@@ -35,10 +35,11 @@ zero). The budget follows the estimate, never above the configured bandwidth tim
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from prfaas_core.routing.policy import PolicyModel
+from prfaas_core.vocabulary import ROUTE_PRFAAS
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,3 +233,90 @@ def limited(model: PolicyModel, bytes_per_second: float) -> PolicyModel:
     return replace(
         model, link_bandwidth=bytes_per_second, link_horizon_bytes=model.link_horizon_bytes * ratio
     )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTransfers:
+    """One PrfaaS prefill's answer to a poll: its cumulative transfers and the KV it holds back."""
+
+    totals: TransferTotals
+    undelivered: float
+    """Requests whose KV is computed and not yet delivered (0 when the engine does not say)."""
+
+
+class LinkMonitor:
+    """The estimate kept from polls of the PrfaaS prefills (time passed in): the router's link
+    probe feeds it what the engines' /metrics pages say, the simulator what its engines would.
+
+    The change of an engine's totals since its previous answer, summed over engines, is one
+    interval's transfers; an engine that did not answer (None), or whose totals went back (a
+    restart), adds nothing this time. While every engine answers and some hold undelivered KV
+    with no transfer completing, `stalled_bound` caps the estimate after a half-life of that (a
+    poll some engine did not answer leaves that bound as it was).
+    """
+
+    def __init__(self, rules: LinkEstimateRules, chunk_tokens: int) -> None:
+        self.estimator = LinkEstimator(rules)
+        self._chunk_tokens = chunk_tokens
+        self._totals: dict[str, TransferTotals] = {}
+        self._sampled_at: float | None = None  # the end of the last interval that gave a sample
+        self._stalled_since: float | None = None  # KV undelivered and no transfer completed since then
+
+    def poll(
+        self,
+        now: float,
+        answers: Mapping[str, EngineTransfers | None],
+        model: PolicyModel | None,
+        outstanding_bytes: float,
+    ) -> None:
+        """Fold one poll in: each PrfaaS prefill's answer by name, the model routed with, and the
+        KV bytes the router has sent that are not yet delivered."""
+        moved = NO_TRANSFERS
+        undelivered = 0.0
+        for name, answer in answers.items():
+            if answer is None:
+                continue
+            undelivered += answer.undelivered
+            earlier = self._totals.get(name)
+            self._totals[name] = answer.totals
+            delta = answer.totals.since(earlier) if earlier is not None else None
+            if delta is not None:
+                moved = moved + delta
+        for gone in self._totals.keys() - answers.keys():
+            del self._totals[gone]
+        if self._sampled_at is None or model is None:
+            self._sampled_at = now
+            return
+        # a transfer longer than a poll interval completes in one: the sample covers every
+        # interval since the last one that gave a sample
+        wall = now - self._sampled_at
+        sample = sample_bytes_per_second(moved, wall, model.link_latency, self._shape(model))
+        if sample is not None:
+            self.estimator.observe(now, sample, wall, model.link_bandwidth)
+            self._sampled_at = now
+        if all(answer is not None for answer in answers.values()):  # a silent engine may hold KV
+            self._bound_by_non_delivery(
+                now, undelivered, moved.bytes, outstanding_bytes, model.link_bandwidth
+            )
+
+    def _shape(self, model: PolicyModel) -> TransferShape:
+        return TransferShape(
+            model.kv_bytes_per_token,
+            model.kv_fixed_bytes,
+            self._chunk_tokens,
+            model.prefill_time[ROUTE_PRFAAS].seconds_for,
+        )
+
+    def _bound_by_non_delivery(
+        self, now: float, undelivered: float, completed: float, outstanding: float, configured: float
+    ) -> None:
+        """While KV waits undelivered and no transfer completes, the link carried less than what is out."""
+        if undelivered <= 0 or completed > 0:
+            self._stalled_since = now if undelivered > 0 else None
+            return
+        if self._stalled_since is None:
+            self._stalled_since = now
+            return
+        stalled = now - self._stalled_since
+        if stalled >= self.estimator.rules.half_life_seconds:
+            self.estimator.cap(now, stalled_bound(outstanding, stalled), configured)
