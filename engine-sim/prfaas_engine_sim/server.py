@@ -68,6 +68,9 @@ class FakeEngine:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        if self.settings.model_load_seconds:
+            log.info("loading the model: listening in %g s", self.settings.model_load_seconds)
+            await asyncio.sleep(self.settings.model_load_seconds)
         self._ready_at = loop.time() + self.settings.startup_seconds
         bootstrap = self.pipeline.prefill_leg.bootstrap if self.pipeline.prefill_leg else None
         if bootstrap is not None:
@@ -429,6 +432,7 @@ class FakeEngine:
                 "profile": self.pipeline.profile_name,
                 "time_scale": s.time_scale,
                 "kv_scale": s.kv_scale,
+                "model_load_seconds": s.model_load_seconds,
                 "kv_bytes_per_token": self.pipeline.kv_size.bytes_per_token
                 if self.pipeline.kv_size
                 else None,

@@ -68,8 +68,12 @@ class EngineSettings:
     kv_heartbeat_max_failures: int = 2
     """Missed heartbeats in a row that fail a decode's transfers (SGLang:
     ``SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE``, default 2)."""
+    model_load_seconds: float = 0.0
+    """Wall-clock seconds before the engine listens at all, as SGLang loads its weights before its
+    HTTP and bootstrap servers bind (http_server.py ``launch_server``: ``_launch_subprocesses``
+    returns once the schedulers have loaded the model; real engines take minutes)."""
     startup_seconds: float = 0.0
-    """/health and /ready answer 503 for this long after start, like a loading engine."""
+    """/health and /ready answer 503 for this long once listening, like an engine warming up."""
     fail_kv_transfers: int = 0
     """The next this-many KV handoffs of this PD engine fail (tests; ``POST /fake/fail_kv_transfers``
     adds more at run time). A prefill fails once its decode connected, so both legs fail (the
@@ -93,7 +97,7 @@ class EngineSettings:
         for name in ("port", "bootstrap_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 problems.append(f"{name} must be a port number (0 for any free one)")
-        for name in ("time_scale", "kv_scale", "startup_seconds"):
+        for name in ("time_scale", "kv_scale", "model_load_seconds", "startup_seconds"):
             if not getattr(self, name) >= 0:
                 problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("chars_per_token", "health_generation_delay", "health_check_timeout"):
@@ -277,6 +281,12 @@ def build_arg_parser() -> argparse.ArgumentParser:
         help="wall-clock seconds (default: SGLang's 5 s, scaled)",
     )
     add("--kv-heartbeat-max-failures", type=int, default=EngineSettings.kv_heartbeat_max_failures)
+    add(
+        "--model-load-seconds",
+        type=float,
+        default=0.0,
+        help="wall-clock seconds before the engine listens (SGLang loads its weights first)",
+    )
     add("--startup-seconds", type=float, default=0.0)
     add("--fail-kv-transfers", type=int, default=0, help="the next N KV handoffs fail (tests)")
     add(

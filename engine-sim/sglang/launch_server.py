@@ -11,6 +11,8 @@ explicit ARGS (e.g. a PrfaasDeployment's ``spec.model.extraArgs``) override:
 * ``PRFAAS_FAKE_ENGINE_TIME_SCALE``: multiplies every simulated time (default 1);
 * ``PRFAAS_FAKE_ENGINE_KV_SCALE``: the fraction of the real KV bytes actually sent (default
   the fake engine's, 1e-3);
+* ``PRFAAS_FAKE_ENGINE_MODEL_LOAD_SECONDS``: wall-clock seconds before the engine listens, as
+  SGLang loads its weights before it serves (the image sets 30; real engines take minutes);
 * ``PRFAAS_FAKE_ENGINE_ARGS``: more fake-engine arguments, split as a shell would
   (e.g. ``--link-rate-bytes-per-second 1.25e9``).
 
@@ -29,6 +31,7 @@ ENVIRONMENT_OPTIONS = {
     "PRFAAS_FAKE_ENGINE_PROFILE": "--profile",
     "PRFAAS_FAKE_ENGINE_TIME_SCALE": "--time-scale",
     "PRFAAS_FAKE_ENGINE_KV_SCALE": "--kv-scale",
+    "PRFAAS_FAKE_ENGINE_MODEL_LOAD_SECONDS": "--model-load-seconds",
 }
 EXTRA_ARGS_VARIABLE = "PRFAAS_FAKE_ENGINE_ARGS"
 

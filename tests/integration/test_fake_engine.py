@@ -324,6 +324,28 @@ async def test_health_generates_one_token_and_never_answers_in_under_a_second_as
             assert samples["sglang:num_aborted_requests_total"] == 0
 
 
+async def test_the_engine_listens_only_once_its_model_is_loaded_as_sglang_does(
+    http: aiohttp.ClientSession,
+) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    engine = FakeEngine(decode_settings(mode="null", port=port, model_load_seconds=1.5))
+    started = time.monotonic()
+    starting = asyncio.create_task(engine.start())
+    try:
+        await asyncio.sleep(0.5)
+        with pytest.raises(aiohttp.ClientConnectionError):  # nothing binds the port while loading
+            await http.get(f"http://127.0.0.1:{port}/ready")
+        await starting
+        assert time.monotonic() - started >= 1.5
+        async with http.get(f"http://127.0.0.1:{port}/ready") as answer:
+            assert answer.status == 200
+    finally:
+        await starting
+        await engine.stop()
+
+
 async def test_health_is_fast_only_when_asked_and_fails_when_the_engine_produces_nothing(
     http: aiohttp.ClientSession,
 ) -> None:

@@ -409,7 +409,7 @@ def test_the_engine_sim_image_answers_sglangs_command(images: Images, container_
     images.podman(
         "run", "--detach", "--name", container_name, *LOCKED_DOWN, "--network", "host",
         "--env", "PRFAAS_FAKE_ENGINE_PROFILE=h200", "--env", "PRFAAS_FAKE_ENGINE_TIME_SCALE=0",
-        "--env", "PRFAAS_FAKE_ENGINE_KV_SCALE=0.5",
+        "--env", "PRFAAS_FAKE_ENGINE_KV_SCALE=0.5", "--env", "PRFAAS_FAKE_ENGINE_MODEL_LOAD_SECONDS=2",
         # h200 times prefill only: a null (prefill and decode) engine needs decode settings
         "--env", "PRFAAS_FAKE_ENGINE_ARGS=--max-decode-batch 7 --decode-step-seconds 0.01", images.engine_sim,
         "python3", "-m", "sglang.launch_server",
@@ -431,6 +431,8 @@ def test_the_engine_sim_image_answers_sglangs_command(images: Images, container_
     fake = info["fake_engine"]
     assert fake["profile"] == "h200" and fake["time_scale"] == 0  # from the environment
     assert fake["kv_scale"] == 0.25  # an argument wins over the environment
+    assert fake["model_load_seconds"] == 2
+    assert "PRFAAS_FAKE_ENGINE_MODEL_LOAD_SECONDS=30" in images.config(images.engine_sim)["config"]["Env"]
     answer = _http_post(
         f"http://127.0.0.1:{port}/generate",
         {"text": "hello " * 50, "sampling_params": {"max_new_tokens": 4}},

@@ -59,6 +59,7 @@ def engine_pod(namespace: str) -> Any:
                         "env": [
                             {"name": "PRFAAS_FAKE_ENGINE_PROFILE", "value": "h20"},
                             {"name": "PRFAAS_FAKE_ENGINE_TIME_SCALE", "value": "0.01"},
+                            {"name": "PRFAAS_FAKE_ENGINE_MODEL_LOAD_SECONDS", "value": "2"},
                             {
                                 "name": "SGLANG_HOST_IP",
                                 "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
