@@ -466,11 +466,17 @@ class FakeEngine:
             )
         everything = "all" in include or not include
         gauges = self.pipeline.gauge_values()
-        waiting_tokens = sum(
+        waiting = [
             job.prompt_tokens
             for job in (self.pipeline.prefill.waiting if self.pipeline.prefill else ())
             if not job.cancelled
-        )
+        ]
+        waiting_tokens = sum(waiting)
+        # SGLang's default (fcfs, a radix cache without fast matching) estimates each waiting
+        # prompt's uncached part from the recent hit rate: load_inquirer.py
+        # SchedulerLoadInquirer.get_num_waiting_uncached_tokens
+        miss_rate = 1.0 - gauges["cache_hit_rate"]
+        waiting_uncached = sum(int(tokens * miss_rate) for tokens in waiting)
         decode = self.pipeline.decode
         total_tokens = int(gauges["num_used_tokens"]) + waiting_tokens
         # load_snapshot.py LoadSnapshot: its core keys come whatever ``include`` says, all ints but the ratios
@@ -479,7 +485,7 @@ class FakeEngine:
             "dp_rank": 0,
             "num_running_reqs": int(gauges["num_running_reqs"]),
             "num_waiting_reqs": _waiting_reqs(gauges),
-            "num_waiting_uncached_tokens": waiting_tokens,
+            "num_waiting_uncached_tokens": waiting_uncached,
             "num_used_tokens": int(gauges["num_used_tokens"]),
             "num_total_tokens": total_tokens,
             "num_active_tokens": total_tokens,  # a decode counts a request only once its KV arrived

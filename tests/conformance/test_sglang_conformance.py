@@ -227,6 +227,12 @@ def test_every_loads_field_the_router_reads_exists_with_that_type(sglang: dict[s
     assert router_loads.LOADS_PATH.endswith("include=core")
     source = Path(router_loads.__file__).read_text()
     read = set(re.findall(r'rank(?:\.get\(|\[)"([a-z_]+)"', source))
-    assert read >= {"num_running_reqs", "num_waiting_reqs", "max_running_requests"}
+    # a decode's counts for its wait, a prefill's uncached tokens for its queue (issue 22, item 5)
+    assert read >= {
+        "num_running_reqs",
+        "num_waiting_reqs",
+        "max_running_requests",
+        "num_waiting_uncached_tokens",
+    }
     for field in read:
         assert sglang["loads"].get(field) == "int", f"/v1/loads {field}: {sglang['loads'].get(field)}"
