@@ -84,6 +84,67 @@ class SecretKeyRef(_Model):
     )
 
 
+ENGINE_ENV_SET_BY_OPERATOR = ("POD_IP", "SGLANG_HOST_IP", "MC_FORCE_TCP")
+"""What the operator sets on every engine (the pod IP SGLang advertises for KV, Mooncake over TCP)."""
+
+
+class KeySelector(_Model):
+    """A key of a Secret or ConfigMap in the engines' namespace, as in core/v1."""
+
+    name: str = Field(min_length=1, max_length=253, description="Object name, in the engines' namespace.")
+    key: str = Field(min_length=1, max_length=253, description="Key within it.")
+    optional: bool | None = Field(default=None, description="Start the engine even if the key is missing.")
+
+
+class FieldSelector(_Model):
+    """A field of the engine's own pod, as in core/v1 (Downward API)."""
+
+    field_path: str = Field(min_length=1, description="e.g. metadata.name, spec.nodeName, status.hostIP.")
+
+
+class EnvVarSource(_Model):
+    """Where an environment variable's value comes from: exactly one of these."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "[has(self.secretKeyRef), has(self.configMapKeyRef), has(self.fieldRef)]"
+                    ".filter(x, x).size() == 1",
+                    "exactly one of secretKeyRef, configMapKeyRef and fieldRef",
+                )
+            ]
+        }
+    )
+
+    secret_key_ref: KeySelector | None = Field(default=None, description="A key of a Secret.")
+    config_map_key_ref: KeySelector | None = Field(default=None, description="A key of a ConfigMap.")
+    field_ref: FieldSelector | None = Field(default=None, description="A field of the pod.")
+
+
+class EnvVar(_Model):
+    """One environment variable of the engine container, as in core/v1."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel("!(has(self.value) && has(self.valueFrom))", "set value or valueFrom, not both"),
+                cel(
+                    f"!(self.name in {list(ENGINE_ENV_SET_BY_OPERATOR)})",
+                    f"{', '.join(ENGINE_ENV_SET_BY_OPERATOR)} are set by the operator",
+                    ".name",
+                ),
+            ]
+        }
+    )
+
+    name: str = Field(
+        min_length=1, max_length=253, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Variable name."
+    )
+    value: str | None = Field(default=None, description="Literal value; $(VAR) refers to an earlier variable.")
+    value_from: EnvVarSource | None = Field(default=None, description="Value read from a Secret, ConfigMap or the pod.")
+
+
 class ProfilePoint(_Model):
     """One measured prefill time: `seconds` to prefill `tokens` uncached tokens on one instance."""
 
@@ -203,6 +264,15 @@ class PodPlacement(_Model):
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements,
         description="CPU and memory per instance; GPUs come from gpusPerInstance, do not list them here.",
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Extra environment variables of this cluster's engines (e.g. NCCL or SGLANG_* settings, "
+        "a token from a Secret, which must exist in the engines' namespace); after the operator's own, "
+        f"which they may not name ({', '.join(ENGINE_ENV_SET_BY_OPERATOR)}). Not part of the KV fingerprint: "
+        "a change rolls the engines but pairs old and new.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     shm_size: Quantity = Field(default="16Gi", description="Size of the in-memory /dev/shm volume.")
     host_network: bool = Field(

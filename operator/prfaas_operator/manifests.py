@@ -258,6 +258,7 @@ def engine_statefulset(model: ModelSpec, engine: EngineRole, owner: Owner, finge
             # the address SGLang's KV manager and Mooncake advertise to the other side
             {"name": "SGLANG_HOST_IP", "value": "$(POD_IP)"},
             {"name": "MC_FORCE_TCP", "value": "1"},
+            *(variable.model_dump(by_alias=True, exclude_none=True) for variable in placement.env),
         ],
         "ports": ports,
         "resources": _resources(placement.resources, placement.gpus_per_instance),

@@ -330,6 +330,40 @@ INVALID: list[tuple[str, Callable[[dict[str, Any]], None], tuple[str, ...]]] = [
         _set("router.tokenizer", {"configMap": "tok", "path": "/tokenizer.json"}),
         ("spec.router.tokenizer.path", "should match"),
     ),
+    (
+        "engine-env-set-by-the-operator",
+        _set("pdCluster.env", [{"name": "SGLANG_HOST_IP", "value": "10.0.0.1"}]),
+        ("spec.pdCluster.env[0].name", "set by the operator"),
+    ),
+    (
+        "engine-env-two-sources",
+        _set(
+            "prefillCluster.env",
+            [
+                {
+                    "name": "HF_TOKEN",
+                    "valueFrom": {
+                        "secretKeyRef": {"name": "hf", "key": "token"},
+                        "fieldRef": {"fieldPath": "spec.nodeName"},
+                    },
+                }
+            ],
+        ),
+        ("spec.prefillCluster.env[0].valueFrom", "exactly one of secretKeyRef, configMapKeyRef and fieldRef"),
+    ),
+    (
+        "engine-env-value-and-source",
+        _set(
+            "pdCluster.env",
+            [{"name": "A", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+        ),
+        ("spec.pdCluster.env[0]", "set value or valueFrom, not both"),
+    ),
+    (
+        "engine-env-duplicate-name",
+        _set("pdCluster.env", [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]),
+        ("spec.pdCluster.env[1]", "Duplicate value"),
+    ),
 ]
 
 

@@ -17,7 +17,7 @@ from prfaas_core.router_config import RouterConfig
 from prfaas_core.vocabulary import ANNOTATION_CONFIG_CHECKSUM, LABEL_FINGERPRINT, LABEL_OWNER, LABEL_OWNER_UID
 from prfaas_operator import manifests
 from prfaas_operator.allocation import effective_allocation
-from prfaas_operator.api import Allocation, PrfaasDeploymentSpec, last_flag_value
+from prfaas_operator.api import ENGINE_ENV_SET_BY_OPERATOR, Allocation, PrfaasDeploymentSpec, last_flag_value
 from prfaas_operator.fingerprint import kv_fingerprint
 from prfaas_operator.manifests import Owner, label_value
 from prfaas_operator.router_config_builder import PoolChoice, build_router_config, choose_pools
@@ -86,6 +86,17 @@ class TestPrfaasClusterObjects:
         assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
         assert env["SGLANG_HOST_IP"]["value"] == "$(POD_IP)"
         assert env["MC_FORCE_TCP"]["value"] == "1"
+        assert tuple(env) == ENGINE_ENV_SET_BY_OPERATOR, "the CRD refuses exactly the names the operator sets"
+
+    def test_the_clusters_engine_env_comes_after_the_operators(self) -> None:
+        extra = [
+            {"name": "PRFAAS_FAKE_ENGINE_PROFILE", "value": "h200"},
+            {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+        ]
+        s = spec(**{"prefillCluster.env": extra})
+        env = container(by_kind(self.objects(s), "StatefulSet")[0])["env"]
+        assert [e["name"] for e in env[: len(ENGINE_ENV_SET_BY_OPERATOR)]] == list(ENGINE_ENV_SET_BY_OPERATOR)
+        assert env[len(ENGINE_ENV_SET_BY_OPERATOR) :] == extra
 
     def test_shm_probes_and_bootstrap_annotation(self) -> None:
         (sts,) = by_kind(self.objects(), "StatefulSet")
