@@ -37,10 +37,10 @@ from prfaas_core.trace import TRACE_BLOCK_TOKENS
 from prfaas_core.vocabulary import bytes_per_second_to_gbit
 
 from prfaas_sim.cluster import DecodeInstance, PrefillInstance, SimRequest
-from prfaas_sim.link import Link
+from prfaas_sim.link import Link, TransferMetrics
 from prfaas_sim.planner_loop import ObservationWindow, PlannerSettings, planner_input
 from prfaas_sim.results import RunResult, RunStats
-from prfaas_sim.routing import LinkCheck, RouterTier, RouterTierFactory, SimRouter
+from prfaas_sim.routing import LINK_POLL_SECONDS, LinkCheck, RouterTier, RouterTierFactory, SimRouter
 from prfaas_sim.sources import RequestSpec, SourceError
 from prfaas_sim.stats import TimeSeries
 
@@ -168,6 +168,7 @@ class Simulation:
             for i in range(pd_count)
         ]
         self._prefill_by_name = {instance.name: instance for instance in self._prfaas}
+        self._transfers = TransferMetrics(instance.name for instance in self._prfaas)
         self._decode_by_name: dict[str, DecodeInstance] = {}
         self._node_by_name = {node.name: node for node in self._pd}
         for node in self._pd:
@@ -209,6 +210,8 @@ class Simulation:
             self._at(self.system.planner.interval_seconds, self._plan_tick)
         if self.system.mean_output_tokens is not None:
             self._at(0.0, self._poll_loads)
+        if self.system.link_check is LinkCheck.MEASURED:
+            self._at(0.0, self._poll_link)
         heap = self._heap
         pop = heapq.heappop
         link = self.link
@@ -300,6 +303,7 @@ class Simulation:
         for request in instance.finish_batch():
             if request.flow is not None:
                 self.link.release(self.now, request.flow)
+                self._transfers.computed(instance.name)
                 released = True
             else:
                 self._kv_arrived(request)
@@ -323,6 +327,8 @@ class Simulation:
 
     def _kv_arrived(self, request: SimRequest) -> None:
         assert request.decision is not None and request.decode is not None
+        if request.flow is not None:
+            self._transfers.delivered(request.decision.prefill.name, request.flow, self.now)
         self.router.prefill_returned(request.decision)
         decode = request.decode
         decode.expected -= 1
@@ -349,6 +355,12 @@ class Simulation:
             self.router.report_load(name, decode.load())
         if self._arrivals_open:
             self._at(self.now + LOAD_POLL_SECONDS, self._poll_loads)
+
+    def _poll_link(self) -> None:
+        """What the PrfaaS prefills' /metrics would say of their KV transfers now, handed to the router."""
+        self.router.report_link(self.now, self._transfers.answers())
+        if self._arrivals_open:
+            self._at(self.now + LINK_POLL_SECONDS, self._poll_link)
 
     # ---- the operator ---------------------------------------------------------------------------
 

@@ -10,12 +10,17 @@ link was busy cannot later catch up faster than the production rate until its pr
 
 Bandwidth is shared by water-filling: capped flows get their cap, the rest split what is left
 equally (the steady state of several TCP flows). Each delivered transfer also pays `latency`.
+
+`TransferMetrics` is what the PrfaaS prefills' SGLang `/metrics` pages say of these transfers,
+for the router's live link estimate.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+
+from prfaas_core.routing.link_estimate import NO_TRANSFERS, EngineTransfers, TransferTotals
 
 DONE_FRACTION = 1e-9
 """A flow with less than this fraction of its bytes left is done (float residue of rate x time)."""
@@ -24,7 +29,7 @@ DONE_FRACTION = 1e-9
 class Flow:
     """One KV transfer on the link."""
 
-    __slots__ = ("cap", "payload", "rate", "remaining", "size")
+    __slots__ = ("cap", "computed_at", "payload", "rate", "remaining", "size")
 
     def __init__(self, payload: object, size: float, cap: float) -> None:
         self.payload = payload
@@ -32,6 +37,7 @@ class Flow:
         self.remaining = size
         self.cap = cap
         self.rate = 0.0
+        self.computed_at = math.nan  # when its prefill ended (`Link.release`)
 
 
 class Link:
@@ -86,6 +92,7 @@ class Link:
         """The flow's prefill has ended: all its bytes exist, lift the production cap."""
         self.advance(now)
         flow.cap = math.inf
+        flow.computed_at = now
         self._allocate()
 
     def set_bandwidth(self, now: float, bandwidth_bytes_per_second: float) -> None:
@@ -172,3 +179,38 @@ class Link:
 
 def _cap(flow: Flow) -> float:
     return flow.cap
+
+
+class TransferMetrics:
+    """What each PrfaaS prefill's `/metrics` says of its KV transfers, as SGLang keeps it.
+
+    A request enters the prefill's inflight queue when its last forward ends and leaves it when
+    its transfer succeeds; only then is the transfer observed, its bytes and its latency from the
+    last forward's end to the last byte delivered (disaggregation/prefill.py
+    `process_disagg_prefill_inflight_queue`; req_time_stats.py
+    `compute_and_observe_kv_transfer_metrics`). One series per engine: the simulated engines run
+    one rank each.
+    """
+
+    __slots__ = ("_sent", "_undelivered")
+
+    def __init__(self, engines: Iterable[str]) -> None:
+        self._sent = dict.fromkeys(engines, NO_TRANSFERS)
+        self._undelivered = dict.fromkeys(self._sent, 0)
+
+    def computed(self, engine: str) -> None:
+        """A request's prefill ended on `engine`: its KV waits in the inflight queue."""
+        self._undelivered[engine] += 1
+
+    def delivered(self, engine: str, flow: Flow, now: float) -> None:
+        """The flow's last byte reached the decode side at `now`: the transfer is observed."""
+        self._undelivered[engine] -= 1
+        self._sent[engine] += TransferTotals(flow.size, now - flow.computed_at, 1.0)
+
+    def answers(self) -> dict[str, EngineTransfers | None]:
+        """Every engine's answer to a poll now (all answer: a page of tens of KiB gets its fair
+        share of the link and crosses well within the router's poll timeout)."""
+        return {
+            engine: EngineTransfers(sent, float(self._undelivered[engine]))
+            for engine, sent in self._sent.items()
+        }

@@ -33,8 +33,8 @@ COLOURS = {
     Strategy.HOMOGENEOUS_PD: "tab:orange",
     Strategy.NAIVE_HETEROGENEOUS: "tab:green",
 }
-VARIANT_STYLES = ("tab:blue", "tab:red", "tab:gray", "tab:purple", "tab:cyan")
-VARIANT_DASHES = ("-", "--", "-", ":", "-.")
+VARIANT_STYLES = ("tab:blue", "tab:red", "tab:gray", "tab:purple", "tab:olive", "tab:cyan")
+VARIANT_DASHES = ("-", "--", "-", ":", ":", "-.")
 
 
 @dataclass(frozen=True)

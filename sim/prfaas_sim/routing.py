@@ -3,8 +3,9 @@
 Only the glue the router process itself does around `prfaas_core.routing.policy.decide` lives here:
 per-cluster prefix indexes learnt on dispatch, workers' outstanding work begun on dispatch and
 ended when the router would see the response (prefill: when its KV has reached the decode side;
-decode: when the stream ends), and the KV bytes in flight on the link. The decision is the
-product's, unchanged.
+decode: when the stream ends), the KV bytes in flight on the link, and the live link estimate
+(`LinkMonitor`, fed the PrfaaS prefills' transfers at the router's poll interval). The decision
+is the product's, unchanged.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from prfaas_core.router_config import RouterConfig
+from prfaas_core.routing.link_estimate import EngineTransfers, LinkEstimateRules, LinkMonitor, limited
 from prfaas_core.routing.policy import Decision, PolicyModel, Rejection, RequestView, decide
 from prfaas_core.routing.prefix_index import NO_HIT, PrefixIndex
 from prfaas_core.routing.workers import EngineLoad, Fleet
@@ -26,13 +28,20 @@ from prfaas_sim.cluster import SimRequest
 BREAKER_FAILURES = 3
 BREAKER_COOLDOWN_SECONDS = 10.0
 """Circuit-breaker settings: simulated engines never fail, so these never act."""
+LINK_POLL_SECONDS = 1.0
+"""How often the router reads the PrfaaS prefills' transfer metrics (its --link-poll-interval-seconds)."""
+PREFILL_CHUNK_TOKENS = 8192
+"""The router's --prefill-chunk-tokens default (SGLang's --chunked-prefill-size on H20/H200)."""
 
 
 class LinkCheck(enum.StrEnum):
     """How the router sees the cross-cluster link."""
 
     BUDGET = "budget"
-    """The product as it is: an offload must fit the link budget; the TTFT estimate counts the backlog."""
+    """An offload must fit the link budget; the TTFT estimate counts the backlog; the link is taken
+    at its configured bandwidth (the product with its live link estimate off)."""
+    MEASURED = "measured"
+    """The product as it is: `BUDGET` with the link at the live estimate of what it delivers."""
     UNLIMITED = "unlimited"
     """No link check: the policy's budget is made infinite (the TTFT estimate still counts the backlog)."""
     BLIND = "blind"
@@ -46,6 +55,7 @@ class SimRouter:
         "_fleet",
         "_indexes",
         "_link_check",
+        "_monitor",
         "inflight_bytes",
         "model",
         "peer_inflight_bytes",
@@ -61,6 +71,11 @@ class SimRouter:
                 "which it does not simulate"
             )
         self._link_check = link_check
+        self._monitor = (
+            LinkMonitor(LinkEstimateRules(), PREFILL_CHUNK_TOKENS)
+            if link_check is LinkCheck.MEASURED
+            else None
+        )
         self._fleet = Fleet(BREAKER_FAILURES, BREAKER_COOLDOWN_SECONDS)
         self._indexes = {
             ROUTE_LOCAL: PrefixIndex(index_blocks, index_prompts),
@@ -95,7 +110,10 @@ class SimRouter:
         inflight = (
             0.0 if self._link_check is LinkCheck.BLIND else self.inflight_bytes + self.peer_inflight_bytes
         )
-        outcome = decide(self.model, view, pools, inflight)
+        model = self.model
+        if self._monitor is not None:
+            model = limited(model, self._monitor.estimator.estimate(now, model.link_bandwidth))
+        outcome = decide(model, view, pools, inflight)
         if isinstance(outcome, Decision):
             outcome.prefill.begin(now, outcome.total_tokens, outcome.prefill_seconds)
             outcome.decode.begin(now, outcome.total_tokens, 0.0)
@@ -109,6 +127,11 @@ class SimRouter:
         for worker in self._fleet.pools[Pool.DECODE]:
             if worker.name == name:
                 worker.load = load
+
+    def report_link(self, now: float, answers: dict[str, EngineTransfers | None]) -> None:
+        """The PrfaaS prefills' answers to the router's link poll (their transfer metrics)."""
+        if self._monitor is not None:
+            self._monitor.poll(now, answers, self.model, self.inflight_bytes)
 
     def prefill_returned(self, decision: Decision) -> None:
         decision.prefill.end(decision.total_tokens, decision.prefill_seconds)
@@ -132,6 +155,8 @@ class RouterTier(Protocol):
     def route(self, request: SimRequest, now: float) -> Decision | Rejection: ...
 
     def report_load(self, name: str, load: EngineLoad) -> None: ...
+
+    def report_link(self, now: float, answers: dict[str, EngineTransfers | None]) -> None: ...
 
     def prefill_returned(self, decision: Decision) -> None: ...
 

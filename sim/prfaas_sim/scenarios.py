@@ -112,7 +112,10 @@ LINK_DROP_VARIANTS = (
     LinkDropVariant("link budget check (product)", LinkCheck.BUDGET, planner=False, informed=True),
     LinkDropVariant("no link check (unlimited budget)", LinkCheck.UNLIMITED, planner=False, informed=True),
     LinkDropVariant("link-blind router (no in-flight bytes)", LinkCheck.BLIND, planner=False, informed=True),
-    LinkDropVariant("link budget check, router never told", LinkCheck.BUDGET, planner=False, informed=False),
+    LinkDropVariant(
+        "link budget check, router never told", LinkCheck.MEASURED, planner=False, informed=False
+    ),
+    LinkDropVariant("never told, live link estimate off", LinkCheck.BUDGET, planner=False, informed=False),
     LinkDropVariant("link budget check + planner loop", LinkCheck.BUDGET, planner=True, informed=True),
 )
 
