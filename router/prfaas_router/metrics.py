@@ -7,13 +7,18 @@ for operators and dashboards only.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
 from typing import Generic, TypeVar
 
 from prfaas_core import metrics_contract as contract
 from prfaas_core import vocabulary
 from prfaas_core.vocabulary import Pool
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 OUTPUT_TOKEN_BUCKETS = contract.token_buckets(low=1, high=262144, ratio=2.0)
 METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -41,46 +46,131 @@ class _Cached(Generic[Metric]):
             self.metric.remove(*values)
 
 
+class LoopCount:
+    """One counter series, counted by the event loop's thread alone: a float, no lock."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+
+class LoopHistogram:
+    """One histogram series, observed by the event loop's thread alone: counts per bucket (found
+    by bisection) and a sum, no lock. prometheus_client's takes a lock per update and walks its
+    buckets in Python; the router updates a few on every request."""
+
+    __slots__ = ("_bounds", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self._bounds = bounds
+        self.counts = [0] * len(bounds)
+        self.sum = 0.0
+
+    def observe(self, amount: float) -> None:
+        self.counts[bisect_left(self._bounds, amount)] += 1  # a bucket holds values <= its bound
+        self.sum += amount
+
+
+Series = TypeVar("Series", LoopCount, LoopHistogram)
+
+
+class _LoopFamily(Collector, Generic[Series]):
+    """The series of one metric updated per request, by label values; exposed as
+    prometheus_client's own would be when the registry is scraped."""
+
+    def __init__(
+        self, name: str, documentation: str, labels: Sequence[str], registry: CollectorRegistry
+    ) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labels = list(labels)
+        self._series: dict[tuple[str, ...], Series] = {}
+        registry.register(self)
+
+    def labels(self, *values: str) -> Series:
+        series = self._series.get(values)
+        if series is None:
+            series = self._series[values] = self._new()
+        return series
+
+    def _new(self) -> Series:
+        raise NotImplementedError
+
+
+class LoopCounters(_LoopFamily[LoopCount]):
+    def _new(self) -> LoopCount:
+        return LoopCount()
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self._name, self._documentation, labels=self._labels)
+        for values, count in self._series.items():
+            family.add_metric(values, count.value)
+        yield family
+
+
+class LoopHistograms(_LoopFamily[LoopHistogram]):
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labels: Sequence[str],
+        registry: CollectorRegistry,
+        buckets: Sequence[float],
+    ) -> None:
+        self._bounds = (*buckets, float("inf"))
+        super().__init__(name, documentation, labels, registry)
+
+    def _new(self) -> LoopHistogram:
+        return LoopHistogram(self._bounds)
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self._name, self._documentation, labels=self._labels)
+        for values, histogram in self._series.items():
+            cumulative, buckets = 0, []
+            for bound, count in zip(self._bounds, histogram.counts, strict=True):
+                cumulative += count
+                buckets.append((floatToGoString(bound), float(cumulative)))
+            family.add_metric(list(values), buckets, histogram.sum)
+        yield family
+
+
 class RouterMetrics:
     """All collectors on one private registry, so several routers can live in one test process."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = _Cached(
-            Counter(
-                contract.REQUESTS_TOTAL, "Requests by route and outcome", ["route", "outcome"], registry=r
-            )
+        # updated on every request: series of the loop's own (`LoopCount`, `LoopHistogram`)
+        self.requests = LoopCounters(
+            contract.REQUESTS_TOTAL, "Requests by route and outcome", ["route", "outcome"], r
         )
-        self.decisions = _Cached(
-            Counter(
-                contract.DECISIONS_TOTAL,
-                "Routing decisions by route and reason",
-                ["route", "reason"],
-                registry=r,
-            )
+        self.decisions = LoopCounters(
+            contract.DECISIONS_TOTAL, "Routing decisions by route and reason", ["route", "reason"], r
         )
-        self.prompt_tokens = Histogram(
+        self.prompt_tokens = LoopHistograms(
             contract.PROMPT_TOKENS,
             "Prompt length in tokens (estimated for text)",
-            buckets=contract.TOKEN_BUCKETS,
-            registry=r,
+            [],
+            r,
+            contract.TOKEN_BUCKETS,
+        ).labels()
+        self.uncached_tokens = LoopHistograms(
+            contract.UNCACHED_TOKENS,
+            "Prompt tokens not cached in the prefill cluster, by route",
+            ["route"],
+            r,
+            contract.TOKEN_BUCKETS,
         )
-        self.uncached_tokens = _Cached(
-            Histogram(
-                contract.UNCACHED_TOKENS,
-                "Prompt tokens not cached in the prefill cluster, by route",
-                ["route"],
-                buckets=contract.TOKEN_BUCKETS,
-                registry=r,
-            )
-        )
-        self.output_tokens = Histogram(
-            contract.OUTPUT_TOKENS, "Output tokens per request", buckets=OUTPUT_TOKEN_BUCKETS, registry=r
-        )
-        self.kv_egress_bytes = Counter(
-            contract.KV_EGRESS_BYTES_TOTAL, "Estimated KV bytes of offloaded prefills (S_kv)", registry=r
-        )
+        self.output_tokens = LoopHistograms(
+            contract.OUTPUT_TOKENS, "Output tokens per request", [], r, OUTPUT_TOKEN_BUCKETS
+        ).labels()
+        self.kv_egress_bytes = LoopCounters(
+            contract.KV_EGRESS_BYTES_TOTAL, "Estimated KV bytes of offloaded prefills (S_kv)", [], r
+        ).labels()
         self.inflight_tokens = _Cached(
             Gauge(
                 contract.INFLIGHT_TOKENS,
@@ -89,14 +179,12 @@ class RouterMetrics:
                 registry=r,
             )
         )
-        self.ttft = _Cached(
-            Histogram(
-                contract.TTFT_SECONDS,
-                "Time to the first streamed byte, by route",
-                ["route"],
-                buckets=contract.TTFT_BUCKETS,
-                registry=r,
-            )
+        self.ttft = LoopHistograms(
+            contract.TTFT_SECONDS,
+            "Time to the first streamed byte, by route",
+            ["route"],
+            r,
+            contract.TTFT_BUCKETS,
         )
         self.threshold = Gauge(contract.THRESHOLD_TOKENS, "Current offload threshold t in tokens", registry=r)
         self.config_version = Gauge(contract.CONFIG_VERSION, "Version of the config in use", registry=r)
@@ -132,13 +220,11 @@ class RouterMetrics:
             "Link bandwidth the offload budget follows: the measured one, else back towards the configured",
             registry=r,
         )
-        self.retries = _Cached(
-            Counter(
-                contract.PREFIX + "upstream_retries_total",
-                "Attempts repeated on other workers before the first byte",
-                ["pool"],
-                registry=r,
-            )
+        self.retries = LoopCounters(
+            contract.PREFIX + "upstream_retries_total",
+            "Attempts repeated on other workers before the first byte",
+            ["pool"],
+            r,
         )
         self.engine_failures = _Cached(
             Counter(

@@ -209,6 +209,26 @@ async def _first_event(reply: Reply) -> bytes:
     return data
 
 
+async def _first_ended(*tasks: asyncio.Task[Any]) -> None:
+    """Returns once one of `tasks` has ended, raising nothing of theirs: `asyncio.wait` with
+    FIRST_COMPLETED, less its sets, argument checks and timeout (up to two per attempt)."""
+    if any(task.done() for task in tasks):
+        return
+    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def wake(_: asyncio.Task[Any]) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    for task in tasks:
+        task.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        for task in tasks:
+            task.remove_done_callback(wake)
+
+
 def servable(first: bytes) -> bool:
     """Whether a decode's 2xx begins as an answer does: a JSON document, or an SSE event (SGLang
     sends no comment or blank line first). Checked on the first bytes only, not parsed."""
@@ -361,12 +381,12 @@ class Dispatcher:
         response: Reply | None = None
         delivered = False
         try:
-            await asyncio.wait((prefill_task, decode_task), return_when=asyncio.FIRST_COMPLETED)
+            await _first_ended(prefill_task, decode_task)
             if not decode_task.done():
                 failure = _prefill_failure(prefill_task, prefill)
                 if failure is not None:  # the decode cannot finish
                     raise await self._judge_prefill(failure, decode_task, decode)
-                await asyncio.wait((decode_task,))
+                await _first_ended(decode_task)
             try:
                 response, first = _decode_result(decode_task, decode)
             except LegFailure as failure:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -181,6 +183,37 @@ async def test_invalid_http_and_silence_fail_the_reply(upstream: Upstream) -> No
         await reply.read()
     assert time.monotonic() - started < 2.5  # read timeout 0.3 s, swept every second
     server.close()
+
+
+async def test_a_relayed_reply_and_what_relays_it_go_without_the_cycle_collector(
+    upstream: Upstream, engine: tuple[str, set[str]]
+) -> None:
+    """The relay holds the reply and the reply its sink, bound to the relay (as `proxy._Relay`):
+    once released or closed, neither may wait for a collection (the router's are rare)."""
+    url, _ = engine
+
+    class Relay:
+        def __init__(self, reply: Reply) -> None:
+            self.reply = reply
+            self.chunks: list[bytes] = []
+
+        def send(self, chunk: bytes) -> None:
+            self.chunks.append(chunk)
+
+    gc.disable()
+    try:
+        for end in (Reply.release, Reply.close):
+            reply = await upstream.request("GET", target(url, "/stream?n=3"))
+            await reply.first()
+            relay = Relay(reply)
+            await reply.relay(relay.send)
+            assert len(relay.chunks) == 2
+            end(reply)
+            gone = weakref.ref(relay)
+            del relay, reply
+            assert gone() is None, end.__name__
+    finally:
+        gc.enable()
 
 
 async def test_an_idle_connection_the_engine_closed_is_not_reused(upstream: Upstream) -> None:
