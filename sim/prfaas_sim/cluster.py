@@ -62,7 +62,19 @@ class SimRequest:
 class PrefillInstance:
     """One prefill engine: FIFO queue, one forward at a time, a block-LRU prefix cache."""
 
-    __slots__ = ("batch", "batch_tokens", "busy", "cache", "name", "offloads", "queue", "time_model")
+    __slots__ = (
+        "batch",
+        "batch_ends",
+        "batch_seconds",
+        "batch_tokens",
+        "batch_uncached",
+        "busy",
+        "cache",
+        "name",
+        "offloads",
+        "queue",
+        "time_model",
+    )
 
     def __init__(
         self,
@@ -80,13 +92,15 @@ class PrefillInstance:
         self.batch_tokens = batch_tokens
         self.queue: deque[SimRequest] = deque()
         self.batch: list[SimRequest] = []
+        self.batch_ends = self.batch_seconds = 0.0
+        self.batch_uncached = 0
         self.busy = False
 
     @property
     def idle(self) -> bool:
         return not self.busy and not self.queue
 
-    def start_batch(self) -> float:
+    def start_batch(self, now: float) -> float:
         """Take the next forward's requests off the queue; returns its duration in seconds."""
         queue = self.queue
         first = queue.popleft()
@@ -99,6 +113,8 @@ class PrefillInstance:
         model = self.time_model
         duration = model.c0 + sum(self._seconds(request) - model.c0 for request in batch)
         self.batch = batch
+        self.batch_seconds, self.batch_ends = duration, now + duration
+        self.batch_uncached = sum(request.total_tokens - self._cached_tokens(request) for request in batch)
         self.busy = True
         return duration
 
@@ -111,6 +127,19 @@ class PrefillInstance:
                 if request.key is not None:
                     self.cache.learn(request.key, self.name)
         return batch
+
+    def load(self, now: float) -> EngineLoad:
+        """What SGLang's /v1/loads reports for a prefill: the queued requests and their uncached
+        tokens, plus what the forward in progress has left (SGLang chunks a long prompt and counts
+        the rest of the chunked one), in tokens of the time it has left."""
+        uncached = sum(request.total_tokens - self._cached_tokens(request) for request in self.queue)
+        if self.busy and self.batch_seconds > 0:
+            uncached += int(self.batch_uncached * max(0.0, self.batch_ends - now) / self.batch_seconds)
+        return EngineLoad(0, len(self.queue), None, uncached)
+
+    def _cached_tokens(self, request: SimRequest) -> int:
+        cache, key = self.cache, request.key
+        return 0 if cache is None or key is None else cache.lookup(key).tokens
 
     def _seconds(self, request: SimRequest) -> float:
         cache, key = self.cache, request.key

@@ -50,7 +50,7 @@ ENGINE_PORT = 30000
 BOOTSTRAP_PORT = 8998
 OBSERVATION_SLICE_SECONDS = 30.0
 LOAD_POLL_SECONDS = 1.0
-"""How often the router reads the decode engines' loads (as its poller does, `prfaas_router.loads`)."""
+"""How often the router reads the engines' loads (its poller's default, `prfaas_router.loads`)."""
 PLANNER_LOG_LIMIT = 50
 """Planner decisions kept for the report (bounded: one per interval would grow with the run)."""
 
@@ -289,7 +289,7 @@ class Simulation:
 
     def _start_prefill(self, instance: PrefillInstance) -> None:
         now = self.now
-        end = now + instance.start_batch()
+        end = now + instance.start_batch(now)
         if instance.offloads:
             link = self.link
             for request in instance.batch:
@@ -350,7 +350,9 @@ class Simulation:
             self._maybe_switch(decode.name)
 
     def _poll_loads(self) -> None:
-        """What each decode engine would answer on /v1/loads now, handed to the router."""
+        """What each engine would answer on /v1/loads now, handed to the router."""
+        for name, prefill in self._prefill_by_name.items():
+            self.router.report_load(name, prefill.load(self.now))
         for name, decode in self._decode_by_name.items():
             self.router.report_load(name, decode.load())
         if self._arrivals_open:

@@ -12,10 +12,11 @@ its TTFT estimate's backlog term both read:
 - shared accounting: its own bytes plus what the others last reported, against the whole
   budget; each replica polls the others every P seconds (P = 0: it always knows).
 
-In each of these a replica knows the engines' outstanding work (its prefill-queue estimate) only
-from what it dispatched itself, which it counts N times, as the product does. Two more rows,
-upper bounds rather than designs, share one exact view of every engine's load instead: what that
-estimate costs, and what the static share costs without it.
+In each of these a replica reads a prefill's queue as the product does: the engine's own report
+(its waiting uncached tokens, polled every `LOAD_POLL_SECONDS` as the router's load poller does)
+plus what it dispatched there since, never less than its own work there. Two more rows, upper
+bounds rather than designs, share one fleet instead: every replica sees every dispatch at once,
+not one poll late, and picks the instance within a pool by every replica's outstanding tokens.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from prfaas_core.throughput import ProfileDocument, Strategy, Workload
 from prfaas_core.vocabulary import bytes_per_second_to_gbit
 
 from prfaas_sim.cluster import SimRequest
-from prfaas_sim.engine import Simulation, SimulationSettings
+from prfaas_sim.engine import LOAD_POLL_SECONDS, Simulation, SimulationSettings
 from prfaas_sim.report import RESULT_HEADER, result_row
 from prfaas_sim.results import RunResult
 from prfaas_sim.routing import SimRouter
@@ -114,8 +115,9 @@ class ReplicaSet:
         self._dispatch = random.Random(seed)
         self.replicas = [replica(self._share(config)) for _ in range(setup.count)]
         for each in self.replicas:
-            # every scheme reads its own queued work as 1/N of an instance's queue, as the product
-            # does; a replica that sees all the engines' work (the upper bounds) reads it as it is
+            # until an engine first reports, every scheme reads its own queued work as 1/N of an
+            # instance's queue, as the product does; one that sees all the engines' work (the upper
+            # bounds) reads it as it is
             each.queue_replicas = 1 if setup.shared_load else setup.count
             each.apply(self._share(config))
         if setup.shared_load:
@@ -144,7 +146,7 @@ class ReplicaSet:
         return outcome
 
     def report_load(self, name: str, load: EngineLoad) -> None:
-        """Every replica polls the decode engines itself."""
+        """Every replica polls the engines itself."""
         for replica in self.replicas:
             replica.report_load(name, load)
 
@@ -354,10 +356,12 @@ def render(studies: Sequence[ReplicaStudy], command: str) -> str:
         f"prompts of {load.long_tokens} tokens or more at {load.burst_rps:g} req/s; {load.duration:g} s. "
         "Each request goes to a uniformly random replica (kube-proxy in iptables mode, one connection per "
         "request); within a seed every row sees the same requests and, with several replicas, the same "
-        "dispatch. A replica knows the engines' queues only from the work it dispatched itself, counted N "
-        "times as the product does: only the link's bytes in flight are shared, except in the last two "
-        "rows, upper bounds rather than designs, where the replicas share one exact view of every engine's "
-        "outstanding work instead.",
+        "dispatch. A replica reads each prefill's queue as the product does: the engine's own report on "
+        f"/v1/loads (its waiting uncached tokens), polled every {LOAD_POLL_SECONDS:g} s, plus what the "
+        "replica dispatched there since, never less than its own work there; nothing else about the "
+        "engines is shared but the link's bytes in flight, except in the last two rows, upper bounds "
+        "rather than designs, where the replicas share one fleet: every dispatch seen by all at once, "
+        "not one poll late, and the instance within a pool picked by everyone's outstanding tokens.",
         "",
         "Whole budget each: the router before `router_replicas`. Static share: the product's "
         "`router_replicas` = N (1/N of the horizon each, N x its own bytes as the link's backlog). Shared "

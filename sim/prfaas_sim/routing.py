@@ -21,7 +21,7 @@ from prfaas_core.routing.link_estimate import EngineTransfers, LinkEstimateRules
 from prfaas_core.routing.policy import Decision, PolicyModel, Rejection, RequestView, decide
 from prfaas_core.routing.prefix_index import NO_HIT, PrefixIndex
 from prfaas_core.routing.workers import EngineLoad, Fleet
-from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS, Pool
+from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS
 
 from prfaas_sim.cluster import SimRequest
 
@@ -123,10 +123,10 @@ class SimRouter:
         return outcome
 
     def report_load(self, name: str, load: EngineLoad) -> None:
-        """A decode engine's answer to the router's load poll."""
-        for worker in self._fleet.pools[Pool.DECODE]:
+        """An engine's answer to the router's load poll, which takes no simulated time."""
+        for worker in self._fleet.workers():
             if worker.name == name:
-                worker.load = load
+                worker.record_load(load, worker.dispatched_seconds)
 
     def report_link(self, now: float, answers: dict[str, EngineTransfers | None]) -> None:
         """The PrfaaS prefills' answers to the router's link poll (their transfer metrics)."""

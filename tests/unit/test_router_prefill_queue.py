@@ -40,7 +40,8 @@ def test_the_reported_queue_is_its_prompts_prefill_time_whatever_the_replica_cou
 def test_what_this_replica_sent_since_the_poll_is_added_to_the_report() -> None:
     model = make_model(router_replicas=3)
     idle = local_ttft(model)
-    LOCAL.begin(0.0, 100, 2.0)  # before the poll went out: in the engine's report
+    LOCAL.begin(0.0, 100, 2.0)  # sent and back before the poll went out
+    LOCAL.end(100, 2.0)
     LOCAL.record_load(EngineLoad(running=0, waiting=0, waiting_uncached_tokens=0), LOCAL.dispatched_seconds)
     assert local_ttft(model) == pytest.approx(idle)  # the engine says it is idle: it is
     LOCAL.begin(0.1, 100, 1.5)  # a burst between polls
@@ -48,6 +49,14 @@ def test_what_this_replica_sent_since_the_poll_is_added_to_the_report() -> None:
     assert local_ttft(model) - idle == pytest.approx(3.0)
     LOCAL.end(100, 1.5)  # back before the next poll: still counted, the next report settles it
     assert local_ttft(model) - idle == pytest.approx(3.0)
+
+
+def test_a_report_behind_this_replicas_own_work_does_not_hide_it() -> None:
+    model = make_model(router_replicas=3)
+    idle = local_ttft(model)
+    LOCAL.begin(0.0, 100, 2.0)  # sent before the poll, not in the engine's queue yet (in flight)
+    LOCAL.record_load(EngineLoad(running=0, waiting=0, waiting_uncached_tokens=0), LOCAL.dispatched_seconds)
+    assert local_ttft(model) - idle == pytest.approx(2.0)  # not times the replicas: the report holds the rest
 
 
 def test_without_a_report_the_queue_is_this_replicas_work_times_the_replicas_never_zero() -> None:

@@ -19,16 +19,16 @@ def key(blocks: tuple[int, ...], tokens: int) -> PromptKey:
 def test_one_request_per_forward_takes_its_profiled_time_in_arrival_order():
     instance = PrefillInstance("p", H20, offloads=False, cache=None, batch_tokens=0)
     instance.queue.extend([request(8192), request(1024)])
-    assert instance.start_batch() == pytest.approx(H20.seconds_for(8192))
+    assert instance.start_batch(0.0) == pytest.approx(H20.seconds_for(8192))
     assert [r.total_tokens for r in instance.finish_batch()] == [8192]
-    assert instance.start_batch() == pytest.approx(H20.seconds_for(1024))
+    assert instance.start_batch(0.0) == pytest.approx(H20.seconds_for(1024))
 
 
 def test_packing_pays_the_constant_term_once_and_stops_at_the_token_budget():
     instance = PrefillInstance("p", H20, offloads=False, cache=None, batch_tokens=16384)
     instance.queue.extend([request(4096), request(8192), request(8192)])
     expected = H20.seconds_for(4096) + H20.seconds_for(8192) - H20.c0
-    assert instance.start_batch() == pytest.approx(expected)
+    assert instance.start_batch(0.0) == pytest.approx(expected)
     assert len(instance.finish_batch()) == 2 and len(instance.queue) == 1
 
 
@@ -37,14 +37,14 @@ def test_a_repeated_prompt_hits_the_cache_and_a_shared_prefix_saves_only_attenti
     instance = PrefillInstance("p", H20, offloads=False, cache=cache, batch_tokens=0)
     first = key((1, 2, 3, 4), 2048)
     instance.queue.append(request(2048, first))
-    assert instance.start_batch() == pytest.approx(H20.seconds_for(2048))
+    assert instance.start_batch(0.0) == pytest.approx(H20.seconds_for(2048))
     instance.finish_batch()  # now cached
     instance.queue.append(request(2048, first))
-    assert instance.start_batch() == pytest.approx(H20.c0)  # exact hit: nothing left to compute
+    assert instance.start_batch(0.0) == pytest.approx(H20.c0)  # exact hit: nothing left to compute
     instance.finish_batch()
     instance.queue.append(request(3072, key((1, 2, 3, 4, 9, 10), 3072)))
     saved = H20.c2 * 2048**2  # the attention over the 2048 cached tokens; the linear work is redone
-    assert instance.start_batch() == pytest.approx(H20.seconds_for(3072) - saved)
+    assert instance.start_batch(0.0) == pytest.approx(H20.seconds_for(3072) - saved)
 
 
 def test_a_decode_request_joins_at_the_next_step_and_holds_its_slot_for_every_output_token():

@@ -77,16 +77,18 @@ def test_the_static_share_costs_a_bounded_share_of_the_offloads(study):
     assert _run(study, BudgetScheme.STATIC_SHARE).result.offloaded_fraction >= 0.8 * reference
 
 
-def test_what_replicas_still_lose_is_their_partial_view_of_the_queues(study):
-    """Sharing the engines' load as well gives back one router's results; each replica reading its own
-    queued work as 1/N of the queue leaves 5-9 points of SLO (seeds 1-4)."""
+def test_replicas_reading_the_engines_reported_queues_route_about_as_one_router(study):
+    """Each prefill's queue read from its own /v1/loads report, polled every second, keeps three
+    replicas within 2 points of one router's SLO attainment (measured 0.9, 1.1 and 0.0 points at
+    1800 s, seeds 1-3; reading its own queued work as 1/N of the queue had left 8-10 points);
+    sharing one fleet as well gives back one router's results."""
     reference = _run(study, BudgetScheme.WHOLE, count=1).result
     bound = _run(study, BudgetScheme.SHARED, shared_load=True).result
     assert (bound.offloaded_fraction, bound.slo_attainment) == (
         reference.offloaded_fraction,
         reference.slo_attainment,
     )
-    assert _run(study, BudgetScheme.STATIC_SHARE).result.slo_attainment < reference.slo_attainment - 0.03
+    assert _run(study, BudgetScheme.STATIC_SHARE).result.slo_attainment >= reference.slo_attainment - 0.02
 
 
 def test_one_replica_behind_the_service_is_the_engines_own_router():

@@ -359,9 +359,10 @@ def _queue_seconds(model: PolicyModel, worker: Worker, time_model: PrefillTimeMo
 
     With the engine's report (SGLang's /v1/loads, every replica's work in it): the prefill time of
     its waiting uncached tokens, as that many prompts of the mean length one after another, plus
-    what this replica sent there since the poll went out, so a burst between polls is still seen.
-    The report is not drained with the time since the poll: it leaves out the forward in progress,
-    about what the engine has done since, and the next poll replaces it. Without a report (none yet,
+    what this replica sent there since the poll went out, so a burst between polls is still seen;
+    floored by what this replica has there and not seen back, as the decode wait is by its in-flight
+    count. The report is not drained with the time since the poll (SGLang leaves the chunk in
+    progress out of it); the next poll replaces it. Without a report (none yet,
     the last poll failed, or one without the tokens) the engine is not taken as idle: what this
     replica sent there and has not seen back, times the replicas, since each sends about as much
     (kube-proxy spreads connections evenly).
@@ -371,10 +372,9 @@ def _queue_seconds(model: PolicyModel, worker: Worker, time_model: PrefillTimeMo
     if report is None or tokens is None:
         return worker.queued_seconds * model.queue_replicas
     since_report = worker.dispatched_seconds - worker.dispatched_seconds_at_report
-    if tokens == 0:
-        return since_report
     prompts = max(report.waiting, 1)
-    return prompts * time_model.seconds_for(tokens / prompts) + since_report
+    reported = prompts * time_model.seconds_for(tokens / prompts) if tokens else 0.0
+    return max(reported + since_report, worker.queued_seconds)
 
 
 def _prefill_seconds(time_model: PrefillTimeModel, request: RequestView, hit: PrefixHit) -> float:
