@@ -59,7 +59,8 @@ class GpuPool:
 
 @dataclass(frozen=True)
 class RealNode:
-    """A kubelet node of a cluster (containerd, runc, CNI): the operator and the router run there as containers."""
+    """A kubelet node of a cluster (containerd, runc, CNI): the operator and the router run there as
+    containers, and the engine pools of a CR that names its GPU product."""
 
     name: str
     ip: ipaddress.IPv4Address
@@ -68,6 +69,8 @@ class RealNode:
     """Its containerd (``ctr --address SOCKET -n k8s.io ...``): the containers' processes, the images."""
     pod_logs: Path
     """The kubelet's container logs, one ``NAMESPACE_POD_UID`` directory per pod (gone with the pod)."""
+    gpu_product: str
+    """Its ``nvidia.com/gpu.product``: a CR's cluster with this product runs its engines here as containers."""
 
 
 @dataclass(frozen=True)
@@ -254,6 +257,7 @@ def parse_testbed_env(text: str) -> Testbed:
                 ip=ipaddress.IPv4Address(_required(values, f"{prefix}_REAL_NODE_IP")),
                 containerd_socket=Path(_required(values, f"{prefix}_REAL_NODE_CONTAINERD")),
                 pod_logs=Path(_required(values, f"{prefix}_REAL_NODE_POD_LOGS")),
+                gpu_product=_required(values, f"{prefix}_REAL_NODE_GPU_PRODUCT"),
             )
             clusters[cluster] = replace(info, real_node=node)
     for info in clusters.values():

@@ -4,6 +4,17 @@
 # `kubernetes` Service is how an in-cluster client finds its apiserver). The operator and the
 # router run there as containers from the project's images; the kwok GPU nodes stay fake.
 #
+# The node is also a GPU node of its own product (real_node_gpu_product): it advertises
+# GPUS_PER_NODE `nvidia.com/gpu` as an extended resource in its status and carries GPU feature
+# discovery's labels, so engine pools whose CR names that product run here as containers of the
+# engine-sim image, from the operator's manifests as written. An extended resource rather than a
+# device plugin: the scheduler and the kubelet's admission read the same capacity either way, and
+# a plugin's one extra act, Allocate (device IDs, NVIDIA_VISIBLE_DEVICES), means nothing to a
+# fake engine. The kubelet keeps a patched extended resource but zeroes it when it registers the
+# node anew, so every `up` patches it again. A product of its own, not the kwok nodes': a CR that
+# names NVIDIA-H20 keeps all its pools on kwok nodes, and the node is not tainted, since the
+# operator and the router run on it too.
+#
 # Per cluster (C = pd | prfaas):
 #   bridge  kb<id><c>      the node's interface and the pods' gateway (NODE_IP, a /24 of ours)
 #   pods    NODE_POD_NET   host-local IPAM on that bridge, in network namespaces containerd makes
@@ -21,6 +32,7 @@ declare -A NODE_HEALTHZ_PORT=([prfaas]=10258 [pd]=10248)
 PAUSE_IMAGE=localhost/prfaas-testbed/pause:3.10
 
 node_name() { echo "node-$1"; }
+real_node_gpu_product() { echo "${GPU_PRODUCT[$1]}-real-node"; }
 node_dir() { echo "$STATE_DIR/node-$1"; }
 node_run_dir() { echo "/run/prfaas-$ID-$1"; }
 node_bridge() { echo "kb$ID${1:0:2}"; }
@@ -218,7 +230,7 @@ node_up() { # cluster bin_dir: the node Ready in its cluster (idempotent)
     --cert-dir "$dir/kubelet/pki" \
     --hostname-override "$name" \
     --node-ip "${NODE_IP[$cluster]}" \
-    --node-labels "$NODE_LABEL=real"
+    --node-labels "$NODE_LABEL=real,nvidia.com/gpu.present=true,nvidia.com/gpu.product=$(real_node_gpu_product "$cluster"),nvidia.com/gpu.count=${GPUS_PER_NODE[$cluster]}"
   if [ "$cluster" = pd ]; then
     # One kube-proxy on the machine (a second would fight over the same iptables chains).
     node_start "$cluster" kube-proxy "$bin/kube-proxy" \
@@ -240,6 +252,10 @@ node_up() { # cluster bin_dir: the node Ready in its cluster (idempotent)
     tail -n 20 "$dir/logs/kubelet.log" >&2
     die "$cluster: the real node $name did not become Ready (log: $dir/logs/kubelet.log)"
   fi
+  local gpus="{\"nvidia.com/gpu\": \"${GPUS_PER_NODE[$cluster]}\"}"
+  "$KUBECTL" --kubeconfig "$kubeconfig" patch "node/$name" --subresource=status --type=merge \
+    -p "{\"status\": {\"capacity\": $gpus, \"allocatable\": $gpus}}" >/dev/null \
+    || die "$cluster: advertising the real node's GPUs failed"
 }
 
 node_remove_kube_chains() { # what kube-proxy --cleanup leaves: the kubelet's KUBE-FIREWALL (its DROP

@@ -452,6 +452,7 @@ env_exports() {
     if [ "$NODE_MODE" = real ]; then
       echo "export ${upper}_REAL_NODE=$(node_name "$cluster")"
       echo "export ${upper}_REAL_NODE_IP=${NODE_IP[$cluster]}"
+      echo "export ${upper}_REAL_NODE_GPU_PRODUCT=$(real_node_gpu_product "$cluster")"
       echo "export ${upper}_REAL_NODE_CONTAINERD=$(node_socket "$cluster")"
       echo "export ${upper}_REAL_NODE_POD_LOGS=$(node_dir "$cluster")/pod-logs"
     fi
