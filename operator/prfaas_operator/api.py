@@ -141,8 +141,12 @@ class EnvVar(_Model):
     name: str = Field(
         min_length=1, max_length=253, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Variable name."
     )
-    value: str | None = Field(default=None, description="Literal value; $(VAR) refers to an earlier variable.")
-    value_from: EnvVarSource | None = Field(default=None, description="Value read from a Secret, ConfigMap or the pod.")
+    value: str | None = Field(
+        default=None, description="Literal value; $(VAR) refers to an earlier variable."
+    )
+    value_from: EnvVarSource | None = Field(
+        default=None, description="Value read from a Secret, ConfigMap or the pod."
+    )
 
 
 class ProfilePoint(_Model):
@@ -755,6 +759,11 @@ class RoleCounts(_Model):
 
     desired: int = Field(default=0, description="Instances the operator asked for.")
     ready: int = Field(default=0, description="Instances ready to serve.")
+    rolling: bool = Field(
+        default=False,
+        description="A rollout of this role's pods is in progress: its workload has a newer revision than "
+        "all its pods run (or has not seen its latest spec yet). The planner scales no role down meanwhile.",
+    )
 
 
 class Allocation(_Model):

@@ -98,6 +98,11 @@ def pending_instances(current: api.Allocation, status: api.PrfaasDeploymentStatu
     return {role: asked[role] - ready[role] for role in asked if asked[role] > ready[role]}
 
 
+def rollout_in_progress(status: api.PrfaasDeploymentStatus) -> bool:
+    """Whether any engine role's pods are mid-rollout, as the reconcile last saw them."""
+    return any(counts.rolling for counts in (status.prefill_cluster, status.pd_prefill, status.pd_decode))
+
+
 def planner_input(
     spec: api.PrfaasDeploymentSpec,
     current: api.Allocation,
@@ -106,13 +111,10 @@ def planner_input(
     last_applied_at: datetime | None,
     now: datetime,
     pending: Mapping[Role, int],
+    rolling: bool,
 ) -> planning.PlannerInput | None:
-    """The core's input for this CR with `current` in force and `pending` instances not ready yet;
-    None in mode Off (nothing to decide).
-
-    No rollout is reported in progress: the operator does not coordinate engine rollouts yet
-    (issue 20 item 2), so `rollout_in_progress` keeps the core's default until one does.
-    """
+    """The core's input for this CR with `current` in force, `pending` instances not ready yet and
+    `rolling` when an engine role is mid-rollout; None in mode Off (nothing to decide)."""
     planner = spec.planner
     if planner.mode == api.PlannerMode.OFF:
         return None
@@ -129,6 +131,7 @@ def planner_input(
         cooldown_seconds=planner.cooldown_seconds,
         form=ModelForm(planner.throughput_model.value),
         pending=dict(pending),
+        rollout_in_progress=rolling,
     )
 
 

@@ -35,6 +35,7 @@ from prfaas_operator.planner_adapter import (
     pending_instances,
     planner_input,
     planner_status,
+    rollout_in_progress,
 )
 from prfaas_operator.prometheus import PrometheusObserver, SeriesSelector
 from prfaas_operator.reconcile import Reconciler
@@ -132,6 +133,7 @@ class PlannerLoop:
             last_applied_at=applied_at,
             now=now,
             pending=pending_instances(current, previous),
+            rolling=rollout_in_progress(previous),
         )
         if given is None:
             return None

@@ -78,6 +78,7 @@ from prfaas_operator.status import (
     rfc3339,
     status_changed,
     warning_events,
+    workload_rolling,
 )
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,10 @@ class DeleteOutcome:
 def _ready_replicas(workload: Mapping[str, Any] | None) -> int:
     """Ready replicas of a StatefulSet or Deployment; 0 for one that does not exist (yet)."""
     return int(((workload or {}).get("status") or {}).get("readyReplicas") or 0)
+
+
+def _rolling_roles(workloads: Mapping[str, Mapping[str, Any] | None]) -> frozenset[str]:
+    return frozenset(role for role, workload in workloads.items() if workload_rolling(workload))
 
 
 class Reconciler:
@@ -390,8 +395,10 @@ class Reconciler:
             return ClusterObservation(listing=True)
         namespace, name = spec.prefill_cluster.namespace, Names.of(owner.name).prfaas_prefill
         selector = {**selector_labels(owner, Role.PRFAAS_PREFILL), LABEL_OWNER: label_value(owner.key)}
+        workload = cache["StatefulSet"].get(namespace, name)
         return ClusterObservation(
-            ready={Role.PRFAAS_PREFILL: _ready_replicas(cache["StatefulSet"].get(namespace, name))},
+            ready={Role.PRFAAS_PREFILL: _ready_replicas(workload)},
+            rolling=_rolling_roles({Role.PRFAAS_PREFILL: workload}),
             pods=[PodInfo.from_manifest(p) for p in cache["Pod"].select(namespace, selector)],
         )
 
@@ -480,14 +487,17 @@ class Reconciler:
         if not cache.synced:
             return ClusterObservation(listing=True)
         names = Names.of(owner.name)
+        engines = {
+            Role.PD_PREFILL: cache["StatefulSet"].get(owner.namespace, names.pd_prefill),
+            Role.PD_DECODE: cache["StatefulSet"].get(owner.namespace, names.pd_decode),
+        }
         ready: dict[str, int] = {
-            Role.PD_PREFILL: _ready_replicas(cache["StatefulSet"].get(owner.namespace, names.pd_prefill)),
-            Role.PD_DECODE: _ready_replicas(cache["StatefulSet"].get(owner.namespace, names.pd_decode)),
+            **{role: _ready_replicas(workload) for role, workload in engines.items()},
             Role.ROUTER: _ready_replicas(cache["Deployment"].get(owner.namespace, names.router)),
         }
         selector = {LABEL_NAME: "prfaas", LABEL_INSTANCE: label_value(owner.name)}
         pods = [PodInfo.from_manifest(p) for p in cache["Pod"].select(owner.namespace, selector)]
-        return ClusterObservation(ready=ready, pods=pods)
+        return ClusterObservation(ready=ready, rolling=_rolling_roles(engines), pods=pods)
 
     async def _apply_local(
         self, owner: Owner, wanted: Sequence[Manifest], cache: ClusterCache, mem: _Memory

@@ -95,13 +95,15 @@ class PodInfo:
 class ClusterObservation:
     """What one reconcile saw in one cluster, or the problem that kept it from looking.
 
-    `ready` maps a role to the ready count its workload reported (absent: not observed).
+    `ready` maps a role to the ready count its workload reported (absent: not observed);
+    `rolling` holds the roles whose workload is mid-rollout.
     `listing`: the cluster's cache has not finished its first list, so nothing is known yet;
     that is no problem, and no reason to believe the cluster is empty either.
     """
 
     problem: Problem | None = None
     ready: Mapping[str, int] = field(default_factory=dict)
+    rolling: frozenset[str] = frozenset()
     pods: Sequence[PodInfo] = ()
     listing: bool = False
 
@@ -145,7 +147,21 @@ def rfc3339(moment: datetime) -> str:
 
 def _counts(desired: int, role: str, seen: ClusterObservation, previous: RoleCounts) -> RoleCounts:
     ready = seen.ready.get(role)
-    return RoleCounts(desired=desired, ready=previous.ready if ready is None else ready)
+    if ready is None:  # not observed: as last seen
+        return RoleCounts(desired=desired, ready=previous.ready, rolling=previous.rolling)
+    return RoleCounts(desired=desired, ready=ready, rolling=role in seen.rolling)
+
+
+def workload_rolling(workload: Mapping[str, Any] | None) -> bool:
+    """Whether a StatefulSet is mid-rollout: its controller has not seen its latest spec, or some of
+    its pods still run an older revision than its update revision. One that does not exist is not."""
+    if workload is None:
+        return False
+    status = workload.get("status") or {}
+    generation = int((workload.get("metadata") or {}).get("generation") or 0)
+    if int(status.get("observedGeneration") or 0) < generation:
+        return True
+    return bool(status.get("updateRevision", "") != status.get("currentRevision", ""))
 
 
 def scheduling_problem(pods: Iterable[PodInfo], what: str) -> Problem | None:

@@ -55,7 +55,9 @@ def test_the_spec_becomes_the_cores_input() -> None:
         {"mode": "Advisory", "scalePrefillCluster": True, "throughputModel": "Paper", "cooldownSeconds": 60}
     )
     applied = NOW - timedelta(minutes=5)
-    given = planner_input(spec, allocation(), NO_DATA, last_applied_at=applied, now=NOW, pending={})
+    given = planner_input(
+        spec, allocation(), NO_DATA, last_applied_at=applied, now=NOW, pending={}, rolling=False
+    )
     assert given is not None
     assert given.in_force == POINT and given.observed is NO_DATA
     assert (given.now, given.last_applied_at, given.mode) == (NOW, applied, Mode.ADVISORY)
@@ -74,12 +76,16 @@ def test_the_spec_becomes_the_cores_input() -> None:
         last_applied_at=None,
         now=NOW,
         pending={},
+        rolling=False,
     )
     assert fixed is not None and fixed.mode is Mode.AUTO
     assert fixed.bounds.prfaas_instances is None
     assert fixed.bounds.fixed_threshold_tokens == spec.routing.threshold_tokens
     off = spec_with({"mode": "Off"}, routing_mode="Fixed")
-    assert planner_input(off, allocation(), NO_DATA, last_applied_at=None, now=NOW, pending={}) is None
+    assert (
+        planner_input(off, allocation(), NO_DATA, last_applied_at=None, now=NOW, pending={}, rolling=False)
+        is None
+    )
 
 
 def test_status_carries_the_last_applied_time_and_only_an_apply_writes_an_allocation() -> None:

@@ -21,7 +21,13 @@ from prfaas_core.throughput import OperatingPoint, PlanError, Workload, evaluate
 from prfaas_core.vocabulary import Role
 from prfaas_operator import api, crd
 from prfaas_operator.allocation import effective_allocation, planner_allocation_problem
-from prfaas_operator.planner_adapter import measured_profile, pending_instances, planner_input
+from prfaas_operator.planner_adapter import (
+    measured_profile,
+    pending_instances,
+    planner_input,
+    rollout_in_progress,
+)
+from prfaas_operator.status import workload_rolling
 
 SAMPLE: dict[str, Any] = yaml.safe_load(
     (crd.repository_root() / "examples/prfaasdeployment.yaml").read_text()
@@ -70,11 +76,18 @@ def planner_given(
     workload: Workload = SHORT_OUTPUTS,
     *,
     pending: dict[Role, int] | None = None,
+    rolling: bool = False,
     last_applied_at: datetime | None = None,
 ) -> PlannerInput:
     in_force = api.Allocation.of(current, source="Planner", router_config_version=1)
     made = planner_input(
-        spec, in_force, observation(workload), last_applied_at=last_applied_at, now=NOW, pending=pending or {}
+        spec,
+        in_force,
+        observation(workload),
+        last_applied_at=last_applied_at,
+        now=NOW,
+        pending=pending or {},
+        rolling=rolling,
     )
     assert made is not None
     return made
@@ -255,6 +268,23 @@ def test_pending_instances_are_what_the_allocation_asks_beyond_the_ready_counts(
     assert pending_instances(current, status) == {Role.PD_PREFILL: 2}
     never_seen = pending_instances(current, api.PrfaasDeploymentStatus())
     assert never_seen == {Role.PRFAAS_PREFILL: 4, Role.PD_PREFILL: 3, Role.PD_DECODE: 5}
+
+
+def test_a_rollout_is_in_progress_while_any_engine_workload_is_mid_rollout() -> None:
+    def sts(generation: int, observed: int, current: str, update: str) -> dict[str, object]:
+        status = {"observedGeneration": observed, "currentRevision": current, "updateRevision": update}
+        return {"metadata": {"generation": generation}, "status": status}
+
+    assert not workload_rolling(None), "a StatefulSet not created yet rolls nothing"
+    assert not workload_rolling(sts(3, 3, "r1", "r1"))
+    assert workload_rolling(sts(3, 3, "r1", "r2")), "pods still at the old revision"
+    assert workload_rolling(sts(4, 3, "r1", "r1")), "the controller has not seen the new template yet"
+    settled = api.PrfaasDeploymentStatus(pd_decode=api.RoleCounts(desired=2, ready=2))
+    assert not rollout_in_progress(settled)
+    decode_rolling = api.PrfaasDeploymentStatus(pd_decode=api.RoleCounts(desired=2, ready=1, rolling=True))
+    assert rollout_in_progress(decode_rolling)
+    held = planning.decide(planner_given(spec_of(), SPEC_SPLIT, rolling=rollout_in_progress(decode_rolling)))
+    assert held.code is Reason.ROLLOUT_IN_PROGRESS
 
 
 # ---- for any input --------------------------------------------------------------------------------

@@ -98,7 +98,9 @@ def decide(
     now: datetime,
 ) -> Decision | None:
     """The loop's decision for this CR, as the planner loop takes it (None in mode Off)."""
-    given = planner_input(spec, current, observed, last_applied_at=last_applied_at, now=now, pending={})
+    given = planner_input(
+        spec, current, observed, last_applied_at=last_applied_at, now=now, pending={}, rolling=False
+    )
     return None if given is None else planning.decide(given)
 
 
