@@ -35,13 +35,19 @@ MODEL_LOAD_SECONDS = 15
 ENGINE_RESOURCES = {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}}
 
 
-def engine_env(profile: str) -> list[dict[str, str]]:
-    """What the engine-sim image reads beside SGLang's arguments, through the CR's placement.env."""
-    return [
-        {"name": "PRFAAS_FAKE_ENGINE_PROFILE", "value": profile},
-        {"name": "PRFAAS_FAKE_ENGINE_TIME_SCALE", "value": f"{E2E_TIME_SCALE:g}"},
-        {"name": "PRFAAS_FAKE_ENGINE_MODEL_LOAD_SECONDS", "value": str(MODEL_LOAD_SECONDS)},
-    ]
+def on_real_node(node: RealNode, profile: str) -> dict[str, Any]:
+    """A cluster's placement on its real node: its GPU product, 1 GPU an instance, and through
+    placement.env what the engine-sim image reads beside SGLang's arguments."""
+    return {
+        "gpuProduct": node.gpu_product,
+        "gpusPerInstance": 1,
+        "resources": ENGINE_RESOURCES,
+        "env": [
+            {"name": "PRFAAS_FAKE_ENGINE_PROFILE", "value": profile},
+            {"name": "PRFAAS_FAKE_ENGINE_TIME_SCALE", "value": f"{E2E_TIME_SCALE:g}"},
+            {"name": "PRFAAS_FAKE_ENGINE_MODEL_LOAD_SECONDS", "value": str(MODEL_LOAD_SECONDS)},
+        ],
+    }
 
 
 def real_nodes(system: LiveSystem) -> dict[Cluster, RealNode]:
@@ -57,24 +63,15 @@ def deployment(live_system: LiveSystem) -> LiveSystem:
     spec = cr["spec"]
     spec["model"]["image"] = spec["router"]["image"].replace("/prfaas:", "/prfaas-engine-sim:")
     spec["prefillCluster"].update(
-        gpuProduct=nodes[Cluster.PRFAAS].gpu_product,
-        gpusPerInstance=1,
-        replicas=1,
-        minReplicas=1,
-        maxReplicas=1,
-        env=engine_env("h200"),
-        resources=ENGINE_RESOURCES,
+        on_real_node(nodes[Cluster.PRFAAS], "h200"), replicas=1, minReplicas=1, maxReplicas=1
     )
     spec["pdCluster"].update(
-        gpuProduct=nodes[Cluster.PD].gpu_product,
-        gpusPerInstance=1,
+        on_real_node(nodes[Cluster.PD], "h20"),
         instances=2,
         prefillInstances=1,
         decodeInstances=1,
         minPrefillInstances=1,
         minDecodeInstances=1,
-        env=engine_env("h20"),
-        resources=ENGINE_RESOURCES,
     )
     live_system.apply(cr)
     try:
