@@ -291,14 +291,14 @@ class RouterService:
         """The body, within the size limit and the body timeout. A body that came whole with the
         head (most do) is taken at once, with no timer."""
         limit = self.settings.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            raise _body_too_large(limit)
         content = request.content
         if content.is_eof():
             raw = content.read_nowait()
             if len(raw) > limit:
                 raise _body_too_large(limit)
             return raw
+        if request.content_length is not None and request.content_length > limit:
+            raise _body_too_large(limit)
         seconds = self.settings.client_body_timeout_seconds
         try:
             async with asyncio.timeout(seconds):

@@ -212,8 +212,9 @@ async def _first_event(reply: Reply) -> bytes:
 async def _first_ended(*tasks: asyncio.Task[Any]) -> None:
     """Returns once one of `tasks` has ended, raising nothing of theirs: `asyncio.wait` with
     FIRST_COMPLETED, less its sets, argument checks and timeout (up to two per attempt)."""
-    if any(task.done() for task in tasks):
-        return
+    for task in tasks:
+        if task.done():
+            return
     waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def wake(_: asyncio.Task[Any]) -> None:
@@ -491,7 +492,7 @@ class Dispatcher:
         except BaseException:
             reply.close()
             raise
-        return reply.status, body, reply.content_type
+        return reply.status, body, reply.content_type if reply.status >= 300 else ""  # for a refusal
 
     async def _open_decode(
         self, where: Target, payload: bytes, headers: dict[str, str], stream: bool

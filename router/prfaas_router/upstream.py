@@ -92,12 +92,12 @@ class Reply:
         "_ended",
         "_first",
         "_header_list",
+        "_headers",
         "_headers_ready",
         "_limit",
         "_pieces",
         "_received",
         "_sink",
-        "headers",
         "status",
     )
 
@@ -113,7 +113,16 @@ class Reply:
         self._limit = max_bytes
         self._received = 0  # body bytes held for a reader (not relayed)
         self.status = 0
-        self.headers: dict[str, str] = {}
+        self._headers: dict[str, str] | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """By lower-case name; made when first asked for (most replies are never asked)."""
+        if self._headers is None:
+            self._headers = {
+                name.decode("latin-1").lower(): value.decode("latin-1") for name, value in self._header_list
+            }
+        return self._headers
 
     @property
     def content_type(self) -> str:
@@ -190,9 +199,6 @@ class Reply:
 
     def _headers_complete(self, status: int) -> None:
         self.status = status
-        self.headers = {
-            name.decode("latin-1").lower(): value.decode("latin-1") for name, value in self._header_list
-        }
         if not self._headers_ready.done():
             self._headers_ready.set_result(None)
 
