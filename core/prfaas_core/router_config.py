@@ -164,6 +164,13 @@ class DecodeCapacity(_Strict):
     seconds_per_request: float = Field(
         gt=0, description="mean seconds a request holds a decode slot: mean output tokens x decode step"
     )
+    output_tokens_cv: float = Field(
+        default=0.0,
+        ge=0,
+        le=1000,
+        description="coefficient of variation of output lengths (standard deviation / mean); the longer "
+        "the tail, the longer a full batch may go without freeing a slot",
+    )
 
 
 class Pools(_Strict):

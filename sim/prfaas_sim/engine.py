@@ -74,6 +74,8 @@ class SystemSpec:
     mean_output_tokens: float | None = None
     """Gives the router config its decode capacity (BS_max, mean output x T_decode); None: the router
     leaves the wait for a decode slot out of its TTFT estimate (as it did before it knew decode)."""
+    output_tokens_cv: float = 0.0
+    """The output lengths' coefficient of variation, as the router config's decode section tells it."""
 
     def __post_init__(self) -> None:
         if self.planner is not None and self.measured is None:
@@ -389,6 +391,7 @@ class Simulation:
             else DecodeCapacity(
                 max_running_requests=profile.decode.max_batch,
                 seconds_per_request=self.system.mean_output_tokens * profile.decode.step_seconds,
+                output_tokens_cv=self.system.output_tokens_cv,
             ),
             pools=Pools(
                 prfaas_prefill=[_endpoint(instance.name, prefill=True) for instance in self._prfaas],

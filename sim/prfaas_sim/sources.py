@@ -100,6 +100,11 @@ def poisson_requests(
             yield RequestSpec(now, next(lengths), next(outputs), None)
 
 
+def lognormal_cv(sigma: float) -> float:
+    """The coefficient of variation of the log-normal outputs `poisson_requests` draws with `sigma`."""
+    return math.sqrt(math.expm1(sigma * sigma))
+
+
 def _output_draws(mean: float, sigma: float, rng: np.random.Generator) -> Iterator[int]:
     if sigma == 0:
         while True:

@@ -6,6 +6,7 @@ keeps its meaning on another profile. `QUICK` runs the same scenarios shorter (a
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from prfaas_sim.scenarios import (
     saturation,
     trace_prefix,
 )
-from prfaas_sim.sources import RateSchedule, lognormal_sample
+from prfaas_sim.sources import RateSchedule, lognormal_cv, lognormal_sample
 from prfaas_sim.systems import default_slo, deployments
 
 
@@ -60,7 +61,7 @@ class StudyPlan:
     trace_loads: tuple[float, ...] = (0.6, 0.9)  # x PrfaaS-PD's Λ_max on the trace without reuse
     trace_repeats: int = 2
     window_seconds: float = 60.0
-    overload_factors: tuple[float, ...] = (1.1, 1.3)  # x each system's simulated saturation
+    overload_factors: tuple[float, ...] = (1.1, 1.2, 1.3)  # x each system's simulated saturation
     overload_seconds: float = 3600.0
     overload_warmup: float = 900.0
 
@@ -130,7 +131,9 @@ def model_checks(
 
 
 def overload_workloads(document: ProfileDocument) -> tuple[OverloadWorkload, ...]:
-    """The profile's own workload (prefill binds in the case study) and two where decode binds."""
+    """The profile's own workload (prefill binds in the case study) and four where decode binds: equal
+    long outputs, and outputs with ever heavier tails (a few answers hold a slot 10-100x the mean's time)
+    behind short prompts, the profile's prompts, and prompts that split between both prefill routes."""
     prompts = document.default_workload()
     return (
         OverloadWorkload("profile workload", prompts),
@@ -138,12 +141,28 @@ def overload_workloads(document: ProfileDocument) -> tuple[OverloadWorkload, ...
             "short prompts, long outputs",
             parse_workload_spec("lognormal:mu=7.6,sigma=0.6,min=128,max=131072,output=4096"),
         ),
-        OverloadWorkload(
+        lognormal_outputs(
             "heavy tails: the profile's prompts, log-normal outputs (sigma 1, mean 4096)",
             Workload(prompts.lengths, prompts.weights, mean_output_tokens=4096, source="heavy tails"),
-            output_sigma=1.0,
+            sigma=1.0,
+        ),
+        lognormal_outputs(
+            "short prompts, log-normal outputs (sigma 1.5, mean 2048)",
+            parse_workload_spec("lognormal:mu=7.6,sigma=0.6,min=128,max=131072,output=2048"),
+            sigma=1.5,
+        ),
+        lognormal_outputs(
+            "mixed prompts (median 4.9K), log-normal outputs (sigma 2, mean 1536)",
+            parse_workload_spec("lognormal:mu=8.5,sigma=1.0,min=128,max=131072,output=1536"),
+            sigma=2.0,
         ),
     )
+
+
+def lognormal_outputs(label: str, workload: Workload, *, sigma: float) -> OverloadWorkload:
+    """`workload`'s prompts with log-normal outputs around its mean; its planner and router know their spread."""
+    told = dataclasses.replace(workload, output_tokens_cv=lognormal_cv(sigma))
+    return OverloadWorkload(label, told, output_sigma=sigma)
 
 
 def overload_study(

@@ -110,5 +110,6 @@ def deployments(
             if looped and planner is not None
             else None,
             mean_output_tokens=workload.mean_output_tokens,
+            output_tokens_cv=workload.output_tokens_cv,
         )
     return Deployments(comparison, specs)

@@ -21,6 +21,7 @@ from prfaas_core.routing.policy import (
     SessionTable,
     decide,
     decode_wait_seconds,
+    departure_dispersion,
     prefill_seconds,
     rendezvous,
     session_key,
@@ -386,6 +387,33 @@ def test_the_wait_grows_with_the_queue_beyond_the_slots_at_its_90th_percentile()
         waits.append(decode_wait_seconds(model, by_name["d0"]))
     # k-th beyond the slots: k intervals of 10 s on average, plus z * sqrt(k) for the P90
     assert waits == pytest.approx([10 * (k + DECODE_WAIT_Z * math.sqrt(k)) for k in (1, 2, 5)])
+
+
+def test_a_long_tail_of_outputs_widens_the_wait_and_never_narrows_it_below_poisson() -> None:
+    assert departure_dispersion(0.0) == departure_dispersion(0.7) == 1.0  # equal outputs still free in clumps
+    assert departure_dispersion(3.0) == pytest.approx(9.0)  # renewal counts: CV^2 times Poisson's variance
+    _, by_name = pools(decode=1)
+    by_name["d0"].load = EngineLoad(running=4, waiting=1, max_running=4)
+    waits = [
+        decode_wait_seconds(make_model(decode={**DECODE, "output_tokens_cv": cv}), by_name["d0"])
+        for cv in (0.0, 1.0, 2.0)
+    ]
+    assert waits == pytest.approx(
+        [10 * (2 + DECODE_WAIT_Z * math.sqrt(2 * max(1, cv * cv))) for cv in (0, 1, 2)]
+    )
+
+
+def test_a_queue_a_poisson_spread_would_admit_is_refused_behind_heavy_tailed_outputs() -> None:
+    slo = {"ttft_seconds": 30.0, "tpot_seconds": 0.05}
+    available, by_name = pools(decode=1)
+    by_name["d0"].load = EngineLoad(running=4, waiting=0, max_running=4)  # first beyond the slots
+    request = RequestView(total_tokens=1000, sequences=1)
+    assert isinstance(
+        decide(make_model(decode=DECODE, slo=slo), request, available, 0.0), Decision
+    )  # P90 ~23 s
+    heavy = make_model(decode={**DECODE, "output_tokens_cv": 2.0}, slo=slo)  # P90 ~36 s
+    out = decide(heavy, request, available, 0.0)
+    assert isinstance(out, Rejection) and out.reason is Reason.DECODE_WAIT
 
 
 def test_the_engines_reported_max_running_wins_over_the_config() -> None:

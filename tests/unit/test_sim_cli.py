@@ -31,7 +31,7 @@ def test_overload_prints_each_system_on_each_workload_against_its_saturation(cap
     args = ["overload", "--profile", str(PROFILE), "--factors", "1.3", "--duration", "900", "--warmup", "300"]
     assert main(args) == 0
     rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()[2:]]
-    assert len(rows) == 9  # three workloads x three systems
+    assert len(rows) == 15  # five workloads x three systems
     assert {row[1] for row in rows} == {"PrfaaS-PD", "homogeneous PD", "naive hetero PD"}
     assert all(row[4] == "1.3x" for row in rows)
 

@@ -58,12 +58,14 @@ class LengthSplit:
 
 @dataclass(frozen=True, eq=False)
 class Workload:
-    """Uncached input lengths (ascending support points, probabilities) and the mean output length."""
+    """Uncached input lengths (ascending support points, probabilities) and the output lengths' mean
+    and coefficient of variation (the router's decode-wait estimate widens with the latter)."""
 
     lengths: FloatArray
     weights: FloatArray
     mean_output_tokens: float
     source: str = "workload"
+    output_tokens_cv: float = 0.0
     _prefix_weight: FloatArray = field(init=False, repr=False)
     _prefix_tokens: FloatArray = field(init=False, repr=False)
     _suffix_weight: FloatArray = field(init=False, repr=False)
@@ -83,6 +85,10 @@ class Workload:
         if not (math.isfinite(self.mean_output_tokens) and self.mean_output_tokens > 0):
             raise WorkloadError(
                 f"{self.source}: mean output length must be positive, got {self.mean_output_tokens}"
+            )
+        if not (math.isfinite(self.output_tokens_cv) and self.output_tokens_cv >= 0):
+            raise WorkloadError(
+                f"{self.source}: output lengths' coefficient of variation must be >= 0, got {self.output_tokens_cv}"
             )
         tokens = weights * lengths
         zero = np.zeros(1)
@@ -108,6 +114,7 @@ class Workload:
         *,
         mean_output_tokens: float,
         source: str,
+        output_tokens_cv: float = 0.0,
     ) -> Workload:
         """Any (length, weight) pairs: merges repeats, drops zero weights, normalises the total."""
         lengths_array = np.asarray(lengths, dtype=np.float64)
@@ -128,7 +135,7 @@ class Workload:
         if not total > 0:
             raise WorkloadError(f"{source}: no requests (total weight is zero)")
         keep = merged > 0
-        return cls(support[keep], merged[keep] / total, float(mean_output_tokens), source)
+        return cls(support[keep], merged[keep] / total, float(mean_output_tokens), source, output_tokens_cv)
 
     @classmethod
     def from_samples(
@@ -142,11 +149,13 @@ class Workload:
         outputs = np.asarray(output_lengths, dtype=np.float64)
         if len(outputs) == 0 or len(outputs) != len(input_lengths):
             raise WorkloadError(f"{source}: no requests, or not one output length per input length")
+        mean = float(outputs.mean())
         return cls.from_weighted(
             input_lengths,
             np.ones(len(input_lengths)),
-            mean_output_tokens=float(outputs.mean()),
+            mean_output_tokens=mean,
             source=source,
+            output_tokens_cv=float(outputs.std()) / mean if mean > 0 else 0.0,
         )
 
     @classmethod
