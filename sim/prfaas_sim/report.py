@@ -230,15 +230,21 @@ def overload_table(runs: Sequence[OverloadRuns]) -> list[str]:
 
 
 def overload_section(runs: Sequence[OverloadRuns], duration: float, warmup: float) -> list[str]:
+    factors = sorted(
+        {factor for scenario in runs for by_factor in scenario.runs.values() for factor in by_factor}
+    )
+    offered = ", ".join(f"{factor:g}x" for factor in factors)
     return [
         "## Past saturation: goodput holds, the excess gets an early 429",
         "",
         "Each system's saturation throughput is measured as above (1.3x its Λ_max, admission off, unlimited "
-        "link); then, as deployed, it is offered 1.1x and 1.3x that throughput "
+        f"link); then, as deployed, it is offered {offered} that throughput "
         f"({duration:g} s, statistics after {warmup:g} s). Goodput counts requests that met both SLOs; a 429 "
         "is a miss. The product router's TTFT estimate includes the wait for a decode slot; the decode-blind "
         "router (the same policy without the config's decode capacity, as it was before) runs beside it on the "
-        "same requests. PrfaaS-PD and naive hetero PD coincide where the planner offloads every prefill "
+        "same requests. The product router's decode-wait P90 takes slots to free with max(1, CV^2) times a Poisson process's "
+        "variance, CV the output lengths' coefficient of variation (the config's `decode.output_tokens_cv`). "
+        "PrfaaS-PD and naive hetero PD coincide where the planner offloads every prefill "
         "(threshold 0) to the same split.",
         "",
         *overload_table(runs),

@@ -88,6 +88,9 @@ def test_trace_without_prefix_reuse_is_the_empirical_distribution() -> None:
     assert list(workload.lengths) == [1000, 3000]
     assert list(workload.weights) == pytest.approx([2 / 3, 1 / 3])
     assert workload.mean_output_tokens == pytest.approx(20)
+    assert workload.output_tokens_cv == pytest.approx(
+        np.std([10, 30, 20]) / 20
+    )  # the router's decode-wait spread
     assert "3 requests" in workload.source
 
 
@@ -215,3 +218,5 @@ def test_weighted_construction_refuses_nonsense() -> None:
         Workload.from_weighted([10], [0], mean_output_tokens=1, source="w")
     with pytest.raises(WorkloadError, match="strictly ascending"):
         Workload(np.array([20.0, 10.0]), np.array([0.5, 0.5]), 1.0)
+    with pytest.raises(WorkloadError, match="coefficient of variation"):
+        Workload(np.array([10.0]), np.array([1.0]), 1.0, output_tokens_cv=math.nan)
