@@ -209,25 +209,25 @@ async def _first_event(reply: Reply) -> bytes:
     return data
 
 
-async def _first_ended(*tasks: asyncio.Task[Any]) -> None:
-    """Returns once one of `tasks` has ended, raising nothing of theirs: `asyncio.wait` with
+async def _first_ended(*legs: asyncio.Future[Any]) -> None:
+    """Returns once one of `legs` has ended, raising nothing of theirs: `asyncio.wait` with
     FIRST_COMPLETED, less its sets, argument checks and timeout (up to two per attempt)."""
-    for task in tasks:
-        if task.done():
+    for leg in legs:
+        if leg.done():
             return
     waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
-    def wake(_: asyncio.Task[Any]) -> None:
+    def wake(_: asyncio.Future[Any]) -> None:
         if not waiter.done():
             waiter.set_result(None)
 
-    for task in tasks:
-        task.add_done_callback(wake)
+    for leg in legs:
+        leg.add_done_callback(wake)
     try:
         await waiter
     finally:
-        for task in tasks:
-            task.remove_done_callback(wake)
+        for leg in legs:
+            leg.remove_done_callback(wake)
 
 
 def servable(first: bytes) -> bool:
@@ -257,7 +257,7 @@ def drop_frames(error: BaseException) -> None:
         pending += (current.__cause__, current.__context__)
 
 
-def _drop_leg_frames(task: asyncio.Task[Any]) -> None:
+def _drop_leg_frames(task: asyncio.Future[Any]) -> None:
     """A finished leg's failure, if any, without its frames: the reply it failed on holds the
     failure, whose traceback holds the leg's frame, which holds the reply (a cycle)."""
     error = task.exception()
@@ -295,7 +295,7 @@ class Dispatcher:
         self._metrics = metrics
         self._sessions = sessions
         self._max_attempts = max_attempts
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background: set[asyncio.Future[Any]] = set()
         self.link_inflight_bytes = 0.0
         # outstanding tokens per pool; the gauges read these when scraped, not on every request
         self.inflight_tokens = {pool: 0 for pool in Pool}
@@ -374,17 +374,17 @@ class Dispatcher:
         headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: exchange.request_id}
         path = parsed.kind.value
         lease = _Lease(self, decision, time.monotonic())
-        prefill_task = asyncio.create_task(self._prefill_leg(target(prefill.url, path), payload, headers))
-        prefill_task.add_done_callback(lambda task: self._prefill_done(task, exchange, snapshot, lease))
+        prefill_leg = self._prefill_leg(target(prefill.url, path), payload, headers)
+        prefill_leg.add_done_callback(lambda task: self._prefill_done(task, exchange, snapshot, lease))
         decode_task = asyncio.create_task(
             self._open_decode(target(decode.url, path), payload, headers, parsed.stream)
         )
         response: Reply | None = None
         delivered = False
         try:
-            await _first_ended(prefill_task, decode_task)
+            await _first_ended(prefill_leg, decode_task)
             if not decode_task.done():
-                failure = _prefill_failure(prefill_task, prefill)
+                failure = _prefill_failure(prefill_leg, prefill)
                 if failure is not None:  # the decode cannot finish
                     raise await self._judge_prefill(failure, decode_task, decode)
                 await _first_ended(decode_task)
@@ -392,7 +392,7 @@ class Dispatcher:
                 response, first = _decode_result(decode_task, decode)
             except LegFailure as failure:
                 lease.decode_failed = True
-                judged = await self._judge_decode(failure, prefill_task, prefill)
+                judged = await self._judge_decode(failure, prefill_leg, prefill)
                 raise judged from (None if judged is failure else failure)
             lease.decode_answered = True
             decode.breaker.record_success()
@@ -422,12 +422,12 @@ class Dispatcher:
             lease.release_decode()
             if decode_task.done() and not decode_task.cancelled():
                 _drop_leg_frames(decode_task)
-            if not prefill_task.done():
+            if not prefill_leg.done():
                 if delivered:  # answered: let the prefill's reply drain on its own
-                    self._background.add(prefill_task)
-                    prefill_task.add_done_callback(self._background.discard)
+                    self._background.add(prefill_leg)
+                    prefill_leg.add_done_callback(self._background.discard)
                 else:
-                    prefill_task.cancel()
+                    prefill_leg.cancel()
 
     async def _judge_prefill(
         self, failure: LegFailure, decode_task: asyncio.Task[tuple[Reply, bytes]], decode: Worker
@@ -453,20 +453,20 @@ class Dispatcher:
         return self._judge(failure, decode, other_leg_out=not decode_task.done())
 
     async def _judge_decode(
-        self, failure: LegFailure, prefill_task: asyncio.Task[tuple[int, bytes, str]], prefill: Worker
+        self, failure: LegFailure, prefill_leg: asyncio.Future[tuple[int, bytes, str]], prefill: Worker
     ) -> LegFailure:
         """The failure to retry around, for a failed decode leg; counted against the engine at fault.
 
         A prefill that dies mid-transfer fails its decode too, so the prefill's fate is awaited
         briefly: a prefill that failed is the cause.
         """
-        if not prefill_task.done():
-            await asyncio.wait((prefill_task,), timeout=_BLAME_GRACE_SECONDS)
-        prefill_failure = _prefill_failure(prefill_task, prefill) if prefill_task.done() else None
+        if not prefill_leg.done():
+            await asyncio.wait((prefill_leg,), timeout=_BLAME_GRACE_SECONDS)
+        prefill_failure = _prefill_failure(prefill_leg, prefill) if prefill_leg.done() else None
         if prefill_failure is not None:
             self.count_failure(prefill, fatal=prefill_failure.unreachable)
             return prefill_failure
-        return self._judge(failure, prefill, other_leg_out=not prefill_task.done())
+        return self._judge(failure, prefill, other_leg_out=not prefill_leg.done())
 
     def _judge(self, failure: LegFailure, other: Worker, *, other_leg_out: bool) -> LegFailure:
         """Counts a leg's failure against the engine at fault (`at_fault`); the failure to retry around."""
@@ -481,18 +481,23 @@ class Dispatcher:
         worker.breaker.record_failure(time.monotonic(), fatal=fatal)
         self._metrics.engine_failures.labels(worker.pool.value, worker.name).inc()
 
-    async def _prefill_leg(
+    def _prefill_leg(
+        self, where: Target, payload: bytes, headers: dict[str, str]
+    ) -> asyncio.Future[tuple[int, bytes, str]]:
+        """The prefill's status, whole body (drained whether streamed or not) and content type
+        (`Reply.outcome`); a task only when no idle connection is at hand."""
+        reply = self._upstream.send_pooled("POST", where, headers, payload, max_bytes=self._max_answer_bytes)
+        if reply is None:
+            return asyncio.create_task(self._prefill_leg_connecting(where, payload, headers))
+        return reply.outcome()
+
+    async def _prefill_leg_connecting(
         self, where: Target, payload: bytes, headers: dict[str, str]
     ) -> tuple[int, bytes, str]:
         reply = await self._upstream.request(
             "POST", where, headers, payload, max_bytes=self._max_answer_bytes
         )
-        try:
-            body = await reply.read()  # drained whether streamed or not
-        except BaseException:
-            reply.close()
-            raise
-        return reply.status, body, reply.content_type if reply.status >= 300 else ""  # for a refusal
+        return await reply.outcome()  # cancelled there, it closes the reply
 
     async def _open_decode(
         self, where: Target, payload: bytes, headers: dict[str, str], stream: bool
@@ -511,7 +516,7 @@ class Dispatcher:
 
     def _prefill_done(
         self,
-        task: asyncio.Task[tuple[int, bytes, str]],
+        task: asyncio.Future[tuple[int, bytes, str]],
         exchange: Exchange,
         snapshot: Snapshot,
         lease: _Lease,
@@ -860,7 +865,7 @@ _TOKEN_EVENT = re.compile(rb'"(?:content|text)"\s*:\s*"(?!")')
 _TOKEN_EVENT_MIN_LENGTH = len(b'"text":"x')
 
 
-def _prefill_failure(task: asyncio.Task[tuple[int, bytes, str]], worker: Worker) -> LegFailure | None:
+def _prefill_failure(task: asyncio.Future[tuple[int, bytes, str]], worker: Worker) -> LegFailure | None:
     """How a finished prefill leg failed, if it did; raises for a refusal and for the router's own bugs."""
     if task.cancelled():  # by the router itself: no sign of the engine
         return None

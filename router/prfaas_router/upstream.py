@@ -137,6 +137,38 @@ class Reply:
     async def read(self) -> bytes:
         """The whole body; the connection goes back to the pool."""
         await self._ended
+        return self._whole_body()
+
+    def outcome(self) -> asyncio.Future[tuple[int, bytes, str]]:
+        """The status, the whole body and, for a status other than 2xx, the content type (an
+        answer's own is not needed) as `read` would give them, but with no coroutine and task
+        to wait in: the future ends with them, or with the reply's failure. Cancelling it
+        closes the reply."""
+        outcome: asyncio.Future[tuple[int, bytes, str]] = asyncio.get_running_loop().create_future()
+
+        def ended(ended: asyncio.Future[None]) -> None:
+            if outcome.done():
+                return
+            if ended.cancelled():
+                outcome.cancel()
+                return
+            error = ended.exception()
+            if error is not None:
+                outcome.set_exception(error)
+                return
+            status = self.status
+            content_type = "" if 200 <= status < 300 else self.content_type
+            outcome.set_result((status, self._whole_body(), content_type))
+
+        def dropped(outcome: asyncio.Future[tuple[int, bytes, str]]) -> None:
+            if outcome.cancelled():
+                self.close()
+
+        self._ended.add_done_callback(ended)
+        outcome.add_done_callback(dropped)
+        return outcome
+
+    def _whole_body(self) -> bytes:
         body = b"".join(self._pieces)
         self._pieces = []
         self.release()
@@ -367,23 +399,54 @@ class Upstream:
     ) -> Reply:
         """Sends the request and returns once the status and headers are in; the router holds at
         most `max_bytes` of its body."""
+        reply = self.send_pooled(method, where, headers, body, max_bytes=max_bytes, probe=probe)
+        if reply is None:
+            connection = await self._connect(where)
+            reply = self._send(connection, method, where, headers, body, max_bytes, probe)
+        try:
+            await reply._headers_ready
+        except BaseException:
+            reply.close()
+            raise
+        return reply
+
+    def send_pooled(
+        self,
+        method: str,
+        where: Target,
+        headers: dict[str, str] | None = None,
+        body: bytes = b"",
+        *,
+        max_bytes: int = MAX_ANSWER_BYTES,
+        probe: bool = False,
+    ) -> Reply | None:
+        """The request sent at once on an idle kept-alive connection, its reply still to come;
+        None when no connection is idle (`request` opens one)."""
+        connection = self._take(where.pool_key)
+        if connection is None:
+            return None
+        return self._send(connection, method, where, headers, body, max_bytes, probe)
+
+    def _send(
+        self,
+        connection: _Connection,
+        method: str,
+        where: Target,
+        headers: dict[str, str] | None,
+        body: bytes,
+        max_bytes: int,
+        probe: bool,
+    ) -> Reply:
         if self._sweeper is None:
             self._sweeper = asyncio.create_task(self._sweep(), name="upstream-sweeper")
-        connection = self._take(where.pool_key) or await self._connect(where)
         lines = [_request_line(method, where)]
         if body or method != "GET":
             lines.append(b"Content-Length: %d\r\n" % len(body))
         if headers:
             lines.extend(f"{name}: {value}\r\n".encode("latin-1") for name, value in headers.items())
         lines.append(b"\r\n")
-        head = b"".join(lines)
         reply = Reply(connection, max_bytes)
-        connection.send(reply, head, body, probe)
-        try:
-            await reply._headers_ready
-        except BaseException:
-            reply.close()
-            raise
+        connection.send(reply, b"".join(lines), body, probe)
         return reply
 
     async def get(
