@@ -11,10 +11,12 @@ from prfaas_sim.study import overload_workloads
 from prfaas_sim.systems import default_slo, load_profile
 
 PROFILE = Path(__file__).resolve().parents[2] / "data" / "profiles" / "case-study.yaml"
-FACTORS = (1.1, 1.3)
+FACTORS = (1.1, 1.2, 1.3)
 
 
-@pytest.fixture(scope="module", params=[0, 1], ids=["prefill-bound", "decode-bound"])
+@pytest.fixture(
+    scope="module", params=[0, 1, 4], ids=["prefill-bound", "decode-bound", "decode-bound-heavy-tails"]
+)
 def runs(request: pytest.FixtureRequest) -> OverloadRuns:
     document = load_profile(PROFILE)
     load = overload_workloads(document)[request.param]
