@@ -399,10 +399,8 @@ class Upstream:
     ) -> Reply:
         """Sends the request and returns once the status and headers are in; the router holds at
         most `max_bytes` of its body."""
-        reply = self.send_pooled(method, where, headers, body, max_bytes=max_bytes, probe=probe)
-        if reply is None:
-            connection = await self._connect(where)
-            reply = self._send(connection, method, where, headers, body, max_bytes, probe)
+        connection = self._take(where.pool_key) or await self._connect(where)
+        reply = self._send(connection, method, where, headers, body, max_bytes, probe)
         try:
             await reply._headers_ready
         except BaseException:
@@ -411,21 +409,14 @@ class Upstream:
         return reply
 
     def send_pooled(
-        self,
-        method: str,
-        where: Target,
-        headers: dict[str, str] | None = None,
-        body: bytes = b"",
-        *,
-        max_bytes: int = MAX_ANSWER_BYTES,
-        probe: bool = False,
+        self, method: str, where: Target, headers: dict[str, str], body: bytes, max_bytes: int
     ) -> Reply | None:
         """The request sent at once on an idle kept-alive connection, its reply still to come;
         None when no connection is idle (`request` opens one)."""
         connection = self._take(where.pool_key)
         if connection is None:
             return None
-        return self._send(connection, method, where, headers, body, max_bytes, probe)
+        return self._send(connection, method, where, headers, body, max_bytes, False)
 
     def _send(
         self,
