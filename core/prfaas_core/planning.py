@@ -512,6 +512,7 @@ def summarize(observed: Observation) -> dict[str, str]:
         "meanUncachedTokens": f"{workload.mean_input_tokens:.0f}",
         "p90UncachedTokens": f"{workload.quantile(0.9):.0f}",
         "meanOutputTokens": f"{workload.mean_output_tokens:.0f}",
+        "outputTokensCv": f"{workload.output_tokens_cv:.2g}",
         "offloadedFraction": f"{observed.offloaded_fraction:.2f}",
         "egress": _or_unknown(
             None

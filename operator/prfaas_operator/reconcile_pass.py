@@ -242,7 +242,8 @@ def decide_router_config(
     try:
         config = build_router_config(
             spec, engines.choice.allocation, choice, last, min_version=min_version,
-            measured_output_tokens=measured_output_tokens(previous),
+            measured_output_tokens=planner_input(previous, "meanOutputTokens"),
+            measured_output_cv=planner_input(previous, "outputTokensCv"),
         )  # fmt: skip
     except ProfileError as err:
         keeps = f"the router keeps config v{last.version}" if last is not None else "no router config yet"
@@ -303,9 +304,10 @@ def leaving(pods: Sequence[PodInfo], drains: Mapping[str, Drain]) -> list[PodInf
     ]
 
 
-def measured_output_tokens(status: PrfaasDeploymentStatus) -> float | None:
-    """The mean output length the planner last observed (status.planner.inputs), if any."""
-    text = (status.planner.inputs.get("meanOutputTokens") if status.planner is not None else None) or ""
+def planner_input(status: PrfaasDeploymentStatus, key: str) -> float | None:
+    """A number the planner last observed (status.planner.inputs: the mean output length, its
+    coefficient of variation), if any."""
+    text = (status.planner.inputs.get(key) if status.planner is not None else None) or ""
     try:
         return float(text)
     except ValueError:

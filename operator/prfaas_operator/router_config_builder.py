@@ -101,20 +101,23 @@ def choose_pools(
 
 
 def decode_capacity(
-    spec: PrfaasDeploymentSpec, measured_output_tokens: float | None
+    spec: PrfaasDeploymentSpec, measured_output_tokens: float | None, measured_output_cv: float | None = None
 ) -> DecodeCapacity | None:
-    """What a decode slot holds a request for: BS_max and mean output x step time (None: unknown).
+    """What a decode slot holds a request for: BS_max and mean output x step time (None: unknown),
+    and how widely outputs spread (the router's decode-wait P90 widens with it; 0 until measured).
 
-    The planner's measured mean output wins over the spec's expectation; it is rounded to two
-    significant digits so that a new measurement every planner tick does not rewrite the config.
+    The planner's measured mean output wins over the spec's expectation; both measurements are
+    rounded to two significant digits so that a new one every planner tick does not rewrite the config.
     """
     tokens = measured_output_tokens or spec.routing.expected_output_tokens
     if not tokens or not math.isfinite(tokens):
         return None
-    rounded = float(f"{tokens:.2g}")
+    cv = measured_output_cv if measured_output_cv is not None and 0 <= measured_output_cv <= 1000 else 0.0
     pd = spec.pd_cluster
     return DecodeCapacity(
-        max_running_requests=pd.max_decode_batch, seconds_per_request=rounded * pd.decode_step_seconds
+        max_running_requests=pd.max_decode_batch,
+        seconds_per_request=float(f"{tokens:.2g}") * pd.decode_step_seconds,
+        output_tokens_cv=float(f"{cv:.2g}"),
     )
 
 
@@ -126,6 +129,7 @@ def build_router_config(
     min_version: int = 0,
     *,
     measured_output_tokens: float | None = None,
+    measured_output_cv: float | None = None,
 ) -> RouterConfig:
     """The router config for this allocation and these endpoints; raises ProfileError on a refused fit.
 
@@ -151,7 +155,7 @@ def build_router_config(
             "local": fitted_prefill_time(spec.pd_cluster.prefill_profile),
         },
         slo=Slo(ttft_seconds=spec.slo.ttft_seconds, tpot_seconds=spec.slo.tpot_seconds),
-        decode=decode_capacity(spec, measured_output_tokens),
+        decode=decode_capacity(spec, measured_output_tokens, measured_output_cv),
         pools=choice.pools,
         fingerprint=choice.fingerprint,
     )

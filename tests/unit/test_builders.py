@@ -545,6 +545,17 @@ class TestRouterConfig:
         assert drift.version == measured.version, (
             "a measurement within the rounding does not rewrite the config"
         )
+        assert measured.decode.output_tokens_cv == 0.0, "no measured spread: the router assumes Poisson's"
+        spread = build_router_config(
+            expected,
+            allocation_of(expected),
+            choice,
+            measured,
+            measured_output_tokens=508,
+            measured_output_cv=2.345,
+        )
+        assert spread.decode is not None and spread.decode.output_tokens_cv == pytest.approx(2.3)
+        assert spread.version == measured.version + 1
 
     def test_a_profile_that_is_not_increasing_is_refused(self) -> None:
         bad = [

@@ -133,6 +133,7 @@ def test_histograms_place_mass_at_bucket_midpoints() -> None:
     assert list(workload.lengths) == [512, 6144]
     assert list(workload.weights) == pytest.approx([0.75, 0.25])
     assert workload.mean_output_tokens == pytest.approx(0.5 * 50 + 0.5 * 200)
+    assert workload.output_tokens_cv == pytest.approx(75 / 125)  # midpoints 50 and 200 around 125
 
 
 @pytest.mark.parametrize(

@@ -207,8 +207,16 @@ class Workload:
         """
         lengths, weights = _histogram_points(uncached_buckets, f"{source}: uncached-token histogram")
         outputs, output_weights = _histogram_points(output_buckets, f"{source}: output-token histogram")
-        mean_output = float(np.dot(outputs, output_weights) / output_weights.sum())
-        return cls.from_weighted(lengths, weights, mean_output_tokens=mean_output, source=source)
+        share = output_weights / output_weights.sum()
+        mean_output = float(np.dot(outputs, share))
+        spread = math.sqrt(float(np.dot((outputs - mean_output) ** 2, share)))  # between buckets only
+        return cls.from_weighted(
+            lengths,
+            weights,
+            mean_output_tokens=mean_output,
+            source=source,
+            output_tokens_cv=spread / mean_output if mean_output > 0 else 0.0,
+        )
 
     @classmethod
     def from_trace(
