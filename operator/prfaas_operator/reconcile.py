@@ -487,7 +487,7 @@ class Reconciler:
         if not cache.synced:
             return ClusterObservation(listing=True)
         names = Names.of(owner.name)
-        engines = {
+        engines: dict[str, Mapping[str, Any] | None] = {
             Role.PD_PREFILL: cache["StatefulSet"].get(owner.namespace, names.pd_prefill),
             Role.PD_DECODE: cache["StatefulSet"].get(owner.namespace, names.pd_decode),
         }
