@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prfaas_core.routing.link_estimate import LinkEstimateRules
+from prfaas_core.routing.link_estimate import LINK_POLL_SECONDS, SGLANG_CHUNK_TOKENS, LinkEstimateRules
+from prfaas_core.routing.workers import LOAD_POLL_SECONDS
 
 from prfaas_router.configmap_source import ConfigMapRef
 from prfaas_router.listener import ClientLimits
@@ -65,17 +66,17 @@ class RouterSettings:
         2, "timed-out checks in a row that eject a worker (a refusal or an error ejects at once)", at_least=1
     )
     # the decode engines' /v1/loads, for the decode-wait estimate
-    load_poll_interval_seconds: float = setting(1.0)
+    load_poll_interval_seconds: float = setting(LOAD_POLL_SECONDS)
     load_poll_timeout_seconds: float = setting(1.0)
     # the PrfaaS prefill engines' /metrics, for the live link estimate; the answers cross the
     # link, behind the KV when it is congested (hence the longer timeout)
-    link_poll_interval_seconds: float = setting(1.0)
+    link_poll_interval_seconds: float = setting(LINK_POLL_SECONDS)
     link_poll_timeout_seconds: float = setting(3.0)
     link_half_life_seconds: float = setting(_LINK.half_life_seconds)
     link_floor_fraction: float = setting(_LINK.floor_fraction)
     link_stale_after_seconds: float = setting(_LINK.stale_after_seconds)
     prefill_chunk_tokens: int = setting(
-        8192,
+        SGLANG_CHUNK_TOKENS,
         "SGLang's --chunked-prefill-size on the PrfaaS prefills (8192 on H20/H200): their "
         "transfer latencies cover the last chunk only",
         at_least=1,

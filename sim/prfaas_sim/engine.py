@@ -31,7 +31,9 @@ from prfaas_core.router_config import (
     Slo,
 )
 from prfaas_core.routing import policy
+from prfaas_core.routing.link_estimate import LINK_POLL_SECONDS
 from prfaas_core.routing.prefix_index import PrefixIndex, PromptKey
+from prfaas_core.routing.workers import LOAD_POLL_SECONDS
 from prfaas_core.throughput import OperatingPoint, SystemProfile
 from prfaas_core.trace import TRACE_BLOCK_TOKENS
 from prfaas_core.vocabulary import bytes_per_second_to_gbit
@@ -40,7 +42,7 @@ from prfaas_sim.cluster import DecodeInstance, PrefillInstance, SimRequest
 from prfaas_sim.link import Link, TransferMetrics
 from prfaas_sim.planner_loop import ObservationWindow, PlannerSettings, planner_input
 from prfaas_sim.results import RunResult, RunStats
-from prfaas_sim.routing import LINK_POLL_SECONDS, LinkCheck, RouterTier, RouterTierFactory, SimRouter
+from prfaas_sim.routing import LinkCheck, RouterTier, RouterTierFactory, SimRouter
 from prfaas_sim.sources import RequestSpec, SourceError
 from prfaas_sim.stats import TimeSeries
 
@@ -49,8 +51,6 @@ NEVER_OFFLOAD = 2**62
 ENGINE_PORT = 30000
 BOOTSTRAP_PORT = 8998
 OBSERVATION_SLICE_SECONDS = 30.0
-LOAD_POLL_SECONDS = 1.0
-"""How often the router reads the engines' loads (its poller's default, `prfaas_router.loads`)."""
 PLANNER_LOG_LIMIT = 50
 """Planner decisions kept for the report (bounded: one per interval would grow with the run)."""
 

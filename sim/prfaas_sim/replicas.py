@@ -33,12 +33,12 @@ from pathlib import Path
 from prfaas_core.router_config import RouterConfig
 from prfaas_core.routing.link_estimate import EngineTransfers
 from prfaas_core.routing.policy import Decision, PolicyModel, Rejection
-from prfaas_core.routing.workers import EngineLoad
+from prfaas_core.routing.workers import LOAD_POLL_SECONDS, EngineLoad
 from prfaas_core.throughput import ProfileDocument, Strategy, Workload
 from prfaas_core.vocabulary import bytes_per_second_to_gbit
 
 from prfaas_sim.cluster import SimRequest
-from prfaas_sim.engine import LOAD_POLL_SECONDS, Simulation, SimulationSettings
+from prfaas_sim.engine import Simulation, SimulationSettings
 from prfaas_sim.report import RESULT_HEADER, result_row
 from prfaas_sim.results import RunResult
 from prfaas_sim.routing import SimRouter

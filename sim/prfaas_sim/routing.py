@@ -17,7 +17,13 @@ from collections.abc import Callable
 from typing import Protocol
 
 from prfaas_core.router_config import RouterConfig
-from prfaas_core.routing.link_estimate import EngineTransfers, LinkEstimateRules, LinkMonitor, limited
+from prfaas_core.routing.link_estimate import (
+    SGLANG_CHUNK_TOKENS,
+    EngineTransfers,
+    LinkEstimateRules,
+    LinkMonitor,
+    limited,
+)
 from prfaas_core.routing.policy import Decision, PolicyModel, Rejection, RequestView, decide
 from prfaas_core.routing.prefix_index import NO_HIT, PrefixIndex
 from prfaas_core.routing.workers import EngineLoad, Fleet
@@ -28,10 +34,6 @@ from prfaas_sim.cluster import SimRequest
 BREAKER_FAILURES = 3
 BREAKER_COOLDOWN_SECONDS = 10.0
 """Circuit-breaker settings: simulated engines never fail, so these never act."""
-LINK_POLL_SECONDS = 1.0
-"""How often the router reads the PrfaaS prefills' transfer metrics (its --link-poll-interval-seconds)."""
-PREFILL_CHUNK_TOKENS = 8192
-"""The router's --prefill-chunk-tokens default (SGLang's --chunked-prefill-size on H20/H200)."""
 
 
 class LinkCheck(enum.StrEnum):
@@ -72,7 +74,7 @@ class SimRouter:
             )
         self._link_check = link_check
         self._monitor = (
-            LinkMonitor(LinkEstimateRules(), PREFILL_CHUNK_TOKENS)
+            LinkMonitor(LinkEstimateRules(), SGLANG_CHUNK_TOKENS)
             if link_check is LinkCheck.MEASURED
             else None
         )

@@ -235,6 +235,13 @@ def limited(model: PolicyModel, bytes_per_second: float) -> PolicyModel:
     )
 
 
+LINK_POLL_SECONDS = 1.0
+"""How often the router reads the PrfaaS prefills' transfer metrics (its default; the simulator's)."""
+SGLANG_CHUNK_TOKENS = 8192
+"""SGLang's --chunked-prefill-size on H20 and H200 (arg_groups/memory_hook.py
+`_handle_gpu_memory_settings`): the router's default for a transfer's last chunk."""
+
+
 @dataclass(frozen=True, slots=True)
 class EngineTransfers:
     """One PrfaaS prefill's answer to a poll: its cumulative transfers and the KV it holds back."""

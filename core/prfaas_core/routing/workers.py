@@ -70,6 +70,10 @@ class CircuitBreaker:
             self._opened_at = now
 
 
+LOAD_POLL_SECONDS = 1.0
+"""How often the router reads every engine's /v1/loads (its default; the simulator's)."""
+
+
 @dataclass(frozen=True, slots=True)
 class EngineLoad:
     """What an engine last reported of its requests (SGLang's /v1/loads: running, waiting, its max,
