@@ -47,8 +47,8 @@ def test_what_this_replica_sent_since_the_poll_is_added_to_the_report() -> None:
     LOCAL.begin(0.1, 100, 1.5)  # a burst between polls
     LOCAL.begin(0.2, 100, 1.5)
     assert local_ttft(model) - idle == pytest.approx(3.0)
-    LOCAL.end(100, 1.5)  # back before the next poll: still counted, the next report settles it
-    assert local_ttft(model) - idle == pytest.approx(3.0)
+    LOCAL.end(100, 1.5)  # back before the next poll: done, in neither the report nor the queue
+    assert local_ttft(model) - idle == pytest.approx(1.5)
 
 
 def test_a_report_behind_this_replicas_own_work_does_not_hide_it() -> None:

@@ -364,8 +364,9 @@ def _queue_seconds(model: PolicyModel, worker: Worker, time_model: PrefillTimeMo
 
     With the engine's report (SGLang's /v1/loads, every replica's work in it): the prefill time of
     its waiting uncached tokens, as that many prompts of the mean length one after another, plus
-    what this replica sent there since the poll went out, so a burst between polls is still seen;
-    floored by what this replica has there and not seen back, as the decode wait is by its in-flight
+    what this replica sent there since the poll went out and has not seen back, so a burst between
+    polls is still seen (at most its own outstanding work there: one that came back is done, and a
+    sequence of requests each back before the next must not add up); floored by what this replica has there and not seen back, as the decode wait is by its in-flight
     count. The report is not drained with the time since the poll (SGLang leaves the chunk in
     progress out of it); the next poll replaces it. Without a report (none yet,
     the last poll failed, or one without the tokens) the engine is not taken as idle: what this
@@ -376,7 +377,7 @@ def _queue_seconds(model: PolicyModel, worker: Worker, time_model: PrefillTimeMo
     tokens = None if report is None else report.waiting_uncached_tokens
     if report is None or tokens is None:
         return worker.queued_seconds * model.queue_replicas
-    since_report = worker.dispatched_seconds - worker.dispatched_seconds_at_report
+    since_report = min(worker.dispatched_seconds - worker.dispatched_seconds_at_report, worker.queued_seconds)
     prompts = max(report.waiting, 1)
     reported = prompts * time_model.seconds_for(tokens / prompts) if tokens else 0.0
     return max(reported + since_report, worker.queued_seconds)
