@@ -57,6 +57,8 @@ LABEL_PART_OF = "app.kubernetes.io/part-of"
 LABEL_DEPLOYMENT = f"{GROUP}/deployment"
 LABEL_ROLE = f"{GROUP}/role"
 LABEL_FINGERPRINT = f"{GROUP}/fingerprint"
+LABEL_REVISION = f"{GROUP}/revision"  # hash of an engine pod template: what a rollout rolls
+LABEL_SLOT = f"{GROUP}/slot"  # on a role's second StatefulSet and its pods (a rollout's other half)
 LABEL_OWNER = f"{GROUP}/owner"
 LABEL_OWNER_UID = f"{GROUP}/owner-uid"
 
@@ -82,3 +84,7 @@ def gbit_per_second_to_bytes(gbps: float) -> float:
 def bytes_per_second_to_gbit(bytes_per_second: float) -> float:
     """The inverse of gbit_per_second_to_bytes, for messages and reports."""
     return bytes_per_second * BITS_PER_BYTE / 1e9
+
+KV_FINGERPRINT_ENV = "PRFAAS_KV_FINGERPRINT"
+"""The engine pod's own KV fingerprint (from its label): the fake engine checks every KV handoff
+against it; SGLang ignores it."""
