@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from prfaas_core import planning, router_config
 from prfaas_core.throughput import OperatingPoint
-from prfaas_core.vocabulary import API_VERSION, gbit_per_second_to_bytes
+from prfaas_core.vocabulary import API_VERSION, KV_FINGERPRINT_ENV, gbit_per_second_to_bytes
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, ValidationError
 from pydantic.alias_generators import to_camel
 
@@ -84,8 +84,9 @@ class SecretKeyRef(_Model):
     )
 
 
-ENGINE_ENV_SET_BY_OPERATOR = ("POD_IP", "SGLANG_HOST_IP", "MC_FORCE_TCP")
-"""What the operator sets on every engine (the pod IP SGLang advertises for KV, Mooncake over TCP)."""
+ENGINE_ENV_SET_BY_OPERATOR = ("POD_IP", "SGLANG_HOST_IP", "MC_FORCE_TCP", KV_FINGERPRINT_ENV)
+"""What the operator sets on every engine (the pod IP SGLang advertises for KV, Mooncake over TCP,
+the pod's KV fingerprint)."""
 
 
 class KeySelector(_Model):
@@ -695,6 +696,35 @@ class DisruptionBudgetSpec(_Model):
     )
 
 
+class RolloutSpec(_Model):
+    """How a change of the engines' pod template rolls out: both clusters and all three roles together."""
+
+    max_surge: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description=(
+            "Instances of each role a rollout may run beyond the role's target while the new revision "
+            "comes up beside the old (GPUs are scarce: each is a whole engine instance). The roles step "
+            "together, so the number of steps is the largest role's target divided by this."
+        ),
+    )
+    paused: bool = Field(
+        default=False,
+        description="Hold a rollout where it is: no new instances are added and no old ones removed.",
+    )
+    progress_deadline_seconds: int = Field(
+        default=600,
+        ge=10,
+        description=(
+            "A rollout that makes no progress (no new instance becoming ready, no old one leaving) for "
+            "this long stops: status.rollout.phase Stalled, condition RolloutProgressing False with "
+            "reason ProgressDeadlineExceeded. The old revision keeps serving; set the changed field back "
+            "to roll back. Real engines load weights for minutes: allow for it."
+        ),
+    )
+
+
 class PrfaasDeploymentSpec(_Model):
     """One model served across a PrfaaS prefill cluster and a local PD cluster."""
 
@@ -728,6 +758,14 @@ class PrfaasDeploymentSpec(_Model):
         default_factory=DisruptionBudgetSpec,
         description="Disruption budgets of the engine pools and the router.",
     )
+    rollout: RolloutSpec = Field(
+        default_factory=RolloutSpec,
+        description=(
+            "Rollouts of a changed engine pod template (image, model, resources...): the new revision "
+            "comes up beside the old in a second StatefulSet per role, all roles of both clusters step "
+            "together, and the router pairs prefill and decode only within one KV fingerprint."
+        ),
+    )
 
 
 # ---- status -------------------------------------------------------------------------------------
@@ -739,12 +777,15 @@ class ConditionType(enum.StrEnum):
     PD_CLUSTER_READY = "PDClusterReady"
     ROUTER_READY = "RouterReady"
     DEGRADED = "Degraded"
+    ROLLOUT_PROGRESSING = "RolloutProgressing"
 
 
 class Condition(_Model):
     """A standard Kubernetes condition."""
 
-    type: str = Field(description="Ready, PrefillClusterReady, PDClusterReady, RouterReady or Degraded.")
+    type: str = Field(
+        description="Ready, PrefillClusterReady, PDClusterReady, RouterReady, Degraded or RolloutProgressing."
+    )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="CamelCase reason.")
     message: str = Field(default="", description="Human-readable detail.")
@@ -800,6 +841,34 @@ class Allocation(_Model):
             source=source,
             router_config_version=router_config_version,
         )
+
+
+class RoleRollout(_Model):
+    """One role's two revisions while a rollout moves it from the old to the new."""
+
+    role: str = Field(description="prfaas-prefill, pd-prefill or pd-decode.")
+    target: int = Field(description="Instances the role ends with.")
+    revision: str = Field(description="The new revision (hash of the role's pod template).")
+    replicas: int = Field(description="Instances of the new revision asked for.")
+    ready: int = Field(description="Instances of the new revision ready.")
+    old_revision: str | None = Field(default=None, description="The revision being replaced.")
+    old_replicas: int = Field(default=0, description="Instances of the old revision still asked for.")
+    old_ready: int = Field(default=0, description="Instances of the old revision ready.")
+
+
+class RolloutStatus(_Model):
+    """A rollout in progress (absent when every role runs its desired revision only)."""
+
+    phase: Literal["Progressing", "Paused", "Stalled"] = Field(
+        description="Progressing; Paused (spec.rollout.paused); Stalled (no progress within the deadline)."
+    )
+    step: int = Field(description="Steps whose new instances are all ready.")
+    steps: int = Field(description="Steps in all: the largest role's target divided by maxSurge.")
+    started_at: str = Field(description="When this rollout started (RFC 3339).")
+    last_progress_at: str = Field(
+        description="When a new instance last became ready or an old one left (RFC 3339)."
+    )
+    roles: list[RoleRollout] = Field(default_factory=list, description="The roles being rolled.")
 
 
 class PlannerDecision(_Model):
@@ -880,6 +949,7 @@ class PrfaasDeploymentStatus(_Model):
         default=None, description="KV-layout compatibility fingerprint on every pod."
     )
     planner: PlannerDecision | None = Field(default=None, description="The planner's last decision.")
+    rollout: RolloutStatus | None = Field(default=None, description="The rollout in progress, if any.")
 
 
 class PrfaasDeployment(_Model):
@@ -914,6 +984,12 @@ PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
         "type": "integer",
         "jsonPath": ".status.pdDecode.ready",
         "description": "Ready decode instances",
+    },
+    {
+        "name": "Rollout",
+        "type": "string",
+        "jsonPath": ".status.rollout.phase",
+        "description": "Progressing, Paused or Stalled while a rollout is in progress",
     },
     {
         "name": "Reason",

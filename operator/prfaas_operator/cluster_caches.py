@@ -65,6 +65,11 @@ class ClusterCaches:
                 self._release_if_unused(before)
         return cache
 
+    def prefill_cluster_cache(self, uid: str) -> ClusterCache | None:
+        """The PrfaaS cluster cache this CR used last (None: not used yet, or stopped)."""
+        key = self._users.get(uid)
+        return self._caches.get(key) if key is not None else None
+
     def forget(self, uid: str) -> None:
         """A CR is gone: the PrfaaS cluster cache it used stops unless another CR uses it."""
         before = self._users.pop(uid, None)

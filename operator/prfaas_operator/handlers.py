@@ -33,7 +33,7 @@ RESOURCE = (GROUP, VERSION, PLURAL)
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
-    """Our own finalizer and annotation prefix; events only for warnings; bounded watches."""
+    """Our own finalizer and annotation prefix; events from logs only for warnings; bounded watches."""
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
@@ -50,9 +50,11 @@ def _reconciler(memo: kopf.Memo) -> Reconciler:
     return reconciler
 
 
-def _post_warnings(body: kopf.Body, outcome: ReconcileOutcome) -> None:
+def _post_events(body: kopf.Body, outcome: ReconcileOutcome) -> None:
     for warning in outcome.warnings:
         kopf.warn(body, reason=warning.reason, message=warning.message)
+    for event in outcome.events:
+        kopf.info(body, reason=event.reason, message=event.message)
 
 
 @kopf.on.startup()
@@ -94,7 +96,7 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 @kopf.on.update(*RESOURCE, field="spec")
 async def reconcile_now(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     outcome = await _reconciler(memo).reconcile(body, trigger="event")
-    _post_warnings(body, outcome)
+    _post_events(body, outcome)
 
 
 @kopf.daemon(*RESOURCE, cancellation_backoff=5.0, cancellation_timeout=10.0)
@@ -104,7 +106,7 @@ async def keep_reconciled(body: kopf.Body, memo: kopf.Memo, stopped: kopf.Daemon
     uid = body["metadata"]["uid"]
     while not stopped:
         if await reconciler.wait_for_pass(uid, at_most=1.0):
-            _post_warnings(body, await reconciler.reconcile(body, trigger="timer"))
+            _post_events(body, await reconciler.reconcile(body, trigger="timer"))
 
 
 @kopf.timer(*RESOURCE, interval=PLANNER_TICK_SECONDS)

@@ -13,7 +13,9 @@ replicas and only a moved PrfaaS namespace leaves objects to prune.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ from prfaas_core.vocabulary import (
     GPU_RESOURCE,
     GROUP,
     KIND,
+    KV_FINGERPRINT_ENV,
     LABEL_DEPLOYMENT,
     LABEL_FINGERPRINT,
     LABEL_INSTANCE,
@@ -37,7 +40,9 @@ from prfaas_core.vocabulary import (
     LABEL_NAME,
     LABEL_OWNER,
     LABEL_OWNER_UID,
+    LABEL_REVISION,
     LABEL_ROLE,
+    LABEL_SLOT,
     MANAGER,
     VERSION,
     Role,
@@ -51,6 +56,7 @@ from prfaas_operator.api import (
     ResourceRequirements,
     TokenizerSource,
 )
+from prfaas_operator.rollout import SECOND_SLOT, RolePlan
 
 Manifest = dict[str, Any]
 
@@ -64,6 +70,7 @@ ENGINE_CONTAINER = "sglang"
 TRANSFER_BACKEND = "mooncake_tcp"  # Mooncake over plain TCP: the link is Ethernet, not RDMA
 
 _LABEL_VALUE_MAX = 63
+REVISION_LENGTH = 10  # hex digits of a pod template's hash: a label value
 
 
 def label_value(text: str) -> str:
@@ -125,6 +132,7 @@ MAX_CR_NAME_LENGTH = (
     - len("-")
     - _REVISION_HASH_MAX
     - max(len(_SUFFIXES.prfaas_prefill), len(_SUFFIXES.pd_prefill), len(_SUFFIXES.pd_decode))
+    - len(f"-{SECOND_SLOT}")  # a rollout's second StatefulSet of a role
 )
 
 
@@ -201,6 +209,12 @@ class EngineRole:
     port: int
     bootstrap_port: int
     remote: bool
+    slot: str | None = None
+    """The StatefulSet's name when it is not ``name``: the role's second slot (rollout.slot_names)."""
+
+    @property
+    def statefulset(self) -> str:
+        return self.slot or self.name
 
 
 def sglang_args(model: ModelSpec, engine: EngineRole) -> list[str]:
@@ -258,6 +272,11 @@ def engine_statefulset(model: ModelSpec, engine: EngineRole, owner: Owner, finge
             # the address SGLang's KV manager and Mooncake advertise to the other side
             {"name": "SGLANG_HOST_IP", "value": "$(POD_IP)"},
             {"name": "MC_FORCE_TCP", "value": "1"},
+            # what the fake engine checks each KV handoff against (SGLang itself ignores it)
+            {
+                "name": KV_FINGERPRINT_ENV,
+                "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{LABEL_FINGERPRINT}']"}},
+            },
             *(variable.model_dump(by_alias=True, exclude_none=True) for variable in placement.env),
         ],
         "ports": ports,
@@ -278,20 +297,59 @@ def engine_statefulset(model: ModelSpec, engine: EngineRole, owner: Owner, finge
     if placement.host_network:
         pod_spec["hostNetwork"] = True
         pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    template: dict[str, Any] = {
+        "metadata": {"labels": template_labels, "annotations": annotations},
+        "spec": pod_spec,
+    }
+    revision = template_revision(template)
+    template_labels[LABEL_REVISION] = revision
+    selector = selector_labels(owner, engine.role)
+    if engine.slot not in (
+        None,
+        engine.name,
+    ):  # the second slot: its selector must not match the first's pods
+        selector[LABEL_SLOT] = template_labels[LABEL_SLOT] = SECOND_SLOT
+    metadata = _metadata(engine.statefulset, engine.namespace, owner, engine.role, remote=engine.remote)
+    metadata["labels"][LABEL_REVISION] = revision
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": _metadata(engine.name, engine.namespace, owner, engine.role, remote=engine.remote),
+        "metadata": metadata,
         "spec": {
             "replicas": engine.replicas,
             "serviceName": engine.name,
             "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": selector_labels(owner, engine.role)},
-            "template": {
-                "metadata": {"labels": template_labels, "annotations": annotations},
-                "spec": pod_spec,
-            },
+            "selector": {"matchLabels": selector},
+            "template": template,
         },
+    }
+
+
+def revision_of(statefulset: Mapping[str, Any]) -> str:
+    """A StatefulSet's prfaas.io/revision label ("" for one written before revisions were labelled)."""
+    return str(((statefulset.get("metadata") or {}).get("labels") or {}).get(LABEL_REVISION, ""))
+
+
+def template_revision(template: Mapping[str, Any]) -> str:
+    """The revision of a pod template: a short hash of everything in it (the slot label aside, so
+    both slots of a role agree on it). A different revision is what a rollout rolls."""
+    canonical = json.dumps(template, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:REVISION_LENGTH]
+
+
+def kept_statefulset(live: Mapping[str, Any], replicas: int) -> Manifest:
+    """The old slot during a rollout: the StatefulSet as it runs (its own, older template), with
+    `replicas`. Only what the operator writes is kept: the server's own fields stay out."""
+    metadata = live.get("metadata") or {}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {
+            key: metadata[key]
+            for key in ("name", "namespace", "labels", "annotations", "ownerReferences")
+            if key in metadata
+        },
+        "spec": {**(live.get("spec") or {}), "replicas": replicas},
     }
 
 
@@ -375,19 +433,46 @@ def prefill_cluster_namespace(spec: PrfaasDeploymentSpec, owner: Owner) -> Manif
 
 
 def prefill_cluster_objects(
-    spec: PrfaasDeploymentSpec, owner: Owner, allocation: Allocation, fingerprint: str
+    spec: PrfaasDeploymentSpec,
+    owner: Owner,
+    allocation: Allocation,
+    fingerprint: str,
+    plans: Mapping[str, RolePlan] | None = None,
 ) -> list[Manifest]:
     """Everything in the PrfaaS cluster except the namespace: the PrfaaS prefill pool."""
-    return engine_objects(spec, engine_roles(spec, owner, allocation)[0], owner, fingerprint)
+    return rolled_engine_objects(spec, engine_roles(spec, owner, allocation)[0], owner, fingerprint, plans)
 
 
 def pd_cluster_engine_objects(
-    spec: PrfaasDeploymentSpec, owner: Owner, allocation: Allocation, fingerprint: str
+    spec: PrfaasDeploymentSpec,
+    owner: Owner,
+    allocation: Allocation,
+    fingerprint: str,
+    plans: Mapping[str, RolePlan] | None = None,
 ) -> list[Manifest]:
     """The local prefill and decode pools."""
     objects: list[Manifest] = []
     for engine in engine_roles(spec, owner, allocation)[1:]:
-        objects += engine_objects(spec, engine, owner, fingerprint)
+        objects += rolled_engine_objects(spec, engine, owner, fingerprint, plans)
+    return objects
+
+
+def rolled_engine_objects(
+    spec: PrfaasDeploymentSpec,
+    engine: EngineRole,
+    owner: Owner,
+    fingerprint: str,
+    plans: Mapping[str, RolePlan] | None,
+) -> list[Manifest]:
+    """One pool as its rollout plan says (none: one StatefulSet at the allocation's count): the
+    desired template in its slot, and the old slot kept as it runs while it still has replicas."""
+    plan = (plans or {}).get(engine.role)
+    if plan is None:
+        return engine_objects(spec, engine, owner, fingerprint)
+    placed = dataclasses.replace(engine, slot=plan.slot, replicas=plan.replicas)
+    objects = engine_objects(spec, placed, owner, fingerprint)
+    if plan.old is not None and not plan.retire:
+        objects.append(kept_statefulset(plan.old.live, plan.old_replicas))
     return objects
 
 

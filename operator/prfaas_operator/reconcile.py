@@ -52,6 +52,7 @@ from prfaas_operator.manifests import (
     label_value,
     owner_selector,
     prefill_cluster_namespace,
+    revision_of,
     selector_labels,
 )
 from prfaas_operator.metrics import OperatorMetrics
@@ -70,6 +71,7 @@ from prfaas_operator.reconcile_pass import (
     stale_children,
 )
 from prfaas_operator.remote_backoff import RemoteBackoff
+from prfaas_operator.rollout import Slot, slot_names
 from prfaas_operator.status import (
     ClusterObservation,
     PodInfo,
@@ -112,6 +114,7 @@ class ReconcileOutcome:
     warnings: Sequence[Problem]
     next_delay: float
     result: str  # ready, progressing, degraded, conflict, error
+    events: Sequence[Problem] = ()  # Normal events: a rollout's start, steps and end
 
 
 @dataclass(frozen=True)
@@ -128,8 +131,56 @@ def _ready_replicas(workload: Mapping[str, Any] | None) -> int:
     return int(((workload or {}).get("status") or {}).get("readyReplicas") or 0)
 
 
-def _rolling_roles(workloads: Mapping[str, Mapping[str, Any] | None]) -> frozenset[str]:
-    return frozenset(role for role, workload in workloads.items() if workload_rolling(workload))
+def _rolling_roles(workloads: Mapping[str, Sequence[Mapping[str, Any]]]) -> frozenset[str]:
+    return frozenset(role for role, found in workloads.items() if any(workload_rolling(w) for w in found))
+
+
+def _ready_by_role(workloads: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, int]:
+    """Ready instances of each role, both of its StatefulSets together."""
+    return {role: sum(_ready_replicas(w) for w in found) for role, found in workloads.items()}
+
+
+def _slot_workloads(cache: ClusterCache, namespace: str, workload: str) -> list[Mapping[str, Any]]:
+    """The live StatefulSets of a role (its slots, rollout.slot_names)."""
+    found = (cache["StatefulSet"].get(namespace, name) for name in slot_names(workload))
+    return [sts for sts in found if sts is not None]
+
+
+def _cached_slots(cache: ClusterCache, namespace: str, workload: str) -> list[Slot] | None:
+    """A role's slots from a synced cache, each with its ready pods of its own revision; None while
+    the cache is still listing or failing (not known)."""
+    if not cache.synced or cache.problem is not None:
+        return None
+    pods = [PodInfo.from_manifest(p) for p in cache["Pod"].select(namespace, {})]
+    slots = []
+    for sts in _slot_workloads(cache, namespace, workload):
+        name, revision = sts["metadata"]["name"], revision_of(sts)
+        ready = sum(
+            1
+            for pod in pods
+            if pod.ready and not pod.deleting and pod.revision == revision
+            and drain.pod_ordinal(name, pod.name) is not None
+        )  # fmt: skip
+        slots.append(_slot(sts, ready))
+    return slots
+
+
+def _slot(statefulset: Mapping[str, Any], ready: int) -> Slot:
+    return Slot(
+        name=statefulset["metadata"]["name"],
+        revision=revision_of(statefulset),
+        replicas=drain.live_replicas(statefulset) or 0,
+        ready=ready,
+        live=statefulset,
+    )
+
+
+async def _delete_retired(cluster: Cluster, owner: Owner, retire: Sequence[tuple[str, str, str]]) -> None:
+    """Delete the old StatefulSets a finished rollout left at 0 replicas."""
+    for kind, namespace, name in retire:
+        log.info("%s: rollout done; deleting the old %s %s/%s in the %s", owner.key, kind, namespace, name,
+                 cluster.name)  # fmt: skip
+        await cluster.delete(kind, name, namespace)
 
 
 class Reconciler:
@@ -260,21 +311,27 @@ class Reconciler:
         # (which may read its Secret). Then observe both caches, decide the router config, and
         # apply what drifted in the PrfaaS cluster and the router's objects at once.
         local_cache = self._caches.of(self.clusters.local)
-        live: dict[str, int | None] = {
-            role: await self._live_replicas(self.clusters.local, local_cache, owner.namespace, name)
+        remote_cache = self._caches.prefill_cluster_cache(owner.uid)  # last pass's; no I/O
+        slots: dict[str, Sequence[Slot] | None] = {
+            role: await self._slots(self.clusters.local, local_cache, owner.namespace, name)
             for role, name in ((Role.PD_PREFILL, names.pd_prefill), (Role.PD_DECODE, names.pd_decode))
         }
-        engines = plan_pd_engines(spec, owner, previous, mem.drains, live, self._clock(), self.options)
+        slots[Role.PRFAAS_PREFILL] = (
+            _cached_slots(remote_cache, spec.prefill_cluster.namespace, names.prfaas_prefill)
+            if remote_cache is not None
+            else None
+        )
+        engines = plan_pd_engines(
+            spec, owner, previous, mem.drains, slots, self._clock(), self._wall_clock(), self.options
+        )
         mem.drains = engines.drains
         _log_notes(engines.notes)
-        engines_applied = asyncio.ensure_future(self._apply_local(owner, engines.manifests, local_cache, mem))
+        engines_applied = asyncio.ensure_future(
+            self._apply_local(owner, engines.manifests, local_cache, mem, engines.retire)
+        )
         try:
             remote = await self._prefill_cluster(spec, owner, mem)
-            remote_live = None
-            if not isinstance(remote, Problem):
-                remote_live = await self._live_replicas(
-                    remote[0], remote[1], spec.prefill_cluster.namespace, names.prfaas_prefill
-                )
+            same_cache = not isinstance(remote, Problem) and remote[1] is remote_cache
             prefill_seen = self._observe_prefill_cluster(spec, owner, remote)
             pd_seen = self._observe_pd_cluster(owner, local_cache)
             stored = None
@@ -282,7 +339,10 @@ class Reconciler:
                 stored = await self._stored_router_config(owner)
             plan = plan_router_and_prefill_cluster(
                 spec, owner, previous, engines,
-                PrefillClusterSeen(prefill_seen, not isinstance(remote, Problem), remote_live),
+                PrefillClusterSeen(
+                    prefill_seen, not isinstance(remote, Problem),
+                    slots[Role.PRFAAS_PREFILL] if same_cache else None,
+                ),
                 pd_seen, mem.router_config, stored, self._clock(), self.options,
             )  # fmt: skip
             mem.drains = plan.drains
@@ -292,7 +352,13 @@ class Reconciler:
                 self.metrics.link_budget.labels(owner.namespace, owner.name).set(budget)
             remote_result, router_problem = await asyncio.gather(
                 self._apply_prefill_cluster(
-                    spec, owner, plan.prefill_cluster_manifests, remote, mem, generation
+                    spec,
+                    owner,
+                    plan.prefill_cluster_manifests,
+                    remote,
+                    mem,
+                    generation,
+                    plan.prefill_cluster_retire,
                 ),
                 self._apply_local(owner, plan.router_manifests, local_cache, mem),
             )
@@ -309,20 +375,24 @@ class Reconciler:
         mem.router_config, mem.drains = conclusion.router_config, conclusion.drains
         _log_notes(conclusion.notes)
         outcome = await self._write_status(owner, metadata, previous, conclusion.status, mem)
+        if engines.rollout.event is not None:
+            outcome = dataclasses.replace(outcome, events=[Problem(*engines.rollout.event)])
         if conclusion.come_back_within is None:
             return outcome
         return dataclasses.replace(outcome, next_delay=min(outcome.next_delay, conclusion.come_back_within))
 
-    async def _live_replicas(
-        self, cluster: Cluster, cache: ClusterCache, namespace: str, name: str
-    ) -> int | None:
-        """A StatefulSet's current replicas: from the cache, or asked for while it is still listing."""
+    async def _slots(
+        self, cluster: Cluster, cache: ClusterCache, namespace: str, workload: str
+    ) -> list[Slot] | None:
+        """A role's live StatefulSets: from the cache, or asked for while it is still listing
+        (their ready counts then from their status); None when they cannot be read."""
         if cache.synced:
-            return drain.live_replicas(cache["StatefulSet"].get(namespace, name))
+            return _cached_slots(cache, namespace, workload)
         try:
-            return drain.live_replicas(await cluster.get("StatefulSet", name, namespace))
+            found = [await cluster.get("StatefulSet", name, namespace) for name in slot_names(workload)]
         except ClusterError:
             return None  # the apply that follows fails alike and says why
+        return [_slot(sts, _ready_replicas(sts)) for sts in found if sts is not None]
 
     async def _stored_router_config(self, owner: Owner) -> StoredRouterConfig:
         """After a restart: the config the router runs, from its ConfigMap (its version goes on from there)."""
@@ -395,10 +465,10 @@ class Reconciler:
             return ClusterObservation(listing=True)
         namespace, name = spec.prefill_cluster.namespace, Names.of(owner.name).prfaas_prefill
         selector = {**selector_labels(owner, Role.PRFAAS_PREFILL), LABEL_OWNER: label_value(owner.key)}
-        workload = cache["StatefulSet"].get(namespace, name)
+        workloads = {Role.PRFAAS_PREFILL: _slot_workloads(cache, namespace, name)}
         return ClusterObservation(
-            ready={Role.PRFAAS_PREFILL: _ready_replicas(workload)},
-            rolling=_rolling_roles({Role.PRFAAS_PREFILL: workload}),
+            ready=_ready_by_role(workloads),
+            rolling=_rolling_roles(workloads),
             pods=[PodInfo.from_manifest(p) for p in cache["Pod"].select(namespace, selector)],
         )
 
@@ -406,13 +476,15 @@ class Reconciler:
         self,
         spec: PrfaasDeploymentSpec,
         owner: Owner,
-        wanted: Sequence[Manifest],
+        wanted: Sequence[Manifest] | None,
         remote: tuple[Cluster, ClusterCache] | Problem,
         mem: _Memory,
         generation: int | None,
+        retire: Sequence[tuple[str, str, str]] = (),
     ) -> tuple[ClusterObservation, list[Problem]] | None:
-        """Apply the PrfaaS cluster's drifted children; a replacement observation when that failed."""
-        if isinstance(remote, Problem):
+        """Apply the PrfaaS cluster's drifted children, delete `retire`; a replacement observation
+        when that failed. `wanted` None: not known this pass (see PassPlan)."""
+        if isinstance(remote, Problem) or wanted is None:
             return None
         cluster, cache = remote
         pc = spec.prefill_cluster
@@ -421,6 +493,7 @@ class Reconciler:
                 await self._ensure_namespace(cluster, spec, owner)
                 mem.namespace_ensured = pc.namespace
             await self._apply_drifted(cluster, cache, wanted, mem, "prfaas")
+            await _delete_retired(cluster, owner, retire)
         except ClusterError as err:
             return ClusterObservation(self._remote_failed(owner, mem, err.problem)), []
         mem.backoff = remote_backoff.succeeded(mem.backoff)
@@ -487,12 +560,12 @@ class Reconciler:
         if not cache.synced:
             return ClusterObservation(listing=True)
         names = Names.of(owner.name)
-        engines: dict[str, Mapping[str, Any] | None] = {
-            Role.PD_PREFILL: cache["StatefulSet"].get(owner.namespace, names.pd_prefill),
-            Role.PD_DECODE: cache["StatefulSet"].get(owner.namespace, names.pd_decode),
+        engines = {
+            Role.PD_PREFILL: _slot_workloads(cache, owner.namespace, names.pd_prefill),
+            Role.PD_DECODE: _slot_workloads(cache, owner.namespace, names.pd_decode),
         }
         ready: dict[str, int] = {
-            **{role: _ready_replicas(workload) for role, workload in engines.items()},
+            **_ready_by_role(engines),
             Role.ROUTER: _ready_replicas(cache["Deployment"].get(owner.namespace, names.router)),
         }
         selector = {LABEL_NAME: "prfaas", LABEL_INSTANCE: label_value(owner.name)}
@@ -500,13 +573,19 @@ class Reconciler:
         return ClusterObservation(ready=ready, rolling=_rolling_roles(engines), pods=pods)
 
     async def _apply_local(
-        self, owner: Owner, wanted: Sequence[Manifest], cache: ClusterCache, mem: _Memory
+        self,
+        owner: Owner,
+        wanted: Sequence[Manifest],
+        cache: ClusterCache,
+        mem: _Memory,
+        retire: Sequence[tuple[str, str, str]] = (),
     ) -> Problem | None:
-        """Apply the drifted ones of `wanted` to the PD cluster; the problem when that failed."""
+        """Apply the drifted ones of `wanted` to the PD cluster, delete `retire`; the problem when that failed."""
         try:
             if cache.problem is not None:
                 raise ClusterError(cache.problem)
             await self._apply_drifted(self.clusters.local, cache, wanted, mem, "pd")
+            await _delete_retired(self.clusters.local, owner, retire)
         except ClusterError as err:
             self.metrics.cluster_errors.labels(cluster="pd", reason=err.problem.reason).inc()
             log.warning("%s: PD cluster: %s", owner.key, err.problem.message)

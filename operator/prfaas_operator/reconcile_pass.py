@@ -22,6 +22,7 @@ import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 from prfaas_core.profiles import ProfileError
@@ -29,9 +30,10 @@ from prfaas_core.router_config import RouterConfig
 from prfaas_core.vocabulary import LABEL_ROLE, Pool, Role
 from pydantic import ValidationError
 
-from prfaas_operator import drain
+from prfaas_operator import drain, rollout
 from prfaas_operator.allocation import AllocationChoice, effective_allocation
 from prfaas_operator.api import (
+    Allocation,
     Condition,
     ConditionType,
     PrfaasDeploymentSpec,
@@ -45,13 +47,17 @@ from prfaas_operator.manifests import (
     Names,
     Owner,
     disruption_budget,
+    engine_roles,
+    engine_statefulset,
     pd_cluster_engine_objects,
     prefill_cluster_objects,
+    revision_of,
     router_access,
     router_configmap,
     router_deployment,
     router_service,
 )
+from prfaas_operator.rollout import RolePlan, RoleSeen, RolloutDecision, Slot
 from prfaas_operator.router_config_builder import build_router_config, choose_pools, endpoint_counts
 from prfaas_operator.status import (
     INVALID_PROFILE,
@@ -100,6 +106,8 @@ class EnginePlan:
     fingerprint: str
     drains: Mapping[str, Drain]  # engine role -> its scale-down in progress
     manifests: Sequence[Manifest]  # local engines (held while draining), router Service, PDB, access
+    rollout: RolloutDecision
+    retire: Sequence[tuple[str, str, str]] = ()  # (kind, namespace, name): old slots at 0, to delete
     notes: Sequence[str] = ()  # worth a log line
 
 
@@ -108,27 +116,83 @@ def plan_pd_engines(
     owner: Owner,
     previous: PrfaasDeploymentStatus,
     drains: Mapping[str, Drain],
-    live: Mapping[str, int | None],
+    slots: Mapping[str, Sequence[Slot] | None],
     now: float,
+    wall_now: datetime,
     options: ReconcileOptions,
 ) -> EnginePlan:
-    """Step 1. `live`: spec.replicas of the local prefill and decode StatefulSets (None: absent)."""
+    """Step 1. `slots`: each engine role's live StatefulSets (None: its cluster not looked at).
+
+    The rollout is decided here for the roles of both clusters (it steps them together); the
+    PrfaaS cluster's share is applied in step 2.
+    """
     choice = effective_allocation(spec, previous.allocation)
     fingerprint = kv_fingerprint(spec.model)
-    names = Names.of(owner.name)
+    rolled = decide_rollout(spec, owner, choice.allocation, fingerprint, previous, slots, wall_now)
     drains, notes = dict(drains), []
-    for role, name, desired in (
-        (Role.PD_PREFILL, names.pd_prefill, choice.allocation.pd_prefill_instances),
-        (Role.PD_DECODE, names.pd_decode, choice.allocation.pd_decode_instances),
-    ):
-        notes += step_drain(drains, owner, role, name, desired, live.get(role), now, options.drain_seconds)
+    for role in (Role.PD_PREFILL, Role.PD_DECODE):
+        notes += drain_role(drains, owner, rolled.roles[role], slots.get(role), now, options.drain_seconds)
     manifests = [
-        *held(pd_cluster_engine_objects(spec, owner, choice.allocation, fingerprint), drains),
+        *held(pd_cluster_engine_objects(spec, owner, choice.allocation, fingerprint, rolled.roles), drains),
         router_service(spec, owner),
-        disruption_budget(spec, owner, names.router, owner.namespace, Role.ROUTER, remote=False),
+        disruption_budget(
+            spec, owner, Names.of(owner.name).router, owner.namespace, Role.ROUTER, remote=False
+        ),
         *router_access(owner),
     ]
-    return EnginePlan(choice, fingerprint, drains, manifests, notes)
+    retire = retired(rolled, (Role.PD_PREFILL, Role.PD_DECODE), owner.namespace)
+    if rolled.event is not None:
+        notes.append(f"{owner.key}: {rolled.event[0]}: {rolled.event[1]}")
+    return EnginePlan(choice, fingerprint, drains, manifests, rolled, retire, notes)
+
+
+def decide_rollout(
+    spec: PrfaasDeploymentSpec,
+    owner: Owner,
+    allocation: Allocation,
+    fingerprint: str,
+    previous: PrfaasDeploymentStatus,
+    slots: Mapping[str, Sequence[Slot] | None],
+    wall_now: datetime,
+) -> RolloutDecision:
+    """Each engine role's desired revision against its live slots: rollout.decide for all three."""
+    seen = [
+        RoleSeen(
+            role=engine.role,
+            workload=engine.name,
+            target=engine.replicas,
+            revision=revision_of(engine_statefulset(spec.model, engine, owner, fingerprint)),
+            slots=tuple(slots.get(engine.role) or ()),
+            known=slots.get(engine.role) is not None,
+        )
+        for engine in engine_roles(spec, owner, allocation)
+    ]
+    return rollout.decide(seen, spec.rollout, previous.rollout, wall_now)
+
+
+def drain_role(
+    drains: dict[str, Drain],
+    owner: Owner,
+    plan: RolePlan,
+    slots: Sequence[Slot] | None,
+    now: float,
+    drain_seconds: float,
+) -> list[str]:
+    """The drain of one role: of its old slot while it rolls, else of its one StatefulSet."""
+    if plan.old is not None:
+        return step_drain(drains, owner, plan.role, plan.old.name, plan.old_replicas, plan.old.replicas, now,
+                          drain_seconds)  # fmt: skip
+    live = next((slot.replicas for slot in slots or () if slot.name == plan.slot), None)
+    return step_drain(drains, owner, plan.role, plan.slot, plan.replicas, live, now, drain_seconds)
+
+
+def retired(rolled: RolloutDecision, roles: Sequence[str], namespace: str) -> list[tuple[str, str, str]]:
+    """The old slots of `roles` that are down to 0 replicas: their StatefulSets go."""
+    return [
+        ("StatefulSet", namespace, plan.old.name)
+        for role in roles
+        if (plan := rolled.roles[role]).retire and plan.old is not None
+    ]
 
 
 def step_drain(
@@ -163,7 +227,11 @@ def held(manifests: Sequence[Manifest], drains: Mapping[str, Drain]) -> list[Man
     for manifest in manifests:
         role = (manifest["metadata"].get("labels") or {}).get(LABEL_ROLE)
         planned = drains.get(role or "")
-        if manifest["kind"] == "StatefulSet" and planned is not None:
+        if (
+            manifest["kind"] == "StatefulSet"
+            and planned is not None
+            and planned.workload == manifest["metadata"]["name"]
+        ):
             replicas = drain.replicas_to_apply(planned, manifest["spec"]["replicas"])
             manifest = {**manifest, "spec": {**manifest["spec"], "replicas": replicas}}
         result.append(manifest)
@@ -175,15 +243,16 @@ def held(manifests: Sequence[Manifest], drains: Mapping[str, Drain]) -> list[Man
 
 @dataclass(frozen=True)
 class PrefillClusterSeen:
-    """What the executor found of the PrfaaS cluster: an observation, and its StatefulSet's replicas.
+    """What the executor found of the PrfaaS cluster: an observation, and its StatefulSets.
 
     `reachable` False: its client or its watches failed (or it is backing off); nothing was
-    looked at and nothing will be applied there this pass.
+    looked at and nothing will be applied there this pass. `slots` None: its StatefulSets were
+    not known when step 1 decided the rollout, so none is applied there this pass.
     """
 
     observation: ClusterObservation
     reachable: bool
-    live_replicas: int | None = None
+    slots: Sequence[Slot] | None = None
 
 
 @dataclass(frozen=True)
@@ -260,7 +329,11 @@ class PassPlan:
     drains: Mapping[str, Drain]
     router_config: RouterConfigDecision
     router_manifests: Sequence[Manifest]  # the router Deployment, and its ConfigMap when a config exists
-    prefill_cluster_manifests: Sequence[Manifest]  # held while draining; applied only when reachable
+    prefill_cluster_manifests: Sequence[Manifest] | None
+    """Held while draining; applied only when reachable. None: the rollout decision could not see
+    the PrfaaS cluster's StatefulSets (a new cache, just after a restart): nothing is applied or
+    pruned there this pass."""
+    prefill_cluster_retire: Sequence[tuple[str, str, str]] = ()  # (kind, namespace, name) to delete there
     notes: Sequence[str] = ()
 
 
@@ -279,19 +352,21 @@ def plan_router_and_prefill_cluster(
     """Step 2: the PrfaaS drain (when that cluster could be looked at), then the router config."""
     allocation = engines.choice.allocation
     drains, notes = dict(engines.drains), []
-    if prefill_seen.reachable:
-        notes += step_drain(
-            drains, owner, Role.PRFAAS_PREFILL, Names.of(owner.name).prfaas_prefill,
-            allocation.prefill_cluster_replicas, prefill_seen.live_replicas, now, options.drain_seconds,
-        )  # fmt: skip
+    plan = engines.rollout.roles[Role.PRFAAS_PREFILL]
+    if prefill_seen.reachable and prefill_seen.slots is not None:
+        notes += drain_role(drains, owner, plan, prefill_seen.slots, now, options.drain_seconds)
     decision = decide_router_config(
         spec, previous, engines, drains, prefill_seen.observation, pd_seen, last_config, stored
     )
     config = decision.config
     router = [router_deployment(spec, owner, config.to_json() if config else None)]
     router += [router_configmap(owner, config)] if config is not None else []
-    remote = held(prefill_cluster_objects(spec, owner, allocation, engines.fingerprint), drains)
-    return PassPlan(drains, decision, router, remote, notes)
+    if prefill_seen.slots is None:  # step 1 could not see its StatefulSets: nothing there this pass
+        return PassPlan(drains, decision, router, None, (), notes)
+    plans = engines.rollout.roles
+    remote = held(prefill_cluster_objects(spec, owner, allocation, engines.fingerprint, plans), drains)
+    retire = retired(engines.rollout, (Role.PRFAAS_PREFILL,), spec.prefill_cluster.namespace)
+    return PassPlan(drains, decision, router, remote, retire, notes)
 
 
 def leaving(pods: Sequence[PodInfo], drains: Mapping[str, Drain]) -> list[PodInfo]:
@@ -407,6 +482,7 @@ def conclude_pass(
             previous=previous,
             now=wall_now,
             extra_problems=applies.prefill_cluster_problems,
+            rollout=engines.rollout.status,
         )
     )
     soon = [

@@ -23,10 +23,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from prfaas_core.vocabulary import GPU_RESOURCE, LABEL_FINGERPRINT, LABEL_ROLE, Role
+from prfaas_core.vocabulary import GPU_RESOURCE, LABEL_FINGERPRINT, LABEL_REVISION, LABEL_ROLE, Role
 from pydantic import ValidationError
 
-from prfaas_operator.api import Allocation, Condition, ConditionType, PrfaasDeploymentStatus, RoleCounts
+from prfaas_operator.api import (
+    Allocation,
+    Condition,
+    ConditionType,
+    PrfaasDeploymentStatus,
+    RoleCounts,
+    RolloutStatus,
+)
 
 # Reasons (CamelCase, stable: alerts and tests match on them).
 INSTANCES_READY = "InstancesReady"
@@ -40,6 +47,10 @@ ALL_READY = "AllReady"
 AS_EXPECTED = "AsExpected"
 INVALID_PROFILE = "InvalidProfile"
 INVALID_SPEC = "InvalidSpec"
+REVISION_AVAILABLE = "RevisionAvailable"
+ROLLOUT_IN_PROGRESS = "RolloutInProgress"
+ROLLOUT_PAUSED = "RolloutPaused"
+PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
 
 log = logging.getLogger("prfaas_operator.status")
 
@@ -68,6 +79,8 @@ class PodInfo:
     ready: bool
     deleting: bool = False
     unschedulable: str | None = None  # the scheduler's message when PodScheduled is False
+    revision: str | None = None  # prfaas.io/revision: the pod template it runs
+    waiting: str | None = None  # why a container is not running, as the kubelet says (e.g. ErrImagePull)
 
     @classmethod
     def from_manifest(cls, pod: Mapping[str, Any]) -> PodInfo:
@@ -80,6 +93,17 @@ class PodInfo:
         unschedulable = None
         if scheduled.get("status") == "False":
             unschedulable = scheduled.get("message") or scheduled.get("reason") or "not scheduled"
+        waiting = next(
+            (
+                f"{state['waiting'].get('reason', 'Waiting')}: {state['waiting'].get('message', '')}".rstrip(
+                    ": "
+                )
+                for container in status.get("containerStatuses") or []
+                if isinstance(state := container.get("state"), dict)
+                and isinstance(state.get("waiting"), dict)
+            ),
+            None,
+        )
         return cls(
             name=str(metadata.get("name", "")),
             role=labels.get(LABEL_ROLE),
@@ -88,6 +112,8 @@ class PodInfo:
             ready=ready,
             deleting=metadata.get("deletionTimestamp") is not None,
             unschedulable=unschedulable,
+            revision=labels.get(LABEL_REVISION),
+            waiting=waiting,
         )
 
 
@@ -138,6 +164,7 @@ class StatusInputs:
     previous: PrfaasDeploymentStatus
     now: str  # RFC 3339, passed in
     extra_problems: Sequence[Problem] = ()
+    rollout: RolloutStatus | None = None
 
 
 def rfc3339(moment: datetime) -> str:
@@ -145,11 +172,18 @@ def rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _counts(desired: int, role: str, seen: ClusterObservation, previous: RoleCounts) -> RoleCounts:
+def _counts(
+    desired: int,
+    role: str,
+    seen: ClusterObservation,
+    previous: RoleCounts,
+    rollout: RolloutStatus | None = None,
+) -> RoleCounts:
     ready = seen.ready.get(role)
     if ready is None:  # not observed: as last seen
         return RoleCounts(desired=desired, ready=previous.ready, rolling=previous.rolling)
-    return RoleCounts(desired=desired, ready=ready, rolling=role in seen.rolling)
+    in_rollout = rollout is not None and any(r.role == role for r in rollout.roles)
+    return RoleCounts(desired=desired, ready=ready, rolling=in_rollout or role in seen.rolling)
 
 
 def workload_rolling(workload: Mapping[str, Any] | None) -> bool:
@@ -238,6 +272,39 @@ def _router_condition(counts: RoleCounts, inputs: StatusInputs) -> Condition:
     return _condition(kind, True, ROUTER_READY, message, inputs)
 
 
+def _rollout_condition(inputs: StatusInputs) -> Condition:
+    """RolloutProgressing: True while stepping or when done; False paused or past its deadline."""
+    kind, rollout = ConditionType.ROLLOUT_PROGRESSING, inputs.rollout
+    if rollout is None:
+        return _condition(
+            kind, True, REVISION_AVAILABLE, "every engine role runs its desired revision", inputs
+        )
+    counts = "; ".join(
+        f"{r.role}: {r.ready}/{r.target} of revision {r.revision} ready ({r.replicas} asked), "
+        f"{r.old_ready}/{r.old_replicas} of {r.old_revision or 'the old revision'}"
+        for r in rollout.roles
+    )
+    progress = f"step {rollout.step}/{rollout.steps}: {counts}"
+    pods = [p for p in (*inputs.prefill_cluster.pods, *inputs.pd_cluster.pods) if not p.deleting]
+    new_pods = [p for p in pods if any(p.role == r.role and p.revision == r.revision for r in rollout.roles)]
+    stuck = scheduling_problem(new_pods, "new-revision")
+    waiting = next((f"{p.name} waits: {p.waiting}" for p in new_pods if p.waiting and not p.ready), None)
+    why = "; ".join(text for text in (stuck.message if stuck else None, waiting) if text)
+    if rollout.phase == "Stalled":
+        behind = (
+            ", ".join(r.role for r in rollout.roles if r.ready < r.replicas) or "the old revision's drain"
+        )
+        message = (
+            f"no progress since {rollout.last_progress_at} (spec.rollout.progressDeadlineSeconds); waiting for "
+            f"{behind}{f' ({why})' if why else ''}; the old revision keeps serving; set the changed field back "
+            f"to roll back. {progress}"
+        )
+        return _condition(kind, False, PROGRESS_DEADLINE_EXCEEDED, message, inputs)
+    if rollout.phase == "Paused":
+        return _condition(kind, False, ROLLOUT_PAUSED, f"paused (spec.rollout.paused) at {progress}", inputs)
+    return _condition(kind, True, ROLLOUT_IN_PROGRESS, f"{progress}{f'; {why}' if why else ''}", inputs)
+
+
 def _problems(inputs: StatusInputs, parts: Sequence[Condition]) -> list[Problem]:
     problems: list[Problem] = list(inputs.extra_problems)
     for label, seen in (("PrfaaS cluster", inputs.prefill_cluster), ("PD cluster", inputs.pd_cluster)):
@@ -246,7 +313,7 @@ def _problems(inputs: StatusInputs, parts: Sequence[Condition]) -> list[Problem]
     if inputs.router_config is not None and inputs.router_config.problem is not None:
         problems.append(inputs.router_config.problem)
     for condition in parts:
-        if condition.reason in (INSUFFICIENT_GPU, UNSCHEDULABLE):
+        if condition.reason in (INSUFFICIENT_GPU, UNSCHEDULABLE, PROGRESS_DEADLINE_EXCEEDED):
             problems.append(Problem(condition.reason, f"{condition.type}: {condition.message}"))
     return problems
 
@@ -260,11 +327,18 @@ def compute_status(inputs: StatusInputs) -> PrfaasDeploymentStatus:
         Role.PRFAAS_PREFILL,
         inputs.prefill_cluster,
         previous.prefill_cluster,
+        inputs.rollout,
     )
     pd_prefill = _counts(
-        allocation.pd_prefill_instances, Role.PD_PREFILL, inputs.pd_cluster, previous.pd_prefill
+        allocation.pd_prefill_instances,
+        Role.PD_PREFILL,
+        inputs.pd_cluster,
+        previous.pd_prefill,
+        inputs.rollout,
     )
-    decode = _counts(allocation.pd_decode_instances, Role.PD_DECODE, inputs.pd_cluster, previous.pd_decode)
+    decode = _counts(
+        allocation.pd_decode_instances, Role.PD_DECODE, inputs.pd_cluster, previous.pd_decode, inputs.rollout
+    )
     router = _counts(inputs.router_replicas, Role.ROUTER, inputs.pd_cluster, previous.router)
 
     note = UNVERIFIED_NOTE if inputs.prefill_cluster_is_remote else ""
@@ -285,6 +359,7 @@ def compute_status(inputs: StatusInputs) -> PrfaasDeploymentStatus:
         inputs,
     )
     router_ready = _router_condition(router, inputs)
+    rollout = _rollout_condition(inputs)
     parts = [prefill_ready, pd_ready, router_ready]
 
     blocking = next((c for c in parts if c.status != "True"), None)
@@ -296,7 +371,7 @@ def compute_status(inputs: StatusInputs) -> PrfaasDeploymentStatus:
             ConditionType.READY, False, f"{blocking.type.removesuffix('Ready')}NotReady", message, inputs
         )
 
-    problems = _problems(inputs, parts)
+    problems = _problems(inputs, [*parts, rollout])
     if problems:
         degraded = _condition(
             ConditionType.DEGRADED, True, problems[0].reason, "; ".join(p.message for p in problems), inputs
@@ -306,7 +381,7 @@ def compute_status(inputs: StatusInputs) -> PrfaasDeploymentStatus:
 
     return PrfaasDeploymentStatus(
         observed_generation=inputs.generation,
-        conditions=[ready, prefill_ready, pd_ready, router_ready, degraded],
+        conditions=[ready, prefill_ready, pd_ready, router_ready, degraded, rollout],
         prefill_cluster=prfaas,
         pd_prefill=pd_prefill,
         pd_decode=decode,
@@ -314,6 +389,7 @@ def compute_status(inputs: StatusInputs) -> PrfaasDeploymentStatus:
         allocation=allocation,
         fingerprint=inputs.fingerprint,
         planner=previous.planner,
+        rollout=inputs.rollout,
     )
 
 

@@ -512,6 +512,7 @@ def test_status_the_operator_writes_is_kept_and_shown_in_printer_columns(
         "PRFAAS",
         "LOCAL-PREFILL",
         "DECODE",
+        "ROLLOUT",
         "REASON",
         "AGE",
     ]

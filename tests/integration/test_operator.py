@@ -14,6 +14,7 @@ restart leaves the router config's PrfaaS endpoints alone.
 from __future__ import annotations
 
 import copy
+import re
 import shutil
 import subprocess
 import threading
@@ -294,9 +295,10 @@ def test_sample_deployment_lifecycle(
     assert "Not verified" in condition(status, "Ready")["message"]
     assert condition(status, "Degraded")["status"] == "False"
     header, row = kubectl(testbed, "get", "prfaas", name, "-n", ns).splitlines()
-    columns = dict(zip(header.split(), row.split(), strict=False))
+    starts = [match.start() for match in re.finditer(r"\S+", header)]  # cells by position: some are empty
+    columns = {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)}
     assert columns == {"NAME": name, "READY": "True", "THRESHOLD": "19456", "PRFAAS": "2",
-                       "LOCAL-PREFILL": "2", "DECODE": "2", "AGE": columns["AGE"]}  # fmt: skip
+                       "LOCAL-PREFILL": "2", "DECODE": "2", "ROLLOUT": "", "AGE": columns["AGE"]}  # fmt: skip
 
     # a replica change: PrfaaS replicas and the PD split
     patch = {

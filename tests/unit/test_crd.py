@@ -112,6 +112,7 @@ def test_names_and_subresources(manifest: dict[str, Any]) -> None:
         "PrfaaS",
         "Local-Prefill",
         "Decode",
+        "Rollout",
         "Reason",
         "Age",
     ]

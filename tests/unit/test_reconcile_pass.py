@@ -10,17 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from prfaas_core.router_config import RouterConfig
 from prfaas_core.vocabulary import Pool, Role
 from prfaas_operator import remote_backoff
+from prfaas_operator.allocation import effective_allocation
 from prfaas_operator.api import Allocation, PrfaasDeploymentSpec, PrfaasDeploymentStatus, RoleCounts
 from prfaas_operator.drain import Drain
 from prfaas_operator.fingerprint import kv_fingerprint
 from prfaas_operator.kube import SECRET_NOT_FOUND, UNREACHABLE
-from prfaas_operator.manifests import Names, Owner
+from prfaas_operator.manifests import Names, Owner, engine_roles, engine_statefulset, revision_of
 from prfaas_operator.reconcile_pass import (
     Applies,
     Conclusion,
@@ -36,6 +38,7 @@ from prfaas_operator.reconcile_pass import (
     plan_router_and_prefill_cluster,
 )
 from prfaas_operator.remote_backoff import RemoteBackoff
+from prfaas_operator.rollout import Slot
 from prfaas_operator.status import ClusterObservation, PodInfo, Problem
 from sample_cr import spec
 
@@ -43,6 +46,7 @@ OWNER = Owner(name="kimi-linear", namespace="prfaas-demo", uid="uid-1")
 NAMES = Names.of(OWNER.name)
 OPTIONS = ReconcileOptions()
 NOW = "2026-01-01T00:00:00Z"
+WALL_NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def pods(workload: str, role: str, count: int, fingerprint: str, *, ready: bool = True) -> list[PodInfo]:
@@ -72,6 +76,22 @@ def everything_ready(
     return seen(remote), seen(local)
 
 
+def settled_slots(s: PrfaasDeploymentSpec, live: Mapping[str, int | None]) -> dict[str, list[Slot] | None]:
+    """Each role's one StatefulSet at `live` replicas (None: absent), all ready, running the spec's
+    revision: no rollout in progress."""
+    fingerprint = kv_fingerprint(s.model)
+    slots: dict[str, list[Slot] | None] = {}
+    for engine in engine_roles(s, OWNER, effective_allocation(s, None).allocation):
+        manifest = engine_statefulset(s.model, engine, OWNER, fingerprint)
+        replicas = live.get(engine.role)
+        slots[engine.role] = (
+            []
+            if replicas is None
+            else [Slot(engine.name, revision_of(manifest), replicas, replicas, manifest)]
+        )
+    return slots
+
+
 @dataclass
 class Memory:
     """What the executor keeps per CR between passes (only what the pure steps read)."""
@@ -99,15 +119,19 @@ def run_pass(
     previous: PrfaasDeploymentStatus | None = None,
     stored: StoredRouterConfig | None = None,
     applies: Applies | None = None,
+    running: PrfaasDeploymentSpec | None = None,
 ) -> Pass:
-    """One pass with everything applied as planned; memory is updated as the executor does."""
+    """One pass with everything applied as planned; memory is updated as the executor does.
+
+    `running`: the spec the live StatefulSets were written from (default: `s`, nothing to roll)."""
     previous = previous or PrfaasDeploymentStatus()
     default_prefill, default_pd = everything_ready(s)
     prefill = prefill or default_prefill
     pd = pd or default_pd
     live = live or {Role.PD_PREFILL: 3, Role.PD_DECODE: 5, Role.PRFAAS_PREFILL: 4}
-    engines = plan_pd_engines(s, OWNER, previous, memory.drains, live, now, OPTIONS)
-    remote = PrefillClusterSeen(prefill, reachable, live.get(Role.PRFAAS_PREFILL) if reachable else None)
+    slots = settled_slots(running or s, live)
+    engines = plan_pd_engines(s, OWNER, previous, memory.drains, slots, now, WALL_NOW, OPTIONS)
+    remote = PrefillClusterSeen(prefill, reachable, slots[Role.PRFAAS_PREFILL] if reachable else None)
     plan = plan_router_and_prefill_cluster(
         s, OWNER, previous, engines, remote, pd, memory.router_config, stored, now, OPTIONS
     )
@@ -119,7 +143,8 @@ def run_pass(
     return Pass(engines, plan, conclusion)
 
 
-def statefulset(manifests: Sequence[Mapping[str, Any]], name: str) -> Mapping[str, Any]:
+def statefulset(manifests: Sequence[Mapping[str, Any]] | None, name: str) -> Mapping[str, Any]:
+    assert manifests is not None, "nothing planned for that cluster"
     (found,) = [m for m in manifests if m["kind"] == "StatefulSet" and m["metadata"]["name"] == name]
     return found
 
@@ -395,6 +420,48 @@ def test_a_layout_rollout_pairs_only_engines_that_agree() -> None:
     assert listed(config, Pool.DECODE) == [f"{NAMES.pd_decode}-4"]
     assert listed(config, Pool.PRFAAS_PREFILL) == [], "the PrfaaS pods still run the old layout"
     assert switched.plan.router_config.outcome.note is None
+
+
+def test_a_new_image_comes_up_in_each_roles_second_statefulset_beside_the_old_one() -> None:
+    old_spec = spec()
+    new_spec = spec(**{"model.image": "lmsysorg/sglang:v0.5.24"})
+    first = run_pass(new_spec, Memory({}), 100.0, running=old_spec)
+    for manifests, workload, target in (
+        (first.plan.prefill_cluster_manifests, NAMES.prfaas_prefill, 4),
+        (first.engines.manifests, NAMES.pd_prefill, 3),
+        (first.engines.manifests, NAMES.pd_decode, 5),
+    ):
+        new, old = statefulset(manifests, f"{workload}-b"), statefulset(manifests, workload)
+        assert new["spec"]["replicas"] == 1, "one new instance per role at a time (maxSurge 1)"
+        assert new["spec"]["selector"]["matchLabels"]["prfaas.io/slot"] == "b"
+        assert new["spec"]["template"]["metadata"]["labels"]["prfaas.io/fingerprint"] == kv_fingerprint(
+            new_spec.model
+        )
+        assert old["spec"]["replicas"] == target, "the old revision keeps serving at full size"
+        assert old["spec"]["template"]["spec"]["containers"][0]["image"] == "lmsysorg/sglang:v0.5.23"
+        assert "prfaas.io/slot" not in old["spec"]["selector"]["matchLabels"]
+    status = first.conclusion.status
+    assert status.rollout is not None and status.rollout.phase == "Progressing"
+    assert status.rollout.steps == 5  # the largest role (5 decodes) one at a time
+    assert condition(status, "RolloutProgressing")[:2] == ("True", "RolloutInProgress")
+    assert status.pd_decode.rolling and status.pd_prefill.rolling and status.prefill_cluster.rolling
+    assert first.engines.rollout.event is not None and first.engines.rollout.event[0] == "RolloutStarted"
+
+
+def test_the_prfaas_cluster_is_left_alone_while_its_statefulsets_are_unknown() -> None:
+    """Just after a restart step 1 has no cache of the PrfaaS cluster yet: applying there (or
+    pruning against what it plans) could undo a rollout, so nothing is planned there that pass."""
+    s = spec()
+    slots = settled_slots(s, {Role.PD_PREFILL: 3, Role.PD_DECODE: 5})
+    slots[Role.PRFAAS_PREFILL] = None
+    engines = plan_pd_engines(s, OWNER, PrfaasDeploymentStatus(), {}, slots, 1.0, WALL_NOW, OPTIONS)
+    prefill, pd = everything_ready(s)
+    plan = plan_router_and_prefill_cluster(
+        s, OWNER, PrfaasDeploymentStatus(), engines, PrefillClusterSeen(prefill, True, None), pd, None, None,
+        1.0, OPTIONS,
+    )  # fmt: skip
+    assert plan.prefill_cluster_manifests is None and plan.prefill_cluster_retire == ()
+    assert plan.router_config.config is not None and listed(plan.router_config.config, Pool.PRFAAS_PREFILL)
 
 
 # ---- the planner's allocation ------------------------------------------------------------------

@@ -56,7 +56,7 @@ def condition(status: PrfaasDeploymentStatus, kind: str) -> Condition:
 
 def test_everything_ready() -> None:
     status = compute_status(inputs())
-    assert [c.status for c in status.conditions] == ["True", "True", "True", "True", "False"]
+    assert [c.status for c in status.conditions] == ["True", "True", "True", "True", "False", "True"]
     assert status.prefill_cluster == RoleCounts(desired=4, ready=4)
     assert status.pd_prefill == RoleCounts(desired=3, ready=3)
     assert status.pd_decode == RoleCounts(desired=5, ready=5)
