@@ -53,8 +53,8 @@ def _reconciler(memo: kopf.Memo) -> Reconciler:
 def _post_events(body: kopf.Body, outcome: ReconcileOutcome) -> None:
     for warning in outcome.warnings:
         kopf.warn(body, reason=warning.reason, message=warning.message)
-    for event in outcome.events:
-        kopf.info(body, reason=event.reason, message=event.message)
+    for event in outcome.events:  # kopf.info would be dropped: the posting level is for log lines
+        kopf.event(body, type="Normal", reason=event.reason, message=event.message)
 
 
 @kopf.on.startup()

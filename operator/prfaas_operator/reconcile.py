@@ -79,6 +79,7 @@ from prfaas_operator.status import (
     read_status,
     rfc3339,
     status_changed,
+    status_patch,
     warning_events,
     workload_rolling,
 )
@@ -607,7 +608,7 @@ class Reconciler:
         mem.converge_delay = paced.converge_delay
         if not status_changed(previous, status):
             return ReconcileOutcome(status, (), paced.delay, paced.result)
-        document = status.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"planner"})
+        document = status_patch(previous, status)
         try:
             written = await self.clusters.local.patch_status(
                 owner.name, owner.namespace, document, metadata.get("resourceVersion")
@@ -625,7 +626,7 @@ class Reconciler:
     ) -> ReconcileOutcome:
         status, problem = invalid_spec_status(previous, generation, err, rfc3339(self._wall_clock()))
         self.metrics.record_conditions(owner.namespace, owner.name, status.conditions)
-        document = status.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"planner"})
+        document = status_patch(previous, status)
         try:
             await self.clusters.local.patch_status(owner.name, owner.namespace, document, None)
         except ClusterError as exc:

@@ -409,6 +409,14 @@ def status_changed(before: PrfaasDeploymentStatus, after: PrfaasDeploymentStatus
     return before.model_dump() != after.model_dump()
 
 
+def status_patch(previous: PrfaasDeploymentStatus, status: PrfaasDeploymentStatus) -> dict[str, Any]:
+    """The merge patch that writes `status` (status.planner is the planner's): a field that is gone
+    since `previous` (a finished rollout) is sent as null, which is how a merge patch removes it."""
+    document = status.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"planner"})
+    before = previous.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"planner"})
+    return {**dict.fromkeys(before.keys() - document.keys()), **document}
+
+
 def read_status(raw: Any) -> PrfaasDeploymentStatus:
     """The status subresource as last written; an unreadable one reads as empty (the reconcile rewrites it)."""
     try:

@@ -296,7 +296,9 @@ def test_sample_deployment_lifecycle(
     assert condition(status, "Degraded")["status"] == "False"
     header, row = kubectl(testbed, "get", "prfaas", name, "-n", ns).splitlines()
     starts = [match.start() for match in re.finditer(r"\S+", header)]  # cells by position: some are empty
-    columns = {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)}
+    columns = {
+        header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)
+    }
     assert columns == {"NAME": name, "READY": "True", "THRESHOLD": "19456", "PRFAAS": "2",
                        "LOCAL-PREFILL": "2", "DECODE": "2", "ROLLOUT": "", "AGE": columns["AGE"]}  # fmt: skip
 
@@ -390,6 +392,73 @@ def test_sample_deployment_lifecycle(
 
     wait_until(emptied, timeout_s=60, what="both clusters emptied of the deployment's objects")
     assert operator.alive()
+
+
+def test_sample_image_change_rolls_both_clusters_together_and_back(
+    testbed: Testbed,
+    operator: OperatorProcess,
+    pd_client: Client,
+    prfaas_client: Client,
+    own_namespaces: tuple[str, str],
+) -> None:
+    """An image change (a new KV fingerprint) brings a second StatefulSet per role up beside the
+    first in both clusters, never more than maxSurge (1) beyond each role's target, and retires
+    the first once the new pods are ready and the old ones drained; setting the image back rolls
+    back the same way. kwok makes the pods ready at once: the timing is the e2e test's business."""
+    ns, remote_ns = own_namespaces
+    name = "rolled"
+    cr = small(deployment_manifest(name, ns, remote_ns, "prfaas-cluster-kubeconfig"))
+    kubectl(testbed, "apply", "-f", "-", stdin=yaml.safe_dump(cr))
+    wait_until(lambda: condition(cr_status(pd_client, name, ns), "Ready").get("status") == "True",
+               timeout_s=60, what="Ready")  # fmt: skip
+    targets = {"prfaas-prefill": 1, "pd-prefill": 1, "pd-decode": 1}
+    clusters = {
+        "prfaas-prefill": (prfaas_client, remote_ns),
+        "pd-prefill": (pd_client, ns),
+        "pd-decode": (pd_client, ns),
+    }
+
+    def statefulsets(role: str) -> dict[str, tuple[int, str]]:
+        client, namespace = clusters[role]
+        found = client.list(StatefulSet, namespace=namespace, labels={"prfaas.io/role": role})
+        return {
+            s.metadata.name: (s.spec.replicas, s.spec.template.spec.containers[0].image)
+            for s in found
+            if s.metadata.labels.get("app.kubernetes.io/instance") == name
+        }
+
+    def roll_to(image: str, slot_suffix: str) -> set[str]:
+        """Patch the image, sample until only the new slot is left; the phases seen."""
+        kubectl(testbed, "patch", "prfaas", name, "-n", ns, "--type=merge",
+                "-p", yaml.safe_dump({"spec": {"model": {"image": image}}}))  # fmt: skip
+        phases: set[str] = set()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            status = cr_status(pd_client, name, ns)
+            phases.add((status.get("rollout") or {}).get("phase", "none"))
+            sets = {role: statefulsets(role) for role in targets}
+            for role, found in sets.items():
+                assert sum(replicas for replicas, _ in found.values()) <= targets[role] + 1, (role, found)
+            done = all(
+                list(found) == [f"{name}-{role}{slot_suffix}"]
+                and found[f"{name}-{role}{slot_suffix}"] == (1, image)
+                for role, found in sets.items()
+            )
+            if done and "rollout" not in status and condition(status, "Ready").get("status") == "True":
+                return phases
+            time.sleep(0.5)
+        raise AssertionError(f"no rollout to {image}: {cr_status(pd_client, name, ns).get('rollout')}, "
+                             f"{ {role: statefulsets(role) for role in targets} }")  # fmt: skip
+
+    assert "Progressing" in roll_to("lmsysorg/sglang:v0.5.24", "-b")
+    status = cr_status(pd_client, name, ns)
+    assert condition(status, "RolloutProgressing")["reason"] == "RevisionAvailable"
+    pods = [p for role in targets for p in running_pods(clusters[role][0], clusters[role][1], role)]
+    assert {p.metadata.labels["prfaas.io/fingerprint"] for p in pods} == {status["fingerprint"]}
+    reasons = {e.reason for e in pd_client.list(Event, namespace=ns) if e.involvedObject.name == name}
+    assert {"RolloutStarted", "RolloutDone"} <= reasons, reasons
+
+    assert "Progressing" in roll_to("lmsysorg/sglang:v0.5.23", "")  # back, into the first slot
 
 
 def test_bad_clusters_degrade_with_the_cause_while_others_are_served(

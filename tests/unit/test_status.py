@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prfaas_operator.api import Allocation, Condition, PrfaasDeploymentStatus, RoleCounts
+from prfaas_operator.api import Allocation, Condition, PrfaasDeploymentStatus, RoleCounts, RolloutStatus
 from prfaas_operator.status import (
     ClusterObservation,
     PodInfo,
@@ -13,6 +13,7 @@ from prfaas_operator.status import (
     StatusInputs,
     compute_status,
     status_changed,
+    status_patch,
     warning_events,
 )
 
@@ -174,3 +175,21 @@ def test_pod_info_from_a_manifest() -> None:
     }
     info = PodInfo.from_manifest(pending)
     assert (info.ready, info.ip, info.deleting, info.unschedulable) == (False, None, True, GPU_SHORT)
+
+
+def test_the_status_patch_removes_a_finished_rollout_with_null() -> None:
+    rolling = compute_status(inputs()).model_copy(
+        update={
+            "rollout": RolloutStatus(
+                phase="Progressing",
+                step=0,
+                steps=1,
+                started_at="2026-01-01T00:00:00Z",
+                last_progress_at="2026-01-01T00:00:00Z",
+            )
+        }
+    )
+    done = compute_status(inputs())
+    assert status_patch(rolling, done)["rollout"] is None  # a merge patch without the key keeps it
+    assert "rollout" not in status_patch(done, done)
+    assert status_patch(done, rolling)["rollout"]["phase"] == "Progressing"
