@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from prfaas_operator.api import Allocation, Condition, PrfaasDeploymentStatus, RoleCounts, RolloutStatus
+from prfaas_operator.api import (
+    Allocation,
+    Condition,
+    PrfaasDeploymentStatus,
+    RoleCounts,
+    RoleRollout,
+    RolloutStatus,
+)
 from prfaas_operator.status import (
     ClusterObservation,
     PodInfo,
@@ -193,3 +200,32 @@ def test_the_status_patch_removes_a_finished_rollout_with_null() -> None:
     assert status_patch(rolling, done)["rollout"] is None  # a merge patch without the key keeps it
     assert "rollout" not in status_patch(done, done)
     assert status_patch(done, rolling)["rollout"]["phase"] == "Progressing"
+
+
+def test_a_stalled_rollout_says_which_role_it_waits_for_and_why_and_degrades() -> None:
+    pulled = {
+        "metadata": {
+            "name": "demo-pd-decode-b-0",
+            "labels": {"prfaas.io/role": "pd-decode", "prfaas.io/revision": "r2"},
+        },
+        "status": {
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [
+                {"name": "sglang", "state": {"waiting": {"reason": "ErrImagePull", "message": "not found"}}}
+            ],
+        },
+    }
+    rollout = RolloutStatus(
+        phase="Stalled", step=0, steps=1, started_at="2026-11-21T09:00:00Z", last_progress_at="2026-11-21T09:00:00Z",
+        roles=[RoleRollout(role="pd-decode", target=5, revision="r2", replicas=1, ready=0, old_revision="r1",
+                           old_replicas=5, old_ready=5)],
+    )  # fmt: skip
+    pd = ClusterObservation(ready=ALL_READY_PD.ready, pods=[PodInfo.from_manifest(pulled)])
+    status = compute_status(inputs(pd_cluster=pd, rollout=rollout))
+    rolling = condition(status, "RolloutProgressing")
+    assert (rolling.status, rolling.reason) == ("False", "ProgressDeadlineExceeded")
+    assert "waiting for pd-decode" in rolling.message and "ErrImagePull: not found" in rolling.message
+    assert "old revision keeps serving" in rolling.message
+    degraded = condition(status, "Degraded")
+    assert (degraded.status, degraded.reason) == ("True", "ProgressDeadlineExceeded")
+    assert status.pd_decode.rolling and not status.pd_prefill.rolling
