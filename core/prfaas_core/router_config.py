@@ -74,6 +74,11 @@ class Endpoint(_Strict):
     name: str = Field(description="pod name, for logs and metrics")
     url: str = Field(description="base URL, e.g. http://10.1.2.3:30000")
     bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
+    fingerprint: str = Field(
+        default="",
+        description="the engine's KV-layout fingerprint: the router pairs a prefill only with a decode of the "
+        "same one (two are listed while a rollout changes the layout)",
+    )
 
     @field_validator("url")
     @classmethod
@@ -215,7 +220,8 @@ class RouterConfig(_Strict):
         description="decode capacity; None: the TTFT estimate leaves out the wait for a decode slot",
     )
     fingerprint: str = Field(
-        default="", description="KV-layout compatibility fingerprint shared by all engines"
+        default="",
+        description="the KV-layout fingerprint the spec asks for (each endpoint names its own)",
     )
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)

@@ -85,6 +85,7 @@ def bytes_per_second_to_gbit(bytes_per_second: float) -> float:
     """The inverse of gbit_per_second_to_bytes, for messages and reports."""
     return bytes_per_second * BITS_PER_BYTE / 1e9
 
+
 KV_FINGERPRINT_ENV = "PRFAAS_KV_FINGERPRINT"
 """The engine pod's own KV fingerprint (from its label): the fake engine checks every KV handoff
 against it; SGLang ignores it."""

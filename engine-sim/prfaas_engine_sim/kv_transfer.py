@@ -19,6 +19,10 @@ and the KV then moves prefill -> decode. Here the same port also carries the byt
   409 and the leg fails). SGLang keys its transfer state by room alone (mooncake/conn.py
   ``transfer_infos[room]``, common/conn.py ``request_status[room]``) and has no such check:
   there such copies collide and hang, here they fail loudly;
+* with ``kv_fingerprint=F`` (the pod's, see settings) a prefill of another fingerprint refuses
+  the same way ("KV fingerprint mismatch"), and the decode counts every handoff its prefill
+  answered and the mismatched ones: our own check, so a rollout test can count pairings across
+  layouts (SGLang checks page size and dtype only; another image or model fails silently there);
 * the decode confirms the last byte with ``POST /kv_done?room=R``: only then is the KV
   delivered for the prefill (as SGLang's prefill learns a transfer's completion from its
   transfer engine), so its request, and its transfer's latency, end when the bytes have crossed
@@ -52,6 +56,7 @@ from prfaas_engine_sim.settings import PdTimeouts
 
 log = logging.getLogger(__name__)
 
+FINGERPRINT_MISMATCH = "KV fingerprint mismatch"
 FRAME = struct.Struct("!cI")
 KIND_KEEPALIVE = b"K"
 KIND_HELLO = b"H"
@@ -168,6 +173,7 @@ class KvBootstrapServer:
         advertised_host: str,
         page_size: int,
         kv_cache_dtype: str,
+        kv_fingerprint: str,
         tp_size: int,
         transfer_backend: str,
         timeouts: PdTimeouts,
@@ -177,6 +183,7 @@ class KvBootstrapServer:
         self.advertised_host = advertised_host
         self.page_size = page_size
         self.kv_cache_dtype = kv_cache_dtype
+        self.kv_fingerprint = kv_fingerprint
         self.tp_size = tp_size
         self.transfer_backend = transfer_backend
         self.bootstrap_timeout = timeouts.bootstrap
@@ -286,6 +293,9 @@ class KvBootstrapServer:
             return f"Page size mismatch: prefill page_size={self.page_size}, decode page_size={page_size}"
         if dtype is not None and dtype != self.kv_cache_dtype:
             return f"KV cache dtype mismatch: prefill kv_cache_dtype={self.kv_cache_dtype}, decode kv_cache_dtype={dtype}"
+        fingerprint = query.get("kv_fingerprint")
+        if fingerprint and self.kv_fingerprint and fingerprint != self.kv_fingerprint:
+            return f"{FINGERPRINT_MISMATCH}: prefill {self.kv_fingerprint}, decode {fingerprint}"
         return None
 
     async def _kv(self, request: web.Request) -> web.StreamResponse:
@@ -430,11 +440,16 @@ class KvReceiver:
         *,
         page_size: int,
         kv_cache_dtype: str,
+        kv_fingerprint: str,
         default_bootstrap_port: int,
         timeouts: PdTimeouts,
         on_bytes_received: Callable[[int], None],
+        on_handoff: Callable[[bool], None],
     ) -> None:
         self._params = {"page_size": str(page_size), "kv_cache_dtype": kv_cache_dtype}
+        if kv_fingerprint:
+            self._params["kv_fingerprint"] = kv_fingerprint
+        self._on_handoff = on_handoff
         self._default_port = default_bootstrap_port
         self._bootstrap_timeout = timeouts.bootstrap
         self._waiting_timeout = timeouts.waiting
@@ -472,7 +487,10 @@ class KvReceiver:
             raise KvBootstrapError(f"cannot reach the bootstrap server {where}: {err}") from err
         try:
             if response.status != 200:
-                raise KvBootstrapError(await self._refusal(response, where))
+                refusal = await self._refusal(response, where)
+                self._on_handoff(refusal.startswith(FINGERPRINT_MISMATCH))
+                raise KvBootstrapError(refusal)
+            self._on_handoff(False)
             hello = await self._hello(response, target.room, where, deadline)
             on_bootstrapped()
             cached = await self._payload(response, hello["kv_bytes"], target.room, where)

@@ -19,7 +19,9 @@ decode confirmed the last byte: wall-clock time, and bytes at the real link's ra
 accounting (payload bytes only, frame headers excluded, engine labels only):
 
 * ``prfaas_fake_engine_kv_bytes_sent_total``: KV bytes a prefill engine put on the wire;
-* ``prfaas_fake_engine_kv_bytes_received_total``: KV bytes a decode engine took off it.
+* ``prfaas_fake_engine_kv_bytes_received_total``: KV bytes a decode engine took off it;
+* ``prfaas_fake_engine_kv_handoffs_total`` and ``..._kv_mismatched_handoffs_total``: KV requests
+  of a decode its prefill answered, and those refused for another KV fingerprint (see kv_transfer).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from prometheus_client.registry import Collector
 PREFIX = "sglang:"
 KV_BYTES_SENT = "prfaas_fake_engine_kv_bytes_sent_total"
 KV_BYTES_RECEIVED = "prfaas_fake_engine_kv_bytes_received_total"
+KV_HANDOFFS = "prfaas_fake_engine_kv_handoffs_total"
+KV_MISMATCHED_HANDOFFS = "prfaas_fake_engine_kv_mismatched_handoffs_total"
 LABELS = ("model_name", "engine_type")
 """The tokenizer's labels (and those of our own two counters)."""
 RANK_LABELS = ("tp_rank", "pp_rank", "moe_ep_rank")
@@ -158,6 +162,18 @@ class EngineMetrics:
             LABELS,
             registry=self.registry,
         ).labels(**labels)
+        self.kv_handoffs = Counter(
+            KV_HANDOFFS.removesuffix("_total"),
+            "KV requests of this decode that its prefill answered.",
+            LABELS,
+            registry=self.registry,
+        ).labels(**labels)
+        self.kv_mismatched_handoffs = Counter(
+            KV_MISMATCHED_HANDOFFS.removesuffix("_total"),
+            "KV requests of this decode refused by a prefill of another KV fingerprint.",
+            LABELS,
+            registry=self.registry,
+        ).labels(**labels)
         self.ttft = histogram(
             PREFIX + "time_to_first_token_seconds",
             "Time to first token in seconds.",
@@ -216,6 +232,12 @@ class EngineMetrics:
     def _room_ranks(self, room: int) -> list[dict[str, str]]:
         """The TP ranks of the DP rank a room's transfer runs on."""
         return self._ranks[room % self._dp_size]
+
+    def count_handoff(self, mismatched: bool) -> None:
+        """One KV request its prefill answered; `mismatched`: refused for another KV fingerprint."""
+        self.kv_handoffs.inc()
+        if mismatched:
+            self.kv_mismatched_handoffs.inc()
 
     def count_failure(self, counter: Counter, room: int) -> None:
         """A failed PD request: every rank of its DP rank counts it, as each runs the same queues."""

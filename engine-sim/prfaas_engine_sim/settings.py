@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from prfaas_core.vocabulary import KV_FINGERPRINT_ENV
+
 Mode = Literal["null", "prefill", "decode"]
 MODES: tuple[Mode, ...] = ("null", "prefill", "decode")
 ENGINE_TYPES: dict[Mode, str] = {"null": "unified", "prefill": "prefill", "decode": "decode"}
@@ -68,6 +70,11 @@ class EngineSettings:
     kv_heartbeat_max_failures: int = 2
     """Missed heartbeats in a row that fail a decode's transfers (SGLang:
     ``SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE``, default 2)."""
+    kv_fingerprint: str = ""
+    """The pod's KV-layout fingerprint (the operator's downward-API env ``PRFAAS_KV_FINGERPRINT``; ""
+    unknown). A decode sends it with each KV request and a prefill of another one refuses it: a
+    rollout must never pair layouts, and the engines count it (SGLang itself knows no fingerprint;
+    it checks page size and KV dtype alone)."""
     model_load_seconds: float = 0.0
     """Wall-clock seconds before the engine listens at all, as SGLang loads its weights before its
     HTTP and bootstrap servers bind (http_server.py ``launch_server``: ``_launch_subprocesses``
@@ -315,6 +322,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[EngineSettings, argpa
     try:
         values["health_check_timeout"] = health_check_timeout_from(os.environ)
         values["health_endpoint_generation"] = health_endpoint_generation_from(os.environ)
+        values["kv_fingerprint"] = os.environ.get(KV_FINGERPRINT_ENV, "").strip()
         return EngineSettings(**values), namespace, unknown
     except ValueError as err:
         parser.error(str(err))

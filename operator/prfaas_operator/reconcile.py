@@ -466,7 +466,9 @@ class Reconciler:
             return ClusterObservation(listing=True)
         namespace, name = spec.prefill_cluster.namespace, Names.of(owner.name).prfaas_prefill
         selector = {**selector_labels(owner, Role.PRFAAS_PREFILL), LABEL_OWNER: label_value(owner.key)}
-        workloads = {Role.PRFAAS_PREFILL: _slot_workloads(cache, namespace, name)}
+        workloads: dict[str, list[Mapping[str, Any]]] = {
+            Role.PRFAAS_PREFILL: _slot_workloads(cache, namespace, name)
+        }
         return ClusterObservation(
             ready=_ready_by_role(workloads),
             rolling=_rolling_roles(workloads),
@@ -561,7 +563,7 @@ class Reconciler:
         if not cache.synced:
             return ClusterObservation(listing=True)
         names = Names.of(owner.name)
-        engines = {
+        engines: dict[str, list[Mapping[str, Any]]] = {
             Role.PD_PREFILL: _slot_workloads(cache, owner.namespace, names.pd_prefill),
             Role.PD_DECODE: _slot_workloads(cache, owner.namespace, names.pd_decode),
         }

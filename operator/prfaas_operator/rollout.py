@@ -227,7 +227,10 @@ def _event(previous: RolloutStatus | None, status: RolloutStatus, fresh: bool) -
         for r in status.roles
     )
     if fresh:
-        return "RolloutStarted", f"{status.steps} step(s), at most maxSurge extra instances per role; {counts}"
+        return (
+            "RolloutStarted",
+            f"{status.steps} step(s), at most maxSurge extra instances per role; {counts}",
+        )
     if previous is not None and previous.phase != status.phase:
         return f"Rollout{status.phase}", counts
     if previous is not None and previous.step != status.step:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ipaddress
 import math
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -38,9 +37,15 @@ def _url(ip: str, port: int) -> str:
 def ready_endpoints(
     pods: Iterable[PodInfo], role: str, port: int, bootstrap_port: int | None
 ) -> list[Endpoint]:
-    """Endpoints of the pods of `role` that are ready, addressed and not being deleted, by name."""
+    """Endpoints of the pods of `role` that are ready, addressed and not being deleted, by name,
+    each with its KV fingerprint."""
     return [
-        Endpoint(name=pod.name, url=_url(pod.ip, port), bootstrap_port=bootstrap_port)
+        Endpoint(
+            name=pod.name,
+            url=_url(pod.ip, port),
+            bootstrap_port=bootstrap_port,
+            fingerprint=pod.fingerprint or "",
+        )
         for pod in sorted(pods, key=lambda p: p.name)
         if pod.role == role and pod.ready and pod.ip and not pod.deleting
     ]
@@ -48,7 +53,8 @@ def ready_endpoints(
 
 @dataclass(frozen=True)
 class PoolChoice:
-    """The endpoints the router gets, all of one fingerprint, and a note when it is not the desired one."""
+    """The endpoints the router gets (of every KV layout that can serve), the fingerprint the
+    config names, and a note while more than one layout serves or the desired one cannot yet."""
 
     pools: Pools
     fingerprint: str
@@ -61,17 +67,17 @@ def choose_pools(
     prefill_cluster_pods: Sequence[PodInfo] | None,
     pd_cluster_pods: Sequence[PodInfo],
 ) -> PoolChoice:
-    """Ready endpoints of one KV layout, so the router never pairs incompatible engines.
+    """Ready endpoints of every KV layout that has a ready prefill and a ready decode.
 
-    The desired fingerprint is served as soon as it has a ready prefill and a ready decode;
-    until then (a rollout that changes the layout) the layout with the most ready pods that
-    has both keeps serving. `prefill_cluster_pods` is None when the PrfaaS cluster could not be
-    listed: its endpoints are dropped (a stale pod IP may belong to another pod by now), so
-    the router sends everything to the local prefill pool.
+    The router pairs within a layout only (policy.decide), so during a rollout that changes the
+    layout both the old and the new one serve, and traffic moves to the new one as its pods
+    become ready; a layout with prefills and no decode (or the reverse) is left out, since none
+    of its engines could serve a request. `prefill_cluster_pods` is None when the PrfaaS cluster
+    could not be listed: its endpoints are dropped (a stale pod IP may belong to another pod by
+    now), so the router sends everything to the local prefill pool.
     """
     pc, pd = spec.prefill_cluster, spec.pd_cluster
     remote = list(prefill_cluster_pods or [])
-    everything = remote + list(pd_cluster_pods)
 
     def pools_of(fingerprint: str) -> Pools:
         def mine(pods: Sequence[PodInfo]) -> list[PodInfo]:
@@ -86,18 +92,25 @@ def choose_pools(
     def serviceable(pools: Pools) -> bool:
         return bool(pools.decode) and bool(pools.prfaas_prefill or pools.local_prefill)
 
-    desired = pools_of(desired_fingerprint)
-    if serviceable(desired):
-        return PoolChoice(desired, desired_fingerprint)
-    ready_by_fingerprint = Counter(p.fingerprint for p in everything if p.ready and p.fingerprint)
-    for fingerprint, _ in sorted(ready_by_fingerprint.items(), key=lambda item: (-item[1], item[0])):
-        if fingerprint != desired_fingerprint and serviceable(older := pools_of(fingerprint)):
-            note = (
-                f"serving KV fingerprint {fingerprint} until {desired_fingerprint} has a ready prefill "
-                "and a ready decode (layout rollout in progress)"
-            )
-            return PoolChoice(older, fingerprint, note)
-    return PoolChoice(desired, desired_fingerprint)
+    found = sorted({p.fingerprint for p in [*remote, *pd_cluster_pods] if p.ready and p.fingerprint})
+    serving = {fingerprint: pools for fingerprint in found if serviceable(pools := pools_of(fingerprint))}
+    if not serving:
+        return PoolChoice(pools_of(desired_fingerprint), desired_fingerprint)
+    others = sorted(set(serving) - {desired_fingerprint})
+    merged = Pools(**{pool.value: [e for pools in serving.values() for e in pools.of(pool)] for pool in Pool})
+    if desired_fingerprint not in serving:
+        note = (
+            f"serving KV fingerprint(s) {', '.join(others)} until {desired_fingerprint} has a ready prefill "
+            "and a ready decode (layout rollout in progress)"
+        )
+        return PoolChoice(merged, desired_fingerprint, note)
+    if others:
+        note = (
+            f"serving KV fingerprints {desired_fingerprint} and {', '.join(others)} side by side, each "
+            "prefill paired with a decode of its own (layout rollout in progress)"
+        )
+        return PoolChoice(merged, desired_fingerprint, note)
+    return PoolChoice(merged, desired_fingerprint)
 
 
 def decode_capacity(

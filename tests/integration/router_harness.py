@@ -16,7 +16,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,10 +68,17 @@ class Process:
     args: list[str]
     log_path: Path
     popen: subprocess.Popen[bytes] | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Added to this process's environment."""
 
     def start(self) -> Process:
         with self.log_path.open("ab") as log:
-            self.popen = subprocess.Popen([sys.executable, *self.args], stdout=log, stderr=subprocess.STDOUT)
+            self.popen = subprocess.Popen(
+                [sys.executable, *self.args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env},
+            )
         return self
 
     def kill(self) -> None:
@@ -108,16 +115,23 @@ class Engine:
 
 
 def start_engine(
-    name: str, mode: str, host: str, profile: str, logs: Path, *extra: str, time_scale: str = TIME_SCALE
+    name: str,
+    mode: str,
+    host: str,
+    profile: str,
+    logs: Path,
+    *extra: str,
+    time_scale: str = TIME_SCALE,
+    env: Mapping[str, str] | None = None,
 ) -> Engine:
-    """A fake SGLang engine process; `extra` are more of its flags."""
+    """A fake SGLang engine process; `extra` are more of its flags, `env` more of its environment."""
     port = free_port(host)
     bootstrap = free_port(host) if mode == "prefill" else None
     args = ["-m", "prfaas_engine_sim", "--mode", mode, "--host", host, "--port", str(port)]
     args += ["--profile", profile, "--time-scale", time_scale, "--served-model-name", MODEL, *extra]
     if bootstrap is not None:
         args += ["--bootstrap-port", str(bootstrap)]
-    process = Process(args, logs / f"{name}.log").start()
+    process = Process(args, logs / f"{name}.log", env=env or {}).start()
     return Engine(name, f"http://{host}:{port}", bootstrap, process)
 
 

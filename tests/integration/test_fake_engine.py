@@ -463,6 +463,30 @@ async def test_kv_layout_mismatch_fails_both_legs_at_once(
         assert time.monotonic() - started < 2.0  # well before the 5 s bootstrap timeout
 
 
+async def test_engines_of_different_kv_fingerprints_refuse_each_other_and_the_decode_counts_it(
+    http: aiohttp.ClientSession,
+) -> None:
+    """Our own check beside SGLang's: a rollout must never pair layouts (see kv_transfer)."""
+    async with engines(
+        prefill_settings(kv_fingerprint="old"),
+        prefill_settings(kv_fingerprint="new"),
+        decode_settings(kv_fingerprint="new"),
+    ) as (old, new, decode):
+        same = {"prompt": "hello " * 20, "max_tokens": 3} | pd_fields(new.bootstrap_port, 31)
+        statuses = await both_legs(http, new, decode, "/v1/completions", same)
+        assert [status for status, _ in statuses] == [200, 200]
+        other = {"prompt": "hello " * 20, "max_tokens": 3} | pd_fields(old.bootstrap_port, 32)
+        (p_status, p_error), (d_status, d_error) = await both_legs(
+            http, old, decode, "/v1/completions", other
+        )
+        assert (p_status, d_status) == (500, 500)
+        for error in (p_error, d_error):
+            assert "KV fingerprint mismatch: prefill old, decode new" in error["message"]
+        counted = await metrics(http, decode)
+        assert counted["prfaas_fake_engine_kv_handoffs_total"] == 2
+        assert counted["prfaas_fake_engine_kv_mismatched_handoffs_total"] == 1
+
+
 async def test_prefill_started_from_sglang_args_killed_mid_transfer_fails_the_decode_promptly(
     http: aiohttp.ClientSession, tmp_path: Path
 ) -> None:

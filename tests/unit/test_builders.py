@@ -472,18 +472,28 @@ class TestRouterConfig:
         assert choice.pools.prfaas_prefill == []
         assert len(choice.pools.local_prefill) == 1
 
-    def test_a_layout_rollout_keeps_serving_the_old_fingerprint_until_the_new_one_can(self) -> None:
+    def test_a_layout_rollout_lists_every_layout_that_can_serve_each_endpoint_tagged(self) -> None:
         old = [
             pod("lp-0", "pd-prefill", "127.200.1.5", fingerprint="fp-old"),
             pod("d-0", "pd-decode", "127.200.2.5", fingerprint="fp-old"),
             pod("d-1", "pd-decode", "127.200.2.6", fingerprint="fp-new"),
         ]
         choice = choose_pools(spec(), "fp-new", [], old)
-        assert choice.fingerprint == "fp-old"
-        assert [e.name for e in choice.pools.decode] == ["d-0"]
-        assert choice.note and "fp-new" in choice.note
+        assert choice.fingerprint == "fp-new", "the config names the layout the spec asks for"
+        assert [(e.name, e.fingerprint) for e in choice.pools.decode] == [("d-0", "fp-old")], (
+            "a new decode without a new prefill could serve nothing"
+        )
+        assert choice.note and "until fp-new" in choice.note
         with_new_prefill = [*old, pod("lp-1", "pd-prefill", "127.200.1.6", fingerprint="fp-new")]
-        assert choose_pools(spec(), "fp-new", [], with_new_prefill).fingerprint == "fp-new"
+        both = choose_pools(spec(), "fp-new", [], with_new_prefill)
+        assert [(e.name, e.fingerprint) for e in both.pools.decode] == [("d-1", "fp-new"), ("d-0", "fp-old")]
+        assert [(e.name, e.fingerprint) for e in both.pools.local_prefill] == [
+            ("lp-1", "fp-new"),
+            ("lp-0", "fp-old"),
+        ]
+        assert both.note and "side by side" in both.note
+        done = [pod("lp-1", "pd-prefill", "127.200.1.6", fingerprint="fp-new"), old[2]]
+        assert choose_pools(spec(), "fp-new", [], done).note is None
 
     def test_contract_fields(self) -> None:
         s = spec(**{"link.latencyMs": 2.5})

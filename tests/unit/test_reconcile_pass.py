@@ -383,7 +383,7 @@ def test_a_router_configmap_that_cannot_be_read_after_a_restart_fails_the_pd_sid
 # ---- KV fingerprint rollout --------------------------------------------------------------------
 
 
-def test_a_layout_rollout_pairs_only_engines_that_agree() -> None:
+def test_a_layout_rollout_lists_each_layout_that_can_serve_with_its_fingerprint() -> None:
     old_spec = spec()
     new_spec = spec(**{"model.image": "lmsysorg/sglang:v0.5.24"})
     old, new = kv_fingerprint(old_spec.model), kv_fingerprint(new_spec.model)
@@ -394,32 +394,27 @@ def test_a_layout_rollout_pairs_only_engines_that_agree() -> None:
         *pods(NAMES.pd_prefill, Role.PD_PREFILL, 3, old),
         *pods(NAMES.pd_decode, Role.PD_DECODE, 4, old),
     ]
-    new_decode = [PodInfo(f"{NAMES.pd_decode}-4", Role.PD_DECODE, new, "10.3.0.9", True)]
+    new_decode = [PodInfo(f"{NAMES.pd_decode}-b-0", Role.PD_DECODE, new, "10.3.0.9", True)]
     rolling = run_pass(new_spec, memory, 100.0, prefill=seen(remote), pd=seen([*local_old, *new_decode]))
-    template = statefulset(rolling.engines.manifests, NAMES.pd_decode)["spec"]["template"]
-    assert template["metadata"]["annotations"]["prfaas.io/fingerprint"] == new
     config = rolling.plan.router_config.config
-    assert config is not None and config.fingerprint == old
-    assert f"{NAMES.pd_decode}-4" not in listed(config, Pool.DECODE), "a new decode with old prefills: no"
+    assert config is not None and config.fingerprint == new
+    assert f"{NAMES.pd_decode}-b-0" not in listed(config, Pool.DECODE), "a new decode and no new prefill: no"
+    assert {e.fingerprint for pool in Pool for e in config.pools.of(pool)} == {old}
     assert (
         rolling.plan.router_config.outcome.note is not None
         and "rollout" in rolling.plan.router_config.outcome.note
     )
 
-    new_prefill = [PodInfo(f"{NAMES.pd_prefill}-2", Role.PD_PREFILL, new, "10.2.0.9", True)]
-    switched = run_pass(
-        new_spec,
-        memory,
-        101.0,
-        prefill=seen(remote),
-        pd=seen([*local_old[:2], *local_old[3:], *new_prefill, *new_decode]),
+    new_prefill = [PodInfo(f"{NAMES.pd_prefill}-b-0", Role.PD_PREFILL, new, "10.2.0.9", True)]
+    both = run_pass(
+        new_spec, memory, 101.0, prefill=seen(remote), pd=seen([*local_old, *new_prefill, *new_decode])
     )
-    config = switched.plan.router_config.config
-    assert config is not None and config.fingerprint == new
-    assert listed(config, Pool.LOCAL_PREFILL) == [f"{NAMES.pd_prefill}-2"]
-    assert listed(config, Pool.DECODE) == [f"{NAMES.pd_decode}-4"]
-    assert listed(config, Pool.PRFAAS_PREFILL) == [], "the PrfaaS pods still run the old layout"
-    assert switched.plan.router_config.outcome.note is None
+    config = both.plan.router_config.config
+    assert config is not None
+    tagged = {(e.name, e.fingerprint) for pool in Pool for e in config.pools.of(pool)}
+    assert (f"{NAMES.pd_decode}-b-0", new) in tagged and (f"{NAMES.pd_prefill}-b-0", new) in tagged
+    assert (f"{NAMES.pd_decode}-0", old) in tagged and (f"{NAMES.prfaas_prefill}-0", old) in tagged
+    assert len(tagged) == 4 + 3 + 4 + 2
 
 
 def test_a_new_image_comes_up_in_each_roles_second_statefulset_beside_the_old_one() -> None:

@@ -469,3 +469,56 @@ def test_when_the_decode_wait_alone_breaks_the_slo_the_answer_is_an_early_429() 
 def test_the_reroutes_the_planner_counts_are_reasons_the_policy_gives() -> None:
     """The planner counts reroutes by these label values: they must stay the policy's own."""
     assert set(REROUTE_REASONS) == {Reason.TTFT_REROUTE.value, Reason.LINK_BUDGET.value}
+
+
+# ---- two KV layouts side by side (a rollout) ----------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    layouts=st.lists(st.sampled_from(["old", "new"]), min_size=6, max_size=6),
+    outstanding=st.lists(st.integers(0, 200_000), min_size=6, max_size=6),
+    total=st.integers(1, 100_000),
+)
+def test_prefill_and_decode_always_share_a_kv_layout(
+    layouts: list[str], outstanding: list[int], total: int
+) -> None:
+    available, by_name = pools()
+    for worker, layout, tokens in zip(by_name.values(), layouts, outstanding, strict=True):
+        worker.fingerprint, worker.outstanding_tokens = layout, tokens
+    outcome = decide(make_model(), RequestView(total_tokens=total, sequences=1), available, 0.0)
+    if isinstance(outcome, Decision):
+        assert outcome.prefill.fingerprint == outcome.decode.fingerprint
+    else:  # only when no layout has both a prefill and a decode
+        groups = available.by_fingerprint()
+        assert outcome.status == 429 or not any(g.decode and (g.local or g.prfaas) for g in groups)
+
+
+def test_a_layout_without_a_decode_serves_nothing_and_the_other_serves_all() -> None:
+    available, by_name = pools()
+    for name in ("l0", "p0", "d0", "d1"):
+        by_name[name].fingerprint = "old"
+    for name in ("l1", "p1"):
+        by_name[name].fingerprint = "new"  # new prefills, no new decode yet
+    for total in (T, T + 1):
+        d = routed(decide(make_model(), RequestView(total_tokens=total, sequences=1), available, 0.0))
+        assert d.prefill.name in ("l0", "p0") and d.decode.fingerprint == "old"
+
+
+def test_the_layout_with_the_earlier_first_token_wins() -> None:
+    available, by_name = pools()
+    for name in ("l0", "p0", "d0"):
+        by_name[name].fingerprint = "old"
+    for name in ("l1", "p1", "d1"):
+        by_name[name].fingerprint = "new"
+    by_name["l0"].queued_seconds = 5.0  # the old layout's local prefill is busy
+    d = routed(decide(make_model(), RequestView(total_tokens=T, sequences=1), available, 0.0))
+    assert (d.prefill.name, d.decode.name) == ("l1", "d1")
+    by_name["l0"].queued_seconds, by_name["l1"].queued_seconds = 0.0, 5.0
+    d = routed(decide(make_model(), RequestView(total_tokens=T, sequences=1), available, 0.0))
+    assert (d.prefill.name, d.decode.name) == ("l0", "d0")
+
+
+def test_one_layout_costs_no_split() -> None:
+    available, _ = pools()
+    assert available.by_fingerprint() == [available]

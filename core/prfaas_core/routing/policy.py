@@ -210,7 +210,27 @@ class _Option:
 def decide(
     model: PolicyModel, request: RequestView, pools: AvailableWorkers, link_inflight_bytes: float
 ) -> Decision | Rejection:
-    """Choose route, prefill and decode for one request, or refuse it early with a reason."""
+    """Choose route, prefill and decode for one request, or refuse it early with a reason.
+
+    Prefill and decode always share a KV fingerprint. While a rollout lists two layouts, each is
+    decided on its own and the admitted decision with the earliest first token wins, so traffic
+    follows each layout's ready capacity; when both refuse, the refusal of the one with the most
+    decode instances says why.
+    """
+    groups = pools.by_fingerprint()
+    if len(groups) == 1:
+        return _decide(model, request, pools, link_inflight_bytes)
+    outcomes = [_decide(model, request, group, link_inflight_bytes) for group in groups]
+    admitted = [outcome for outcome in outcomes if isinstance(outcome, Decision)]
+    if admitted:
+        return min(admitted, key=lambda decision: decision.ttft_seconds)
+    return max(zip(groups, outcomes, strict=True), key=lambda pair: len(pair[0].decode))[1]
+
+
+def _decide(
+    model: PolicyModel, request: RequestView, pools: AvailableWorkers, link_inflight_bytes: float
+) -> Decision | Rejection:
+    """`decide` within one KV layout."""
     if not pools.decode:
         return Rejection(503, Reason.NO_DECODE, "no healthy decode instance")
     if not pools.local and not pools.prfaas:

@@ -97,6 +97,7 @@ class Worker:
         "breaker",
         "dispatched_seconds",
         "dispatched_seconds_at_report",
+        "fingerprint",
         "health_failures",
         "health_timed_out",
         "healthy",
@@ -121,6 +122,7 @@ class Worker:
         self.url = endpoint.url
         self.host = host
         self.bootstrap_port = endpoint.bootstrap_port
+        self.fingerprint = endpoint.fingerprint
         self.breaker = breaker
         self.healthy = False  # unknown until the first health check answers
         self.health_failures = 0
@@ -136,8 +138,8 @@ class Worker:
         self.load: EngineLoad | None = None  # unknown until the engine reports, and again when a poll fails
 
     @property
-    def identity(self) -> tuple[Pool, str, str, int | None]:
-        return (self.pool, self.name, self.url, self.bootstrap_port)
+    def identity(self) -> tuple[Pool, str, str, int | None, str]:
+        return (self.pool, self.name, self.url, self.bootstrap_port, self.fingerprint)
 
     def available(self, now: float) -> bool:
         return self.healthy and self.breaker.allows(now)
@@ -188,6 +190,19 @@ class AvailableWorkers:
         self.prfaas = prfaas
         self.decode = decode
 
+    def by_fingerprint(self) -> list[AvailableWorkers]:
+        """The workers split by KV fingerprint, one group per layout (just this one when all agree, as
+        outside a layout rollout): a prefill hands its KV only to a decode of its own layout."""
+        first = self.decode[0].fingerprint if self.decode else None
+        pools = (self.local, self.prfaas, self.decode)
+        if all(worker.fingerprint == first for members in pools for worker in members):
+            return [self]
+        found = sorted({worker.fingerprint for members in pools for worker in members})
+        return [
+            AvailableWorkers(*([w for w in members if w.fingerprint == fingerprint] for members in pools))
+            for fingerprint in found
+        ]
+
 
 class Fleet:
     """The workers of the three pools, rebuilt on each config while keeping the state of known ones."""
@@ -200,7 +215,7 @@ class Fleet:
     def reconcile(self, pools: Pools) -> list[Worker]:
         """Adopt the endpoints of a new config; returns the workers that are new (still unchecked).
 
-        A worker whose pool, name, URL and bootstrap port are unchanged is kept with its health
+        A worker whose pool, name, URL, bootstrap port and fingerprint are unchanged is kept with its health
         and in-flight counts; requests on a removed worker still finish against its object.
         """
         known = {worker.identity: worker for worker in self.workers()}
@@ -209,7 +224,9 @@ class Fleet:
         for pool in Pool:
             members = []
             for endpoint in pools.of(pool):
-                worker = known.get((pool, endpoint.name, endpoint.url, endpoint.bootstrap_port))
+                worker = known.get(
+                    (pool, endpoint.name, endpoint.url, endpoint.bootstrap_port, endpoint.fingerprint)
+                )
                 if worker is None:
                     worker = Worker(pool, endpoint, CircuitBreaker(self._failure_threshold, self._cooldown))
                     fresh.append(worker)
