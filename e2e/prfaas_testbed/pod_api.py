@@ -121,14 +121,25 @@ class PodApi:
         write_atomically(path, yaml.safe_dump(document).encode(), mode=0o600)
 
     async def patch_pod_readiness(
-        self, cluster: Cluster, facts: PodFacts, *, ready: bool, running: bool, backoff: bool, restarts: int
+        self,
+        cluster: Cluster,
+        facts: PodFacts,
+        *,
+        ready: bool,
+        running: bool,
+        backoff: bool,
+        restarts: int,
+        waiting: tuple[str, str] | None = None,
     ) -> None:
-        """Write Ready/ContainersReady and the container status as a kubelet would."""
+        """Write Ready/ContainersReady and the container status as a kubelet would; `waiting`: the
+        (reason, message) of a container that cannot start (e.g. ErrImagePull)."""
         now = utc_now()
         value = "True" if ready else "False"
         state: dict[str, Any]
         if running:
             state = {"running": {"startedAt": now}}
+        elif waiting is not None:
+            state = {"waiting": {"reason": waiting[0], "message": waiting[1]}}
         else:
             reason = "CrashLoopBackOff" if backoff else "ContainerCreating"
             state = {"waiting": {"reason": reason}}

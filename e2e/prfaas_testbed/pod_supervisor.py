@@ -187,6 +187,9 @@ class PodSupervisor:
                 await self._set_ready(False)
                 await self._previous.finished.wait()
             self.pod_dir.mkdir(parents=True, exist_ok=True)
+            if self.spec.pull_error is not None:
+                await self._never_pulled(self.spec.pull_error)
+                return
             backoff = self._settings.restart_backoff_seconds
             while not self._stop.is_set():
                 if self.held_down:
@@ -221,6 +224,18 @@ class PodSupervisor:
             await self._terminate(kill_now=False)
             self.state = "stopped"
             self.finished.set()
+
+    async def _never_pulled(self, message: str) -> None:
+        """As a kubelet whose image pull fails: ErrImagePull, then ImagePullBackOff, never started."""
+        log.warning("%s: %s", self.label, message)
+        for reason in ("ErrImagePull", "ImagePullBackOff"):
+            self.state = reason
+            await self._api.patch_pod_readiness(
+                self.cluster, self.facts, ready=False, running=False, backoff=False, restarts=0,
+                waiting=(reason, message),
+            )  # fmt: skip
+            await self._sleep(self._settings.restart_backoff_seconds)
+        await self._stop.wait()
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

@@ -64,6 +64,25 @@ class Scales:
             raise ValueError(f"kv_scale must be > 0, got {self.kv_scale}")
 
 
+PULLABLE_ENGINE_IMAGES = frozenset({"lmsysorg/sglang:v0.5.23", "lmsysorg/sglang:v0.5.24"})
+"""The engine images the kwok runner's stand-in registry holds, besides the testbed's own
+engine-sim image: the sample CR's SGLang release and the next one, so that a rollout has
+somewhere to go. Any other engine image fails to pull as a kubelet's would (ErrImagePull, then
+ImagePullBackOff) and its pod never starts: a rollout to it must stall, not succeed."""
+ENGINE_SIM_REPOSITORY = "/prfaas-engine-sim"  # the testbed's own image, whatever its registry and tag
+
+
+def image_pull_error(image: str) -> str | None:
+    """The kubelet's message when an engine image cannot be pulled; None when it can."""
+    repository = image.rpartition(":")[0] if ":" in image.rpartition("/")[2] else image
+    if image in PULLABLE_ENGINE_IMAGES or repository.endswith(ENGINE_SIM_REPOSITORY):
+        return None
+    return (
+        f'Failed to pull image "{image}": the testbed\'s registry holds only '
+        f"{', '.join(sorted(PULLABLE_ENGINE_IMAGES))} and its own engine-sim image"
+    )
+
+
 @dataclass(frozen=True)
 class Programs:
     """Local commands standing in for the container images."""
@@ -114,6 +133,8 @@ class LocalProcess:
     kubeconfig_path: Path | None = None
     termination_grace_seconds: float = 30.0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    pull_error: str | None = None
+    """Its image cannot be pulled (image_pull_error): the pod waits and never starts."""
 
 
 @dataclass(frozen=True)
@@ -405,4 +426,7 @@ def local_process(
         kubeconfig_path=kubeconfig_path,
         termination_grace_seconds=facts.termination_grace_seconds,
         notes=tuple(notes),
+        pull_error=image_pull_error(str(facts.container.get("image") or ""))
+        if kind is WorkloadKind.ENGINE
+        else None,
     )

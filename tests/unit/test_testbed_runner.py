@@ -378,3 +378,25 @@ async def test_driver_classifies_answers_and_reads_the_route(unused_tcp_port: in
     assert summary.ttft_p50 is not None and summary.ttft_p50 > 0
     assert any("decode died" in e for e in summary.errors) and any("HTTP 502" in e for e in summary.errors)
     assert isinstance(TrafficSummary.of([]).line(), str)
+
+
+@pytest.mark.parametrize(
+    ("image", "pulled"),
+    [
+        ("lmsysorg/sglang:v0.5.23", True),
+        ("lmsysorg/sglang:v0.5.24", True),
+        ("127.0.0.1:5000/prfaas-engine-sim:dev", True),
+        ("lmsysorg/sglang:v0.5.99", False),
+        ("lmsysorg/sglang", False),
+    ],
+)
+def test_an_engine_image_outside_the_testbeds_registry_never_starts(
+    tmp_path: Path, image: str, pulled: bool
+) -> None:
+    pod = pod_from(workloads()["kimi-linear-pd-decode"], "kimi-linear-pd-decode-0", "127.200.1.3", H20_NODE)
+    pod["spec"]["containers"][0]["image"] = image
+    process = translate(pod, H20_NODE, tmp_path)
+    assert (process.pull_error is None) == pulled, process.pull_error
+    if not pulled:
+        assert f'Failed to pull image "{image}"' in process.pull_error
+    assert process.env["PRFAAS_KV_FINGERPRINT"] == "fp"  # the operator's downward-API env, from the label
