@@ -14,6 +14,9 @@ PrfaaS cluster with its KV sent to the decode container.
 from __future__ import annotations
 
 import json
+import subprocess
+import time
+import urllib.error
 import urllib.request
 from datetime import datetime
 from typing import Any
@@ -26,7 +29,7 @@ from prfaas_testbed.clusters import Cluster, RealNode
 from prfaas_testbed.system import LiveSystem, customise_cr, load_sample_cr, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
-pytestmark = [pytest.mark.e2e, pytest.mark.testbed, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.e2e, pytest.mark.testbed, pytest.mark.timeout(900)]
 
 E2E_NAME = "prfaas-containers"
 CR_NAME = "containers"
@@ -146,6 +149,76 @@ def test_every_engine_pool_runs_as_a_container_of_the_operators_manifest(deploym
             and "Startup probe failed" in (event.message or "")
         ]
         assert refused, f"{role}: the kubelet's startup probe never saw the engine still loading"
+
+
+def status_of(router: str, prompt_words: int) -> int:
+    """The HTTP status of one completion through the router."""
+    try:
+        complete(router, prompt_words)
+    except urllib.error.HTTPError as err:
+        return err.code
+    return 200
+
+
+def test_an_image_change_rolls_the_containers_and_an_unpullable_image_stalls_under_the_kubelet(
+    deployment: LiveSystem,
+) -> None:
+    """The rollout with real kubelets: a second tag of the engine-sim image (the kubelet starts the
+    new containers, probes them through the model load, and the old ones are drained), then a tag
+    no registry has (the kubelet's own ErrImagePull stalls the rollout at its deadline) and back.
+    Requests through the router meanwhile, short and long (offloaded), all answered."""
+    system = deployment
+    router = system.router_url()
+    assert router is not None, logs_hint(system)
+    image = str(((system.cr() or {}).get("spec") or {})["model"]["image"])
+    rolled, missing = f"{image.rpartition(':')[0]}:rolled", f"{image.rpartition(':')[0]}:not-in-any-registry"
+    for node in real_nodes(system).values():
+        subprocess.run(
+            ["ctr", "--address", str(node.containerd_socket), "-n", "k8s.io", "images", "tag", "--force", image, rolled],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+    answered: list[int] = []
+
+    def rollout_state(spec_patch: dict[str, Any], done: Any, timeout_s: float) -> dict[str, Any]:
+        """Patch, then send a request a second (every fourth one long) until `done(status)`."""
+        system.patch_spec(spec_patch)
+        generation = int(((system.cr() or {}).get("metadata") or {}).get("generation") or 0)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            answered.append(status_of(router, 30000 if len(answered) % 4 == 3 else 200))
+            status = (system.cr() or {}).get("status") or {}
+            if int(status.get("observedGeneration") or 0) >= generation and done(status):
+                return status
+            time.sleep(1.0)
+        raise AssertionError(f"not within {timeout_s:.0f}s: {(system.cr() or {}).get('status')}")
+
+    def over(status: dict[str, Any]) -> bool:
+        rolling: dict[str, Any] = next(
+            (c for c in status.get("conditions") or [] if c["type"] == "RolloutProgressing"), {}
+        )
+        return "rollout" not in status and rolling.get("reason") == "RevisionAvailable"
+
+    started = time.monotonic()
+    rollout_state({"model": {"image": rolled}}, over, 240)
+    print(
+        f"containers rolled to {rolled} in {time.monotonic() - started:.0f} s (model load {MODEL_LOAD_SECONDS} s)"
+    )
+    pods = engine_pods(system)
+    assert {pod.spec.containers[0].image for _, pod in pods.values() if pod.spec} == {rolled}
+    stalled = rollout_state(
+        {"model": {"image": missing}, "rollout": {"progressDeadlineSeconds": 20}},
+        lambda s: (s.get("rollout") or {}).get("phase") == "Stalled",
+        120,
+    )
+    message = next(c["message"] for c in stalled["conditions"] if c["type"] == "RolloutProgressing")
+    assert "ErrImagePull" in message or "ImagePullBackOff" in message, message
+    started = time.monotonic()
+    rollout_state({"model": {"image": rolled}}, over, 180)
+    print(
+        f"rolled back in {time.monotonic() - started:.0f} s; {len(answered)} requests, statuses {set(answered)}"
+    )
+    assert answered and set(answered) == {200}, answered
+    assert set(engine_pods(system)) == {Role.PRFAAS_PREFILL, Role.PD_PREFILL, Role.PD_DECODE}
 
 
 def test_requests_through_the_router_cross_the_containers(deployment: LiveSystem) -> None:
