@@ -92,6 +92,8 @@ def engine_pods(system: LiveSystem) -> dict[Role, tuple[Cluster, Pod]]:
         )
         for pod in pods:
             assert pod.metadata is not None and pod.metadata.labels is not None
+            if pod.metadata.deletionTimestamp is not None:
+                continue  # on its way out (e.g. the old revision's, after a rollout)
             role = Role(pod.metadata.labels[LABEL_ROLE])
             if role in (Role.PRFAAS_PREFILL, Role.PD_PREFILL, Role.PD_DECODE):
                 assert role not in found, f"one instance of {role} expected"

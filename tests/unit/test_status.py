@@ -229,3 +229,21 @@ def test_a_stalled_rollout_says_which_role_it_waits_for_and_why_and_degrades() -
     degraded = condition(status, "Degraded")
     assert (degraded.status, degraded.reason) == ("True", "ProgressDeadlineExceeded")
     assert status.pd_decode.rolling and not status.pd_prefill.rolling
+
+
+def test_a_rollout_whose_surge_cannot_be_placed_says_so() -> None:
+    pending = PodInfo(
+        "demo-pd-decode-b-0", "pd-decode", "fp2", None, False, unschedulable=GPU_SHORT, revision="r2"
+    )
+    rollout = RolloutStatus(
+        phase="Progressing", step=0, steps=5, started_at="2026-11-21T09:59:00Z", last_progress_at="2026-11-21T09:59:00Z",
+        roles=[RoleRollout(role="pd-decode", target=5, revision="r2", replicas=1, ready=0, old_revision="r1",
+                           old_replicas=5, old_ready=5)],
+    )  # fmt: skip
+    pd = ClusterObservation(ready=ALL_READY_PD.ready, pods=[pending])
+    rolling = condition(compute_status(inputs(pd_cluster=pd, rollout=rollout)), "RolloutProgressing")
+    assert (rolling.status, rolling.reason) == ("True", "RolloutInProgress")
+    assert (
+        "1 new-revision pod(s) cannot be scheduled" in rolling.message
+        and "Insufficient nvidia.com/gpu" in rolling.message
+    )
