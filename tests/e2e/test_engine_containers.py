@@ -112,8 +112,8 @@ def engine_samples(url: str) -> dict[str, float]:
     return samples
 
 
-def complete(router: str, prompt_words: int) -> dict[str, Any]:
-    body = {"model": "kimi-linear", "prompt": "hello " * prompt_words, "max_tokens": 4}
+def complete(router: str, prompt_words: int, word: str = "hello") -> dict[str, Any]:
+    body = {"model": "kimi-linear", "prompt": f"{word} " * prompt_words, "max_tokens": 4}
     request = urllib.request.Request(
         router + "/v1/completions",
         data=json.dumps(body).encode(),
@@ -153,10 +153,10 @@ def test_every_engine_pool_runs_as_a_container_of_the_operators_manifest(deploym
         assert refused, f"{role}: the kubelet's startup probe never saw the engine still loading"
 
 
-def status_of(router: str, prompt_words: int) -> int:
+def status_of(router: str, prompt_words: int, word: str) -> int:
     """The HTTP status of one completion through the router."""
     try:
-        complete(router, prompt_words)
+        complete(router, prompt_words, word)
     except urllib.error.HTTPError as err:
         return err.code
     return 200
@@ -187,7 +187,9 @@ def test_an_image_change_rolls_the_containers_and_an_unpullable_image_stalls_und
         generation = int(((system.cr() or {}).get("metadata") or {}).get("generation") or 0)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            answered.append(status_of(router, 30000 if len(answered) % 4 == 3 else 200))
+            # a prompt of its own each (no cached prefix keeps a long one local), none of the later test's
+            words = 30000 if len(answered) % 4 == 3 else 200
+            answered.append(status_of(router, words, f"rollout{len(answered)}"))
             status = (system.cr() or {}).get("status") or {}
             if int(status.get("observedGeneration") or 0) >= generation and done(status):
                 return status
