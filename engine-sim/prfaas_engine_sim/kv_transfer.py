@@ -6,7 +6,8 @@ and the KV then moves prefill -> decode. Here the same port also carries the byt
 
 * the decode opens ``GET /kv?room=R&page_size=P&kv_cache_dtype=D`` as soon as its request
   arrives; a page size or KV dtype that differs from the prefill's is refused at once, on both
-  legs, with SGLang's "Page size mismatch" / "KV cache dtype mismatch" messages;
+  legs, with SGLang's "Page size mismatch" / "KV cache dtype mismatch" messages (its decode
+  checks them against the prefill's bootstrap info: common/conn.py ``try_ensure_parallel_info``);
 * the body is a stream of frames ``kind:1 byte, length:4 bytes, payload``: keepalives (``K``)
   while the prefill request has not arrived or is queued, ``H`` (JSON: kv_bytes,
   prompt_tokens) once it has, ``D`` data frames of zeros, each chunk's KV as soon as
