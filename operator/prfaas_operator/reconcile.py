@@ -147,12 +147,14 @@ def _slot_workloads(cache: ClusterCache, namespace: str, workload: str) -> list[
     return [sts for sts in found if sts is not None]
 
 
-def _cached_slots(cache: ClusterCache, namespace: str, workload: str) -> list[Slot] | None:
-    """A role's slots from a synced cache, each with its ready pods of its own revision; None while
-    the cache is still listing or failing (not known)."""
+def _cached_slots(
+    cache: ClusterCache, namespace: str, workload: str, pods_of_role: Mapping[str, str]
+) -> list[Slot] | None:
+    """A role's slots from a synced cache, each with its ready pods of its own revision (among the
+    pods `pods_of_role` selects); None while the cache is still listing or failing (not known)."""
     if not cache.synced or cache.problem is not None:
         return None
-    pods = [PodInfo.from_manifest(p) for p in cache["Pod"].select(namespace, {})]
+    pods = [PodInfo.from_manifest(p) for p in cache["Pod"].select(namespace, pods_of_role)]
     slots = []
     for sts in _slot_workloads(cache, namespace, workload):
         name, revision = sts["metadata"]["name"], revision_of(sts)
@@ -314,11 +316,16 @@ class Reconciler:
         local_cache = self._caches.of(self.clusters.local)
         remote_cache = self._caches.prefill_cluster_cache(owner.uid)  # last pass's; no I/O
         slots: dict[str, Sequence[Slot] | None] = {
-            role: await self._slots(self.clusters.local, local_cache, owner.namespace, name)
+            role: await self._slots(self.clusters.local, local_cache, owner, name, role)
             for role, name in ((Role.PD_PREFILL, names.pd_prefill), (Role.PD_DECODE, names.pd_decode))
         }
         slots[Role.PRFAAS_PREFILL] = (
-            _cached_slots(remote_cache, spec.prefill_cluster.namespace, names.prfaas_prefill)
+            _cached_slots(
+                remote_cache,
+                spec.prefill_cluster.namespace,
+                names.prfaas_prefill,
+                selector_labels(owner, Role.PRFAAS_PREFILL),
+            )
             if remote_cache is not None
             else None
         )
@@ -383,14 +390,14 @@ class Reconciler:
         return dataclasses.replace(outcome, next_delay=min(outcome.next_delay, conclusion.come_back_within))
 
     async def _slots(
-        self, cluster: Cluster, cache: ClusterCache, namespace: str, workload: str
+        self, cluster: Cluster, cache: ClusterCache, owner: Owner, workload: str, role: str
     ) -> list[Slot] | None:
         """A role's live StatefulSets: from the cache, or asked for while it is still listing
         (their ready counts then from their status); None when they cannot be read."""
         if cache.synced:
-            return _cached_slots(cache, namespace, workload)
+            return _cached_slots(cache, owner.namespace, workload, selector_labels(owner, role))
         try:
-            found = [await cluster.get("StatefulSet", name, namespace) for name in slot_names(workload)]
+            found = [await cluster.get("StatefulSet", name, owner.namespace) for name in slot_names(workload)]
         except ClusterError:
             return None  # the apply that follows fails alike and says why
         return [_slot(sts, _ready_replicas(sts)) for sts in found if sts is not None]

@@ -115,23 +115,24 @@ def decide(
         k for k in range(steps + 1) if all(new_ready[r.role] >= _level(r.target, k, steps) for r in rolling)
     )
     now = rfc3339(wall_now)
-    fresh = previous is None or {r.role: r.revision for r in previous.roles} != {
+    known = all(role.known for role in roles)
+    if previous is None or {r.role: r.revision for r in previous.roles} != {
         r.role: r.revision for r in rolling
-    }
-    started = now if fresh or previous is None else previous.started_at
-    progressed = fresh or previous is None or _progress(previous) < _score(rolling, placed, new_ready)
-    last_progress = (
-        now if progressed or previous is None or previous.phase == PAUSED else previous.last_progress_at
-    )
+    }:
+        fresh, started, last_progress = True, now, now
+    else:
+        fresh, started = False, previous.started_at
+        moved = _progress(previous) < _score(rolling, placed, new_ready) or previous.phase == PAUSED
+        last_progress = now if moved else previous.last_progress_at
     if spec.paused:
         phase = PAUSED
-    elif not all(role.known for role in roles):
+    elif not known:
         phase = previous.phase if previous is not None and not fresh else PROGRESSING
     elif _seconds_between(last_progress, now) > spec.progress_deadline_seconds:
         phase = STALLED
     else:
         phase = PROGRESSING
-    hold = phase != PROGRESSING or not all(role.known for role in roles)
+    hold = phase != PROGRESSING or not known
 
     plans: dict[str, RolePlan] = {}
     summaries = []

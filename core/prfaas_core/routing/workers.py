@@ -183,21 +183,31 @@ class Worker:
 class AvailableWorkers:
     """The workers of each pool a request may go to at the moment of a decision."""
 
-    __slots__ = ("decode", "local", "prfaas")
+    __slots__ = ("decode", "local", "one_layout", "prfaas")
 
-    def __init__(self, local: Sequence[Worker], prfaas: Sequence[Worker], decode: Sequence[Worker]) -> None:
+    def __init__(
+        self,
+        local: Sequence[Worker],
+        prfaas: Sequence[Worker],
+        decode: Sequence[Worker],
+        *,
+        one_layout: bool = False,
+    ) -> None:
         self.local = local
         self.prfaas = prfaas
         self.decode = decode
+        self.one_layout = one_layout
+        """Known to hold a single KV fingerprint (the fleet's config lists one): no need to look."""
 
     def by_fingerprint(self) -> list[AvailableWorkers]:
         """The workers split by KV fingerprint, one group per layout (just this one when all agree, as
         outside a layout rollout): a prefill hands its KV only to a decode of its own layout."""
-        first = self.decode[0].fingerprint if self.decode else None
-        pools = (self.local, self.prfaas, self.decode)
-        if all(worker.fingerprint == first for members in pools for worker in members):
+        if self.one_layout:
             return [self]
+        pools = (self.local, self.prfaas, self.decode)
         found = sorted({worker.fingerprint for members in pools for worker in members})
+        if len(found) <= 1:
+            return [self]
         return [
             AvailableWorkers(*([w for w in members if w.fingerprint == fingerprint] for members in pools))
             for fingerprint in found
@@ -211,6 +221,8 @@ class Fleet:
         self._failure_threshold = failure_threshold
         self._cooldown = cooldown_seconds
         self.pools: dict[Pool, tuple[Worker, ...]] = {pool: () for pool in Pool}
+        self._one_layout = True
+        """The config lists a single KV fingerprint: requests need no split by layout (the usual case)."""
 
     def reconcile(self, pools: Pools) -> list[Worker]:
         """Adopt the endpoints of a new config; returns the workers that are new (still unchecked).
@@ -233,6 +245,7 @@ class Fleet:
                 members.append(worker)
             rebuilt[pool] = tuple(members)
         self.pools = rebuilt
+        self._one_layout = len({worker.fingerprint for worker in self.workers()}) <= 1
         return fresh
 
     def workers(self) -> Iterable[Worker]:
@@ -254,7 +267,7 @@ class Fleet:
         decode = _usable(pools[Pool.DECODE], Worker.available, now, excluded) or _usable(
             pools[Pool.DECODE], Worker.last_resort, now, excluded
         )
-        return AvailableWorkers(local, prfaas, decode)
+        return AvailableWorkers(local, prfaas, decode, one_layout=self._one_layout)
 
 
 def _usable(
