@@ -723,6 +723,18 @@ class RolloutSpec(_Model):
             "to roll back. Real engines load weights for minutes: allow for it."
         ),
     )
+    min_ready_seconds: int = Field(
+        default=10,
+        ge=0,
+        le=3600,
+        description=(
+            "How long a new instance must have been ready before it counts for the rollout's next step "
+            "and an old one leaves the router config in its place: the router needs this time to load "
+            "the config that lists the new instance and to health-check it (SGLang's /health takes a "
+            "second or more), so that the old revision keeps serving until the new one does. 0 takes "
+            "the kubelet's word at once and may refuse requests for a moment at each step."
+        ),
+    )
 
 
 class PrfaasDeploymentSpec(_Model):

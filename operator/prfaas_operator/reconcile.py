@@ -40,7 +40,7 @@ from prfaas_core.vocabulary import (
 from pydantic import ValidationError
 
 from prfaas_operator import drain, remote_backoff
-from prfaas_operator.api import PrfaasDeploymentSpec, PrfaasDeploymentStatus
+from prfaas_operator.api import PrfaasDeploymentSpec, PrfaasDeploymentStatus, RolloutSpec
 from prfaas_operator.cluster_caches import PRFAAS_OWNED_KINDS, ClusterCaches
 from prfaas_operator.drain import Drain
 from prfaas_operator.drift import Applied, manifest_hash, marker, needs_apply
@@ -71,7 +71,7 @@ from prfaas_operator.reconcile_pass import (
     stale_children,
 )
 from prfaas_operator.remote_backoff import RemoteBackoff
-from prfaas_operator.rollout import Slot, slot_names
+from prfaas_operator.rollout import Slot, settled, slot_names
 from prfaas_operator.status import (
     ClusterObservation,
     PodInfo,
@@ -148,32 +148,40 @@ def _slot_workloads(cache: ClusterCache, namespace: str, workload: str) -> list[
 
 
 def _cached_slots(
-    cache: ClusterCache, namespace: str, workload: str, pods_of_role: Mapping[str, str]
+    cache: ClusterCache,
+    namespace: str,
+    workload: str,
+    pods_of_role: Mapping[str, str],
+    rollout_spec: RolloutSpec,
+    wall_now: datetime,
 ) -> list[Slot] | None:
-    """A role's slots from a synced cache, each with its ready pods of its own revision (among the
-    pods `pods_of_role` selects); None while the cache is still listing or failing (not known)."""
+    """A role's slots from a synced cache, each with its pods of its own revision ready for
+    minReadySeconds (among the pods `pods_of_role` selects); None while the cache is still
+    listing or failing (not known)."""
     if not cache.synced or cache.problem is not None:
         return None
     pods = [PodInfo.from_manifest(p) for p in cache["Pod"].select(namespace, pods_of_role)]
     slots = []
     for sts in _slot_workloads(cache, namespace, workload):
         name, revision = sts["metadata"]["name"], revision_of(sts)
-        ready = sum(
-            1
+        ready_since = [
+            pod.ready_since
             for pod in pods
             if pod.ready and not pod.deleting and pod.revision == revision
             and drain.pod_ordinal(name, pod.name) is not None
-        )  # fmt: skip
-        slots.append(_slot(sts, ready))
+        ]  # fmt: skip
+        ready, settles_at = settled(ready_since, rollout_spec.min_ready_seconds, wall_now)
+        slots.append(_slot(sts, ready, settles_at))
     return slots
 
 
-def _slot(statefulset: Mapping[str, Any], ready: int) -> Slot:
+def _slot(statefulset: Mapping[str, Any], ready: int, settles_at: datetime | None = None) -> Slot:
     return Slot(
         name=statefulset["metadata"]["name"],
         revision=revision_of(statefulset),
         replicas=drain.live_replicas(statefulset) or 0,
         ready=ready,
+        settles_at=settles_at,
         live=statefulset,
     )
 
@@ -315,8 +323,9 @@ class Reconciler:
         # apply what drifted in the PrfaaS cluster and the router's objects at once.
         local_cache = self._caches.of(self.clusters.local)
         remote_cache = self._caches.prefill_cluster_cache(owner.uid)  # last pass's; no I/O
+        wall_now = self._wall_clock()
         slots: dict[str, Sequence[Slot] | None] = {
-            role: await self._slots(self.clusters.local, local_cache, owner, name, role)
+            role: await self._slots(self.clusters.local, local_cache, owner, spec, name, role, wall_now)
             for role, name in ((Role.PD_PREFILL, names.pd_prefill), (Role.PD_DECODE, names.pd_decode))
         }
         slots[Role.PRFAAS_PREFILL] = (
@@ -325,12 +334,14 @@ class Reconciler:
                 spec.prefill_cluster.namespace,
                 names.prfaas_prefill,
                 selector_labels(owner, Role.PRFAAS_PREFILL),
+                spec.rollout,
+                wall_now,
             )
             if remote_cache is not None
             else None
         )
         engines = plan_pd_engines(
-            spec, owner, previous, mem.drains, slots, self._clock(), self._wall_clock(), self.options
+            spec, owner, previous, mem.drains, slots, self._clock(), wall_now, self.options
         )
         mem.drains = engines.drains
         _log_notes(engines.notes)
@@ -390,12 +401,21 @@ class Reconciler:
         return dataclasses.replace(outcome, next_delay=min(outcome.next_delay, conclusion.come_back_within))
 
     async def _slots(
-        self, cluster: Cluster, cache: ClusterCache, owner: Owner, workload: str, role: str
+        self,
+        cluster: Cluster,
+        cache: ClusterCache,
+        owner: Owner,
+        spec: PrfaasDeploymentSpec,
+        workload: str,
+        role: str,
+        wall_now: datetime,
     ) -> list[Slot] | None:
         """A role's live StatefulSets: from the cache, or asked for while it is still listing
         (their ready counts then from their status); None when they cannot be read."""
         if cache.synced:
-            return _cached_slots(cache, owner.namespace, workload, selector_labels(owner, role))
+            return _cached_slots(
+                cache, owner.namespace, workload, selector_labels(owner, role), spec.rollout, wall_now
+            )
         try:
             found = [await cluster.get("StatefulSet", name, owner.namespace) for name in slot_names(workload)]
         except ClusterError:

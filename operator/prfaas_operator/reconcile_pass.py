@@ -485,8 +485,16 @@ def conclude_pass(
             rollout=engines.rollout.status,
         )
     )
+    settling = engines.rollout.come_back_at  # a new instance about to count for the rollout's step
+    settle_delay = (
+        max(1.0, (settling - datetime.fromisoformat(wall_now)).total_seconds())
+        if settling is not None
+        else None
+    )
     soon = [
-        delay for delay in (drain_delay, options.converge_seconds if listing else None) if delay is not None
+        delay
+        for delay in (drain_delay, options.converge_seconds if listing else None, settle_delay)
+        if delay is not None
     ]
     return Conclusion(drains, last_config, new_version, status, min(soon, default=None), notes)
 

@@ -25,9 +25,9 @@ changed role at a time) and Dynamo's managed rollout (new prefills only see new 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from prfaas_operator.api import RoleRollout, RolloutSpec, RolloutStatus
@@ -51,7 +51,9 @@ class Slot:
     """Its prfaas.io/revision label ("": written before revisions were labelled)."""
     replicas: int
     ready: int
-    """Ready pods of this slot that run its revision."""
+    """Pods of this slot that run its revision and have been ready for spec.rollout.minReadySeconds."""
+    settles_at: datetime | None = None
+    """When the next of its ready pods will count in ``ready`` (None: no pod is waiting for that)."""
     live: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The StatefulSet as read: the old slot is kept with its own template."""
 
@@ -96,6 +98,8 @@ class RolloutDecision:
     """None: no role is rolling."""
     event: tuple[str, str] | None = None
     """(reason, message) worth a Normal event: started, a step reached, paused, stalled, done."""
+    come_back_at: datetime | None = None
+    """When a new instance will have been ready long enough to count: the next pass is due then."""
 
 
 def decide(
@@ -167,7 +171,22 @@ def decide(
         last_progress_at=last_progress,
         roles=summaries,
     )
-    return RolloutDecision(plans, status, _event(previous, status, fresh))
+    new_slots = [placed[role.role][1] for role in rolling]
+    settling = [slot.settles_at for slot in new_slots if slot is not None and slot.settles_at is not None]
+    return RolloutDecision(plans, status, _event(previous, status, fresh), min(settling, default=None))
+
+
+def settled(
+    ready_since: Iterable[datetime | None], min_ready_seconds: float, wall_now: datetime
+) -> tuple[int, datetime | None]:
+    """Of ready pods (each the moment it became ready): how many have been ready for
+    `min_ready_seconds`, and when the next one will have (None: none is waiting). A pod whose
+    moment is unknown counts at once (the API server writes it on every condition)."""
+    wait = timedelta(seconds=min_ready_seconds)
+    due = [since + wait for since in ready_since if since is not None and since + wait > wall_now]
+    return sum(1 for since in ready_since if since is None or since + wait <= wall_now), min(
+        due, default=None
+    )
 
 
 def _place(role: RoleSeen) -> tuple[str, Slot | None, Slot | None]:

@@ -81,6 +81,7 @@ class PodInfo:
     unschedulable: str | None = None  # the scheduler's message when PodScheduled is False
     revision: str | None = None  # prfaas.io/revision: the pod template it runs
     waiting: str | None = None  # why a container is not running, as the kubelet says (e.g. ErrImagePull)
+    ready_since: datetime | None = None  # the Ready condition's last transition, while ready
 
     @classmethod
     def from_manifest(cls, pod: Mapping[str, Any]) -> PodInfo:
@@ -89,6 +90,9 @@ class PodInfo:
         status = pod.get("status") or {}
         conditions = {c.get("type"): c for c in status.get("conditions") or []}
         ready = (conditions.get("Ready") or {}).get("status") == "True"
+        ready_since = (
+            _parse_time((conditions.get("Ready") or {}).get("lastTransitionTime")) if ready else None
+        )
         scheduled = conditions.get("PodScheduled") or {}
         unschedulable = None
         if scheduled.get("status") == "False":
@@ -114,6 +118,7 @@ class PodInfo:
             unschedulable=unschedulable,
             revision=labels.get(LABEL_REVISION),
             waiting=waiting,
+            ready_since=ready_since,
         )
 
 
@@ -165,6 +170,14 @@ class StatusInputs:
     now: str  # RFC 3339, passed in
     extra_problems: Sequence[Problem] = ()
     rollout: RolloutStatus | None = None
+
+
+def _parse_time(value: object) -> datetime | None:
+    """An RFC 3339 time from the API server; None when absent or unreadable."""
+    try:
+        return datetime.fromisoformat(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
 
 
 def rfc3339(moment: datetime) -> str:

@@ -153,13 +153,13 @@ def test_every_engine_pool_runs_as_a_container_of_the_operators_manifest(deploym
         assert refused, f"{role}: the kubelet's startup probe never saw the engine still loading"
 
 
-def status_of(router: str, prompt_words: int, word: str) -> int:
-    """The HTTP status of one completion through the router."""
+def status_of(router: str, prompt_words: int, word: str) -> tuple[int, str]:
+    """The HTTP status of one completion through the router, and the body of an error."""
     try:
         complete(router, prompt_words, word)
     except urllib.error.HTTPError as err:
-        return err.code
-    return 200
+        return err.code, err.read().decode(errors="replace")[:300]
+    return 200, ""
 
 
 def test_an_image_change_rolls_the_containers_and_an_unpullable_image_stalls_under_the_kubelet(
@@ -180,6 +180,7 @@ def test_an_image_change_rolls_the_containers_and_an_unpullable_image_stalls_und
             check=True, capture_output=True, timeout=60,
         )  # fmt: skip
     answered: list[int] = []
+    refused: list[str] = []
 
     def rollout_state(spec_patch: dict[str, Any], done: Any, timeout_s: float) -> dict[str, Any]:
         """Patch, then send a request a second (every fourth one long) until `done(status)`."""
@@ -189,8 +190,11 @@ def test_an_image_change_rolls_the_containers_and_an_unpullable_image_stalls_und
         while time.monotonic() < deadline:
             # a prompt of its own each (no cached prefix keeps a long one local), none of the later test's
             words = 30000 if len(answered) % 4 == 3 else 200
-            answered.append(status_of(router, words, f"rollout{len(answered)}"))
+            code, error = status_of(router, words, f"rollout{len(answered)}")
+            answered.append(code)
             status = (system.cr() or {}).get("status") or {}
+            if code != 200:
+                refused.append(f"{code} {error} during {spec_patch} at rollout {status.get('rollout')}")
             if int(status.get("observedGeneration") or 0) >= generation and done(status):
                 return status
             time.sleep(1.0)
@@ -221,7 +225,7 @@ def test_an_image_change_rolls_the_containers_and_an_unpullable_image_stalls_und
     print(
         f"rolled back in {time.monotonic() - started:.0f} s; {len(answered)} requests, statuses {set(answered)}"
     )
-    assert answered and set(answered) == {200}, answered
+    assert answered and set(answered) == {200}, (refused, logs_hint(system))
     assert set(engine_pods(system)) == {Role.PRFAAS_PREFILL, Role.PD_PREFILL, Role.PD_DECODE}
 
 

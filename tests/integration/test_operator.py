@@ -432,7 +432,7 @@ def test_sample_image_change_rolls_both_clusters_together_and_back(
         kubectl(testbed, "patch", "prfaas", name, "-n", ns, "--type=merge",
                 "-p", yaml.safe_dump({"spec": {"model": {"image": image}}}))  # fmt: skip
         phases: set[str] = set()
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 180  # each step waits spec.rollout.minReadySeconds (10 s)
         while time.monotonic() < deadline:
             status = cr_status(pd_client, name, ns)
             phases.add((status.get("rollout") or {}).get("phase", "none"))

@@ -87,7 +87,7 @@ def settled_slots(s: PrfaasDeploymentSpec, live: Mapping[str, int | None]) -> di
         slots[engine.role] = (
             []
             if replicas is None
-            else [Slot(engine.name, revision_of(manifest), replicas, replicas, manifest)]
+            else [Slot(engine.name, revision_of(manifest), replicas, replicas, live=manifest)]
         )
     return slots
 

@@ -12,8 +12,10 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from prfaas_operator import rollout
 from prfaas_operator.api import RolloutSpec, RolloutStatus
 from prfaas_operator.rollout import PAUSED, PROGRESSING, STALLED, RoleSeen, RolloutDecision, Slot, decide
+from prfaas_operator.status import PodInfo
 
 T0 = datetime(2026, 11, 28, 8, 0, tzinfo=UTC)
 TARGETS = {"prfaas-prefill": 4, "pd-prefill": 3, "pd-decode": 2}
@@ -211,3 +213,39 @@ def test_a_role_whose_cluster_was_not_seen_holds_the_whole_rollout() -> None:
     roles[0] = replace(roles[0], slots=(), known=False)
     first = decide(roles, RolloutSpec(), None, T0)
     assert all(p.replicas == 0 for p in first.roles.values() if p.old is not None)
+
+
+def test_a_new_instance_counts_once_it_has_been_ready_for_min_ready_seconds() -> None:
+    """The router needs that long to load the config that lists it and to check it: an old
+    instance leaves the router config in its place only then."""
+    pod = {
+        "metadata": {"name": "demo-pd-decode-b-0"},
+        "status": {
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-28T08:00:00Z"}]
+        },
+    }
+    (since,) = [PodInfo.from_manifest(pod).ready_since]
+    assert since == T0
+    unready = {**pod, "status": {"conditions": [{**pod["status"]["conditions"][0], "status": "False"}]}}
+    assert PodInfo.from_manifest(unready).ready_since is None
+    moments = [T0, T0 + timedelta(seconds=4), None]  # None: no transition time written (counts)
+    assert rollout.settled(moments, 10, T0 + timedelta(seconds=5)) == (1, T0 + timedelta(seconds=10))
+    assert rollout.settled(moments, 10, T0 + timedelta(seconds=14)) == (3, None)
+    assert rollout.settled(moments, 0, T0) == (2, T0 + timedelta(seconds=4))
+
+
+def test_an_instance_still_settling_holds_the_step_and_asks_for_a_pass_when_it_counts() -> None:
+    roles = wanting(settled("r1"), "r2")
+    first = decide(roles, RolloutSpec(), None, T0)
+    assert first.come_back_at is None
+    due = T0 + timedelta(seconds=12)
+    world = [
+        replace(
+            r, slots=tuple(replace(s, ready=0, settles_at=due) if s.revision == "r2" else s for s in r.slots)
+        )
+        for r in applied(roles, first)
+    ]
+    second = decide(world, RolloutSpec(), first.status, T0 + timedelta(seconds=5))
+    assert second.come_back_at == due
+    assert second.status is not None and second.status.step == 0
+    assert {r: p.old_replicas for r, p in second.roles.items()} == TARGETS  # the old revision serves on
