@@ -25,7 +25,7 @@ changed role at a time) and Dynamo's managed rollout (new prefills only see new 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -177,7 +177,7 @@ def decide(
 
 
 def settled(
-    ready_since: Iterable[datetime | None], min_ready_seconds: float, wall_now: datetime
+    ready_since: Sequence[datetime | None], min_ready_seconds: float, wall_now: datetime
 ) -> tuple[int, datetime | None]:
     """Of ready pods (each the moment it became ready): how many have been ready for
     `min_ready_seconds`, and when the next one will have (None: none is waiting). A pod whose
