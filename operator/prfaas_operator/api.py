@@ -732,7 +732,8 @@ class RolloutSpec(_Model):
             "and an old one leaves the router config in its place: the router needs this time to load "
             "the config that lists the new instance and to health-check it (SGLang's /health takes a "
             "second or more), so that the old revision keeps serving until the new one does. 0 takes "
-            "the kubelet's word at once and may refuse requests for a moment at each step."
+            "the kubelet's word at once and may refuse requests for a moment at each step. The engine "
+            "StatefulSets get it as their minReadySeconds, so their AVAILABLE count agrees."
         ),
     )
 

@@ -211,6 +211,8 @@ class EngineRole:
     remote: bool
     slot: str | None = None
     """The StatefulSet's name when it is not ``name``: the role's second slot (rollout.slot_names)."""
+    min_ready_seconds: int = 0
+    """spec.rollout.minReadySeconds: a new pod counts as available (for a rollout's step) only then."""
 
     @property
     def statefulset(self) -> str:
@@ -319,6 +321,8 @@ def engine_statefulset(model: ModelSpec, engine: EngineRole, owner: Owner, finge
             "replicas": engine.replicas,
             "serviceName": engine.name,
             "podManagementPolicy": "Parallel",
+            # the StatefulSet's availableReplicas then counts what a rollout's step counts
+            "minReadySeconds": engine.min_ready_seconds,
             "selector": {"matchLabels": selector},
             "template": template,
         },
@@ -377,18 +381,22 @@ def engine_roles(spec: PrfaasDeploymentSpec, owner: Owner, allocation: Allocatio
     """The three engine workloads: PrfaaS prefill (remote), local prefill and decode."""
     names = Names.of(owner.name)
     pc, pd = spec.prefill_cluster, spec.pd_cluster
+    settle = spec.rollout.min_ready_seconds
     return [
         EngineRole(
             Role.PRFAAS_PREFILL, "prefill", names.prfaas_prefill, pc.namespace, pc,
             allocation.prefill_cluster_replicas, pc.port, pc.bootstrap_port, remote=True,
+            min_ready_seconds=settle,
         ),
         EngineRole(
             Role.PD_PREFILL, "prefill", names.pd_prefill, owner.namespace, pd,
             allocation.pd_prefill_instances, pd.port, pd.bootstrap_port, remote=False,
+            min_ready_seconds=settle,
         ),
         EngineRole(
             Role.PD_DECODE, "decode", names.pd_decode, owner.namespace, pd,
             allocation.pd_decode_instances, pd.port, pd.bootstrap_port, remote=False,
+            min_ready_seconds=settle,
         ),
     ]  # fmt: skip
 

@@ -411,7 +411,8 @@ class Reconciler:
         wall_now: datetime,
     ) -> list[Slot] | None:
         """A role's live StatefulSets: from the cache, or asked for while it is still listing
-        (their ready counts then from their status); None when they cannot be read."""
+        (their counts then from their status's availableReplicas, which minReadySeconds governs
+        as it governs the pods counted from the cache); None when they cannot be read."""
         if cache.synced:
             return _cached_slots(
                 cache, owner.namespace, workload, selector_labels(owner, role), spec.rollout, wall_now
@@ -420,7 +421,11 @@ class Reconciler:
             found = [await cluster.get("StatefulSet", name, owner.namespace) for name in slot_names(workload)]
         except ClusterError:
             return None  # the apply that follows fails alike and says why
-        return [_slot(sts, _ready_replicas(sts)) for sts in found if sts is not None]
+        return [
+            _slot(sts, int((sts.get("status") or {}).get("availableReplicas") or 0))
+            for sts in found
+            if sts is not None
+        ]
 
     async def _stored_router_config(self, owner: Owner) -> StoredRouterConfig:
         """After a restart: the config the router runs, from its ConfigMap (its version goes on from there)."""

@@ -56,6 +56,7 @@ class TestPrfaasClusterObjects:
         assert sts["metadata"]["namespace"] == "prfaas-demo"
         assert sts["spec"]["replicas"] == 4
         assert sts["spec"]["podManagementPolicy"] == "Parallel"
+        assert sts["spec"]["minReadySeconds"] == 10  # spec.rollout.minReadySeconds: what a step counts
         pod = sts["spec"]["template"]["spec"]
         assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
         engine = container(sts)
