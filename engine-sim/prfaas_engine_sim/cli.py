@@ -32,10 +32,13 @@ What is emulated, and how:
   max_tokens (default ``--default-max-new-tokens``) words of four characters.
 * Client disconnect or ``/abort_request`` aborts the request and frees its queue or batch slot.
 * ``/metrics`` is always served (``--enable-metrics`` is accepted and changes nothing).
+* One instance on several nodes (``--nnodes``, ``--node-rank``, ``--dist-init-addr``, as
+  LeaderWorkerSet's env fills them): rank 0 is the engine above, once every rank has joined it;
+  the others serve SGLang's dummy health server; a rank that goes away ends the group (group).
 
 The pieces: settings (settings and the CLI), server (the HTTP API), pipeline (one item's way
 through the engine), scheduler (the prefill and decode batchers), pd (the PD legs), timing
-(profiles and timing), kv_transfer, prefix_cache, protocol and metrics.
+(profiles and timing), kv_transfer, prefix_cache, protocol, metrics and group (multi-node).
 """
 
 from __future__ import annotations
@@ -44,23 +47,66 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
 
+from prfaas_engine_sim import group
 from prfaas_engine_sim.server import FakeEngine
-from prfaas_engine_sim.settings import parse_args
+from prfaas_engine_sim.settings import EngineSettings, parse_address, parse_args
+
+T = TypeVar("T")
 
 log = logging.getLogger("prfaas_engine_sim")
 
 
-async def serve(engine: FakeEngine, stop: asyncio.Event | None = None) -> None:
-    """Run an engine until ``stop`` is set (or SIGTERM/SIGINT when ``stop`` is None)."""
+async def serve(engine: FakeEngine, stop: asyncio.Event | None = None) -> str | None:
+    """Run an engine until ``stop`` is set (or SIGTERM/SIGINT when ``stop`` is None); returns why
+    it could not go on, if so (a node of its multi-node group went away)."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     async with engine:
-        await stop.wait()
+        ends: list[asyncio.Future[Any]] = [asyncio.ensure_future(stop.wait())]
+        if engine.group is not None:
+            ends.append(engine.group.lost)
+        await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+        ends[0].cancel()
+        lost = engine.group.lost if engine.group is not None else None
+        return lost.result() if lost is not None and lost.done() else None
+
+
+def run(settings: EngineSettings) -> int:
+    """The process's exit status: rank 0 (the engine) or a rank >= 1 of a multi-node instance."""
+    if settings.node_rank >= 1:
+        return _loop(
+            group.follow(
+                rank=settings.node_rank,
+                nnodes=settings.nnodes,
+                leader=parse_address(settings.dist_init_addr or ""),
+                host=settings.host,
+                port=settings.port,
+                model_load_seconds=settings.model_load_seconds,
+            )
+        )
+    try:
+        engine = FakeEngine(settings)
+    except ValueError as err:  # bad settings or profile: say why, no traceback
+        raise SystemExit(f"prfaas-engine-sim: {err}") from None
+    lost = _loop(serve(engine))
+    if lost is not None:
+        log.error("%s; the engine stops (as SGLang's schedulers fail their next broadcast)", lost)
+        return 1
+    return 0
+
+
+def _loop(main: Coroutine[Any, Any, T]) -> T:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -70,19 +116,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     if unknown:
         log.warning("ignoring arguments the fake engine does not know: %s", " ".join(unknown))
-    try:
-        engine = FakeEngine(settings)
-    except ValueError as err:  # bad settings or profile: say why, no traceback
-        raise SystemExit(f"prfaas-engine-sim: {err}") from None
     from prometheus_client import disable_created_metrics
 
     disable_created_metrics()  # SGLang's exposition has no *_created series
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(serve(engine))
-    else:
-        uvloop.run(serve(engine))
+    raise SystemExit(run(settings))
 
 
 if __name__ == "__main__":

@@ -19,9 +19,10 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from prfaas_engine_sim import protocol as proto
+from prfaas_engine_sim.group import Leader
 from prfaas_engine_sim.pipeline import EnginePipeline, ItemRun
 from prfaas_engine_sim.scheduler import EngineFailure
-from prfaas_engine_sim.settings import EngineSettings
+from prfaas_engine_sim.settings import EngineSettings, parse_address
 
 log = logging.getLogger("prfaas_engine_sim")
 
@@ -36,6 +37,8 @@ class FakeEngine:
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
+        self.group: Leader | None = None
+        """Node rank 0's side of a multi-node instance (``--nnodes`` > 1)."""
         self.pipeline = EnginePipeline(settings)
         self._parse_options = proto.ParseOptions(
             chars_per_token=settings.chars_per_token,
@@ -68,6 +71,12 @@ class FakeEngine:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        if self.settings.nnodes > 1:  # node rank 0 of several: the other ranks join before the load
+            self.group = Leader(
+                self.settings.nnodes, self.settings.host, parse_address(self.settings.dist_init_addr or "")[1]
+            )
+            await self.group.start()
+            await self.group.wait_complete()
         if self.settings.model_load_seconds:
             log.info("loading the model: listening in %g s", self.settings.model_load_seconds)
             await asyncio.sleep(self.settings.model_load_seconds)
@@ -105,6 +114,8 @@ class FakeEngine:
 
     async def stop(self) -> None:
         self._stopping = True
+        if self.group is not None:
+            await self.group.close()
         for runs in list(self._live.values()):
             for run in runs:
                 if run.task is not None:
@@ -417,6 +428,9 @@ class FakeEngine:
             "tp_size": s.tp_size,
             "dp_size": s.dp_size,
             "pp_size": 1,
+            "nnodes": s.nnodes,
+            "node_rank": s.node_rank,
+            "dist_init_addr": s.dist_init_addr,
             "load_balance_method": "round_robin",
             "context_length": s.context_length,
             "max_total_tokens": s.max_total_tokens,

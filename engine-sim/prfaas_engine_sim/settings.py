@@ -52,6 +52,11 @@ class EngineSettings:
     transfer_backend: str = "mooncake"
     tp_size: int = 1
     dp_size: int = 1
+    nnodes: int = 1
+    """Nodes of this one instance (SGLang ``--nnodes``): rank 0 serves, the others join it (group)."""
+    node_rank: int = 0
+    dist_init_addr: str | None = None
+    """``HOST:PORT`` where node rank 0 gathers the group (SGLang ``--dist-init-addr``)."""
     default_max_new_tokens: int = 16
     max_prefill_tokens: int = 16384
     max_total_tokens: int = 2_000_000
@@ -126,6 +131,13 @@ class EngineSettings:
         ):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            problems.append(f"node_rank must be in [0, nnodes), got {self.node_rank} of {self.nnodes}")
+        if self.nnodes > 1:
+            try:
+                parse_address(self.dist_init_addr or "")
+            except ValueError as err:  # SGLang would wait for ranks that cannot reach 127.0.0.1
+                problems.append(f"nnodes > 1 needs dist_init_addr: {err}")
         if self.fail_kv_transfers < 0:
             problems.append("fail_kv_transfers must be >= 0")
         if self.default_max_new_tokens < 0:
@@ -234,6 +246,14 @@ _IGNORED_SGLANG_FLAGS = ("--enable-metrics", "--trust-remote-code")
 _IGNORED_SGLANG_OPTIONS = ("--revision", "--mem-fraction-static", "--disaggregation-ib-device")
 
 
+def parse_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[V6]:PORT`` too), as ``--dist-init-addr`` takes it."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ValueError(f"dist_init_addr must be HOST:PORT, got {address!r}")
+    return host.removeprefix("[").removesuffix("]"), int(port)
+
+
 def build_arg_parser() -> argparse.ArgumentParser:
     """Our options plus SGLang launch_server's names for the same things (a pod's args work as they are)."""
     parser = argparse.ArgumentParser(
@@ -263,6 +283,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
     add("--chars-per-token", type=float, default=4.0)
     add("--tp-size", "--tp", "--tensor-parallel-size", dest="tp_size", type=int, default=1)
     add("--dp-size", "--dp", "--data-parallel-size", dest="dp_size", type=int, default=1)
+    add("--nnodes", type=int, default=1)
+    add("--node-rank", type=int, default=0)
+    add("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr", default=None)
     add("--default-max-new-tokens", type=int, default=16)
     add("--max-prefill-tokens", type=int, default=16384)
     add("--max-total-tokens", type=int, default=EngineSettings.max_total_tokens)
