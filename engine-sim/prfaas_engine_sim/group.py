@@ -38,10 +38,6 @@ _READY, _SHUTDOWN = b"ready\n", b"shutdown\n"
 DUMMY_HEALTH_PATHS = ("/ping", "/health", "/health_generate")
 
 
-class GroupLost(Exception):
-    """A node of the group went away: this engine cannot go on (SGLang's broadcast fails)."""
-
-
 class Leader:
     """Node rank 0's side: waits for the other ranks, then watches them."""
 
@@ -96,7 +92,8 @@ class Leader:
                 member.write(_READY)
             self._complete.set()
         with contextlib.suppress(ConnectionError):
-            await reader.read()  # nothing more is said: the end of the stream is the news
+            while await reader.read(4096):  # nothing more is said: the end of the stream is the news
+                pass
         if self._members.get(rank) is writer:
             del self._members[rank]
         if self._closing or self.lost.done():
