@@ -40,7 +40,7 @@ from prfaas_core.vocabulary import (
 from pydantic import ValidationError
 
 from prfaas_operator import drain, remote_backoff
-from prfaas_operator.api import PrfaasDeploymentSpec, PrfaasDeploymentStatus, RolloutSpec
+from prfaas_operator.api import PrfaasDeploymentSpec, PrfaasDeploymentStatus
 from prfaas_operator.cluster_caches import PRFAAS_OWNED_KINDS, ClusterCaches
 from prfaas_operator.drain import Drain
 from prfaas_operator.drift import Applied, manifest_hash, marker, needs_apply
@@ -152,7 +152,7 @@ def _cached_slots(
     namespace: str,
     workload: str,
     pods_of_role: Mapping[str, str],
-    rollout_spec: RolloutSpec,
+    min_ready_seconds: float,
     wall_now: datetime,
 ) -> list[Slot] | None:
     """A role's slots from a synced cache, each with its pods of its own revision ready for
@@ -170,7 +170,7 @@ def _cached_slots(
             if pod.ready and not pod.deleting and pod.revision == revision
             and drain.pod_ordinal(name, pod.name) is not None
         ]  # fmt: skip
-        ready, settles_at = settled(ready_since, rollout_spec.min_ready_seconds, wall_now)
+        ready, settles_at = settled(ready_since, min_ready_seconds, wall_now)
         slots.append(_slot(sts, ready, settles_at))
     return slots
 
@@ -323,9 +323,9 @@ class Reconciler:
         # apply what drifted in the PrfaaS cluster and the router's objects at once.
         local_cache = self._caches.of(self.clusters.local)
         remote_cache = self._caches.prefill_cluster_cache(owner.uid)  # last pass's; no I/O
-        wall_now = self._wall_clock()
+        wall_now, settle = self._wall_clock(), spec.rollout.min_ready_seconds
         slots: dict[str, Sequence[Slot] | None] = {
-            role: await self._slots(self.clusters.local, local_cache, owner, spec, name, role, wall_now)
+            role: await self._slots(self.clusters.local, local_cache, owner, name, role, settle, wall_now)
             for role, name in ((Role.PD_PREFILL, names.pd_prefill), (Role.PD_DECODE, names.pd_decode))
         }
         slots[Role.PRFAAS_PREFILL] = (
@@ -334,7 +334,7 @@ class Reconciler:
                 spec.prefill_cluster.namespace,
                 names.prfaas_prefill,
                 selector_labels(owner, Role.PRFAAS_PREFILL),
-                spec.rollout,
+                settle,
                 wall_now,
             )
             if remote_cache is not None
@@ -405,9 +405,9 @@ class Reconciler:
         cluster: Cluster,
         cache: ClusterCache,
         owner: Owner,
-        spec: PrfaasDeploymentSpec,
         workload: str,
         role: str,
+        min_ready_seconds: float,
         wall_now: datetime,
     ) -> list[Slot] | None:
         """A role's live StatefulSets: from the cache, or asked for while it is still listing
@@ -415,7 +415,7 @@ class Reconciler:
         as it governs the pods counted from the cache); None when they cannot be read."""
         if cache.synced:
             return _cached_slots(
-                cache, owner.namespace, workload, selector_labels(owner, role), spec.rollout, wall_now
+                cache, owner.namespace, workload, selector_labels(owner, role), min_ready_seconds, wall_now
             )
         try:
             found = [await cluster.get("StatefulSet", name, owner.namespace) for name in slot_names(workload)]
