@@ -10,12 +10,11 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 
-from aiohttp import web
 from prometheus_client import disable_created_metrics
 
-from prfaas_router.app import RouterService
+from prfaas_router.app import RouterService, error_answer
 from prfaas_router.drain import DRAIN_SIGNAL, ShutdownDrain
-from prfaas_router.listener import GuardedSite
+from prfaas_router.listener import Server
 from prfaas_router.settings import RouterSettings, add_flags, from_flags
 from prfaas_router.tokenizer import TokenizerError
 
@@ -40,13 +39,17 @@ async def serve(settings: RouterSettings) -> int:
     loop.add_signal_handler(DRAIN_SIGNAL, drain.begin)
     service = RouterService(settings, drain, on_loop_failure=stop.set)
     await service.start()
-    runner = web.AppRunner(
-        service.build_app(), handler_cancellation=True, shutdown_timeout=settings.drain_timeout_seconds
+    server = Server(
+        service.routes(),
+        settings.clients,
+        service.metrics,
+        max_body_bytes=settings.max_body_bytes,
+        body_timeout_seconds=settings.client_body_timeout_seconds,
+        draining=lambda: drain.active,
+        error_answer=error_answer,
     )
-    await runner.setup()
     _tune_gc()
-    site = GuardedSite(runner, settings.host, settings.port, settings.clients, service.metrics)
-    await site.start()
+    await server.start(settings.host, settings.port)
     log.info("listening on http://%s:%d (config %s)", settings.host, settings.port, settings.config_path)
     try:
         await stop.wait()
@@ -56,7 +59,7 @@ async def serve(settings: RouterSettings) -> int:
         log.info(
             "shutting down: listener closed, requests in flight get up to %gs", settings.drain_timeout_seconds
         )
-        await runner.cleanup()
+        await server.shutdown(settings.drain_timeout_seconds)
         await service.stop()
     return 0 if service.failed_loop is None else 1
 

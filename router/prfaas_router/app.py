@@ -9,11 +9,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from aiohttp import web
 from prfaas_core.router_config import RouterConfig
 from prfaas_core.routing.policy import PolicyModel, SessionTable, session_key
 from prfaas_core.routing.prefix_index import PrefixIndex
@@ -25,6 +24,7 @@ from prfaas_router.configmap_source import ConfigMapSource, InCluster, NotInClus
 from prfaas_router.drain import ShutdownDrain
 from prfaas_router.health import HealthChecker
 from prfaas_router.link_probe import LinkProbe
+from prfaas_router.listener import Answer, Request, Routes, json_answer
 from prfaas_router.loads import LoadPoller
 from prfaas_router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
 from prfaas_router.payloads import ApiError, Kind, parse, prompt_keys, request_id
@@ -168,24 +168,18 @@ class RouterService:
         if self.tokenizer is not None:
             self.tokenizer.close()
 
-    def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.settings.max_body_bytes, middlewares=[_json_errors])
-        app.router.add_post(Kind.CHAT.value, self._chat)
-        app.router.add_post(Kind.COMPLETION.value, self._completion)
-        app.router.add_post(Kind.GENERATE.value, self._generate)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/liveness", self._liveness)
-        app.router.add_get("/health", self._liveness)
-        app.router.add_get("/readiness", self._readiness)
-        app.router.add_get("/metrics", self._metrics_page)
-        app.router.add_get("/config", self._config_page)
-        app.on_response_prepare.append(self._close_when_draining)
-        return app
-
-    async def _close_when_draining(self, request: web.Request, response: web.StreamResponse) -> None:
-        if self.drain.active:  # the headers are prepared by now: say it as well as do it
-            response.force_close()
-            response.headers["Connection"] = "close"
+    def routes(self) -> Routes:
+        routes = Routes()
+        routes.add("POST", Kind.CHAT.value, self._chat)
+        routes.add("POST", Kind.COMPLETION.value, self._completion)
+        routes.add("POST", Kind.GENERATE.value, self._generate)
+        routes.add("GET", "/v1/models", self._models)
+        routes.add("GET", "/liveness", self._liveness)
+        routes.add("GET", "/health", self._liveness)
+        routes.add("GET", "/readiness", self._readiness)
+        routes.add("GET", "/metrics", self._metrics_page)
+        routes.add("GET", "/config", self._config_page)
+        return routes
 
     def _apply(self, config: RouterConfig, model: PolicyModel) -> None:
         old = self.snapshot
@@ -225,18 +219,19 @@ class RouterService:
         if fresh and self._health is not None:
             self._health.poke()
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
+    async def _chat(self, request: Request) -> Answer | None:
         return await self._generation(request, Kind.CHAT)
 
-    async def _completion(self, request: web.Request) -> web.StreamResponse:
+    async def _completion(self, request: Request) -> Answer | None:
         return await self._generation(request, Kind.COMPLETION)
 
-    async def _generate(self, request: web.Request) -> web.StreamResponse:
+    async def _generate(self, request: Request) -> Answer | None:
         return await self._generation(request, Kind.GENERATE)
 
-    async def _generation(self, request: web.Request, kind: Kind) -> web.StreamResponse:
+    async def _generation(self, request: Request, kind: Kind) -> Answer | None:
+        """The body is whole here: the listener enforced its size limit and timeout."""
         started = time.monotonic()
-        rid = request_id(request.headers.get(REQUEST_ID_HEADER))
+        rid = request_id(request.header(REQUEST_ID_HEADER))
         snapshot, dispatcher = self.snapshot, self._dispatcher
         if snapshot is None or dispatcher is None:
             error = ApiError(
@@ -248,7 +243,7 @@ class RouterService:
             return error_response(error, rid)
         config = snapshot.config
         try:
-            raw = await self._read_body(request)
+            raw = request.body
             body, parsed = parse(kind, raw, self.limits)
             if (
                 kind is not Kind.GENERATE
@@ -268,12 +263,9 @@ class RouterService:
             keys = prompt_keys(parsed, config.block_size_tokens, config.chars_per_token)
         except ApiError as error:
             self.metrics.requests.labels("none", "bad_request").inc()
-            response = error_response(error, rid)
-            if error.status == 408:
-                response.force_close()  # the rest of the body may still come: this connection is done
-            return response
+            return error_response(error, rid)
         header = config.session_affinity_header
-        session = request.headers.get(header) if header else None
+        session = request.header(header) if header else None
         exchange = Exchange(
             http=request,
             request_id=rid,
@@ -281,46 +273,22 @@ class RouterService:
             body=body,
             parsed=parsed,
             keys=keys,
-            # aiohttp decodes header bytes as UTF-8 with surrogateescape: this gives them back
-            session_key=None if session is None else session_key(session.encode("utf-8", "surrogateescape")),
+            session_key=None if session is None else session_key(session.encode("latin-1")),
             started=started,
         )
         return await dispatcher.serve(exchange, snapshot)
 
-    async def _read_body(self, request: web.Request) -> bytes:
-        """The body, within the size limit and the body timeout. A body that came whole with the
-        head (most do) is taken at once, with no timer."""
-        limit = self.settings.max_body_bytes
-        content = request.content
-        if content.is_eof():
-            raw = content.read_nowait()
-            if len(raw) > limit:
-                raise _body_too_large(limit)
-            return raw
-        if request.content_length is not None and request.content_length > limit:
-            raise _body_too_large(limit)
-        seconds = self.settings.client_body_timeout_seconds
-        try:
-            async with asyncio.timeout(seconds):
-                return await request.read()
-        except web.HTTPRequestEntityTooLarge as err:
-            raise _body_too_large(limit) from err
-        except TimeoutError as err:
-            raise ApiError(
-                408, f"the request body did not arrive within {seconds} s", code="body_timeout"
-            ) from err
-
-    async def _models(self, request: web.Request) -> web.Response:
+    async def _models(self, request: Request) -> Answer:
         snapshot = self.snapshot
         models = []
         if snapshot is not None:
             models.append({"id": snapshot.config.served_model_name, "object": "model", "owned_by": "prfaas"})
-        return web.json_response({"object": "list", "data": models})
+        return json_answer({"object": "list", "data": models})
 
-    async def _liveness(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "alive"})
+    async def _liveness(self, request: Request) -> Answer:
+        return json_answer({"status": "alive"})
 
-    async def _readiness(self, request: web.Request) -> web.Response:
+    async def _readiness(self, request: Request) -> Answer:
         now = time.monotonic()
         available = {pool.value: len(self.fleet.available(pool, now)) for pool in Pool}
         total = {pool.value: len(self.fleet.pools[pool]) for pool in Pool}
@@ -338,14 +306,12 @@ class RouterService:
             },
             "total_workers": total,
         }
-        return web.json_response(body, status=200 if ready else 503)
+        return json_answer(body, status=200 if ready else 503)
 
-    async def _metrics_page(self, request: web.Request) -> web.Response:
-        response = web.Response(body=self.metrics.exposition())
-        response.headers["Content-Type"] = METRICS_CONTENT_TYPE
-        return response
+    async def _metrics_page(self, request: Request) -> Answer:
+        return Answer(200, self.metrics.exposition(), {"Content-Type": METRICS_CONTENT_TYPE})
 
-    async def _config_page(self, request: web.Request) -> web.Response:
+    async def _config_page(self, request: Request) -> Answer:
         """What the router runs with: the config's version and knobs, worker states, the last refusal."""
         snapshot = self.snapshot
         now = time.monotonic()
@@ -389,39 +355,10 @@ class RouterService:
             }
             for worker in self.fleet.workers()
         ]
-        return web.json_response(body)
+        return json_answer(body)
 
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def _body_too_large(limit: int) -> ApiError:
-    return ApiError(
-        413,
-        f"request body exceeds the {limit}-byte limit",
-        type_="invalid_request_error",
-        code="body_too_large",
-    )
-
-
-@web.middleware
-async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """aiohttp's own 404/405 answers, and any error raised inside the router, in the OpenAI error
-    shape every other error has (a router bug is logged with its traceback; no engine is blamed)."""
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        code = exc.reason.lower().replace(" ", "_")
-        error = ApiError(exc.status, f"{exc.reason}: {request.method} {request.path}", code=code)
-        return error_response(error, request_id(request.headers.get(REQUEST_ID_HEADER)))
-    except ConnectionError:  # CancelledError is no Exception: it passes on by itself
-        raise
-    except Exception as exc:
-        rid = request_id(request.headers.get(REQUEST_ID_HEADER))
-        log.exception("request %s: internal error in the router", rid)
-        error = ApiError(
-            500, f"internal error in the router: {exc!r}", type_="internal_error", code="internal_error"
-        )
-        return error_response(error, rid)
+def error_answer(error: ApiError, request: Request | None) -> Answer:
+    """The listener's own refusals (404, 405, 413, malformed HTTP, a router bug), in the shape of
+    every other error; the request's id when it had a head."""
+    return error_response(error, None if request is None else request_id(request.header(REQUEST_ID_HEADER)))

@@ -46,8 +46,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
-from aiohttp.http_writer import HttpVersion11
 from prfaas_core.router_config import RouterConfig
 from prfaas_core.routing.policy import (
     Decision,
@@ -63,6 +61,7 @@ from prfaas_core.routing.workers import Fleet, Worker
 from prfaas_core.vocabulary import ROUTE_PRFAAS, Pool
 
 from prfaas_router.link_probe import LinkProbe
+from prfaas_router.listener import Answer, Request, json_answer
 from prfaas_router.metrics import RouterMetrics
 from prfaas_router.payloads import (
     ApiError,
@@ -105,7 +104,7 @@ class Snapshot:
 class Exchange:
     """One client request on its way through the router."""
 
-    http: web.Request
+    http: Request
     request_id: str
     raw: bytes
     body: dict[str, object]
@@ -306,7 +305,7 @@ class Dispatcher:
     def _inflight_reader(self, pool: Pool) -> Callable[[], float]:
         return lambda: self.inflight_tokens[pool]
 
-    async def serve(self, exchange: Exchange, snapshot: Snapshot) -> web.StreamResponse:
+    async def serve(self, exchange: Exchange, snapshot: Snapshot) -> Answer | None:
         keys = exchange.keys
         metrics = self._metrics
         pin = self._sessions.get(exchange.session_key) if exchange.session_key else None
@@ -361,9 +360,8 @@ class Dispatcher:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
 
-    async def _attempt(
-        self, exchange: Exchange, snapshot: Snapshot, decision: Decision
-    ) -> web.StreamResponse:
+    async def _attempt(self, exchange: Exchange, snapshot: Snapshot, decision: Decision) -> Answer | None:
+        """The answer, or None when it was streamed to the client."""
         parsed = exchange.parsed
         prefill, decode = decision.prefill, decision.decode
         rooms = [random.getrandbits(63) for _ in range(parsed.samples)]
@@ -398,8 +396,8 @@ class Dispatcher:
             decode.breaker.record_success()
             self._learn(exchange, snapshot, lease)  # the decode answered: the KV reached it
             if parsed.stream:
-                out, delivered = await self._stream(exchange, decision, lease, response, first)
-                return out
+                delivered = await self._stream(exchange, decision, lease, response, first)
+                return None
             delivered = True
             return self._complete(exchange, decision, response, first)
         except _Refused as refused:
@@ -407,7 +405,7 @@ class Dispatcher:
             return error_response(
                 refused.error, exchange.request_id, route=decision.route, reason=decision.reason.value
             )
-        except asyncio.CancelledError:  # the client went away (aiohttp cancels the handler)
+        except asyncio.CancelledError:  # the client went away (the listener cancels the handler)
             if not lease.client_stalled:
                 self._metrics.requests.labels(decision.route, "client_disconnected").inc()
             raise
@@ -562,16 +560,10 @@ class Dispatcher:
 
     async def _stream(
         self, exchange: Exchange, decision: Decision, lease: _Lease, reply: Reply, first: bytes
-    ) -> tuple[web.StreamResponse, bool]:
+    ) -> bool:
         """Streams the decode's reply; False when the client went away before the end."""
         metrics = self._metrics
         request = exchange.http
-        out = web.StreamResponse(status=reply.status, headers=_reply_headers(reply, exchange, decision))
-        chunked = request.version >= HttpVersion11
-        if chunked:  # framed by us from the second chunk on (`_Relay`), so fixed before prepare
-            out.enable_chunked_encoding()
-        else:  # HTTP/1.0 has no chunks: the stream ends where the connection does, keep-alive or not
-            out.force_close()
         counter = _EventCounter()
         outcome = "ok"
         try:
@@ -581,14 +573,14 @@ class Dispatcher:
             overran = counter.events > max_events
             if overran:  # its first event, then the failure
                 first = first[: first.find(b"\n\n") + 2]
-            await out.prepare(request)
-            await out.write(first)  # the headers and the first bytes, through aiohttp
+            request.start_stream(reply.status, _reply_headers(reply, exchange, decision))
+            request.write(first)
             metrics.ttft.labels(decision.route).observe(time.monotonic() - exchange.started)
             relay = _Relay(
                 request.transport,
                 reply,
                 counter,
-                chunked,
+                request.chunked,
                 self._client_stall_seconds,
                 lambda: self._client_stalled(exchange, decision, lease),
                 max_events,
@@ -605,7 +597,7 @@ class Dispatcher:
                 if not relay.client_gone:
                     outcome = "stream_error"
                     lease.decode_failed = True
-                    await out.write(self._stream_failed(exchange, decision, err))
+                    request.write(self._stream_failed(exchange, decision, err))
             finally:
                 timer.cancel()
             if relay.client_gone:
@@ -621,13 +613,13 @@ class Dispatcher:
                     decision.decode.name,
                 )
                 self.count_failure(decision.decode)
-            await out.write_eof()
+            request.end_stream()
         except ConnectionResetError:
             if not lease.client_stalled:
                 metrics.requests.labels(decision.route, "client_disconnected").inc()
-            return out, False
+            return False
         self._finish(exchange, decision, outcome, counter.output_tokens())
-        return out, True
+        return True
 
     def _client_stalled(self, exchange: Exchange, decision: Decision, lease: _Lease) -> None:
         """A streaming client read nothing for the stall time: its fault, no engine's."""
@@ -653,8 +645,8 @@ class Dispatcher:
         )
         return b"data: " + json.dumps(error.body()).encode() + b"\n\n"
 
-    def _complete(self, exchange: Exchange, decision: Decision, reply: Reply, body: bytes) -> web.Response:
-        out = web.Response(status=reply.status, body=body, headers=_reply_headers(reply, exchange, decision))
+    def _complete(self, exchange: Exchange, decision: Decision, reply: Reply, body: bytes) -> Answer:
+        out = Answer(reply.status, body, _reply_headers(reply, exchange, decision))
         self._finish(exchange, decision, "ok", completion_tokens(body))
         return out
 
@@ -925,10 +917,10 @@ def _reply_headers(reply: Reply, exchange: Exchange, decision: Decision) -> dict
 
 def error_response(
     error: ApiError, request_id: str | None, *, route: str = NO_ROUTE, reason: str = NO_ROUTE
-) -> web.Response:
+) -> Answer:
     """Every error the router answers: OpenAI's shape, the route headers (`none` when no route was
     chosen) and, for 429 and 503, when to come back. No request id when no request was read."""
-    response = web.json_response(error.body(), status=error.status)
+    response = json_answer(error.body(), status=error.status)
     headers = response.headers
     if request_id is not None:
         headers[REQUEST_ID_HEADER] = request_id

@@ -560,3 +560,65 @@ async def test_a_config_reusing_the_version_in_force_with_other_content_is_refus
     assert page["threshold_tokens"] == doc["threshold_tokens"]
     streamed = await post(client, router.url + CHAT_PATH, chat(SHORT, stream=True))
     assert streamed.status == 200 and streamed.body[-1] == "[DONE]"
+
+
+def split_answers(raw: bytes, heads: Sequence[int] = ()) -> list[tuple[int, dict[str, str], bytes]]:
+    """Answers that came one after another on one connection, each framed by its Content-Length
+    (but those to HEAD requests, at the positions `heads`, which have no body)."""
+    answers: list[tuple[int, dict[str, str], bytes]] = []
+    while raw:
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        status, headers, _ = parse_answer(head)
+        length = 0 if len(answers) in heads else int(headers.get("content-length", "0"))
+        answers.append((status, headers, rest[:length]))
+        raw = rest[length:]
+    return answers
+
+
+async def test_the_http_front_refuses_smuggling_and_answers_pipelined_requests_in_order(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession
+) -> None:
+    """The router's own HTTP server: llhttp's strict framing, in-order pipelining, HEAD, 405,
+    chunked bodies and Expect: 100-continue, each on a connection of its own."""
+    router = strict_router(start_router, cluster)
+    body = json.dumps(chat(SHORT)).encode()
+    smuggled = [
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: 4\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /config HTTP/1.1\r\nHost: r\r\n\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: 2\r\nContent-Length: 40\r\n\r\n{}",
+    ]
+    for data in smuggled:
+        answers = split_answers(await raw_request(router, data))
+        assert [(status, headers["connection"]) for status, headers, _ in answers] == [(400, "close")], answers
+        assert json.loads(answers[0][2])["error"]["code"] == "malformed_request"
+
+    chat_head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
+    pipelined = (
+        b"GET /v1/models HTTP/1.1\r\nHost: r\r\n\r\n"
+        + chat_head
+        + b"Content-Length: %d\r\nX-Request-Id: second\r\n\r\n%b" % (len(body), body)
+        + b"HEAD /liveness HTTP/1.1\r\nHost: r\r\n\r\n"
+        + b"GET /v1/chat/completions HTTP/1.1\r\nHost: r\r\n\r\n"
+        + chat_head
+        + b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        + b"%x\r\n%b\r\n0\r\n\r\n" % (len(body), body)
+    )
+    answers = split_answers(await raw_request(router, pipelined), heads=[2])
+    assert [status for status, _, _ in answers] == [200, 200, 200, 405, 200], answers
+    assert json.loads(answers[0][2])["data"][0]["object"] == "model"
+    assert answers[1][1]["x-request-id"] == "second" and json.loads(answers[1][2])["choices"]
+    assert int(answers[2][1]["content-length"]) > 0  # HEAD: the length of the body it does not get
+    assert json.loads(answers[3][2])["error"]["code"] == "method_not_allowed"
+    assert json.loads(answers[4][2])["choices"] and answers[4][1]["connection"] == "close"
+
+    host, port = router.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(chat_head + b"Content-Length: %d\r\nExpect: 100-continue\r\n\r\n" % len(body))
+        assert await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(body)
+        status, headers, _ = parse_answer(await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5))
+        assert status == 200 and "connection" not in headers  # kept alive
+    finally:
+        writer.close()
+    await assert_unharmed(client, router, HEALTHY)

@@ -4,9 +4,9 @@ how clients are refused and how often that is logged."""
 from __future__ import annotations
 
 import pytest
-from aiohttp.http_exceptions import BadStatusLine, LineTooLong
 from prfaas_router.health import busy
-from prfaas_router.listener import LogThrottle, connection_limit, malformed_request_error
+from prfaas_router.listener import LogThrottle, Routes, connection_limit
+from prfaas_router.payloads import ApiError
 from prfaas_router.proxy import Culprit, at_fault, engine_fault, reports_handoff, stream_error
 from prfaas_router.upstream import UpstreamError
 
@@ -97,9 +97,21 @@ def test_the_connection_limit_fits_under_the_open_file_limit() -> None:
     assert connection_limit(10_000, 100) == 1
 
 
-def test_unparsable_requests_get_the_routers_error_shape() -> None:
-    too_long = malformed_request_error(400, LineTooLong(b"x" * 10, 8190), None)
-    assert (too_long.status, too_long.code) == (431, "header_too_large")
-    broken = malformed_request_error(400, BadStatusLine("GARBAGE"), "Bad status line")
-    assert (broken.status, broken.code, broken.param) == (400, "malformed_request", None)
-    assert "Bad status line" in broken.message
+async def _answer(request: object) -> None:
+    return None
+
+
+def test_routes_answer_unknown_paths_404_and_other_methods_405_and_get_answers_head() -> None:
+    routes = Routes()
+    routes.add("GET", "/metrics", _answer)
+    routes.add("POST", "/generate", _answer)
+    assert routes.find("GET", "/metrics") is _answer
+    assert routes.find("HEAD", "/metrics") is _answer
+    missing = routes.find("GET", "/nope%20here")
+    assert isinstance(missing, ApiError)
+    assert (missing.status, missing.code) == (404, "not_found")
+    assert "GET /nope here" in missing.message
+    wrong = routes.find("GET", "/generate")
+    assert isinstance(wrong, ApiError)
+    assert (wrong.status, wrong.code) == (405, "method_not_allowed")
+    assert "allowed: POST" in wrong.message
