@@ -374,9 +374,7 @@ class Dispatcher:
         lease = _Lease(self, decision, time.monotonic())
         prefill_leg = self._prefill_leg(target(prefill.url, path), payload, headers)
         prefill_leg.add_done_callback(lambda task: self._prefill_done(task, exchange, snapshot, lease))
-        decode_task = asyncio.create_task(
-            self._open_decode(target(decode.url, path), payload, headers, parsed.stream)
-        )
+        decode_task = self._decode_leg(target(decode.url, path), payload, headers, parsed.stream)
         response: Reply | None = None
         delivered = False
         try:
@@ -428,7 +426,7 @@ class Dispatcher:
                     prefill_leg.cancel()
 
     async def _judge_prefill(
-        self, failure: LegFailure, decode_task: asyncio.Task[tuple[Reply, bytes]], decode: Worker
+        self, failure: LegFailure, decode_task: asyncio.Future[tuple[Reply, bytes]], decode: Worker
     ) -> LegFailure:
         """The failure to retry around, for a prefill leg that failed while its decode was out.
 
@@ -496,6 +494,19 @@ class Dispatcher:
             "POST", where, headers, payload, max_bytes=self._max_answer_bytes
         )
         return await reply.outcome()  # cancelled there, it closes the reply
+
+    def _decode_leg(
+        self, where: Target, payload: bytes, headers: dict[str, str], stream: bool
+    ) -> asyncio.Future[tuple[Reply, bytes]]:
+        """The decode's reply and its first bytes (the whole body when not streaming); a task only
+        for a stream or when no idle connection is at hand."""
+        if not stream:
+            reply = self._upstream.send_pooled(
+                "POST", where, headers, payload, max_bytes=self._max_answer_bytes
+            )
+            if reply is not None:
+                return reply.whole(lambda body: (reply, body))
+        return asyncio.create_task(self._open_decode(where, payload, headers, stream))
 
     async def _open_decode(
         self, where: Target, payload: bytes, headers: dict[str, str], stream: bool
@@ -573,8 +584,7 @@ class Dispatcher:
             overran = counter.events > max_events
             if overran:  # its first event, then the failure
                 first = first[: first.find(b"\n\n") + 2]
-            request.start_stream(reply.status, _reply_headers(reply, exchange, decision))
-            request.write(first)
+            request.start_stream(reply.status, _reply_headers(reply, exchange, decision), first)
             metrics.ttft.labels(decision.route).observe(time.monotonic() - exchange.started)
             relay = _Relay(
                 request.transport,
@@ -876,7 +886,7 @@ def _prefill_failure(task: asyncio.Future[tuple[int, bytes, str]], worker: Worke
     return None
 
 
-def _decode_result(task: asyncio.Task[tuple[Reply, bytes]], worker: Worker) -> tuple[Reply, bytes]:
+def _decode_result(task: asyncio.Future[tuple[Reply, bytes]], worker: Worker) -> tuple[Reply, bytes]:
     error = task.exception()
     if error is not None:
         if not engine_fault(error):

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import cast
+from typing import TypeVar, cast
 from urllib.parse import urlsplit
 
 import httptools
@@ -36,6 +36,8 @@ Sink = Callable[[bytes], None]
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
 """The most of one engine's answer the router holds by default (`--max-answer-bytes`)."""
 _FORGET_HEARD_SECONDS = 300.0
+
+T = TypeVar("T")
 
 
 class UpstreamError(Exception):
@@ -141,10 +143,19 @@ class Reply:
 
     def outcome(self) -> asyncio.Future[tuple[int, bytes, str]]:
         """The status, the whole body and, for a status other than 2xx, the content type (an
-        answer's own is not needed) as `read` would give them, but with no coroutine and task
-        to wait in: the future ends with them, or with the reply's failure. Cancelling it
-        closes the reply."""
-        outcome: asyncio.Future[tuple[int, bytes, str]] = asyncio.get_running_loop().create_future()
+        answer's own is not needed), as `whole` gives them."""
+
+        def result(body: bytes) -> tuple[int, bytes, str]:
+            status = self.status
+            return status, body, "" if 200 <= status < 300 else self.content_type
+
+        return self.whole(result)
+
+    def whole(self, result: Callable[[bytes], T]) -> asyncio.Future[T]:
+        """`result` of the whole body as `read` would give it, but with no coroutine and task to
+        wait in: the future ends with it, or with the reply's failure. Cancelling it closes the
+        reply."""
+        outcome: asyncio.Future[T] = asyncio.get_running_loop().create_future()
 
         def ended(ended: asyncio.Future[None]) -> None:
             if outcome.done():
@@ -156,11 +167,9 @@ class Reply:
             if error is not None:
                 outcome.set_exception(error)
                 return
-            status = self.status
-            content_type = "" if 200 <= status < 300 else self.content_type
-            outcome.set_result((status, self._whole_body(), content_type))
+            outcome.set_result(result(self._whole_body()))
 
-        def dropped(outcome: asyncio.Future[tuple[int, bytes, str]]) -> None:
+        def dropped(outcome: asyncio.Future[T]) -> None:
             if outcome.cancelled():
                 self.close()
 
