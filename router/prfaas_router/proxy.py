@@ -195,17 +195,13 @@ def _event_head(data: bytes) -> bytes:
     return data if end < 0 else data[:end]
 
 
-async def _first_event(reply: Reply) -> bytes:
-    """A stream's bytes up to the end of its first event (or of the body): SGLang sends nothing
-    before its first generated chunk (or the error that replaces it), so this is where a stream
-    shows whether it will serve."""
-    data = await reply.first()
-    while b"\n\n" not in data:
-        more = await reply.first()
-        if not more:
-            break
-        data += more
-    return data
+def _decode_answer(reply: Reply, stream: bool) -> asyncio.Future[tuple[Reply, bytes]]:
+    """The decode's reply with its whole body or, for a stream, its first event: SGLang sends
+    nothing before its first generated chunk (or the error that replaces it), so this is where
+    a stream shows whether it will serve."""
+    if stream:
+        return reply.first_event(lambda first: (reply, first))
+    return reply.whole(lambda body: (reply, body))
 
 
 async def _first_ended(*legs: asyncio.Future[Any]) -> None:
@@ -498,30 +494,20 @@ class Dispatcher:
     def _decode_leg(
         self, where: Target, payload: bytes, headers: dict[str, str], stream: bool
     ) -> asyncio.Future[tuple[Reply, bytes]]:
-        """The decode's reply and its first bytes (the whole body when not streaming); a task only
-        for a stream or when no idle connection is at hand."""
-        if not stream:
-            reply = self._upstream.send_pooled(
-                "POST", where, headers, payload, max_bytes=self._max_answer_bytes
-            )
-            if reply is not None:
-                return reply.whole(lambda body: (reply, body))
-        return asyncio.create_task(self._open_decode(where, payload, headers, stream))
+        """The decode's reply and its first bytes (`_decode_answer`); a task only when no idle
+        connection is at hand."""
+        reply = self._upstream.send_pooled("POST", where, headers, payload, max_bytes=self._max_answer_bytes)
+        if reply is None:
+            return asyncio.create_task(self._open_decode(where, payload, headers, stream))
+        return _decode_answer(reply, stream)
 
     async def _open_decode(
         self, where: Target, payload: bytes, headers: dict[str, str], stream: bool
     ) -> tuple[Reply, bytes]:
-        """The decode's reply and its first bytes (the whole body when not streaming)."""
         reply = await self._upstream.request(
             "POST", where, headers, payload, max_bytes=self._max_answer_bytes
         )
-        try:
-            if reply.status >= 400 or not stream:
-                return reply, await reply.read()
-            return reply, await _first_event(reply)
-        except BaseException:
-            reply.close()  # cancelled or broken: drop the connection, the engine aborts
-            raise
+        return await _decode_answer(reply, stream)  # cancelled there, it closes the reply
 
     def _prefill_done(
         self,

@@ -183,16 +183,44 @@ class Reply:
         self.release()
         return body
 
-    async def first(self) -> bytes:
-        """The body's first bytes as soon as they arrive (b"" for an empty body)."""
-        if not self._pieces and not self._ended.done():
-            self._first = asyncio.get_running_loop().create_future()
-            await asyncio.wait((self._first, self._ended), return_when=asyncio.FIRST_COMPLETED)
-        if not self._pieces:
-            self._ended.result()  # raises the failure, if any
-        data = b"".join(self._pieces)
-        self._pieces = []
-        return data
+    def first_event(self, result: Callable[[bytes], T]) -> asyncio.Future[T]:
+        """`result` of the body up to the end of its first SSE event (the bytes come as they
+        arrived, so some of the next may follow it), as soon as that has arrived; of the whole
+        body when it has no event or its status is not 2xx. Like `whole`, with no task to wait
+        in, and cancelling it closes the reply; the rest can then be `relay`ed."""
+        loop = asyncio.get_running_loop()
+        outcome: asyncio.Future[T] = loop.create_future()
+
+        def arrived(_: asyncio.Future[None]) -> None:
+            if outcome.done():
+                return
+            ended = self._ended
+            if self.status >= 400 or b"\n\n" not in b"".join(self._pieces):
+                if not ended.done():
+                    self._first = loop.create_future()
+                    self._first.add_done_callback(arrived)
+                    return
+                if ended.cancelled():
+                    outcome.cancel()
+                    return
+                error = ended.exception()
+                if error is not None:
+                    outcome.set_exception(error)
+                    return
+                outcome.set_result(result(self._whole_body()))
+                return
+            data = b"".join(self._pieces)
+            self._pieces = []
+            outcome.set_result(result(data))
+
+        def dropped(outcome: asyncio.Future[T]) -> None:
+            if outcome.cancelled():
+                self.close()
+
+        self._ended.add_done_callback(arrived)
+        outcome.add_done_callback(dropped)
+        arrived(self._ended)
+        return outcome
 
     def relay(self, sink: Sink) -> asyncio.Future[None]:
         """From now on each body chunk goes to `sink` as it arrives; the future ends with the body."""

@@ -589,7 +589,9 @@ async def test_the_http_front_refuses_smuggling_and_answers_pipelined_requests_i
     ]
     for data in smuggled:
         answers = split_answers(await raw_request(router, data))
-        assert [(status, headers["connection"]) for status, headers, _ in answers] == [(400, "close")], answers
+        assert [(status, headers["connection"]) for status, headers, _ in answers] == [(400, "close")], (
+            answers
+        )
         assert json.loads(answers[0][2])["error"]["code"] == "malformed_request"
 
     chat_head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
