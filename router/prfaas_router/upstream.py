@@ -244,7 +244,7 @@ class Reply:
         """Done with this reply: a complete one's connection is reused, any other is closed.
 
         The sink goes too: it is bound to what relays the reply (`proxy._Relay`), which holds
-        the reply, and that cycle would keep the whole request (its aiohttp objects too) until
+        the reply, and that cycle would keep the whole request (its client objects too) until
         a full collection: 60 objects per streamed request, gc a third of the CPU under streams.
         """
         self._sink = None
