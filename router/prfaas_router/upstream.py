@@ -155,10 +155,33 @@ class Reply:
         """`result` of the whole body as `read` would give it, but with no coroutine and task to
         wait in: the future ends with it, or with the reply's failure. Cancelling it closes the
         reply."""
-        outcome: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        return self._answer(result, first_event=False)
 
-        def ended(ended: asyncio.Future[None]) -> None:
+    def first_event(self, result: Callable[[bytes], T]) -> asyncio.Future[T]:
+        """`result` of the body up to the end of its first SSE event (the bytes come as they
+        arrived, so some of the next may follow it), as soon as that has arrived; of the whole
+        body when it has no event or its status is not 2xx. Otherwise as `whole`; the rest can
+        then be `relay`ed."""
+        return self._answer(result, first_event=True)
+
+    def _answer(self, result: Callable[[bytes], T], *, first_event: bool) -> asyncio.Future[T]:
+        loop = asyncio.get_running_loop()
+        outcome: asyncio.Future[T] = loop.create_future()
+
+        def arrived(_: asyncio.Future[None]) -> None:
             if outcome.done():
+                return
+            if first_event and self.status < 400:
+                data = b"".join(self._pieces)
+                if b"\n\n" in data:
+                    self._pieces = []
+                    outcome.set_result(result(data))
+                    return
+            ended = self._ended
+            if not ended.done():
+                if first_event:  # woken by the next bytes (`_body`)
+                    self._first = loop.create_future()
+                    self._first.add_done_callback(arrived)
                 return
             if ended.cancelled():
                 outcome.cancel()
@@ -173,8 +196,9 @@ class Reply:
             if outcome.cancelled():
                 self.close()
 
-        self._ended.add_done_callback(ended)
+        self._ended.add_done_callback(arrived)
         outcome.add_done_callback(dropped)
+        arrived(self._ended)
         return outcome
 
     def _whole_body(self) -> bytes:
@@ -182,45 +206,6 @@ class Reply:
         self._pieces = []
         self.release()
         return body
-
-    def first_event(self, result: Callable[[bytes], T]) -> asyncio.Future[T]:
-        """`result` of the body up to the end of its first SSE event (the bytes come as they
-        arrived, so some of the next may follow it), as soon as that has arrived; of the whole
-        body when it has no event or its status is not 2xx. Like `whole`, with no task to wait
-        in, and cancelling it closes the reply; the rest can then be `relay`ed."""
-        loop = asyncio.get_running_loop()
-        outcome: asyncio.Future[T] = loop.create_future()
-
-        def arrived(_: asyncio.Future[None]) -> None:
-            if outcome.done():
-                return
-            ended = self._ended
-            if self.status >= 400 or b"\n\n" not in b"".join(self._pieces):
-                if not ended.done():
-                    self._first = loop.create_future()
-                    self._first.add_done_callback(arrived)
-                    return
-                if ended.cancelled():
-                    outcome.cancel()
-                    return
-                error = ended.exception()
-                if error is not None:
-                    outcome.set_exception(error)
-                    return
-                outcome.set_result(result(self._whole_body()))
-                return
-            data = b"".join(self._pieces)
-            self._pieces = []
-            outcome.set_result(result(data))
-
-        def dropped(outcome: asyncio.Future[T]) -> None:
-            if outcome.cancelled():
-                self.close()
-
-        self._ended.add_done_callback(arrived)
-        outcome.add_done_callback(dropped)
-        arrived(self._ended)
-        return outcome
 
     def relay(self, sink: Sink) -> asyncio.Future[None]:
         """From now on each body chunk goes to `sink` as it arrives; the future ends with the body."""
