@@ -127,12 +127,11 @@ def body_too_large(limit: int) -> ApiError:
 
 @dataclass(slots=True)
 class Answer:
-    """A whole response; `close` ends the connection after it."""
+    """A whole response."""
 
     status: int
     body: bytes
     headers: dict[str, str] = field(default_factory=dict)
-    close: bool = False
 
 
 def json_answer(document: Any, status: int = 200) -> Answer:
@@ -173,10 +172,6 @@ class Request:
         """The client's socket, for a stream's relay to write to (framed as `chunked` says);
         None once the client went away."""
         return self._connection.transport
-
-    @property
-    def remote(self) -> str:
-        return self._connection.remote
 
     @property
     def chunked(self) -> bool:
@@ -409,7 +404,7 @@ class _Connection(asyncio.Protocol):
         try:
             path = httptools.parse_url(self._url).path.decode("latin-1")
         except httptools.HttpParserInvalidURLError:
-            self._fail(malformed_request(f"invalid request target {self._url[:200]!r}"))
+            self._fail(malformed_request("invalid request target"))
         headers = self._headers
         length = headers.get("content-length")
         if length is not None and int(length) > self.server.max_body_bytes:
@@ -483,8 +478,6 @@ class _Connection(asyncio.Protocol):
             transport.writelines((head, body))
 
     def _write_answer(self, request: Request, answer: Answer) -> None:
-        if answer.close:
-            request.keep_alive = False
         body = b"" if request.method == "HEAD" else answer.body
         self.write_head(
             request, answer.status, answer.headers, b"Content-Length: %d\r\n" % len(answer.body), body
