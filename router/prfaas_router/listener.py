@@ -169,14 +169,9 @@ class Request:
 
     @property
     def transport(self) -> asyncio.Transport | None:
-        """The client's socket, for a stream's relay to write to (framed as `chunked` says);
-        None once the client went away."""
+        """The client's socket, for a stream's relay to write to (in chunks on HTTP/1.1; an
+        HTTP/1.0 stream ends where its connection does); None once the client went away."""
         return self._connection.transport
-
-    @property
-    def chunked(self) -> bool:
-        """HTTP/1.1 streams in chunks; an HTTP/1.0 stream ends where its connection does."""
-        return self.http11
 
     def start_stream(self, status: int, headers: dict[str, str], first: bytes) -> None:
         """The head and the stream's first bytes, in one write."""
@@ -460,7 +455,7 @@ class _Connection(asyncio.Protocol):
             if request.keep_alive == request.http11
             else (b"Connection: keep-alive\r\n" if request.keep_alive else b"Connection: close\r\n")
         )
-        lines = b"".join(f"{name}: {value}\r\n".encode("latin-1") for name, value in headers.items())
+        lines = _header_lines(headers)
         version = b"HTTP/1.1 " if request.http11 else b"HTTP/1.0 "
         reason = _REASONS.get(status, b"Unknown")
         head = b"%b%d %b\r\n%b%b%b%b\r\n" % (
@@ -582,12 +577,7 @@ class _Connection(asyncio.Protocol):
         if transport is None:
             return
         self._done = True
-        status, reason = answer.status, _REASONS.get(answer.status, b"Unknown")
-        lines = b"".join(f"{name}: {value}\r\n".encode("latin-1") for name, value in answer.headers.items())
-        transport.write(
-            b"HTTP/1.1 %d %b\r\n%b%bContent-Length: %d\r\nConnection: close\r\n\r\n%b"
-            % (status, reason, lines, self.server.date(), len(answer.body), answer.body)
-        )
+        transport.write(_last_answer(answer, self.server.date()))
         _close_after_write(transport)
 
     # --- timers
@@ -665,11 +655,21 @@ def _refusal_answer(limit: int, error_answer: Callable[[ApiError, Request | None
         type_="service_unavailable",
         code="too_many_connections",
     )
-    answer = error_answer(error, None)
-    lines = [
-        "HTTP/1.1 503 Service Unavailable",
-        *(f"{name}: {value}" for name, value in answer.headers.items()),
-        f"Content-Length: {len(answer.body)}",
-        "Connection: close",
-    ]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + answer.body
+    return _last_answer(error_answer(error, None), b"")
+
+
+def _header_lines(headers: dict[str, str]) -> bytes:
+    return b"".join(f"{name}: {value}\r\n".encode("latin-1") for name, value in headers.items())
+
+
+def _last_answer(answer: Answer, date: bytes) -> bytes:
+    """A whole answer that closes its connection, head and body (a refusal; no request to read)."""
+    reason = _REASONS.get(answer.status, b"Unknown")
+    return b"HTTP/1.1 %d %b\r\n%b%bContent-Length: %d\r\nConnection: close\r\n\r\n%b" % (
+        answer.status,
+        reason,
+        _header_lines(answer.headers),
+        date,
+        len(answer.body),
+        answer.body,
+    )

@@ -576,7 +576,7 @@ class Dispatcher:
                 request.transport,
                 reply,
                 counter,
-                request.chunked,
+                request.http11,  # chunks; HTTP/1.0 has none
                 self._client_stall_seconds,
                 lambda: self._client_stalled(exchange, decision, lease),
                 max_events,
