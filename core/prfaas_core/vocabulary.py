@@ -73,6 +73,20 @@ FINALIZER = f"{GROUP}/finalizer"
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
+# LeaderWorkerSet (kubernetes-sigs/lws): how a multi-node engine instance runs, one group of pods.
+LWS_GROUP = "leaderworkerset.x-k8s.io"
+LWS_VERSION = "v1"
+LWS_KIND = "LeaderWorkerSet"
+LWS_PLURAL = "leaderworkersets"
+LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+"""On every pod of a group: "0" on its leader (SGLang's node rank 0), 1.. on the others."""
+LWS_ENV_LEADER_ADDRESS = "LWS_LEADER_ADDRESS"
+LWS_ENV_GROUP_SIZE = "LWS_GROUP_SIZE"
+LWS_ENV_WORKER_INDEX = "LWS_WORKER_INDEX"
+DIST_INIT_PORT = 20000
+"""Port of a group's leader where the other nodes join it (SGLang's --dist-init-addr), as in
+SGLang's LeaderWorkerSet examples."""
+
 BITS_PER_BYTE = 8
 
 

@@ -50,6 +50,24 @@ class PodWorkloadError(ValueError):
     """A pod the testbed cannot run as it is written; the message names the pod and the cause."""
 
 
+class PodNotYetRunnable(PodWorkloadError):
+    """A pod that can run once something else exists (e.g. the address of its group's leader)."""
+
+
+CLUSTER_DOMAIN = "cluster.local"
+
+
+def pod_dns_names(pod: Mapping[str, Any]) -> list[str]:
+    """The names cluster DNS gives a pod with spec.hostname and spec.subdomain (a headless
+    Service's pod, e.g. a LeaderWorkerSet's leader): ``HOST.SUBDOMAIN.NAMESPACE[.svc[.DOMAIN]]``."""
+    spec, metadata = pod.get("spec") or {}, pod.get("metadata") or {}
+    hostname, subdomain = spec.get("hostname"), spec.get("subdomain")
+    if not hostname or not subdomain:
+        return []
+    base = f"{hostname}.{subdomain}.{metadata.get('namespace')}"
+    return [base, f"{base}.svc", f"{base}.svc.{CLUSTER_DOMAIN}"]
+
+
 @dataclass(frozen=True)
 class Scales:
     """Testbed-wide scales of the fake engines (see fake_engine: --time-scale, --kv-scale)."""
@@ -311,9 +329,33 @@ def _local_path(arg: str, mounts: Mapping[str, Path]) -> str:
     return arg
 
 
-def _pod_args(facts: PodFacts, env: Mapping[str, str], mounts: Mapping[str, Path]) -> list[str]:
+def _pod_args(
+    facts: PodFacts, env: Mapping[str, str], mounts: Mapping[str, Path], hosts: Mapping[str, str]
+) -> list[str]:
     args = [expand_references(str(arg), env) for arg in facts.container.get("args") or []]
+    args = _resolved_dist_init_addr(facts, args, hosts)
     return [_local_path(arg.replace(WILDCARD_ADDRESS, facts.ip), mounts) for arg in args]
+
+
+def _resolved_dist_init_addr(facts: PodFacts, args: list[str], hosts: Mapping[str, str]) -> list[str]:
+    """SGLang's ``--dist-init-addr HOST:PORT`` with a pod's DNS name replaced by its IP, as cluster
+    DNS would answer (a process here has no cluster DNS); PodNotYetRunnable while HOST has no pod."""
+    resolved = list(args)
+    for index, arg in enumerate(args):
+        if arg == "--dist-init-addr" and index + 1 < len(args):
+            position, value = index + 1, args[index + 1]
+        elif arg.startswith("--dist-init-addr="):
+            position, value = index, arg.partition("=")[2]
+        else:
+            continue
+        host, sep, port = value.rpartition(":")
+        if not sep or all(part.isdigit() for part in host.split(".")):
+            continue  # no port, or an IPv4 address already
+        if host not in hosts:
+            raise PodNotYetRunnable(f"pod {facts.key}: --dist-init-addr {host} names no pod with an IP yet")
+        address = f"{hosts[host]}:{port}"
+        resolved[position] = address if position != index else f"--dist-init-addr={address}"
+    return resolved
 
 
 def classify(container: Mapping[str, Any]) -> WorkloadKind | None:
@@ -370,18 +412,21 @@ def local_process(
     pod_dir: Path,
     base_env: Mapping[str, str],
     link_rate_bytes_per_second: float | None = None,
+    hosts: Mapping[str, str] | None = None,
 ) -> LocalProcess | None:
     """The local process of one pod, or None when its container is none of the known workloads.
 
     ``link_rate_bytes_per_second``: pace this engine's KV sends (the link emulation in the
-    engines, for prefill pods whose KV crosses the link); None leaves them unshaped.
+    engines, for prefill pods whose KV crosses the link); None leaves them unshaped. ``hosts``:
+    the DNS names of the cluster's pods and their IPs (pod_dns_names), for a multi-node engine's
+    leader address.
     """
     kind = classify(facts.container)
     if kind is None:
         return None
     env = container_environment(facts, base_env)
     configmaps, mounts = _configmap_volumes(facts, pod_dir / "volumes")
-    args = _pod_args(facts, env, mounts)
+    args = _pod_args(facts, env, mounts, hosts or {})
     role = facts.labels.get(LABEL_ROLE) or kind.value
     notes: list[str] = []
     service_account = None

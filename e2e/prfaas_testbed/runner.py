@@ -38,7 +38,15 @@ from prfaas_testbed.link import LinkMode
 from prfaas_testbed.link_emulation import LinkEmulator, resolve_link_mode
 from prfaas_testbed.pod_api import PodApi
 from prfaas_testbed.pod_supervisor import KubeletPod, PodSupervisor, SupervisionSettings, is_real_node
-from prfaas_testbed.pod_workloads import PodFacts, PodWorkloadError, Programs, Scales, local_process
+from prfaas_testbed.pod_workloads import (
+    PodFacts,
+    PodNotYetRunnable,
+    PodWorkloadError,
+    Programs,
+    Scales,
+    local_process,
+    pod_dns_names,
+)
 from prfaas_testbed.prometheus import ScrapeJob, TargetGroup, write_file_sd
 from prfaas_testbed.runner_state import is_held_down, read_control, write_status
 
@@ -92,7 +100,7 @@ class Runner:
         self._targets: dict[str, list[TargetGroup]] | None = None
         self._stopping = asyncio.Event()
 
-    async def _consider(self, cluster: Cluster, pod: dict[str, Any]) -> None:
+    async def _consider(self, cluster: Cluster, pod: dict[str, Any], hosts: Mapping[str, str]) -> None:
         """Start a supervisor for a Running pod not yet supervised (or say once why it cannot run)."""
         metadata = pod.get("metadata") or {}
         key = (cluster, str(metadata.get("uid")))
@@ -122,7 +130,11 @@ class Runner:
                 pod_dir=pod_dir,
                 base_env=base,
                 link_rate_bytes_per_second=await self.link.engine_link_rate(cluster, facts),
+                hosts=hosts,
             )
+        except PodNotYetRunnable as err:
+            log.info("%s; trying again", err)  # not remembered: the next poll tries again
+            return
         except PodWorkloadError as err:
             self._refused[key] = str(err)
             log.warning("%s", err)
@@ -158,6 +170,13 @@ class Runner:
                 log.warning("%s: cannot list pods: %s", cluster.value, err)
                 seen |= {key for key in self.supervisors if key[0] is cluster}  # unknown: keep running
                 continue
+            hosts = {  # the cluster's DNS names of pods, for a multi-node engine's leader address
+                name: str((pod.get("status") or {}).get("podIP"))
+                for pod in pods
+                if (pod.get("status") or {}).get("podIP")
+                and not (pod.get("metadata") or {}).get("deletionTimestamp")
+                for name in pod_dns_names(pod)
+            }
             for pod in pods:
                 metadata = pod.get("metadata") or {}
                 status = pod.get("status") or {}
@@ -168,7 +187,7 @@ class Runner:
                 ):
                     continue
                 seen.add((cluster, str(metadata.get("uid"))))
-                await self._consider(cluster, pod)
+                await self._consider(cluster, pod, hosts)
         for key, supervisor in list(self.supervisors.items()):
             if key not in seen:
                 supervisor.stop()

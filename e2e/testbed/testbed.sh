@@ -61,6 +61,8 @@ link_mode() { # netns or loopback: recorded by the first `up` of this state dir,
 LINK_MODE=$(link_mode)
 # shellcheck source=real-node.sh
 . "$HERE/real-node.sh"
+# shellcheck source=lws.sh
+. "$HERE/lws.sh"
 IMAGE_DIR=""
 node_mode() { # real (a kubelet node per cluster runs our containers) or process: recorded like link-mode
   if [ -f "$STATE_DIR/node-mode" ]; then
@@ -362,6 +364,7 @@ up() {
   if [ "$NODE_MODE" = real ]; then
     IMAGE_DIR=$(build_images)
     echo "$IMAGE_DIR" >"$STATE_DIR/image-dir"
+    lws_build
   fi
   for cluster in "${CLUSTERS[@]}"; do
     if cluster_healthy "$cluster" "$bin"; then
@@ -385,6 +388,7 @@ up() {
     write_flat_kubeconfig "$cluster"
     if [ "$NODE_MODE" = real ]; then
       node_up "$cluster" "$bin"
+      lws_install "$cluster" "$bin"
     fi
   done
   log "up ($NODE_MODE nodes): $(flat_kubeconfig prfaas) $(flat_kubeconfig pd)"

@@ -249,6 +249,23 @@ class ModelSpec(_Model):
         return last_flag_value(self.extra_args, flag)
 
 
+PLACEMENT_RULES = [
+    cel(
+        "self.gpusPerInstance % self.nodesPerInstance == 0",
+        "gpusPerInstance must be a multiple of nodesPerInstance (every node of an instance runs the "
+        "same share of its GPUs)",
+        ".nodesPerInstance",
+    ),
+    cel(
+        "self.gpusPerInstance / self.nodesPerInstance <= self.gpusPerNode",
+        "gpusPerInstance / nodesPerInstance must be <= gpusPerNode: an instance larger than one node "
+        "needs more nodesPerInstance (a pod cannot use GPUs of another node)",
+        ".gpusPerInstance",
+    ),
+]
+"""Rules of an instance's shape, on each cluster's placement."""
+
+
 class PodPlacement(_Model):
     """Scheduling knobs shared by the engine workloads of one cluster."""
 
@@ -258,7 +275,26 @@ class PodPlacement(_Model):
         description="Value of the nvidia.com/gpu.product node label the engines must run on, e.g. NVIDIA-H200.",
     )
     gpus_per_instance: int = Field(
-        default=8, ge=1, le=64, description="GPUs of one engine instance (--tp-size)."
+        default=8, ge=1, le=64, description="GPUs of one engine instance (--tp-size), over all its nodes."
+    )
+    nodes_per_instance: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description=(
+            "Nodes one engine instance spans, each running gpusPerInstance/nodesPerInstance of its GPUs. "
+            "1: a pod per instance, in a StatefulSet. More: a group of pods per instance, in a "
+            "LeaderWorkerSet (kubernetes-sigs/lws, which must be installed in that cluster), started "
+            "with SGLang's --dist-init-addr, --nnodes and --node-rank; only the group's leader (node "
+            "rank 0) serves requests and is what the router lists, and a group is recreated whole "
+            "when any of its pods restarts. Every engine pool of this cluster has this shape."
+        ),
+    )
+    gpus_per_node: int = Field(
+        default=8,
+        ge=1,
+        le=16,
+        description="GPUs of one node of gpuProduct: the most one pod of an instance may ask for.",
     )
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="Extra node labels to match, added to the GPU product label."
@@ -285,6 +321,15 @@ class PodPlacement(_Model):
         description="Run engines on the host network; use it when pod IPs are not routable between clusters.",
     )
 
+    @property
+    def gpus_per_pod(self) -> int:
+        """What each pod of an instance asks for: its share of the instance's GPUs."""
+        return self.gpus_per_instance // self.nodes_per_instance
+
+    @property
+    def multi_node(self) -> bool:
+        return self.nodes_per_instance > 1
+
 
 class PrefillClusterSpec(PodPlacement):
     """The PrfaaS cluster: compute-dense GPUs that only prefill long prompts and ship the KV out."""
@@ -292,6 +337,7 @@ class PrefillClusterSpec(PodPlacement):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
+                *PLACEMENT_RULES,
                 cel(
                     "!has(self.minReplicas) || self.minReplicas <= self.maxReplicas",
                     "minReplicas must be <= maxReplicas",
@@ -349,6 +395,7 @@ class PdClusterSpec(PodPlacement):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
+                *PLACEMENT_RULES,
                 cel(
                     "self.prefillInstances + self.decodeInstances == self.instances",
                     "prefillInstances + decodeInstances must equal instances",

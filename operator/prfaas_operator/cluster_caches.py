@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
+from prfaas_core.vocabulary import LWS_KIND
+
 from prfaas_operator.informers import ClusterCache, OnChange
 from prfaas_operator.kube import Cluster
 
@@ -18,6 +20,7 @@ from prfaas_operator.kube import Cluster
 # the operator keeps there, so its kubeconfig needs no rights on anything else.
 PD_KINDS = (
     "StatefulSet",
+    LWS_KIND,
     "Service",
     "PodDisruptionBudget",
     "Deployment",
@@ -28,7 +31,9 @@ PD_KINDS = (
     "RoleBinding",
 )
 # What the operator writes in a PrfaaS cluster (found by owner label to prune and to delete).
-PRFAAS_OWNED_KINDS = ("StatefulSet", "Service", "PodDisruptionBudget")
+PRFAAS_OWNED_KINDS = ("StatefulSet", LWS_KIND, "Service", "PodDisruptionBudget")
+ADD_ON_KINDS = (LWS_KIND,)
+"""Kinds a cluster serves only with an add-on installed: one that does not is observed all the same."""
 PRFAAS_KINDS = (*PRFAAS_OWNED_KINDS, "Pod")
 
 
@@ -50,7 +55,7 @@ class ClusterCaches:
             local = cluster.client is self._local.client
             kinds = PD_KINDS if local else PRFAAS_KINDS
             cache = self._caches[id(cluster.client)] = ClusterCache(
-                cluster, kinds, self._on_change, self._local_scope() if local else None
+                cluster, kinds, self._on_change, self._local_scope() if local else None, ADD_ON_KINDS
             )
             cache.start()
         return cache

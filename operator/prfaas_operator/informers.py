@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from prfaas_core.vocabulary import LABEL_MANAGED_BY, MANAGER
 
-from prfaas_operator.kube import EXPIRED, ClusterError
+from prfaas_operator.kube import EXPIRED, NOT_SERVED, ClusterError
 from prfaas_operator.status import Problem
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,8 @@ OnChange = Callable[[Manifest], None]
 RETRY_SECONDS = 1.0
 RETRY_MAX_SECONDS = 30.0
 PROBE_SECONDS = 10.0
+NOT_SERVED_RECHECK_SECONDS = 30.0
+"""How often an optional kind the cluster does not serve is listed again (an add-on installed later)."""
 
 
 class Watchable(Protocol):
@@ -57,11 +59,21 @@ class Informer:
     """
 
     def __init__(
-        self, cluster: Watchable, kind: str, on_change: OnChange, namespaces: Iterable[str] | None = None
+        self,
+        cluster: Watchable,
+        kind: str,
+        on_change: OnChange,
+        namespaces: Iterable[str] | None = None,
+        *,
+        optional: bool = False,
     ) -> None:
         self.cluster = cluster
         self.kind = kind
         self.problem: Problem | None = None
+        self.optional = optional
+        """A kind the cluster may not serve (a CRD of an add-on): that is known, not a failure."""
+        self.served: bool | None = None
+        """False once a list said the cluster serves no such kind; None until a list answered."""
         self._on_change = on_change
         self._objects: dict[tuple[str, str], Manifest] = {}
         self._scopes: tuple[str | None, ...] = tuple(namespaces or ()) or (None,)
@@ -118,12 +130,22 @@ class Informer:
                     self.kind, namespace=scope, labels=selector
                 )
             except ClusterError as err:
+                if self.optional and err.problem.reason == NOT_SERVED:
+                    if self.served is not False:
+                        log.info(
+                            "%s; looking again every %.0f s", err.problem.message, NOT_SERVED_RECHECK_SECONDS
+                        )
+                    self.served = False
+                    self._replace((), scope)
+                    await asyncio.sleep(NOT_SERVED_RECHECK_SECONDS)
+                    continue
                 failures += 1
                 self._synced[scope], self.problem = False, err.problem
                 log.warning("%s cache of the %s: %s", self.kind, self.cluster.name, err.problem.message)
                 await asyncio.sleep(min(RETRY_MAX_SECONDS, RETRY_SECONDS * 2 ** (failures - 1)))
                 continue
             failures = 0
+            self.served = True
             self._replace(objects, scope)
             started = asyncio.get_running_loop().time()
             scoped = {"namespace": scope} if scope is not None else {}
@@ -187,10 +209,14 @@ class ClusterCache:
         kinds: Iterable[str],
         on_change: OnChange,
         namespaces: Iterable[str] | None = None,
+        optional: Iterable[str] = (),
     ) -> None:
         self.cluster = cluster
         scopes = tuple(namespaces or ())
-        self.informers = {kind: Informer(cluster, kind, on_change, scopes) for kind in kinds}
+        optional = frozenset(optional)
+        self.informers = {
+            kind: Informer(cluster, kind, on_change, scopes, optional=kind in optional) for kind in kinds
+        }
         self._probe_task: asyncio.Task[None] | None = None
 
     def start(self) -> None:

@@ -37,7 +37,17 @@ from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod, Secret, Servi
 from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 from lightkube.types import PatchType
-from prfaas_core.vocabulary import GROUP, KIND, MANAGER, PLURAL, VERSION
+from prfaas_core.vocabulary import (
+    GROUP,
+    KIND,
+    LWS_GROUP,
+    LWS_KIND,
+    LWS_PLURAL,
+    LWS_VERSION,
+    MANAGER,
+    PLURAL,
+    VERSION,
+)
 
 from prfaas_operator.api import SecretKeyRef
 from prfaas_operator.status import Problem
@@ -53,12 +63,15 @@ SECRET_NOT_FOUND = "SecretNotFound"
 INVALID_KUBECONFIG = "InvalidKubeconfig"
 API_ERROR = "ApiError"
 EXPIRED = "Expired"
+NOT_SERVED = "NotServed"
+"""The cluster serves no such kind (e.g. LeaderWorkerSet where lws is not installed)."""
 
 # Short timeouts: a dead remote cluster must not stall a reconcile of the local side for long.
 REQUEST_TIMEOUT = httpx2.Timeout(10.0, connect=3.0)
 HTTP2 = importlib.util.find_spec("h2") is not None  # httpx2 speaks HTTP/2 only with h2 installed
 
 PrfaasDeploymentResource = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
+LeaderWorkerSetResource = create_namespaced_resource(LWS_GROUP, LWS_VERSION, LWS_KIND, LWS_PLURAL)
 
 # Any: lightkube overloads its methods per resource flavour; this table mixes them.
 _KINDS: dict[str, Any] = {
@@ -74,6 +87,7 @@ _KINDS: dict[str, Any] = {
     "Lease": Lease,
     "PodDisruptionBudget": PodDisruptionBudget,
     KIND: PrfaasDeploymentResource,
+    LWS_KIND: LeaderWorkerSetResource,
 }
 
 
@@ -235,7 +249,11 @@ class Cluster:
                 listing = self.client.list(resource, labels=selector)
             objects = [_as_dict(item) async for item in listing]
             return objects, listing.resourceVersion
-        except (ApiError, httpx2.TransportError, OSError) as exc:
+        except ApiError as exc:
+            if exc.status.code == 404:  # a collection that is not there: the kind is not served
+                raise ClusterError(Problem(NOT_SERVED, f"the {self.name} serves no {kind}")) from exc
+            raise self._failure(exc, action) from exc
+        except (httpx2.TransportError, OSError) as exc:
             raise self._failure(exc, action) from exc
 
     async def watch(

@@ -28,6 +28,7 @@ from prfaas_core.vocabulary import (
     ANNOTATION_CREATED_BY,
     ANNOTATION_FINGERPRINT,
     ANNOTATION_OWNER,
+    DIST_INIT_PORT,
     GPU_PRODUCT_LABEL,
     GPU_RESOURCE,
     GROUP,
@@ -43,6 +44,12 @@ from prfaas_core.vocabulary import (
     LABEL_REVISION,
     LABEL_ROLE,
     LABEL_SLOT,
+    LWS_ENV_GROUP_SIZE,
+    LWS_ENV_LEADER_ADDRESS,
+    LWS_ENV_WORKER_INDEX,
+    LWS_GROUP,
+    LWS_KIND,
+    LWS_VERSION,
     MANAGER,
     VERSION,
     Role,
@@ -68,6 +75,9 @@ ROUTER_METRICS_SERVICE_PORT = 9090  # the router serves /metrics on its HTTP por
 SHM_VOLUME = "dshm"
 ENGINE_CONTAINER = "sglang"
 TRANSFER_BACKEND = "mooncake_tcp"  # Mooncake over plain TCP: the link is Ethernet, not RDMA
+
+ENGINE_WORKLOAD_KINDS = ("StatefulSet", LWS_KIND)
+"""What an engine pool's slot is: a StatefulSet (one node an instance) or a LeaderWorkerSet."""
 
 _LABEL_VALUE_MAX = 63
 REVISION_LENGTH = 10  # hex digits of a pod template's hash: a label value
@@ -219,8 +229,19 @@ class EngineRole:
         return self.slot or self.name
 
 
+def multi_node_args() -> list[str]:
+    """SGLang's flags of one node of a group, from what LeaderWorkerSet injects into each pod
+    (expanded by the kubelet): where rank 0 waits for the others, how many, and which this is."""
+    return [
+        "--dist-init-addr", f"$({LWS_ENV_LEADER_ADDRESS}):{DIST_INIT_PORT}",
+        "--nnodes", f"$({LWS_ENV_GROUP_SIZE})",
+        "--node-rank", f"$({LWS_ENV_WORKER_INDEX})",
+    ]  # fmt: skip
+
+
 def sglang_args(model: ModelSpec, engine: EngineRole) -> list[str]:
     """launch_server arguments; extraArgs come last so a user's repeat of a flag wins (argparse)."""
+    group = multi_node_args() if engine.placement.multi_node else []
     return [
         "--model-path", model.model_path,
         "--revision", model.revision,
@@ -234,6 +255,7 @@ def sglang_args(model: ModelSpec, engine: EngineRole) -> list[str]:
         "--page-size", str(model.kv.page_size),
         "--kv-cache-dtype", model.kv.dtype.value,
         "--enable-metrics",
+        *group,
         *model.extra_args,
     ]  # fmt: skip
 
@@ -252,8 +274,9 @@ def _http_probe(path: str, *, period: int, timeout: int, failures: int) -> dict[
     }
 
 
-def engine_statefulset(model: ModelSpec, engine: EngineRole, owner: Owner, fingerprint: str) -> Manifest:
-    """A StatefulSet of SGLang engines of one role, stamped with the KV fingerprint."""
+def engine_workload(model: ModelSpec, engine: EngineRole, owner: Owner, fingerprint: str) -> Manifest:
+    """The SGLang engines of one role, stamped with the KV fingerprint: a StatefulSet of one pod
+    per instance, or a LeaderWorkerSet of one group of nodesPerInstance pods per instance."""
     placement = engine.placement
     template_labels = {
         **child_labels(owner, engine.role, remote=engine.remote),
@@ -282,7 +305,7 @@ def engine_statefulset(model: ModelSpec, engine: EngineRole, owner: Owner, finge
             *(variable.model_dump(by_alias=True, exclude_none=True) for variable in placement.env),
         ],
         "ports": ports,
-        "resources": _resources(placement.resources, placement.gpus_per_instance),
+        "resources": _resources(placement.resources, placement.gpus_per_pod),
         "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
         # model loading takes minutes: the startup probe allows 30 min before liveness starts
         "startupProbe": _http_probe("/health", period=10, timeout=20, failures=180),
@@ -313,6 +336,8 @@ def engine_statefulset(model: ModelSpec, engine: EngineRole, owner: Owner, finge
         selector[LABEL_SLOT] = template_labels[LABEL_SLOT] = SECOND_SLOT
     metadata = _metadata(engine.statefulset, engine.namespace, owner, engine.role, remote=engine.remote)
     metadata["labels"][LABEL_REVISION] = revision
+    if placement.multi_node:
+        return _leader_worker_set(metadata, engine, template)
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -329,6 +354,27 @@ def engine_statefulset(model: ModelSpec, engine: EngineRole, owner: Owner, finge
     }
 
 
+def _leader_worker_set(metadata: Manifest, engine: EngineRole, template: Manifest) -> Manifest:
+    """The LeaderWorkerSet of a multi-node pool: every pod of a group runs the same template (the
+    node rank comes from LeaderWorkerSet's env), and a group is recreated whole when any of its
+    pods restarts, as SGLang's ranks cannot rejoin a running group. Its pod template never
+    changes in place: a new revision comes up in the role's other slot, as with StatefulSets."""
+    return {
+        "apiVersion": f"{LWS_GROUP}/{LWS_VERSION}",
+        "kind": LWS_KIND,
+        "metadata": metadata,
+        "spec": {
+            "replicas": engine.replicas,
+            "startupPolicy": "LeaderCreated",
+            "leaderWorkerTemplate": {
+                "size": engine.placement.nodes_per_instance,
+                "restartPolicy": "RecreateGroupOnPodRestart",
+                "workerTemplate": template,
+            },
+        },
+    }
+
+
 def revision_of(statefulset: Mapping[str, Any]) -> str:
     """A StatefulSet's prfaas.io/revision label ("" for one written before revisions were labelled)."""
     return str(((statefulset.get("metadata") or {}).get("labels") or {}).get(LABEL_REVISION, ""))
@@ -341,13 +387,13 @@ def template_revision(template: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:REVISION_LENGTH]
 
 
-def kept_statefulset(live: Mapping[str, Any], replicas: int) -> Manifest:
-    """The old slot during a rollout: the StatefulSet as it runs (its own, older template), with
-    `replicas`. Only what the operator writes is kept: the server's own fields stay out."""
+def kept_workload(live: Mapping[str, Any], replicas: int) -> Manifest:
+    """The old slot during a rollout: the StatefulSet or LeaderWorkerSet as it runs (its own, older
+    template), with `replicas`. Only what the operator writes is kept: the server's own fields stay out."""
     metadata = live.get("metadata") or {}
     return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
+        "apiVersion": live.get("apiVersion", "apps/v1"),
+        "kind": live.get("kind", "StatefulSet"),
         "metadata": {
             key: metadata[key]
             for key in ("name", "namespace", "labels", "annotations", "ownerReferences")
@@ -421,7 +467,7 @@ def engine_objects(
 ) -> list[Manifest]:
     """One engine pool: its StatefulSet, headless Service and PodDisruptionBudget."""
     return [
-        engine_statefulset(spec.model, engine, owner, fingerprint),
+        engine_workload(spec.model, engine, owner, fingerprint),
         engine_service(engine, owner),
         disruption_budget(spec, owner, engine.name, engine.namespace, engine.role, remote=engine.remote),
     ]
@@ -480,7 +526,7 @@ def rolled_engine_objects(
     placed = dataclasses.replace(engine, slot=plan.slot, replicas=plan.replicas)
     objects = engine_objects(spec, placed, owner, fingerprint)
     if plan.old is not None and not plan.retire:
-        objects.append(kept_statefulset(plan.old.live, plan.old_replicas))
+        objects.append(kept_workload(plan.old.live, plan.old_replicas))
     return objects
 
 

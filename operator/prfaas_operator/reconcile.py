@@ -34,6 +34,9 @@ from prfaas_core.vocabulary import (
     LABEL_MANAGED_BY,
     LABEL_NAME,
     LABEL_OWNER,
+    LWS_GROUP,
+    LWS_KIND,
+    LWS_PLURAL,
     MANAGER,
     Role,
 )
@@ -41,12 +44,13 @@ from pydantic import ValidationError
 
 from prfaas_operator import drain, remote_backoff
 from prfaas_operator.api import PrfaasDeploymentSpec, PrfaasDeploymentStatus
-from prfaas_operator.cluster_caches import PRFAAS_OWNED_KINDS, ClusterCaches
+from prfaas_operator.cluster_caches import ADD_ON_KINDS, PRFAAS_OWNED_KINDS, ClusterCaches
 from prfaas_operator.drain import Drain
 from prfaas_operator.drift import Applied, manifest_hash, marker, needs_apply
 from prfaas_operator.informers import ClusterCache
-from prfaas_operator.kube import Cluster, ClusterError, Clusters
+from prfaas_operator.kube import NOT_SERVED, Cluster, ClusterError, Clusters
 from prfaas_operator.manifests import (
+    ENGINE_WORKLOAD_KINDS,
     Names,
     Owner,
     label_value,
@@ -87,6 +91,8 @@ from prfaas_operator.status import (
 log = logging.getLogger(__name__)
 
 Manifest = dict[str, Any]
+LWS_MISSING = "LeaderWorkerSetMissing"
+LWS_CRD = f"{LWS_PLURAL}.{LWS_GROUP}"
 EVENT_DEBOUNCE_SECONDS = 0.1  # a burst of child events (pods of one StatefulSet) makes one pass
 
 
@@ -128,7 +134,8 @@ class DeleteOutcome:
 
 
 def _ready_replicas(workload: Mapping[str, Any] | None) -> int:
-    """Ready replicas of a StatefulSet or Deployment; 0 for one that does not exist (yet)."""
+    """Ready replicas of a StatefulSet, LeaderWorkerSet (ready groups) or Deployment; 0 for one
+    that does not exist (yet)."""
     return int(((workload or {}).get("status") or {}).get("readyReplicas") or 0)
 
 
@@ -142,9 +149,11 @@ def _ready_by_role(workloads: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict
 
 
 def _slot_workloads(cache: ClusterCache, namespace: str, workload: str) -> list[Mapping[str, Any]]:
-    """The live StatefulSets of a role (its slots, rollout.slot_names)."""
-    found = (cache["StatefulSet"].get(namespace, name) for name in slot_names(workload))
-    return [sts for sts in found if sts is not None]
+    """The live StatefulSets or LeaderWorkerSets of a role (its slots, rollout.slot_names)."""
+    found = (
+        cache[kind].get(namespace, name) for name in slot_names(workload) for kind in ENGINE_WORKLOAD_KINDS
+    )
+    return [workload for workload in found if workload is not None]
 
 
 def _cached_slots(
@@ -186,8 +195,27 @@ def _slot(statefulset: Mapping[str, Any], ready: int, settles_at: datetime | Non
     )
 
 
+async def _list_served(
+    cluster: Cluster, kind: str, namespace: str | None, labels: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """The objects of `kind`; none where the cluster does not serve an add-on's kind."""
+    try:
+        return await cluster.list(kind, namespace=namespace, labels=labels)
+    except ClusterError as err:
+        if kind in ADD_ON_KINDS and err.problem.reason == NOT_SERVED:
+            return []
+        raise
+
+
+def _available(workload: Mapping[str, Any]) -> int:
+    """A workload's instances that count, from its status (a StatefulSet's minReadySeconds governs
+    its availableReplicas; a LeaderWorkerSet counts groups whose every pod is ready)."""
+    status = workload.get("status") or {}
+    return int(status.get("readyReplicas" if workload.get("kind") == LWS_KIND else "availableReplicas") or 0)
+
+
 async def _delete_retired(cluster: Cluster, owner: Owner, retire: Sequence[tuple[str, str, str]]) -> None:
-    """Delete the old StatefulSets a finished rollout left at 0 replicas."""
+    """Delete the old workloads a finished rollout left at 0 replicas."""
     for kind, namespace, name in retire:
         log.info("%s: rollout done; deleting the old %s %s/%s in the %s", owner.key, kind, namespace, name,
                  cluster.name)  # fmt: skip
@@ -418,13 +446,19 @@ class Reconciler:
                 cache, owner.namespace, workload, selector_labels(owner, role), min_ready_seconds, wall_now
             )
         try:
-            found = [await cluster.get("StatefulSet", name, owner.namespace) for name in slot_names(workload)]
+            found = [
+                await cluster.get(kind, name, owner.namespace)
+                for name in slot_names(workload)
+                for kind in ENGINE_WORKLOAD_KINDS
+                if kind != LWS_KIND or cache[kind].served is not False
+            ]
         except ClusterError:
             return None  # the apply that follows fails alike and says why
         return [
-            _slot(sts, int((sts.get("status") or {}).get("availableReplicas") or 0))
-            for sts in found
-            if sts is not None
+            _slot(live, _available(live))
+            for live in found
+            # a LeaderWorkerSet's own leader StatefulSet has its name, but not our label
+            if live is not None and (live["metadata"].get("labels") or {}).get(LABEL_MANAGED_BY) == MANAGER
         ]
 
     async def _stored_router_config(self, owner: Owner) -> StoredRouterConfig:
@@ -440,9 +474,13 @@ class Reconciler:
     async def _apply_drifted(
         self, cluster: Cluster, cache: ClusterCache, wanted: Sequence[Manifest], mem: _Memory, where: str
     ) -> None:
-        """Apply the children that are missing, changed by us, or changed by someone else."""
+        """Apply the children that are missing, changed by us, or changed by someone else; a
+        multi-node pool where the cluster serves no LeaderWorkerSet is refused (the rest is applied)."""
+        refused = [m for m in wanted if m["kind"] == LWS_KIND and cache[LWS_KIND].served is False]
         todo = []
         for manifest in wanted:
+            if manifest in refused:
+                continue
             kind, meta = manifest["kind"], manifest["metadata"]
             key = (where, kind, meta.get("namespace") or "", meta["name"])
             live = cache[kind].get(key[2], key[3]) if cache.synced else None
@@ -453,6 +491,15 @@ class Reconciler:
         for (key, manifest, why), obj in zip(todo, results, strict=True):
             mem.applied[key] = Applied(manifest_hash(manifest), marker(obj))
             log.debug("applied %s %s/%s to the %s: %s", key[1], key[2], key[3], cluster.name, why)
+        if refused:
+            pools = ", ".join(sorted(m["metadata"]["name"] for m in refused))
+            raise ClusterError(
+                Problem(
+                    LWS_MISSING,
+                    f"the {cluster.name} serves no {LWS_KIND} ({LWS_CRD}): install LeaderWorkerSet "
+                    f"(kubernetes-sigs/lws) there to run {pools} with nodesPerInstance > 1",
+                )
+            )
 
     # ---- the PrfaaS cluster ---------------------------------------------------------------------
 
@@ -582,8 +629,9 @@ class Reconciler:
             or (found["metadata"].get("annotations") or {}).get(ANNOTATION_CREATED_BY) != owner.key
         ):
             return False
-        if await cluster.list("StatefulSet", namespace=namespace, labels={LABEL_MANAGED_BY: MANAGER}):
-            return False
+        for kind in ENGINE_WORKLOAD_KINDS:
+            if await _list_served(cluster, kind, namespace, {LABEL_MANAGED_BY: MANAGER}):
+                return False
         await cluster.delete("Namespace", namespace)
         return True
 
@@ -688,7 +736,7 @@ class Reconciler:
                 )
                 namespaces = {namespace}
                 for kind in PRFAAS_OWNED_KINDS:
-                    for found in await cluster.list(kind, namespace=None, labels=owner_selector(owner)):
+                    for found in await _list_served(cluster, kind, None, owner_selector(owner)):
                         namespaces.add(found["metadata"]["namespace"])
                         await cluster.delete(kind, found["metadata"]["name"], found["metadata"]["namespace"])
                 for candidate in sorted(namespaces):

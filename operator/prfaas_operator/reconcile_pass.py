@@ -43,12 +43,13 @@ from prfaas_operator.api import (
 from prfaas_operator.drain import Drain
 from prfaas_operator.fingerprint import kv_fingerprint
 from prfaas_operator.manifests import (
+    ENGINE_WORKLOAD_KINDS,
     ROUTER_CONFIG_KEY,
     Names,
     Owner,
     disruption_budget,
     engine_roles,
-    engine_statefulset,
+    engine_workload,
     pd_cluster_engine_objects,
     prefill_cluster_objects,
     revision_of,
@@ -161,7 +162,7 @@ def decide_rollout(
             role=engine.role,
             workload=engine.name,
             target=engine.replicas,
-            revision=revision_of(engine_statefulset(spec.model, engine, owner, fingerprint)),
+            revision=revision_of(engine_workload(spec.model, engine, owner, fingerprint)),
             slots=tuple(slots.get(engine.role) or ()),
             known=slots.get(engine.role) is not None,
         )
@@ -187,9 +188,9 @@ def drain_role(
 
 
 def retired(rolled: RolloutDecision, roles: Sequence[str], namespace: str) -> list[tuple[str, str, str]]:
-    """The old slots of `roles` that are down to 0 replicas: their StatefulSets go."""
+    """The old slots of `roles` that are down to 0 replicas: their workloads go."""
     return [
-        ("StatefulSet", namespace, plan.old.name)
+        (str(plan.old.live.get("kind") or "StatefulSet"), namespace, plan.old.name)
         for role in roles
         if (plan := rolled.roles[role]).retire and plan.old is not None
     ]
@@ -222,13 +223,13 @@ def step_drain(
 
 
 def held(manifests: Sequence[Manifest], drains: Mapping[str, Drain]) -> list[Manifest]:
-    """The manifests with each draining StatefulSet kept at its current replicas."""
+    """The manifests with each draining workload kept at its current replicas."""
     result = []
     for manifest in manifests:
         role = (manifest["metadata"].get("labels") or {}).get(LABEL_ROLE)
         planned = drains.get(role or "")
         if (
-            manifest["kind"] == "StatefulSet"
+            manifest["kind"] in ENGINE_WORKLOAD_KINDS
             and planned is not None
             and planned.workload == manifest["metadata"]["name"]
         ):

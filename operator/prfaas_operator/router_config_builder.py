@@ -38,7 +38,7 @@ def ready_endpoints(
     pods: Iterable[PodInfo], role: str, port: int, bootstrap_port: int | None
 ) -> list[Endpoint]:
     """Endpoints of the pods of `role` that are ready, addressed and not being deleted, by name,
-    each with its KV fingerprint."""
+    each with its KV fingerprint; of a multi-node instance, its leader only."""
     return [
         Endpoint(
             name=pod.name,
@@ -47,7 +47,7 @@ def ready_endpoints(
             fingerprint=pod.fingerprint or "",
         )
         for pod in sorted(pods, key=lambda p: p.name)
-        if pod.role == role and pod.ready and pod.ip and not pod.deleting
+        if pod.role == role and pod.ready and pod.ip and not pod.deleting and not pod.group_worker
     ]
 
 

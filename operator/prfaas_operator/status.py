@@ -23,7 +23,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from prfaas_core.vocabulary import GPU_RESOURCE, LABEL_FINGERPRINT, LABEL_REVISION, LABEL_ROLE, Role
+from prfaas_core.vocabulary import (
+    GPU_RESOURCE,
+    LABEL_FINGERPRINT,
+    LABEL_REVISION,
+    LABEL_ROLE,
+    LWS_KIND,
+    LWS_WORKER_INDEX_LABEL,
+    Role,
+)
 from pydantic import ValidationError
 
 from prfaas_operator.api import (
@@ -82,6 +90,9 @@ class PodInfo:
     revision: str | None = None  # prfaas.io/revision: the pod template it runs
     waiting: str | None = None  # why a container is not running, as the kubelet says (e.g. ErrImagePull)
     ready_since: datetime | None = None  # the Ready condition's last transition, while ready
+    group_worker: bool = False
+    """A node rank >= 1 of a multi-node instance: its leader stands for the group (the router
+    lists leaders only, and a worker's readiness is only that of SGLang's dummy health server)."""
 
     @classmethod
     def from_manifest(cls, pod: Mapping[str, Any]) -> PodInfo:
@@ -119,6 +130,7 @@ class PodInfo:
             revision=labels.get(LABEL_REVISION),
             waiting=waiting,
             ready_since=ready_since,
+            group_worker=labels.get(LWS_WORKER_INDEX_LABEL, "0") != "0",
         )
 
 
@@ -201,10 +213,14 @@ def _counts(
 
 def workload_rolling(workload: Mapping[str, Any] | None) -> bool:
     """Whether a StatefulSet is mid-rollout: its controller has not seen its latest spec, or some of
-    its pods still run an older revision than its update revision. One that does not exist is not."""
+    its pods still run an older revision than its update revision; a LeaderWorkerSet while its
+    UpdateInProgress condition holds. One that does not exist is not."""
     if workload is None:
         return False
     status = workload.get("status") or {}
+    if workload.get("kind") == LWS_KIND:
+        conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+        return conditions.get("UpdateInProgress") == "True"
     generation = int((workload.get("metadata") or {}).get("generation") or 0)
     if int(status.get("observedGeneration") or 0) < generation:
         return True

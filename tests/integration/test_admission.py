@@ -120,6 +120,16 @@ def test_sample_cr_is_accepted_and_defaulted_like_the_models(kubectl: Kubectl, n
     assert stored["spec"]["router"]["port"] == 8000
 
 
+def test_an_instance_across_nodes_is_accepted(kubectl: Kubectl, namespace: str) -> None:
+    cr = manifest(namespace, "multi-node")
+    cr["spec"]["prefillCluster"].update(gpusPerInstance=16, nodesPerInstance=2)
+    cr["spec"]["pdCluster"].update(gpusPerInstance=32, nodesPerInstance=2, gpusPerNode=16)
+    kubectl.ok("apply", "-f", "-", stdin=yaml.safe_dump(cr))
+    stored = json.loads(kubectl.ok("get", "prfaasdeployment", "multi-node", "-n", namespace, "-o", "json"))
+    assert stored["spec"]["prefillCluster"]["gpusPerNode"] == 8  # defaulted
+    assert stored["spec"]["pdCluster"]["nodesPerInstance"] == 2
+
+
 def test_planner_section_may_be_omitted_and_is_defaulted_before_cel_runs(
     kubectl: Kubectl, namespace: str
 ) -> None:
@@ -185,6 +195,16 @@ INVALID: list[tuple[str, Callable[[dict[str, Any]], None], tuple[str, ...]]] = [
         "zero-gpus",
         _set("pdCluster.gpusPerInstance", 0),
         ("spec.pdCluster.gpusPerInstance", "greater than or equal to 1"),
+    ),
+    (
+        "instance-larger-than-its-nodes",
+        _set("prefillCluster.gpusPerInstance", 16),
+        ("spec.prefillCluster.gpusPerInstance", "gpusPerInstance / nodesPerInstance must be <= gpusPerNode"),
+    ),
+    (
+        "gpus-not-shared-evenly-by-nodes",
+        _all(_set("pdCluster.gpusPerInstance", 12), _set("pdCluster.nodesPerInstance", 8)),
+        ("spec.pdCluster.nodesPerInstance", "gpusPerInstance must be a multiple of nodesPerInstance"),
     ),
     ("headroom-above-1", _set("link.headroom", 1.5), ("spec.link.headroom", "less than or equal to 1")),
     ("negative-bandwidth", _set("link.bandwidthGbps", -10), ("spec.link.bandwidthGbps", "greater than 0")),
@@ -464,6 +484,8 @@ def test_explain_shows_the_descriptions(kubectl: Kubectl, namespace: str) -> Non
     assert "bare Off is a YAML boolean" in mode
     page_size = " ".join(kubectl.ok("explain", "prfaas.spec.model.kv.pageSize").split())
     assert "mamba-track-interval" in page_size
+    nodes = " ".join(kubectl.ok("explain", "prfaas.spec.pdCluster.nodesPerInstance").split())
+    assert "LeaderWorkerSet" in nodes and "--node-rank" in nodes
 
 
 def test_status_the_operator_writes_is_kept_and_shown_in_printer_columns(

@@ -20,7 +20,12 @@ from prfaas_operator.allocation import effective_allocation
 from prfaas_operator.api import ENGINE_ENV_SET_BY_OPERATOR, Allocation, PrfaasDeploymentSpec, last_flag_value
 from prfaas_operator.fingerprint import kv_fingerprint
 from prfaas_operator.manifests import Owner, label_value
-from prfaas_operator.router_config_builder import PoolChoice, build_router_config, choose_pools
+from prfaas_operator.router_config_builder import (
+    PoolChoice,
+    build_router_config,
+    choose_pools,
+    ready_endpoints,
+)
 from prfaas_operator.status import PodInfo
 from sample_cr import spec
 
@@ -579,3 +584,106 @@ class TestRouterConfig:
             build_router_config(
                 s, allocation_of(s), PoolChoice(choose_pools(s, "f", [], []).pools, "f"), None
             )
+
+
+class TestMultiNodePools:
+    """nodesPerInstance > 1: a LeaderWorkerSet per pool, a group of pods per instance."""
+
+    def multi(self) -> PrfaasDeploymentSpec:
+        return spec(
+            **{
+                "prefillCluster.gpusPerInstance": 16,
+                "prefillCluster.nodesPerInstance": 2,
+                "pdCluster.gpusPerInstance": 32,
+                "pdCluster.nodesPerInstance": 4,
+            }
+        )
+
+    def test_each_pool_is_a_leader_worker_set_of_groups_recreated_whole(self) -> None:
+        s = self.multi()
+        remote = manifests.prefill_cluster_objects(s, OWNER, allocation_of(s), "fp")
+        local = manifests.pd_cluster_engine_objects(s, OWNER, allocation_of(s), "fp")
+        assert not by_kind(remote + local, "StatefulSet")
+        (prfaas,) = by_kind(remote, "LeaderWorkerSet")
+        pools = {lws["metadata"]["name"]: lws for lws in by_kind(local, "LeaderWorkerSet")}
+        assert set(pools) == {"kimi-linear-pd-prefill", "kimi-linear-pd-decode"}
+        assert prfaas["apiVersion"] == "leaderworkerset.x-k8s.io/v1"
+        assert prfaas["metadata"]["name"] == "kimi-linear-prfaas-prefill"
+        assert prfaas["spec"]["replicas"] == 4  # groups: the instances
+        assert pools["kimi-linear-pd-decode"]["spec"]["replicas"] == 5
+        for lws, size, gpus in ((prfaas, 2, 8), *((p, 4, 8) for p in pools.values())):
+            group = lws["spec"]["leaderWorkerTemplate"]
+            assert group["size"] == size
+            assert group["restartPolicy"] == "RecreateGroupOnPodRestart"
+            assert "leaderTemplate" not in group  # every node runs the same command; LWS's env ranks it
+            engine = group["workerTemplate"]["spec"]["containers"][0]
+            assert engine["resources"]["requests"]["nvidia.com/gpu"] == gpus
+            assert engine["resources"]["limits"]["nvidia.com/gpu"] == gpus
+            args = engine["args"]
+            assert flag(args, "--tp-size") == str(size * gpus)  # TP over every GPU of the group
+            assert flag(args, "--dist-init-addr") == "$(LWS_LEADER_ADDRESS):20000"
+            assert flag(args, "--nnodes") == "$(LWS_GROUP_SIZE)"
+            assert flag(args, "--node-rank") == "$(LWS_WORKER_INDEX)"
+            assert (
+                lws["metadata"]["labels"]["prfaas.io/revision"]
+                == (group["workerTemplate"]["metadata"]["labels"]["prfaas.io/revision"])
+            )
+
+    def test_extra_args_still_win_over_the_group_flags(self) -> None:
+        s = spec(
+            **{
+                "prefillCluster.gpusPerInstance": 16,
+                "prefillCluster.nodesPerInstance": 2,
+                "model.extraArgs": ["--dist-init-addr", "10.0.0.1:5000"],
+            }
+        )
+        (lws,) = by_kind(
+            manifests.prefill_cluster_objects(s, OWNER, allocation_of(s), "fp"), "LeaderWorkerSet"
+        )
+        args = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["args"]
+        assert flag(args, "--dist-init-addr") == "10.0.0.1:5000"
+
+    def test_one_node_pools_stay_statefulsets_without_group_flags(self) -> None:
+        s = spec()
+        objects = manifests.prefill_cluster_objects(s, OWNER, allocation_of(s), "fp")
+        assert not by_kind(objects, "LeaderWorkerSet")
+        args = container(by_kind(objects, "StatefulSet")[0])["args"]
+        assert flag(args, "--nnodes") is None and flag(args, "--dist-init-addr") is None
+
+    def test_the_disruption_budget_covers_every_pod_of_the_pool(self) -> None:
+        """Evicting any pod of a group restarts the whole group, which then holds the budget until
+        it is ready again: with maxUnavailable 1 a drain takes one group at a time."""
+        s = self.multi()
+        objects = manifests.prefill_cluster_objects(s, OWNER, allocation_of(s), "fp")
+        (pdb,) = by_kind(objects, "PodDisruptionBudget")
+        (lws,) = by_kind(objects, "LeaderWorkerSet")
+        pod_labels = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["metadata"]["labels"]
+        assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+        assert pdb["spec"]["maxUnavailable"] == s.disruption_budget.max_unavailable
+
+    def test_the_router_lists_only_the_leader_of_a_group(self) -> None:
+        s = self.multi()
+
+        def pod(name: str, worker_index: str) -> PodInfo:
+            return PodInfo.from_manifest(
+                {
+                    "metadata": {
+                        "name": name,
+                        "labels": {
+                            "prfaas.io/role": "prfaas-prefill",
+                            "prfaas.io/fingerprint": "fp",
+                            "leaderworkerset.sigs.k8s.io/worker-index": worker_index,
+                        },
+                    },
+                    "status": {
+                        "podIP": f"10.0.0.{len(name)}{worker_index}",
+                        "conditions": [{"type": "Ready", "status": "True"}],
+                    },
+                }
+            )
+
+        pods = [pod("p-0", "0"), pod("p-0-1", "1"), pod("p-1", "0"), pod("p-1-1", "1")]
+        listed = ready_endpoints(
+            pods, "prfaas-prefill", s.prefill_cluster.port, s.prefill_cluster.bootstrap_port
+        )
+        assert [endpoint.name for endpoint in listed] == ["p-0", "p-1"]

@@ -14,7 +14,7 @@ import yaml
 from prfaas_engine_sim.settings import advertised_host, parse_args
 from prfaas_operator.allocation import effective_allocation
 from prfaas_operator.api import PrfaasDeploymentSpec
-from prfaas_operator.manifests import Owner, engine_roles, engine_statefulset
+from prfaas_operator.manifests import Owner, engine_roles, engine_workload
 from sglang.launch_server import fake_engine_argv
 
 SAMPLE = yaml.safe_load(
@@ -27,7 +27,7 @@ def engine_containers() -> list[dict[str, Any]]:
     spec = PrfaasDeploymentSpec.model_validate(SAMPLE["spec"])
     allocation = effective_allocation(spec, None).allocation
     return [
-        engine_statefulset(spec.model, role, OWNER, "fp")["spec"]["template"]["spec"]["containers"][0]
+        engine_workload(spec.model, role, OWNER, "fp")["spec"]["template"]["spec"]["containers"][0]
         for role in engine_roles(spec, OWNER, allocation)
     ]
 

@@ -22,7 +22,7 @@ from prfaas_operator.api import Allocation, PrfaasDeploymentSpec, PrfaasDeployme
 from prfaas_operator.drain import Drain
 from prfaas_operator.fingerprint import kv_fingerprint
 from prfaas_operator.kube import SECRET_NOT_FOUND, UNREACHABLE
-from prfaas_operator.manifests import Names, Owner, engine_roles, engine_statefulset, revision_of
+from prfaas_operator.manifests import Names, Owner, engine_roles, engine_workload, revision_of
 from prfaas_operator.reconcile_pass import (
     Applies,
     Conclusion,
@@ -82,7 +82,7 @@ def settled_slots(s: PrfaasDeploymentSpec, live: Mapping[str, int | None]) -> di
     fingerprint = kv_fingerprint(s.model)
     slots: dict[str, list[Slot] | None] = {}
     for engine in engine_roles(s, OWNER, effective_allocation(s, None).allocation):
-        manifest = engine_statefulset(s.model, engine, OWNER, fingerprint)
+        manifest = engine_workload(s.model, engine, OWNER, fingerprint)
         replicas = live.get(engine.role)
         slots[engine.role] = (
             []

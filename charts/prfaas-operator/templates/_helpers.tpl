@@ -54,6 +54,10 @@ watched namespace; never a wildcard.
 - apiGroups: [apps]
   resources: [statefulsets, deployments]
   verbs: [get, list, watch, create, patch, update, delete]
+# Engine pools with nodesPerInstance > 1 (where LeaderWorkerSet is installed).
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets]
+  verbs: [get, list, watch, create, patch, update, delete]
 - apiGroups: [""]
   resources: [services, configmaps]
   verbs: [get, list, watch, create, patch, update, delete]
