@@ -44,6 +44,7 @@ from prfaas_testbed.system import (
     REPO,
     LiveSystem,
     LiveSystemError,
+    across_nodes,
     customise_cr,
     load_sample_cr,
     stop_leftovers,
@@ -200,6 +201,20 @@ class Demo:
             planner=DEMO_PLANNER,
             routing_mode="Auto",
         )
+        if self.args.nodes_per_instance > 1:
+            if not self.testbed.real_nodes:
+                raise LiveSystemError(
+                    "--nodes-per-instance needs LeaderWorkerSet, which the testbed runs on its real nodes; "
+                    "this machine cannot run containers"
+                )
+            pools = {cluster: info.gpu_pool for cluster, info in self.testbed.clusters.items()}
+            cr = across_nodes(cr, self.args.nodes_per_instance, pools)
+            spec = cr["spec"]
+            say(
+                f"instances across {self.args.nodes_per_instance} nodes (LeaderWorkerSets): PrfaaS prefill "
+                f"{spec['prefillCluster']['replicas']} of {spec['prefillCluster']['gpusPerInstance']} GPUs, PD "
+                f"{spec['pdCluster']['instances']} of {spec['pdCluster']['gpusPerInstance']} GPUs"
+            )
         system.cr_name = str(cr["metadata"]["name"])
         if system.cr() is not None:
             say("deleting the PrfaasDeployment a previous run left")
@@ -372,7 +387,9 @@ class Demo:
         print(
             f"  export KUBECONFIG={self.testbed.pd_kubeconfig}        # PD cluster (operator, router, local engines)"
         )
-        print("  kubectl get prfaas -A -o wide; kubectl -n prfaas-demo get pods,statefulsets")
+        print(
+            "  kubectl get prfaas -A -o wide; kubectl -n prfaas-demo get pods,statefulsets,leaderworkersets"
+        )
         print(f"  export KUBECONFIG={self.testbed.prfaas_kubeconfig}    # PrfaaS cluster (prefill engines)")
 
     def tear_down(self) -> None:
@@ -437,6 +454,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--keep", action="store_true", help="leave the clusters up after tearing the system down"
     )
+    parser.add_argument(
+        "--nodes-per-instance",
+        type=int,
+        default=1,
+        help="nodes each engine instance spans (more than 1: LeaderWorkerSets, fewer instances)",
+    )
     args = parser.parse_args(argv)
     if args.duration is not None and not args.duration >= 30:
         parser.error(f"--duration must be at least 30 seconds, got {args.duration:g}")
@@ -444,6 +467,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--time-scale must be in (0, 10], got {args.time_scale:g}")
     if not 0 < args.kv_scale <= 1:
         parser.error(f"--kv-scale must be in (0, 1], got {args.kv_scale:g}")
+    if not 1 <= args.nodes_per_instance <= 4:
+        parser.error(
+            f"--nodes-per-instance must be in [1, 4] (the testbed has 5 H200 nodes), got {args.nodes_per_instance}"
+        )
     return args
 
 

@@ -35,7 +35,7 @@ from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Pod, Secret
 from lightkube.types import PatchType
 from prfaas_core.vocabulary import GROUP, KIND, PLURAL, VERSION
 
-from prfaas_testbed.clusters import KUBECONFIG_SECRET_KEY, Cluster, Testbed, store_kubeconfig_secret
+from prfaas_testbed.clusters import KUBECONFIG_SECRET_KEY, Cluster, GpuPool, Testbed, store_kubeconfig_secret
 from prfaas_testbed.link import LinkMode
 from prfaas_testbed.link_emulation import resolve_link_mode
 from prfaas_testbed.pod_workloads import Scales, WorkloadKind
@@ -142,6 +142,29 @@ def customise_cr(
         spec["planner"] = {**dict(planner), **({"prometheusUrl": prometheus_url} if prometheus_url else {})}
     if routing_mode is not None:
         spec["routing"]["mode"] = routing_mode
+    return result
+
+
+def across_nodes(cr: Mapping[str, Any], nodes: int, pools: Mapping[Cluster, GpuPool]) -> dict[str, Any]:
+    """The CR with instances of `nodes` whole nodes each in both clusters (LeaderWorkerSets when
+    more than one), its counts cut to what each cluster's GPU nodes hold that way, the planner's
+    bounds and minimums with them."""
+    result = copy.deepcopy(dict(cr))
+    spec = result["spec"]
+    for cluster, key in ((Cluster.PRFAAS, "prefillCluster"), (Cluster.PD, "pdCluster")):
+        pool = pools[cluster]
+        spec[key].update(
+            gpusPerNode=pool.gpus_per_node, gpusPerInstance=pool.gpus_per_node * nodes, nodesPerInstance=nodes
+        )
+    prefill, fits = spec["prefillCluster"], pools[Cluster.PRFAAS].nodes // nodes
+    prefill["maxReplicas"] = min(int(prefill.get("maxReplicas", fits)), fits)
+    prefill["replicas"] = min(int(prefill["replicas"]), prefill["maxReplicas"])
+    prefill["minReplicas"] = min(int(prefill.get("minReplicas", 1)), prefill["replicas"])
+    pd, fits = spec["pdCluster"], pools[Cluster.PD].nodes // nodes
+    if int(pd["instances"]) > fits:
+        decode = max(1, round(int(pd["decodeInstances"]) * fits / int(pd["instances"])))
+        pd.update(instances=fits, prefillInstances=fits - decode, decodeInstances=decode)
+        pd.update(minPrefillInstances=min(1, fits - decode), minDecodeInstances=1)
     return result
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # Kinds whose spec edits bump metadata.generation while status updates do not.
-_GENERATION_KINDS = {"StatefulSet", "Deployment", "PodDisruptionBudget"}
+_GENERATION_KINDS = {"StatefulSet", "LeaderWorkerSet", "Deployment", "PodDisruptionBudget"}
 
 
 @dataclass(frozen=True)

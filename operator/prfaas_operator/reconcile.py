@@ -222,6 +222,37 @@ async def _delete_retired(cluster: Cluster, owner: Owner, retire: Sequence[tuple
         await cluster.delete(kind, name, namespace)
 
 
+async def apply_drifted(
+    cluster: Cluster, cache: ClusterCache, wanted: Sequence[Manifest], mem: _Memory, where: str
+) -> None:
+    """Apply the children that are missing, changed by us, or changed by someone else; a
+    multi-node pool where the cluster serves no LeaderWorkerSet is refused (the rest is applied)."""
+    refused = [m for m in wanted if m["kind"] == LWS_KIND and cache[LWS_KIND].served is False]
+    todo = []
+    for manifest in wanted:
+        if manifest in refused:
+            continue
+        kind, meta = manifest["kind"], manifest["metadata"]
+        key = (where, kind, meta.get("namespace") or "", meta["name"])
+        live = cache[kind].get(key[2], key[3]) if cache.synced else None
+        why = needs_apply(manifest, live, mem.applied.get(key))
+        if why is not None:
+            todo.append((key, manifest, why))
+    results = await asyncio.gather(*(cluster.apply(manifest) for _, manifest, _ in todo))
+    for (key, manifest, why), obj in zip(todo, results, strict=True):
+        mem.applied[key] = Applied(manifest_hash(manifest), marker(obj))
+        log.debug("applied %s %s/%s to the %s: %s", key[1], key[2], key[3], cluster.name, why)
+    if refused:
+        pools = ", ".join(sorted(m["metadata"]["name"] for m in refused))
+        raise ClusterError(
+            Problem(
+                LWS_MISSING,
+                f"the {cluster.name} serves no {LWS_KIND} ({LWS_CRD}): install LeaderWorkerSet "
+                f"(kubernetes-sigs/lws) there to run {pools} with nodesPerInstance > 1",
+            )
+        )
+
+
 class Reconciler:
     """Reconciles PrfaasDeployments; one instance per operator process."""
 
@@ -471,36 +502,6 @@ class Reconciler:
             return StoredRouterConfig(problem=err.problem)
         return StoredRouterConfig(parse_router_config(found))
 
-    async def _apply_drifted(
-        self, cluster: Cluster, cache: ClusterCache, wanted: Sequence[Manifest], mem: _Memory, where: str
-    ) -> None:
-        """Apply the children that are missing, changed by us, or changed by someone else; a
-        multi-node pool where the cluster serves no LeaderWorkerSet is refused (the rest is applied)."""
-        refused = [m for m in wanted if m["kind"] == LWS_KIND and cache[LWS_KIND].served is False]
-        todo = []
-        for manifest in wanted:
-            if manifest in refused:
-                continue
-            kind, meta = manifest["kind"], manifest["metadata"]
-            key = (where, kind, meta.get("namespace") or "", meta["name"])
-            live = cache[kind].get(key[2], key[3]) if cache.synced else None
-            why = needs_apply(manifest, live, mem.applied.get(key))
-            if why is not None:
-                todo.append((key, manifest, why))
-        results = await asyncio.gather(*(cluster.apply(manifest) for _, manifest, _ in todo))
-        for (key, manifest, why), obj in zip(todo, results, strict=True):
-            mem.applied[key] = Applied(manifest_hash(manifest), marker(obj))
-            log.debug("applied %s %s/%s to the %s: %s", key[1], key[2], key[3], cluster.name, why)
-        if refused:
-            pools = ", ".join(sorted(m["metadata"]["name"] for m in refused))
-            raise ClusterError(
-                Problem(
-                    LWS_MISSING,
-                    f"the {cluster.name} serves no {LWS_KIND} ({LWS_CRD}): install LeaderWorkerSet "
-                    f"(kubernetes-sigs/lws) there to run {pools} with nodesPerInstance > 1",
-                )
-            )
-
     # ---- the PrfaaS cluster ---------------------------------------------------------------------
 
     async def _prefill_cluster(
@@ -574,7 +575,7 @@ class Reconciler:
             if mem.namespace_ensured != pc.namespace:
                 await self._ensure_namespace(cluster, spec, owner)
                 mem.namespace_ensured = pc.namespace
-            await self._apply_drifted(cluster, cache, wanted, mem, "prfaas")
+            await apply_drifted(cluster, cache, wanted, mem, "prfaas")
             await _delete_retired(cluster, owner, retire)
         except ClusterError as err:
             return ClusterObservation(self._remote_failed(owner, mem, err.problem)), []
@@ -667,7 +668,7 @@ class Reconciler:
         try:
             if cache.problem is not None:
                 raise ClusterError(cache.problem)
-            await self._apply_drifted(self.clusters.local, cache, wanted, mem, "pd")
+            await apply_drifted(self.clusters.local, cache, wanted, mem, "pd")
             await _delete_retired(self.clusters.local, owner, retire)
         except ClusterError as err:
             self.metrics.cluster_errors.labels(cluster="pd", reason=err.problem.reason).inc()

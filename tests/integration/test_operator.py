@@ -486,7 +486,8 @@ def test_bad_clusters_degrade_with_the_cause_while_others_are_served(
         "healthy": small(deployment_manifest("healthy", ns, remote_ns, "prfaas-cluster-kubeconfig")),
         "too-big": small(deployment_manifest("too-big", ns, remote_ns, "prfaas-cluster-kubeconfig")),
     }
-    crs["too-big"]["spec"]["pdCluster"]["gpusPerInstance"] = 16  # the H20 nodes have 8 each
+    # the spec says 16 GPUs a node (admission cannot know better); the H20 nodes have 8 each
+    crs["too-big"]["spec"]["pdCluster"].update(gpusPerInstance=16, gpusPerNode=16)
     kubectl(testbed, "apply", "-f", "-", stdin=yaml.safe_dump_all(crs.values()))
 
     def degraded(cr: str, reason: str) -> dict[str, Any] | None:

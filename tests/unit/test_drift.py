@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from prfaas_operator.drift import Applied, manifest_hash, marker, needs_apply
-from prfaas_operator.informers import Informer
-from prfaas_operator.kube import EXPIRED, ClusterError
+from prfaas_operator.informers import ClusterCache, Informer
+from prfaas_operator.kube import EXPIRED, NOT_SERVED, ClusterError
 from prfaas_operator.status import Problem
 
 DESIRED: dict[str, Any] = {
@@ -136,3 +136,79 @@ async def test_a_failing_cluster_is_reported_not_trusted() -> None:
         assert informer.problem is not None and informer.problem.reason == "Unreachable"
     finally:
         await informer.stop()
+
+
+async def test_an_add_on_kind_the_cluster_does_not_serve_is_known_absent_not_a_failure() -> None:
+    """LeaderWorkerSet where lws is not installed: the cache is synced and empty, says so, and
+    looks again later; the same answer for a kind every cluster serves is a failure."""
+    not_served = ClusterError(Problem(NOT_SERVED, "the test cluster serves no LeaderWorkerSet"))
+    optional = Informer(
+        ScriptedCluster(lists=[not_served], watches=[]), "LeaderWorkerSet", lambda o: None, optional=True
+    )
+    required = Informer(ScriptedCluster(lists=[not_served, not_served], watches=[]), "Pod", lambda o: None)
+    for informer in (optional, required):
+        informer.start()
+    try:
+        await settle(optional, lambda: optional.synced)
+        assert optional.served is False and optional.problem is None
+        assert optional.select_all({}) == []
+        await settle(required, lambda: required.problem is not None)
+        assert not required.synced and required.problem is not None
+    finally:
+        for informer in (optional, required):
+            await informer.stop()
+
+
+async def test_an_add_on_kind_once_served_is_watched_like_any_other() -> None:
+    cluster = ScriptedCluster(lists=[[pod("a", "1")]], watches=[])
+    informer = Informer(cluster, "LeaderWorkerSet", lambda o: None, optional=True)
+    informer.start()
+    try:
+        await settle(informer, lambda: informer.synced)
+        assert informer.served is True and informer.get("n", "a") is not None
+    finally:
+        await informer.stop()
+
+
+class RecordingCluster:
+    """kube.Cluster's apply, recorded (what apply_drifted sends)."""
+
+    name = "PrfaaS cluster"
+
+    def __init__(self) -> None:
+        self.applied: list[str] = []
+
+    async def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        self.applied.append(f"{manifest['kind']}/{manifest['metadata']['name']}")
+        return {**manifest, "metadata": {**manifest["metadata"], "generation": 1, "resourceVersion": "1"}}
+
+
+async def test_a_multi_node_pool_is_refused_where_leader_worker_set_is_not_served_and_the_rest_applied() -> (
+    None
+):
+    from prfaas_operator.reconcile import LWS_MISSING, _Memory, apply_drifted
+
+    cluster = RecordingCluster()
+    cache = ClusterCache(
+        cluster, ("LeaderWorkerSet", "Service"), lambda obj: None, optional=("LeaderWorkerSet",)
+    )  # type: ignore[arg-type]
+    cache["LeaderWorkerSet"].served = False
+    pool = {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": "p", "namespace": "n"},
+    }
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "p", "namespace": "n"}}
+    try:
+        await apply_drifted(cluster, cache, [pool, service], _Memory(), "prfaas")  # type: ignore[arg-type]
+    except ClusterError as err:
+        refusal = err.problem
+    else:
+        raise AssertionError("a LeaderWorkerSet was applied where none is served")
+    assert cluster.applied == ["Service/p"]
+    assert refusal.reason == LWS_MISSING
+    assert "serves no LeaderWorkerSet" in refusal.message and "kubernetes-sigs/lws" in refusal.message
+    assert "p with nodesPerInstance > 1" in refusal.message
+    cache["LeaderWorkerSet"].served = True  # installed since: applied like any other child
+    await apply_drifted(cluster, cache, [pool, service], _Memory(), "prfaas")  # type: ignore[arg-type]
+    assert "LeaderWorkerSet/p" in cluster.applied

@@ -23,6 +23,7 @@ from prfaas_operator.manifests import (
     prefill_cluster_objects,
     router_deployment,
 )
+from prfaas_testbed.clusters import Cluster, GpuPool
 from prfaas_testbed.link import (
     LinkMode,
     LinkShape,
@@ -36,6 +37,7 @@ from prfaas_testbed.link import (
 )
 from prfaas_testbed.pod_workloads import (
     PodFacts,
+    PodNotYetRunnable,
     PodWorkloadError,
     Programs,
     Scales,
@@ -43,7 +45,9 @@ from prfaas_testbed.pod_workloads import (
     classify,
     expand_references,
     local_process,
+    pod_dns_names,
 )
+from prfaas_testbed.system import across_nodes
 from prfaas_testbed.traffic import (
     CHARS_PER_TOKEN,
     PlannedRequest,
@@ -400,3 +404,58 @@ def test_an_engine_image_outside_the_testbeds_registry_never_starts(
     if not pulled:
         assert f'Failed to pull image "{image}"' in process.pull_error
     assert process.env["PRFAAS_KV_FINGERPRINT"] == "fp"  # the operator's downward-API env, from the label
+
+
+def test_a_group_workers_leader_address_resolves_to_the_leader_pod_as_cluster_dns_would(
+    tmp_path: Path,
+) -> None:
+    """A LeaderWorkerSet worker: LWS's env expands into SGLang's group flags, and the leader's DNS
+    name (no cluster DNS here) becomes the leader pod's IP; until the leader has one, not yet."""
+    pools = {
+        Cluster.PRFAAS: GpuPool("NVIDIA-H200", nodes=5, gpus_per_node=8, cpu_only_nodes=2),
+        Cluster.PD: GpuPool("NVIDIA-H20", nodes=10, gpus_per_node=8, cpu_only_nodes=2),
+    }
+    spec = PrfaasDeploymentSpec.model_validate(across_nodes(SAMPLE, 2, pools)["spec"])
+    (lws,) = [
+        o
+        for o in prefill_cluster_objects(spec, OWNER, effective_allocation(spec, None).allocation, "fp")
+        if o["kind"] == "LeaderWorkerSet"
+    ]
+    workload = {
+        "metadata": lws["metadata"],
+        "spec": {"template": lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]},
+    }
+    leader = pod_from(workload, "kimi-linear-prfaas-prefill-1", "10.231.2.1", H200_NODE)
+    leader["spec"].update(hostname="kimi-linear-prfaas-prefill-1", subdomain="kimi-linear-prfaas-prefill")
+    worker = pod_from(workload, "kimi-linear-prfaas-prefill-1-1", "10.231.4.1", H200_NODE)
+    lws_env = [
+        {
+            "name": "LWS_LEADER_ADDRESS",
+            "value": "kimi-linear-prfaas-prefill-1.kimi-linear-prfaas-prefill.prfaas-demo",
+        },
+        {"name": "LWS_GROUP_SIZE", "value": "2"},
+        {"name": "LWS_WORKER_INDEX", "value": "1"},
+    ]
+    (container,) = worker["spec"]["containers"]
+    worker["spec"]["containers"] = [{**container, "env": [*lws_env, *container["env"]]}]
+    with pytest.raises(PodNotYetRunnable, match="names no pod with an IP yet"):
+        translate(worker, H200_NODE, tmp_path)
+    hosts = {name: "10.231.2.1" for name in pod_dns_names(leader)}
+    assert "kimi-linear-prfaas-prefill-1.kimi-linear-prfaas-prefill.prfaas-demo.svc.cluster.local" in hosts
+    process = translate(worker, H200_NODE, tmp_path, hosts=hosts)
+    assert flag(process.argv, "--dist-init-addr") == "10.231.2.1:20000"
+    assert (flag(process.argv, "--nnodes"), flag(process.argv, "--node-rank")) == ("2", "1")
+    assert flag(process.argv, "--tp-size") == "16"
+
+
+def test_across_nodes_fits_the_sample_to_the_testbeds_nodes() -> None:
+    pools = {
+        Cluster.PRFAAS: GpuPool("NVIDIA-H200", nodes=5, gpus_per_node=8, cpu_only_nodes=2),
+        Cluster.PD: GpuPool("NVIDIA-H20", nodes=10, gpus_per_node=8, cpu_only_nodes=2),
+    }
+    spec = PrfaasDeploymentSpec.model_validate(across_nodes(SAMPLE, 2, pools)["spec"])
+    assert spec.prefill_cluster.nodes_per_instance == spec.pd_cluster.nodes_per_instance == 2
+    assert spec.prefill_cluster.gpus_per_instance == 16
+    assert spec.prefill_cluster.replicas * 2 <= 5 and spec.prefill_cluster.max_replicas * 2 <= 5
+    assert spec.pd_cluster.instances * 2 <= 10 and spec.pd_cluster.decode_instances >= 1
+    assert across_nodes(SAMPLE, 1, pools)["spec"]["pdCluster"]["instances"] == 8  # one node: as it was
