@@ -28,7 +28,7 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, NoDefault
 from pydantic_core import core_schema
 
 from prfaas_operator import api
-from prfaas_operator.manifests import MAX_CR_NAME_LENGTH
+from prfaas_operator.manifests import MAX_CR_NAME_LENGTH, MAX_GROUP_CR_NAME_LENGTH
 
 CRD_NAME = f"{vocabulary.PLURAL}.{vocabulary.GROUP}"
 CRD_FILE_NAME = f"{CRD_NAME}.yaml"
@@ -49,6 +49,14 @@ NAME_RULES = [
         f"metadata.name may have at most {MAX_CR_NAME_LENGTH} characters: the child StatefulSet "
         "<name>-prfaas-prefill labels its pods with controller-revision-hash <statefulset>-<hash>, "
         "which must fit in 63 characters",
+    ),
+    api.cel(
+        "(!has(self.spec.prefillCluster.nodesPerInstance) || self.spec.prefillCluster.nodesPerInstance == 1) "
+        "&& (!has(self.spec.pdCluster.nodesPerInstance) || self.spec.pdCluster.nodesPerInstance == 1) "
+        f"|| size(self.metadata.name) <= {MAX_GROUP_CR_NAME_LENGTH}",
+        f"metadata.name may have at most {MAX_GROUP_CR_NAME_LENGTH} characters when a pool has "
+        "nodesPerInstance > 1: LeaderWorkerSet names each group's StatefulSet <workload>-<group>, whose "
+        "controller-revision-hash label must fit in 63 characters",
     ),
     api.cel(
         "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",

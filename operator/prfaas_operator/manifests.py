@@ -144,6 +144,8 @@ MAX_CR_NAME_LENGTH = (
     - max(len(_SUFFIXES.prfaas_prefill), len(_SUFFIXES.pd_prefill), len(_SUFFIXES.pd_decode))
     - len(f"-{SECOND_SLOT}")  # a rollout's second StatefulSet of a role
 )
+MAX_GROUP_CR_NAME_LENGTH = MAX_CR_NAME_LENGTH - len("-511")
+"""With a LeaderWorkerSet pool: its worker StatefulSets are named <workload>-<group> (at most 512 groups)."""
 
 
 # ---- labels and metadata ----------------------------------------------------------------------

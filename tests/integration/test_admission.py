@@ -461,6 +461,56 @@ def test_longest_allowed_name_is_accepted_and_its_children_are_valid(
     kubectl.ok("delete", "statefulset", longest["metadata"]["name"], "-n", namespace, "--wait=false")
 
 
+def test_multi_node_pools_shorten_the_longest_name_and_their_groups_start(
+    kubectl: Kubectl, namespace: str
+) -> None:
+    """LeaderWorkerSet names a group's StatefulSet <workload>-<group>: the name rule leaves room
+    for the group index, and the real controller (installed by the testbed) makes the group's worker
+    pod for the longest workload name there is (the second slot's)."""
+
+    def multi_node(name: str) -> dict[str, Any]:
+        cr = manifest(namespace, name)
+        cr["spec"]["prefillCluster"].update(gpusPerInstance=16, nodesPerInstance=2)
+        return cr
+
+    refused = kubectl.run(
+        "create", "-f", "-", stdin=yaml.safe_dump(multi_node("n" * manifests.MAX_CR_NAME_LENGTH))
+    )
+    assert refused.returncode != 0 and "nodesPerInstance > 1" in refused.stderr, refused.stderr
+    name = "g" * manifests.MAX_GROUP_CR_NAME_LENGTH
+    kubectl.ok("create", "-f", "-", stdin=yaml.safe_dump(multi_node(name)))
+    stored = json.loads(kubectl.ok("get", "prfaasdeployment", name, "-n", namespace, "-o", "json"))
+    spec = api.PrfaasDeploymentSpec.model_validate(stored["spec"])
+    spec = spec.model_copy(
+        update={"prefill_cluster": spec.prefill_cluster.model_copy(update={"namespace": namespace})}
+    )
+    owner = manifests.Owner.of(stored["metadata"])
+    allocation = effective_allocation(spec, None).allocation
+    (lws,) = [
+        c
+        for c in manifests.prefill_cluster_objects(spec, owner, allocation, "fp")
+        if c["kind"] == "LeaderWorkerSet"
+    ]
+    lws["metadata"]["name"] = f"{lws['metadata']['name']}-b"  # a rollout's second slot: the longest
+    lws["spec"]["replicas"] = 1
+    kubectl.ok("apply", "--server-side", "--field-manager=prfaas-tests", "-f", "-", stdin=yaml.safe_dump(lws))
+    worker = f"{lws['metadata']['name']}-0-1"
+    try:
+        wait_for(lambda: kubectl.run("get", "pod", worker, "-n", namespace).returncode == 0, timeout_s=90,
+                 what=f"worker pod {worker} created by LeaderWorkerSet")  # fmt: skip
+        pod = json.loads(kubectl.ok("get", "pod", worker, "-n", namespace, "-o", "json"))
+        assert pod["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/worker-index"] == "1"
+        assert pod["metadata"]["labels"]["controller-revision-hash"].startswith(
+            f"{lws['metadata']['name']}-0-"
+        )
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert (
+            env["LWS_LEADER_ADDRESS"] == f"{lws['metadata']['name']}-0.{lws['metadata']['name']}.{namespace}"
+        )
+    finally:
+        kubectl.run("delete", "leaderworkerset", lws["metadata"]["name"], "-n", namespace, "--wait=false")
+
+
 def test_bare_yaml_off_is_rejected_as_a_boolean(kubectl: Kubectl, namespace: str) -> None:
     text = yaml.safe_dump(manifest(namespace, "bad-bare-off"))
     assert "mode: 'Off'" in text

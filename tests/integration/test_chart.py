@@ -47,6 +47,7 @@ OPERATOR_NAMESPACED = (
     | {("prfaas.io", "prfaasdeployments/status", verb) for verb in ("get", "patch", "update")}
     | {("prfaas.io", "prfaasdeployments/finalizers", "update")}
     | {("apps", resource, verb) for resource in ("statefulsets", "deployments") for verb in WRITE}
+    | {("leaderworkerset.x-k8s.io", "leaderworkersets", verb) for verb in WRITE}  # multi-node pools
     | {("", resource, verb) for resource in ("services", "configmaps") for verb in WRITE}
     | {("", "pods", verb) for verb in ("get", "list", "watch")}
     | {("policy", "poddisruptionbudgets", verb) for verb in WRITE}
@@ -63,6 +64,7 @@ OPERATOR_NAMESPACED = (
 ACCESS_NAMESPACES = {("", "namespaces", "get"), ("", "namespaces", "create"), ("", "namespaces", "delete")}
 ACCESS_WORKLOADS = (
     {("apps", "statefulsets", verb) for verb in WRITE}
+    | {("leaderworkerset.x-k8s.io", "leaderworkersets", verb) for verb in WRITE}
     | {("", "services", verb) for verb in WRITE}
     | {("policy", "poddisruptionbudgets", verb) for verb in WRITE}
     | {("", "pods", verb) for verb in ("get", "list", "watch")}
@@ -722,6 +724,9 @@ def test_notes_build_a_working_least_privilege_kubeconfig_for_the_prefill_cluste
             assert can_i(kubeconfig, verb, resource, namespace=None), f"may not {verb} {resource}"
         for verb in WRITE:
             assert can_i(kubeconfig, verb, "statefulsets.apps", namespace="any-prefill-ns"), verb
+            assert can_i(
+                kubeconfig, verb, "leaderworkersets.leaderworkerset.x-k8s.io", namespace="any-prefill-ns"
+            ), verb
             assert can_i(kubeconfig, verb, "services", namespace="any-prefill-ns"), verb
         for verb in ("get", "list", "watch"):
             assert can_i(kubeconfig, verb, "pods", namespace="any-prefill-ns"), verb
