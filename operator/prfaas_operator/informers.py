@@ -32,7 +32,7 @@ RETRY_SECONDS = 1.0
 RETRY_MAX_SECONDS = 30.0
 PROBE_SECONDS = 10.0
 NOT_SERVED_RECHECK_SECONDS = 30.0
-"""How often an optional kind the cluster does not serve is listed again (an add-on installed later)."""
+"""How often an optional kind that could not be listed is listed again (an add-on installed later)."""
 
 
 class Watchable(Protocol):
@@ -73,7 +73,8 @@ class Informer:
         self.optional = optional
         """A kind the cluster may not serve (a CRD of an add-on): that is known, not a failure."""
         self.served: bool | None = None
-        """False once a list said the cluster serves no such kind; None until a list answered."""
+        """False once a list said the cluster serves no such kind; None until a list answered (or
+        while listing it fails otherwise)."""
         self._on_change = on_change
         self._objects: dict[tuple[str, str], Manifest] = {}
         self._scopes: tuple[str | None, ...] = tuple(namespaces or ()) or (None,)
@@ -130,13 +131,8 @@ class Informer:
                     self.kind, namespace=scope, labels=selector
                 )
             except ClusterError as err:
-                if self.optional and err.problem.reason == NOT_SERVED:
-                    if self.served is not False:
-                        log.info(
-                            "%s; looking again every %.0f s", err.problem.message, NOT_SERVED_RECHECK_SECONDS
-                        )
-                    self.served = False
-                    self._replace((), scope)
+                if self.optional:
+                    self._absent(scope, err.problem)
                     await asyncio.sleep(NOT_SERVED_RECHECK_SECONDS)
                     continue
                 failures += 1
@@ -160,6 +156,18 @@ class Informer:
                              err.problem.message)  # fmt: skip
             if asyncio.get_running_loop().time() - started < RETRY_SECONDS:
                 await asyncio.sleep(RETRY_SECONDS)  # a watch that breaks at once must not spin the lists
+
+    def _absent(self, scope: str | None, problem: Problem) -> None:
+        """An optional kind that cannot be listed holds nothing, and does not make the cluster
+        unobserved: where it is not served, that is what is known; where it is refused (e.g. an
+        identity from before the add-on), what is written of it fails and says why."""
+        not_served = problem.reason == NOT_SERVED
+        if self.served is not False or not not_served:
+            level = logging.INFO if not_served else logging.WARNING
+            log.log(level, "%s; listing it again in %.0f s", problem.message, NOT_SERVED_RECHECK_SECONDS)
+        self.served = False if not_served else None
+        self._replace((), scope)
+        self.problem = None if not_served else problem
 
     def _replace(self, objects: Iterable[Manifest], scope: str | None) -> None:
         """The listed objects replace what this scope (one namespace, or all) held before."""

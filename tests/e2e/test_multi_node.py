@@ -19,7 +19,7 @@ import urllib.request
 from typing import Any
 
 import pytest
-from lightkube import Client
+from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Pod
 from live_traffic import E2E_TIME_SCALE, logs_hint
 from prfaas_core.vocabulary import LABEL_INSTANCE, LABEL_ROLE, LWS_WORKER_INDEX_LABEL, Role
@@ -44,15 +44,21 @@ def client_of(system: LiveSystem, cluster: Cluster) -> Client:
     return system.pd if cluster is Cluster.PD else system.prfaas
 
 
-def leader_worker_set(system: LiveSystem, role: Role) -> dict[str, Any] | None:
+def leader_worker_sets(system: LiveSystem, role: Role) -> list[dict[str, Any]]:
+    """The pool's live LeaderWorkerSets: its slot, and its second one while a rollout runs."""
     cluster, name = POOLS[role]
-    try:
-        found = client_of(system, cluster).get(
-            LeaderWorkerSetResource, name, namespace=system.layout.deployment_namespace
-        )
-    except Exception:
-        return None
-    return found.to_dict() if hasattr(found, "to_dict") else dict(found)
+    found = []
+    for slot in (name, f"{name}-b"):
+        try:
+            lws = client_of(system, cluster).get(
+                LeaderWorkerSetResource, slot, namespace=system.layout.deployment_namespace
+            )
+        except ApiError as err:
+            if err.status.code != 404:
+                raise
+            continue
+        found.append(lws.to_dict() if hasattr(lws, "to_dict") else dict(lws))
+    return found
 
 
 def pool_pods(system: LiveSystem, role: Role) -> list[Pod]:
@@ -71,9 +77,12 @@ def worker_index(pod: Pod) -> str:
 
 
 def groups_ready(system: LiveSystem, role: Role, groups: int) -> bool:
-    lws = leader_worker_set(system, role) or {}
-    status = lws.get("status") or {}
-    return (lws.get("spec") or {}).get("replicas") == groups and status.get("readyReplicas") == groups
+    """The pool is one LeaderWorkerSet of `groups` groups, all ready."""
+    found = leader_worker_sets(system, role)
+    if len(found) != 1:
+        return False
+    (lws,) = found
+    return lws["spec"]["replicas"] == groups and (lws.get("status") or {}).get("readyReplicas") == groups
 
 
 def complete(router: str, prompt_words: int, word: str) -> int:
@@ -248,13 +257,72 @@ def test_the_planner_moves_the_split_between_multi_node_pools(deployment: LiveSy
     assert summary.outcomes.get("failed", 0) == 0, f"{summary.line()} {summary.errors} {logs_hint(system)}"
 
 
+def test_an_image_change_rolls_the_groups_of_both_clusters_in_the_second_slot(deployment: LiveSystem) -> None:
+    """A rollout counts groups as instances: each pool's new revision comes up as a second
+    LeaderWorkerSet (<workload>-b) beside the old one, which is drained and deleted; requests
+    meanwhile, every other one long (offloaded), are all answered."""
+    system = deployment
+    router = system.router_url()
+    assert router is not None, logs_hint(system)
+    # A rollout surges one instance per role: room for a two-node group of each beside the old
+    # (5 H200 and 10 H20 nodes), with the planner off so that the counts stay where they are put.
+    system.patch_spec(
+        {
+            "planner": {"mode": "Off"},
+            "routing": {"mode": "Fixed"},
+            "prefillCluster": {"replicas": 1},
+            "pdCluster": {
+                "instances": 2,
+                "prefillInstances": 1,
+                "decodeInstances": 1,
+                "minPrefillInstances": 1,
+            },
+        }
+    )
+    for role in POOLS:
+        wait_until(
+            f"{role}: 1 group",
+            lambda role=role: groups_ready(system, role, 1) and len(pool_pods(system, role)) == 2,
+            180,
+        )
+    image = "lmsysorg/sglang:v0.5.24"  # the next release the runner's stand-in registry holds
+    system.patch_spec({"model": {"image": image}})
+    generation = int(((system.cr() or {}).get("metadata") or {}).get("generation") or 0)
+    statuses: list[int] = []
+
+    def rolled() -> bool:
+        status = (system.cr() or {}).get("status") or {}
+        rolling = next((c for c in status.get("conditions") or [] if c["type"] == "RolloutProgressing"), {})
+        return (
+            int(status.get("observedGeneration") or 0) >= generation
+            and "rollout" not in status
+            and rolling.get("reason") == "RevisionAvailable"
+        )
+
+    started = time.monotonic()
+    while not rolled():
+        assert time.monotonic() - started < 300, (
+            f"not rolled: {(system.cr() or {}).get('status')} {logs_hint(system)}"
+        )
+        statuses.append(complete(router, 30000 if len(statuses) % 2 else 200, f"roll{len(statuses)}"))
+        time.sleep(0.5)
+    print(
+        f"multi-node pools rolled in {time.monotonic() - started:.0f} s; {len(statuses)} requests, {sorted(set(statuses))}"
+    )
+    assert set(statuses) <= {200}, f"{statuses} {logs_hint(system)}"
+    for role, (_, name) in POOLS.items():
+        pods = pool_pods(system, role)
+        assert pods and {pod.spec.containers[0].image for pod in pods if pod.spec} == {image}, role
+        (lws,) = leader_worker_sets(system, role)  # the old slot is deleted once drained
+        assert lws["metadata"]["name"] == f"{name}-b", role
+        assert (lws["status"]["readyReplicas"], len(pods)) == (1, 2), role
+
+
 def test_everything_goes_with_the_cr(deployment: LiveSystem) -> None:
     system = deployment
     system.delete_cr()
     wait_until(
         "the LeaderWorkerSets and their pods to go with the CR",
-        lambda: all(
-            leader_worker_set(system, role) is None and not pool_pods(system, role) for role in POOLS
-        ),
+        lambda: all(not leader_worker_sets(system, role) and not pool_pods(system, role) for role in POOLS),
         120,
     )

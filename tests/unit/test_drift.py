@@ -212,3 +212,27 @@ async def test_a_multi_node_pool_is_refused_where_leader_worker_set_is_not_serve
     cache["LeaderWorkerSet"].served = True  # installed since: applied like any other child
     await apply_drifted(cluster, cache, [pool, service], _Memory(), "prfaas")  # type: ignore[arg-type]
     assert "LeaderWorkerSet/p" in cluster.applied
+
+
+async def test_an_add_on_kind_the_identity_may_not_list_leaves_the_cluster_observed() -> None:
+    """An access identity from before the add-on: the rest of the cluster is still observed; the
+    refusal is kept for whoever needs the kind (writing it fails with the same cause)."""
+    forbidden = ClusterError(Problem("Forbidden", "test cluster: list LeaderWorkerSet is forbidden"))
+    cache = ClusterCache(
+        ScriptedCluster(lists=[forbidden], watches=[]),
+        ("LeaderWorkerSet",),
+        lambda o: None,
+        optional=("LeaderWorkerSet",),
+    )  # type: ignore[arg-type]
+    cache.start()
+    try:
+        await settle(cache["LeaderWorkerSet"], lambda: cache.synced)
+        assert cache.problem is None
+        informer = cache["LeaderWorkerSet"]
+        assert (
+            informer.served is None
+            and informer.problem is not None
+            and informer.problem.reason == "Forbidden"
+        )
+    finally:
+        await cache.stop()
