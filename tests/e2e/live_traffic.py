@@ -111,3 +111,17 @@ def pd_real_node(system: LiveSystem) -> RealNode:
     if node is None:
         pytest.skip("this machine cannot run containers: the testbed runs every pod as a process")
     return node
+
+
+def quick_planner(system: LiveSystem) -> dict[str, Any]:
+    """The planner in Auto every 10 s over the last 60 s, no cooldown: what the rescaling
+    scenarios patch in (with routing Auto, which needs it)."""
+    assert system.prometheus is not None
+    return {
+        "mode": "Auto",
+        "prometheusUrl": system.prometheus.url,
+        "intervalSeconds": 10,
+        "windowSeconds": 60,
+        "cooldownSeconds": 0,
+        "hysteresis": 0.05,
+    }

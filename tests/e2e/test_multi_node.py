@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Pod
-from live_traffic import E2E_TIME_SCALE, logs_hint
+from live_traffic import E2E_TIME_SCALE, BackgroundTraffic, logs_hint, quick_planner
 from prfaas_core.vocabulary import LABEL_INSTANCE, LABEL_ROLE, LWS_WORKER_INDEX_LABEL, Role
 from prfaas_operator.kube import LeaderWorkerSetResource
 from prfaas_testbed.clusters import Cluster
@@ -210,17 +210,9 @@ def test_the_planner_moves_the_split_between_multi_node_pools(deployment: LiveSy
     system.patch_spec(
         {
             "routing": {"mode": "Auto"},
-            "planner": {
-                "mode": "Auto",
-                "prometheusUrl": system.prometheus.url,
-                "intervalSeconds": 10,
-                "windowSeconds": 60,
-                "cooldownSeconds": 0,
-                "hysteresis": 0.05,
-            },
+            "planner": quick_planner(system),
         }
     )
-    from live_traffic import BackgroundTraffic
 
     router = system.router_url()
     assert router is not None

@@ -41,6 +41,7 @@ from live_traffic import (
     link_counters,
     logs_hint,
     pd_real_node,
+    quick_planner,
 )
 from prfaas_core.vocabulary import LABEL_INSTANCE, LABEL_ROLE, Pool
 from prfaas_testbed.clusters import Cluster
@@ -561,14 +562,7 @@ def test_workload_shift_makes_the_planner_rescale(deployment: LiveSystem) -> Non
                 "minDecodeInstances": 1,
             },
             "routing": {"mode": "Auto"},
-            "planner": {
-                "mode": "Auto",
-                "prometheusUrl": system.prometheus.url,
-                "intervalSeconds": 10,
-                "windowSeconds": 60,
-                "cooldownSeconds": 0,
-                "hysteresis": 0.05,
-            },
+            "planner": quick_planner(system),
         }
     )
     long_prompts = lognormal_requests(
