@@ -14,6 +14,8 @@
 # loopback too and the engines pace their KV sends instead; PRFAAS_TESTBED_LINK=loopback forces
 # that. The choice is made at the first `up` of a state dir and kept. Nothing points elsewhere.
 #
+# With real nodes, LeaderWorkerSet (lws.sh) runs in both clusters, for multi-node engine pools.
+#
 # Usage: testbed.sh up | down | status | env
 #   up     build or reuse the binaries, create the clusters (reusing healthy ones, recreating
 #          broken ones), add the nodes, write self-contained kubeconfigs

@@ -19,8 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from prfaas_core.vocabulary import LWS_KIND
+
 # Kinds whose spec edits bump metadata.generation while status updates do not.
-_GENERATION_KINDS = {"StatefulSet", "LeaderWorkerSet", "Deployment", "PodDisruptionBudget"}
+_GENERATION_KINDS = {"StatefulSet", LWS_KIND, "Deployment", "PodDisruptionBudget"}
 
 
 @dataclass(frozen=True)

@@ -222,12 +222,13 @@ class EngineRole:
     bootstrap_port: int
     remote: bool
     slot: str | None = None
-    """The StatefulSet's name when it is not ``name``: the role's second slot (rollout.slot_names)."""
+    """The workload's name when it is not ``name``: the role's second slot (rollout.slot_names)."""
     min_ready_seconds: int = 0
     """spec.rollout.minReadySeconds: a new pod counts as available (for a rollout's step) only then."""
 
     @property
-    def statefulset(self) -> str:
+    def workload(self) -> str:
+        """The name of its StatefulSet or LeaderWorkerSet."""
         return self.slot or self.name
 
 
@@ -336,7 +337,7 @@ def engine_workload(model: ModelSpec, engine: EngineRole, owner: Owner, fingerpr
         engine.name,
     ):  # the second slot: its selector must not match the first's pods
         selector[LABEL_SLOT] = template_labels[LABEL_SLOT] = SECOND_SLOT
-    metadata = _metadata(engine.statefulset, engine.namespace, owner, engine.role, remote=engine.remote)
+    metadata = _metadata(engine.workload, engine.namespace, owner, engine.role, remote=engine.remote)
     metadata["labels"][LABEL_REVISION] = revision
     if placement.multi_node:
         return _leader_worker_set(metadata, engine, template)
@@ -467,7 +468,7 @@ def disruption_budget(
 def engine_objects(
     spec: PrfaasDeploymentSpec, engine: EngineRole, owner: Owner, fingerprint: str
 ) -> list[Manifest]:
-    """One engine pool: its StatefulSet, headless Service and PodDisruptionBudget."""
+    """One engine pool: its StatefulSet or LeaderWorkerSet, headless Service and PodDisruptionBudget."""
     return [
         engine_workload(spec.model, engine, owner, fingerprint),
         engine_service(engine, owner),
