@@ -279,6 +279,17 @@ def test_a_rollout_is_in_progress_while_any_engine_workload_is_mid_rollout() -> 
     assert not workload_rolling(sts(3, 3, "r1", "r1"))
     assert workload_rolling(sts(3, 3, "r1", "r2")), "pods still at the old revision"
     assert workload_rolling(sts(4, 3, "r1", "r1")), "the controller has not seen the new template yet"
+
+    def lws(update_in_progress: str) -> dict[str, object]:  # its status has no observedGeneration
+        condition = {"type": "UpdateInProgress", "status": update_in_progress}
+        return {
+            "kind": "LeaderWorkerSet",
+            "metadata": {"generation": 4},
+            "status": {"conditions": [condition]},
+        }
+
+    assert not workload_rolling(lws("False")), "a LeaderWorkerSet at rest"
+    assert workload_rolling(lws("True")), "a LeaderWorkerSet replacing its groups"
     settled = api.PrfaasDeploymentStatus(pd_decode=api.RoleCounts(desired=2, ready=2))
     assert not rollout_in_progress(settled)
     decode_rolling = api.PrfaasDeploymentStatus(pd_decode=api.RoleCounts(desired=2, ready=1, rolling=True))

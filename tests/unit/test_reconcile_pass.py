@@ -36,9 +36,10 @@ from prfaas_operator.reconcile_pass import (
     pace,
     plan_pd_engines,
     plan_router_and_prefill_cluster,
+    retired,
 )
 from prfaas_operator.remote_backoff import RemoteBackoff
-from prfaas_operator.rollout import Slot
+from prfaas_operator.rollout import RolePlan, RolloutDecision, Slot
 from prfaas_operator.status import ClusterObservation, PodInfo, Problem
 from sample_cr import spec
 
@@ -478,3 +479,41 @@ def test_a_deletion_retries_an_unreachable_prfaas_cluster_for_a_bounded_time() -
     delays = [remote_backoff.cleanup_retry_delay(10.0, retry, 2.0, 30.0, 300.0) for retry in range(6)]
     assert delays == [2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
     assert remote_backoff.cleanup_retry_delay(300.0, 1, 2.0, 30.0, 300.0) is None, "then it gives up"
+
+
+# ---- multi-node pools (LeaderWorkerSets) ---------------------------------------------------------
+
+MULTI_NODE = {"prefillCluster.gpusPerInstance": 16, "prefillCluster.nodesPerInstance": 2}
+
+
+def leader_worker_set(manifests: Sequence[Mapping[str, Any]] | None, name: str) -> Mapping[str, Any]:
+    assert manifests is not None, "nothing planned for that cluster"
+    (found,) = [m for m in manifests if m["kind"] == "LeaderWorkerSet" and m["metadata"]["name"] == name]
+    return found
+
+
+def test_scaling_a_multi_node_pool_down_holds_its_groups_while_their_leaders_drain() -> None:
+    s = spec(**{**MULTI_NODE, "prefillCluster.replicas": 2})
+    done = run_pass(s, Memory({}), 100.0, running=spec(**MULTI_NODE))
+    assert (
+        leader_worker_set(done.plan.prefill_cluster_manifests, NAMES.prfaas_prefill)["spec"]["replicas"] == 4
+    )
+    assert listed(done.plan.router_config.config, Pool.PRFAAS_PREFILL) == [
+        f"{NAMES.prfaas_prefill}-{n}" for n in range(2)
+    ]
+
+
+def test_a_new_shape_rolls_a_pool_from_its_statefulset_to_a_leader_worker_set_beside_it() -> None:
+    """nodesPerInstance 1 -> 2 is a new pod template: the groups come up in the second slot while
+    the old StatefulSet serves at full size, kept as it runs; once drained it is retired as such."""
+    first = run_pass(spec(**MULTI_NODE), Memory({}), 100.0, running=spec())
+    manifests = first.plan.prefill_cluster_manifests
+    new = leader_worker_set(manifests, f"{NAMES.prfaas_prefill}-b")
+    assert new["spec"]["replicas"] == 1 and new["spec"]["leaderWorkerTemplate"]["size"] == 2
+    old = statefulset(manifests, NAMES.prfaas_prefill)
+    assert old["spec"]["replicas"] == 4, "the old revision keeps serving at full size"
+    assert old["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] == 8
+    old_slot = Slot(NAMES.prfaas_prefill, "old", 0, 0, live={"kind": "StatefulSet", "metadata": {}})
+    plan = RolePlan(Role.PRFAAS_PREFILL, f"{NAMES.prfaas_prefill}-b", 4, old=old_slot, retire=True)
+    decision = RolloutDecision(roles={Role.PRFAAS_PREFILL: plan}, status=None)
+    assert retired(decision, [Role.PRFAAS_PREFILL], "ns") == [("StatefulSet", "ns", NAMES.prfaas_prefill)]
