@@ -252,6 +252,23 @@ def test_the_monitor_counts_nothing_from_a_silent_or_restarted_engine() -> None:
     assert monitor.estimator.measured(3.0, configured) == pytest.approx(configured * (1 - 0.9 * weight))
 
 
+def test_the_monitor_bounds_a_link_over_which_no_engine_answers_while_the_routers_kv_is_out() -> None:
+    """A link so full that no poll's answer crosses it (the e2e link drop): the router's own
+    outstanding KV is what waits, and nothing it sent is known to have arrived."""
+    configured = MONITOR_MODEL.link_bandwidth
+    answered = EngineTransfers(transfers_at(configured, 1), undelivered=0.0)
+    for outstanding in (100 * ONE_TRANSFER_BYTES, 0.0):
+        monitor = LinkMonitor(RULES, chunk_tokens=8192)
+        monitor.poll(0.0, {"p0": answered, "p1": answered}, MONITOR_MODEL, outstanding)
+        for second in range(1, 12):
+            monitor.poll(float(second), {"p0": None, "p1": None}, MONITOR_MODEL, outstanding)
+        estimate = monitor.estimator.estimate(11.0, configured)
+        if outstanding:  # silent since t = 1: capped at what is out over the time nothing came
+            assert estimate == pytest.approx(outstanding / 10.0)
+        else:  # nothing of the router's out: silence alone says nothing about the link
+            assert estimate == configured
+
+
 def test_the_monitor_bounds_a_link_that_holds_kv_and_delivers_nothing_only_while_all_answer() -> None:
     configured = MONITOR_MODEL.link_bandwidth
     held = EngineTransfers(transfers_at(configured, 1), undelivered=3.0)

@@ -259,7 +259,10 @@ class LinkMonitor:
     interval's transfers; an engine that did not answer (None), or whose totals went back (a
     restart), adds nothing this time. While every engine answers and some hold undelivered KV
     with no transfer completing, `stalled_bound` caps the estimate after a half-life of that (a
-    poll some engine did not answer leaves that bound as it was).
+    poll some engine did not answer leaves that bound as it was). While no engine answers at all
+    and the router's own KV is still out, the same holds with that KV: their answers cross the
+    same link as the KV, so on a link that delivers nothing every poll times out (and engines
+    that are all gone take no offloads anyway).
     """
 
     def __init__(self, rules: LinkEstimateRules, chunk_tokens: int) -> None:
@@ -301,10 +304,13 @@ class LinkMonitor:
         if sample is not None:
             self.estimator.observe(now, sample, wall, model.link_bandwidth)
             self._sampled_at = now
-        if all(answer is not None for answer in answers.values()):  # a silent engine may hold KV
+        heard = [answer for answer in answers.values() if answer is not None]
+        if len(heard) == len(answers):  # one silent engine among others may hold KV of its own
             self._bound_by_non_delivery(
                 now, undelivered, moved.bytes, outstanding_bytes, model.link_bandwidth
             )
+        elif not heard:  # not even their metrics came back over it, and the router's KV is still out
+            self._bound_by_non_delivery(now, outstanding_bytes, 0.0, outstanding_bytes, model.link_bandwidth)
 
     def _shape(self, model: PolicyModel) -> TransferShape:
         return TransferShape(
