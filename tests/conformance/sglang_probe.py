@@ -152,6 +152,7 @@ def engine_args(arg_lists: list[list[str]]) -> list[dict[str, Any]]:
             "model_path", "revision", "served_model_name", "host", "port", "tp_size", "disaggregation_mode",
             "disaggregation_transfer_backend", "disaggregation_bootstrap_port", "disaggregation_ib_device",
             "page_size", "kv_cache_dtype", "enable_metrics", "disable_radix_cache", "trust_remote_code",
+            "dist_init_addr", "nnodes", "node_rank",
         )  # fmt: skip
         results.append({"ok": True, "resolved": {field: getattr(view, field) for field in fields}})
     return results

@@ -18,11 +18,13 @@ from typing import Any, get_args
 import pytest
 import yaml
 from prfaas_core import metrics_contract
+from prfaas_core.vocabulary import DIST_INIT_PORT
 from prfaas_operator import api, manifests
 from prfaas_operator.allocation import effective_allocation
 from prfaas_operator.api import KvDtype, PrfaasDeploymentSpec
 from prfaas_router import loads as router_loads
 from prfaas_router.payloads import Kind, parse, with_bootstrap
+from prfaas_testbed.pod_workloads import expand_references
 
 ROOT = Path(__file__).resolve().parents[2]
 SGLANG_PYTHON = ROOT / ".venv-sglang" / "bin" / "python"
@@ -72,12 +74,26 @@ def _variants(spec: PrfaasDeploymentSpec) -> list[PrfaasDeploymentSpec]:
     return variants
 
 
+LWS_ENV = {
+    "LWS_LEADER_ADDRESS": "kimi-linear-pd-decode-0.kimi-linear-pd-decode.prfaas-demo",
+    "LWS_GROUP_SIZE": "2",
+    "LWS_WORKER_INDEX": "1",
+}
+"""What LeaderWorkerSet injects into the worker of a two-node group (its $(VAR)s expanded by the kubelet)."""
+
+
 def _engine_arg_lists() -> list[tuple[str, list[str]]]:
     cases = []
     for spec in _sample_specs():
         for variant in [spec, *_variants(spec)]:
             for role in _roles(variant):
                 cases.append((role.role, manifests.sglang_args(variant.model, role)))
+    sample = _sample_specs()[0]
+    shape = {"gpus_per_instance": 16, "nodes_per_instance": 2}
+    multi_node = sample.model_copy(update={"pd_cluster": sample.pd_cluster.model_copy(update=shape)})
+    for role in _roles(multi_node)[1:]:
+        args = manifests.sglang_args(multi_node.model, role)
+        cases.append((f"{role.role} node rank 1", [expand_references(arg, LWS_ENV) for arg in args]))
     return cases
 
 
@@ -165,6 +181,12 @@ def test_every_engine_command_line_parses_and_passes_the_pd_hook(sglang: dict[st
         assert resolved["served_model_name"] == flag["--served-model-name"] and resolved["enable_metrics"]
         # a decode drops its radix cache; a prefill keeps it (and so checks its page size, below)
         assert resolved["disable_radix_cache"] == (flag["--disaggregation-mode"] == "decode")
+        # a group's node: SGLang reads the flags LeaderWorkerSet's env gives (parallel.py's fields)
+        assert (resolved["dist_init_addr"], resolved["nnodes"], resolved["node_rank"]) == (
+            (f"{LWS_ENV['LWS_LEADER_ADDRESS']}:{DIST_INIT_PORT}", 2, 1)
+            if "--nnodes" in flag
+            else (None, 1, 0)
+        )
 
 
 def test_the_crd_admits_exactly_the_page_sizes_sglang_accepts_for_kimi_linear(sglang: dict[str, Any]) -> None:
