@@ -7,7 +7,8 @@
 #   Kubernetes binaries; `go install ...@VERSION` cannot be used (the proxy refuses the version
 #   list), so the module is downloaded and `./cmd` built inside it.
 # - Its image is made here from that binary (FROM scratch, non-root), exported as an OCI archive
-#   and imported into each real node's containerd; the chart's pull policy is Never.
+#   and imported into each real node's containerd with the project's images (node_import_images);
+#   the chart's pull policy is Never.
 # - Its webhooks manage their own certificates (the chart's default, no cert-manager). The
 #   apiservers run with --enable-aggregator-routing, so they call a webhook Service at its
 #   endpoint's pod IP (the PrfaaS cluster has no kube-proxy to route a ClusterIP).
@@ -71,8 +72,6 @@ lws_install() { # cluster bin_dir: the chart on the cluster's real node, ready t
   kubeconfig=$(flat_kubeconfig "$cluster")
   server=$("$KUBECTL" config view --kubeconfig "$kubeconfig" -o jsonpath='{.clusters[0].cluster.server}')
   port=${server##*:}
-  ctr --address "$(node_socket "$cluster")" -n k8s.io images import "$LWS_ARCHIVE" >/dev/null \
-    || die "$cluster node: importing the LeaderWorkerSet image failed"
   if ! "$helm" --kubeconfig "$kubeconfig" status lws -n "$LWS_NAMESPACE" >/dev/null 2>&1; then
     "$helm" --kubeconfig "$kubeconfig" upgrade --install lws "$(lws_module_dir)/charts/lws" \
       -n "$LWS_NAMESPACE" --create-namespace \

@@ -183,10 +183,12 @@ EOF
     -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >"$dir/kubelet/ca.crt"
 }
 
-node_import_images() { # cluster: the pause, product and engine-sim images into containerd's k8s.io
-  # namespace; an archive already imported unchanged (same path, size and time) is skipped
+node_import_images() { # cluster [archive...]: the pause, product and engine-sim images (and any
+  # archive named) into containerd's k8s.io namespace; one imported unchanged (same path, size
+  # and time) is skipped
   local cluster=$1 archive stamp
-  for archive in "$IMAGE_DIR"/*.oci.tar; do
+  shift
+  for archive in "$IMAGE_DIR"/*.oci.tar "$@"; do
     [ -f "$archive" ] || continue
     stamp="$(node_dir "$cluster")/imported.$(basename "$archive")"
     [ "$(cat "$stamp" 2>/dev/null)" = "$(stat -c '%n %s %Y' "$archive")" ] && continue
@@ -222,7 +224,7 @@ node_up() { # cluster bin_dir: the node Ready in its cluster (idempotent)
   node_write_configs "$cluster"
   node_start "$cluster" containerd containerd --config "$dir/containerd/config.toml"
   node_wait_socket "$cluster"
-  node_import_images "$cluster"
+  node_import_images "$cluster" "$LWS_ARCHIVE"
   node_start "$cluster" kubelet "$bin/kubelet" \
     --config "$dir/kubelet/config.yaml" \
     --kubeconfig "$kubeconfig" \

@@ -32,7 +32,7 @@ RETRY_SECONDS = 1.0
 RETRY_MAX_SECONDS = 30.0
 PROBE_SECONDS = 10.0
 NOT_SERVED_RECHECK_SECONDS = 30.0
-"""How often an optional kind that could not be listed is listed again (an add-on installed later)."""
+"""How often an add-on's kind that could not be listed is listed again (an add-on installed later)."""
 
 
 class Watchable(Protocol):
@@ -65,12 +65,12 @@ class Informer:
         on_change: OnChange,
         namespaces: Iterable[str] | None = None,
         *,
-        optional: bool = False,
+        add_on: bool = False,
     ) -> None:
         self.cluster = cluster
         self.kind = kind
         self.problem: Problem | None = None
-        self.optional = optional
+        self.add_on = add_on
         """A kind the cluster may not serve (a CRD of an add-on): that is known, not a failure."""
         self.served: bool | None = None
         """False once a list said the cluster serves no such kind; None until a list answered (or
@@ -131,7 +131,7 @@ class Informer:
                     self.kind, namespace=scope, labels=selector
                 )
             except ClusterError as err:
-                if self.optional:
+                if self.add_on:
                     self._absent(scope, err.problem)
                     await asyncio.sleep(NOT_SERVED_RECHECK_SECONDS)
                     continue
@@ -158,7 +158,7 @@ class Informer:
                 await asyncio.sleep(RETRY_SECONDS)  # a watch that breaks at once must not spin the lists
 
     def _absent(self, scope: str | None, problem: Problem) -> None:
-        """An optional kind that cannot be listed holds nothing, and does not make the cluster
+        """An add-on's kind that cannot be listed holds nothing, and does not make the cluster
         unobserved: where it is not served, that is what is known; where it is refused (e.g. an
         identity from before the add-on), what is written of it fails and says why."""
         not_served = problem.reason == NOT_SERVED
@@ -217,13 +217,13 @@ class ClusterCache:
         kinds: Iterable[str],
         on_change: OnChange,
         namespaces: Iterable[str] | None = None,
-        optional: Iterable[str] = (),
+        add_on: Iterable[str] = (),
     ) -> None:
         self.cluster = cluster
         scopes = tuple(namespaces or ())
-        optional = frozenset(optional)
+        add_on = frozenset(add_on)
         self.informers = {
-            kind: Informer(cluster, kind, on_change, scopes, optional=kind in optional) for kind in kinds
+            kind: Informer(cluster, kind, on_change, scopes, add_on=kind in add_on) for kind in kinds
         }
         self._probe_task: asyncio.Task[None] | None = None
 

@@ -227,12 +227,13 @@ async def apply_drifted(
 ) -> None:
     """Apply the children that are missing, changed by us, or changed by someone else; a
     multi-node pool where the cluster serves no LeaderWorkerSet is refused (the rest is applied)."""
-    refused = [m for m in wanted if m["kind"] == LWS_KIND and cache[LWS_KIND].served is False]
-    todo = []
+    unserved = cache[LWS_KIND].served is False
+    refused, todo = [], []
     for manifest in wanted:
-        if manifest in refused:
-            continue
         kind, meta = manifest["kind"], manifest["metadata"]
+        if unserved and kind == LWS_KIND:
+            refused.append(meta["name"])
+            continue
         key = (where, kind, meta.get("namespace") or "", meta["name"])
         live = cache[kind].get(key[2], key[3]) if cache.synced else None
         why = needs_apply(manifest, live, mem.applied.get(key))
@@ -243,7 +244,7 @@ async def apply_drifted(
         mem.applied[key] = Applied(manifest_hash(manifest), marker(obj))
         log.debug("applied %s %s/%s to the %s: %s", key[1], key[2], key[3], cluster.name, why)
     if refused:
-        pools = ", ".join(sorted(m["metadata"]["name"] for m in refused))
+        pools = ", ".join(sorted(refused))
         raise ClusterError(
             Problem(
                 LWS_MISSING,

@@ -7,6 +7,8 @@ import json
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -125,3 +127,26 @@ def quick_planner(system: LiveSystem) -> dict[str, Any]:
         "cooldownSeconds": 0,
         "hysteresis": 0.05,
     }
+
+
+def complete(router: str, prompt_words: int, word: str = "hello") -> dict[str, Any]:
+    """One completion of `prompt_words` words through the router; its answer (a 200, asserted)."""
+    body = {"model": "kimi-linear", "prompt": f"{word} " * prompt_words, "max_tokens": 4}
+    request = urllib.request.Request(
+        router + "/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        assert reply.status == 200
+        answer: dict[str, Any] = json.loads(reply.read())
+    return answer
+
+
+def status_of(router: str, prompt_words: int, word: str) -> tuple[int, str]:
+    """The HTTP status of one completion through the router, and the body of an error."""
+    try:
+        complete(router, prompt_words, word)
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode(errors="replace")[:300]
+    return 200, ""

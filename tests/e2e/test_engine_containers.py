@@ -13,7 +13,6 @@ PrfaaS cluster with its KV sent to the decode container.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 import urllib.error
@@ -23,7 +22,7 @@ from typing import Any
 
 import pytest
 from lightkube.resources.core_v1 import Event, Pod
-from live_traffic import E2E_TIME_SCALE, logs_hint, pd_real_node
+from live_traffic import E2E_TIME_SCALE, complete, logs_hint, pd_real_node, status_of
 from prfaas_core.vocabulary import LABEL_INSTANCE, LABEL_ROLE, Role
 from prfaas_testbed.clusters import Cluster, RealNode
 from prfaas_testbed.system import LiveSystem, customise_cr, load_sample_cr, wait_until
@@ -112,19 +111,6 @@ def engine_samples(url: str) -> dict[str, float]:
     return samples
 
 
-def complete(router: str, prompt_words: int, word: str = "hello") -> dict[str, Any]:
-    body = {"model": "kimi-linear", "prompt": f"{word} " * prompt_words, "max_tokens": 4}
-    request = urllib.request.Request(
-        router + "/v1/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=120) as reply:
-        assert reply.status == 200
-        answer: dict[str, Any] = json.loads(reply.read())
-    return answer
-
-
 def test_every_engine_pool_runs_as_a_container_of_the_operators_manifest(deployment: LiveSystem) -> None:
     system = deployment
     nodes = real_nodes(system)
@@ -151,15 +137,6 @@ def test_every_engine_pool_runs_as_a_container_of_the_operators_manifest(deploym
             and "Startup probe failed" in (event.message or "")
         ]
         assert refused, f"{role}: the kubelet's startup probe never saw the engine still loading"
-
-
-def status_of(router: str, prompt_words: int, word: str) -> tuple[int, str]:
-    """The HTTP status of one completion through the router, and the body of an error."""
-    try:
-        complete(router, prompt_words, word)
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode(errors="replace")[:300]
-    return 200, ""
 
 
 def test_an_image_change_rolls_the_containers_and_an_unpullable_image_stalls_under_the_kubelet(

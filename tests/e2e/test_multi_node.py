@@ -12,7 +12,6 @@ group), the router routes around it meanwhile and takes the new leader back.
 
 from __future__ import annotations
 
-import json
 import time
 import urllib.error
 import urllib.request
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Pod
-from live_traffic import E2E_TIME_SCALE, BackgroundTraffic, logs_hint, quick_planner
+from live_traffic import E2E_TIME_SCALE, BackgroundTraffic, logs_hint, quick_planner, status_of
 from prfaas_core.vocabulary import LABEL_INSTANCE, LABEL_ROLE, LWS_WORKER_INDEX_LABEL, Role
 from prfaas_operator.kube import LeaderWorkerSetResource
 from prfaas_testbed.clusters import Cluster
@@ -85,21 +84,6 @@ def groups_ready(system: LiveSystem, role: Role, groups: int) -> bool:
     return lws["spec"]["replicas"] == groups and (lws.get("status") or {}).get("readyReplicas") == groups
 
 
-def complete(router: str, prompt_words: int, word: str) -> int:
-    body = {"model": "kimi-linear", "prompt": f"{word} " * prompt_words, "max_tokens": 4}
-    request = urllib.request.Request(
-        router + "/v1/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=120) as reply:
-            reply.read()
-            return int(reply.status)
-    except urllib.error.HTTPError as err:
-        return int(err.code)
-
-
 def router_available(router: str, pool: str) -> dict[str, float]:
     """The router's prfaas_router_worker_available for one pool, by worker."""
     with urllib.request.urlopen(router + "/metrics", timeout=10) as reply:
@@ -154,8 +138,8 @@ def test_every_pool_is_a_leader_worker_set_whose_leaders_alone_serve(deployment:
         assert listed == leaders, (pool, listed, leaders)
     router = system.router_url()
     assert router is not None, logs_hint(system)
-    assert complete(router, 200, "short") == 200
-    assert complete(router, 30000, "long") == 200  # offloaded: a PrfaaS group's leader prefills it
+    assert status_of(router, 200, "short")[0] == 200
+    assert status_of(router, 30000, "long")[0] == 200  # offloaded: a PrfaaS group's leader prefills it
 
 
 def test_a_killed_worker_recreates_its_group_while_the_router_routes_around_it(
@@ -178,7 +162,7 @@ def test_a_killed_worker_recreates_its_group_while_the_router_routes_around_it(
     ejected_after = readmitted_after = None
     while time.monotonic() - killed_at < 240 and readmitted_after is None:
         words = 30000 if len(statuses) % 2 else 200  # every other one long: offloaded to the healthy group
-        statuses.append(complete(router, words, f"kill{len(statuses)}"))
+        statuses.append(status_of(router, words, f"kill{len(statuses)}")[0])
         available = router_available(router, "prfaas_prefill").get(name)
         if ejected_after is None and not available:
             ejected_after = time.monotonic() - killed_at
@@ -296,7 +280,7 @@ def test_an_image_change_rolls_the_groups_of_both_clusters_in_the_second_slot(de
         assert time.monotonic() - started < 300, (
             f"not rolled: {(system.cr() or {}).get('status')} {logs_hint(system)}"
         )
-        statuses.append(complete(router, 30000 if len(statuses) % 2 else 200, f"roll{len(statuses)}"))
+        statuses.append(status_of(router, 30000 if len(statuses) % 2 else 200, f"roll{len(statuses)}")[0])
         time.sleep(0.5)
     print(
         f"multi-node pools rolled in {time.monotonic() - started:.0f} s; {len(statuses)} requests, {sorted(set(statuses))}"

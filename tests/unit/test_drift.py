@@ -142,26 +142,26 @@ async def test_an_add_on_kind_the_cluster_does_not_serve_is_known_absent_not_a_f
     """LeaderWorkerSet where lws is not installed: the cache is synced and empty, says so, and
     looks again later; the same answer for a kind every cluster serves is a failure."""
     not_served = ClusterError(Problem(NOT_SERVED, "the test cluster serves no LeaderWorkerSet"))
-    optional = Informer(
-        ScriptedCluster(lists=[not_served], watches=[]), "LeaderWorkerSet", lambda o: None, optional=True
+    add_on = Informer(
+        ScriptedCluster(lists=[not_served], watches=[]), "LeaderWorkerSet", lambda o: None, add_on=True
     )
     required = Informer(ScriptedCluster(lists=[not_served, not_served], watches=[]), "Pod", lambda o: None)
-    for informer in (optional, required):
+    for informer in (add_on, required):
         informer.start()
     try:
-        await settle(optional, lambda: optional.synced)
-        assert optional.served is False and optional.problem is None
-        assert optional.select_all({}) == []
+        await settle(add_on, lambda: add_on.synced)
+        assert add_on.served is False and add_on.problem is None
+        assert add_on.select_all({}) == []
         await settle(required, lambda: required.problem is not None)
         assert not required.synced and required.problem is not None
     finally:
-        for informer in (optional, required):
+        for informer in (add_on, required):
             await informer.stop()
 
 
 async def test_an_add_on_kind_once_served_is_watched_like_any_other() -> None:
     cluster = ScriptedCluster(lists=[[pod("a", "1")]], watches=[])
-    informer = Informer(cluster, "LeaderWorkerSet", lambda o: None, optional=True)
+    informer = Informer(cluster, "LeaderWorkerSet", lambda o: None, add_on=True)
     informer.start()
     try:
         await settle(informer, lambda: informer.synced)
@@ -190,7 +190,7 @@ async def test_a_multi_node_pool_is_refused_where_leader_worker_set_is_not_serve
 
     cluster = RecordingCluster()
     cache = ClusterCache(
-        cluster, ("LeaderWorkerSet", "Service"), lambda obj: None, optional=("LeaderWorkerSet",)
+        cluster, ("LeaderWorkerSet", "Service"), lambda obj: None, add_on=("LeaderWorkerSet",)
     )  # type: ignore[arg-type]
     cache["LeaderWorkerSet"].served = False
     pool = {
@@ -222,7 +222,7 @@ async def test_an_add_on_kind_the_identity_may_not_list_leaves_the_cluster_obser
         ScriptedCluster(lists=[forbidden], watches=[]),
         ("LeaderWorkerSet",),
         lambda o: None,
-        optional=("LeaderWorkerSet",),
+        add_on=("LeaderWorkerSet",),
     )  # type: ignore[arg-type]
     cache.start()
     try:
