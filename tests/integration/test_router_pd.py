@@ -150,9 +150,11 @@ async def test_an_exhausted_link_budget_keeps_long_prompts_local(
 async def test_killing_the_prfaas_engines_moves_traffic_local_without_failing_requests(
     cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
-    # real time: a 1400-token prefill takes ~0.45 s on the H200 profile; in chunks of 128 tokens
-    # its KV leaves chunk by chunk meanwhile (SGLang sends a chunk's KV at its forward's end: in
-    # one chunk it would all leave at the end, and no kill could land mid-transfer)
+    # three times real time: a 1400-token prefill takes ~1.35 s on the H200 profile; in chunks of
+    # 128 tokens its KV leaves chunk by chunk meanwhile (SGLang sends a chunk's KV at its forward's
+    # end: in one chunk it would all leave at the end, and no kill could land mid-transfer). At
+    # real time the ~0.4 s left after the first chunk was too short on a loaded CI machine: the
+    # whole KV had arrived before the kill, and the request was served by the PrfaaS engine.
     doomed = start_engine(
         "p-doomed",
         "prefill",
@@ -161,7 +163,7 @@ async def test_killing_the_prfaas_engines_moves_traffic_local_without_failing_re
         tmp_path,
         "--chunked-prefill-size",
         "128",
-        time_scale="1.0",
+        time_scale="3.0",
     )
     decode = cluster.decode[0]
     try:
