@@ -84,14 +84,14 @@ LWS_ENV = {
 
 def _engine_arg_lists() -> list[tuple[str, list[str]]]:
     cases = []
-    for spec in _sample_specs():
+    samples = _sample_specs()
+    for spec in samples:
         for variant in [spec, *_variants(spec)]:
             for role in _roles(variant):
                 cases.append((role.role, manifests.sglang_args(variant.model, role)))
-    sample = _sample_specs()[0]
     shape = {"gpus_per_instance": 16, "nodes_per_instance": 2}
-    multi_node = sample.model_copy(update={"pd_cluster": sample.pd_cluster.model_copy(update=shape)})
-    for role in _roles(multi_node)[1:]:
+    multi_node = samples[0].model_copy(update={"pd_cluster": samples[0].pd_cluster.model_copy(update=shape)})
+    for role in (role for role in _roles(multi_node) if role.placement.multi_node):
         args = manifests.sglang_args(multi_node.model, role)
         cases.append((f"{role.role} node rank 1", [expand_references(arg, LWS_ENV) for arg in args]))
     return cases
