@@ -441,8 +441,10 @@ def test_longest_allowed_name_is_accepted_and_its_children_are_valid(
         manifests.router_deployment(spec, owner, config.to_json()),
         manifests.router_configmap(owner, config),
     ]
+    # JSON, not YAML: a revision label such as 4812345e12 or 0912345678 is a string to PyYAML,
+    # which leaves it unquoted, and a number to kubectl's YAML reader (the operator sends JSON)
     kubectl.ok("apply", "--server-side", "--dry-run=server", "--field-manager=prfaas-tests", "-f", "-",
-               stdin=yaml.safe_dump_all(children))  # fmt: skip
+               stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": children}))  # fmt: skip
     # What admission cannot check: the StatefulSet controller creates pods labelled
     # controller-revision-hash=<statefulset>-<hash>. The longest StatefulSet gets its first pod.
     longest = max(
@@ -450,9 +452,7 @@ def test_longest_allowed_name_is_accepted_and_its_children_are_valid(
     )
     assert longest["metadata"]["name"] == f"{name}-prfaas-prefill"
     longest["spec"]["replicas"] = 1
-    kubectl.ok(
-        "apply", "--server-side", "--field-manager=prfaas-tests", "-f", "-", stdin=yaml.safe_dump(longest)
-    )
+    kubectl.ok("apply", "--server-side", "--field-manager=prfaas-tests", "-f", "-", stdin=json.dumps(longest))
     pod = f"{longest['metadata']['name']}-0"
     wait_for(lambda: kubectl.run("get", "pod", pod, "-n", namespace).returncode == 0, timeout_s=60,
              what=f"pod {pod} created by the StatefulSet controller")  # fmt: skip
@@ -493,7 +493,7 @@ def test_multi_node_pools_shorten_the_longest_name_and_their_groups_start(
     ]
     lws["metadata"]["name"] = f"{lws['metadata']['name']}-b"  # a rollout's second slot: the longest
     lws["spec"]["replicas"] = 1
-    kubectl.ok("apply", "--server-side", "--field-manager=prfaas-tests", "-f", "-", stdin=yaml.safe_dump(lws))
+    kubectl.ok("apply", "--server-side", "--field-manager=prfaas-tests", "-f", "-", stdin=json.dumps(lws))
     worker = f"{lws['metadata']['name']}-0-1"
     try:
         wait_for(lambda: kubectl.run("get", "pod", worker, "-n", namespace).returncode == 0, timeout_s=90,
