@@ -5,6 +5,9 @@
 #   locks/product.txt  the product's dependencies (pyproject.toml): what both images install
 #   locks/dev.txt      .venv's (.[dev], engine-sim/, e2e/, sim/): the product's pins, plus the rest
 #   locks/build.txt    pip and the four distributions' build backend (setuptools, wheel)
+#   locks/sglang-cpu.txt  real SGLang on CPU (scripts/setup-sglang-cpu.sh): e2e/sglang-cpu/requirements.in
+#                      and, without its dependencies, the sglang of tests/conformance/requirements-sglang.txt
+#                      (x86_64 only, glibc 2.34 or newer as the sglang wheel is; --sglang-cpu: only this one)
 # Resolved for CPython 3.11 on Linux x86_64 (glibc 2.28 or newer), wheels only, then checked to
 # resolve to the same pins on Linux aarch64 (the release's linux/arm64 images). A pin stays as it
 # is while the pyproject files allow it; tests/unit/test_lock.py fails when they no longer do.
@@ -46,6 +49,21 @@ lock() {
   fi
   echo "locks/$name.txt: $(grep -cE '^[a-z0-9]' "locks/$name.txt") distributions" >&2
 }
+# locks/sglang-cpu.txt: the real engine's venv; sglang's own GPU requirements are left out by
+# installing it --no-deps, so it is locked apart from what requirements.in lists.
+lock_sglang_cpu() {
+  local platform=x86_64-manylinux_2_34 pin
+  pin=$(grep -E '^sglang==' tests/conformance/requirements-sglang.txt)
+  compile "$platform" e2e/sglang-cpu/requirements.in "$tools/sglang-deps.txt" --generate-hashes "${UPGRADE[@]}"
+  echo "$pin" | compile "$platform" - "$tools/sglang.txt" --generate-hashes --no-deps --no-header
+  cat "$tools/sglang-deps.txt" "$tools/sglang.txt" >locks/sglang-cpu.txt
+  echo "locks/sglang-cpu.txt: $(grep -cE '^[a-z0-9]' locks/sglang-cpu.txt) distributions" >&2
+}
+if [ "${1:-}" = --sglang-cpu ]; then
+  UPGRADE=()
+  lock_sglang_cpu
+  exit 0
+fi
 UPGRADE=("$@")
 LOCAL=(prfaas prfaas-engine-sim prfaas-testbed prfaas-sim)  # ours: installed from the checkout, --no-deps
 
@@ -60,3 +78,4 @@ for path in sys.argv[1:]:
     pyproject.toml engine-sim/pyproject.toml e2e/pyproject.toml sim/pyproject.toml
   echo pip
 } | sort -u | lock build - -c locks/dev.txt
+lock_sglang_cpu

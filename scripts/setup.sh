@@ -41,5 +41,7 @@ if [ "$(cat "$sglang_stamp" 2>/dev/null)" != "$sglang_inputs" ]; then
   echo "$sglang_inputs" >"$sglang_stamp"
 fi
 bash e2e/testbed/install-deps.sh
+# Real SGLang on CPU (tests/real_sglang, demo --engines sglang): its own 6 GB venv, cached outside the checkout
+bash scripts/setup-sglang-cpu.sh
 bash e2e/testbed/build-binaries.sh >/dev/null
 bash scripts/build-tools.sh >/dev/null

@@ -33,6 +33,17 @@ ENGINE_KV_TRANSFER_TOTAL_MB = "sglang:kv_transfer_total_mb"  # histogram per tra
 BYTES_PER_MIB = 1024 * 1024  # SGLang's "MB" in that name
 ENGINE_KV_TRANSFER_LATENCY_MS = "sglang:kv_transfer_latency_ms"  # histogram: forward end to last byte
 ENGINE_KV_TRANSFER_SPEED_GB_S = "sglang:kv_transfer_speed_gb_s"  # histogram: total_mb / 1024 / seconds
+
+
+def stored_names(name: str) -> str:
+    """A PromQL ``__name__`` regex for an engine's ``sglang:*`` name in both spellings Prometheus may
+    store it under: as written, and with the colon escaped to ``_``. SGLang 0.5.23's prometheus-client
+    (0.26) answers a scrape that prefers OpenMetrics (Prometheus 2.x's default Accept) with
+    ``escaping=underscores`` and samples named ``sglang_num_queue_reqs``; a text-format scrape, or
+    one that allows UTF-8 names, keeps ``sglang:num_queue_reqs`` (observed: tests/real_sglang)."""
+    return f"{name}|{name.replace(':', '_')}"
+
+
 # labels of the ranks that each send a shard of the same transfers (metrics_collector.py); the
 # other labels (dp_rank, model_name, ...) tell apart streams of different transfers
 ENGINE_SHARD_LABELS = frozenset({"tp_rank", "pp_rank", "moe_ep_rank"})

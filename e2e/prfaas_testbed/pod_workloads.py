@@ -6,9 +6,9 @@ ConfigMap volumes hold, how to probe its readiness and where its metrics are. Th
 are known, recognised by the container's command (never by name, so what the operator or the
 chart writes is what runs):
 
-* ``python3 -m sglang.launch_server ARGS`` (engine pods): the fake SGLang engine with the same
-  ARGS, timed by the node's GPU product (``nvidia.com/gpu.product`` NVIDIA-H200 -> profile
-  ``h200``), plus the testbed-wide time and KV scales and, for pods whose KV crosses the
+* ``python3 -m sglang.launch_server ARGS`` (engine pods): real SGLang as written where the
+  runner has its venv (``Programs.sglang``); else the fake SGLang engine with the same ARGS,
+  timed by the node's GPU product (``nvidia.com/gpu.product`` NVIDIA-H200 -> profile ``h200``), plus the testbed-wide time and KV scales and, for pods whose KV crosses the
   emulated link, the link rate;
 * ``prfaas-router ARGS`` (router pod): the router, its ConfigMap volume materialised in a
   local directory that the runner keeps in sync;
@@ -107,6 +107,9 @@ class Programs:
 
     python: str
     router: str
+    sglang: str | None = None
+    """The real SGLang venv's python (prfaas_testbed.sglang_cpu): engine pods run real SGLang,
+    their command as written with this interpreter for its python3; None runs the fake engine."""
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,21 @@ class PodFacts:
             node_labels=dict(((node or {}).get("metadata") or {}).get("labels") or {}),
             termination_grace_seconds=float(30 if grace is None else grace),
         )
+
+
+def pod_from(workload: Mapping[str, Any], name: str, ip: str, node: Mapping[str, Any]) -> dict[str, Any]:
+    """A Running pod as the controllers and kwok would make it from a workload's template."""
+    template = workload["spec"]["template"]
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": workload["metadata"]["namespace"],
+            "uid": f"uid-{name}",
+            "labels": dict(template["metadata"].get("labels") or {}),
+        },
+        "spec": {**template["spec"], "nodeName": node["metadata"]["name"]},
+        "status": {"phase": "Running", "podIP": ip, "hostIP": "127.101.0.1"},
+    }
 
 
 def expand_references(text: str, env: Mapping[str, str]) -> str:
@@ -431,7 +449,10 @@ def local_process(
     notes: list[str] = []
     service_account = None
     kubeconfig_path = None
-    if kind is WorkloadKind.ENGINE:
+    if kind is WorkloadKind.ENGINE and programs.sglang is not None:
+        argv = [programs.sglang, *(str(part) for part in facts.container["command"][1:]), *args]
+        notes.append("real SGLang")
+    elif kind is WorkloadKind.ENGINE:
         command = [programs.python, "-m", "prfaas_engine_sim"]
         profile = fake_engine_profile(facts)
         extra = [

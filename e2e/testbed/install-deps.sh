@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the system packages the testbed needs from Debian, once: Prometheus (with promtool),
-# Lua 5.1 (the Argo CD health check's tests),
+# Lua 5.1 (the Argo CD health check's tests), libibverbs1 (real SGLang's Mooncake),
 # and, when running as root, iproute2 (ip, tc) for the emulated link and containerd, runc, the
 # CNI plugins, iptables and conntrack for the real nodes (without root the testbed cannot make
 # network namespaces or run containers, and falls back to processes and the engines' token bucket).
@@ -13,6 +13,8 @@ missing=()
 command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 # Lua 5.1 runs the chart's Argo CD health check in tests (Argo CD's gopher-lua is Lua 5.1)
 command -v lua5.1 >/dev/null 2>&1 || missing+=(lua5.1)
+# real SGLang on CPU (scripts/setup-sglang-cpu.sh): Mooncake's engine.so links libibverbs even for TCP
+ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1 ' || missing+=(libibverbs1)
 if [ "$(id -u)" -eq 0 ]; then
   command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || missing+=(iproute2)
   # the real node of each cluster (real-node.sh): the runtime, CNI, kube-proxy's iptables

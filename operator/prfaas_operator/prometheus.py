@@ -204,7 +204,8 @@ class PrometheusObserver:
         return sorted(buckets)
 
     def _queue_depths(self, selector: SeriesSelector, window: str, at: float) -> dict[str, float]:
-        inner = f"avg_over_time({contract.ENGINE_QUEUE_REQS}{{{selector.engines}}}[{window}])"
+        names = contract.stored_names(contract.ENGINE_QUEUE_REQS)
+        inner = f'avg_over_time({{__name__=~"{names}",{selector.engines}}}[{window}])'
         promql = (
             f'sum by ({ROLE_LABEL}) (label_replace({inner}, "{ROLE_LABEL}", "$1", "pod", '
             f'"{_promql_string(selector.engine_pod_regex)}"))'

@@ -70,31 +70,48 @@ class Process:
     popen: subprocess.Popen[bytes] | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     """Added to this process's environment."""
+    program: str = sys.executable
+    inherit_env: bool = True
+    """False: `env` is the whole environment (an engine pod's, as the testbed's kubelet builds it)."""
+    own_group: bool = False
+    """Its own process group, signalled whole (real SGLang runs its scheduler in child processes)."""
 
     def start(self) -> Process:
         with self.log_path.open("ab") as log:
             self.popen = subprocess.Popen(
-                [sys.executable, *self.args],
+                [self.program, *self.args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **self.env},
+                env={**os.environ, **self.env} if self.inherit_env else dict(self.env),
+                start_new_session=self.own_group,
             )
         return self
 
-    def kill(self) -> None:
+    def signal(self, number: int) -> None:
         assert self.popen is not None
-        self.popen.send_signal(signal.SIGKILL)
+        if self.own_group:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, number)
+        else:
+            self.popen.send_signal(number)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        assert self.popen is not None
         self.popen.wait(5)
 
     def stop(self) -> None:
-        if self.popen is None or self.popen.poll() is not None:
+        if self.popen is None:
             return
-        self.popen.send_signal(signal.SIGTERM)
-        try:
-            self.popen.wait(5)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait(5)
+        if self.popen.poll() is None:
+            self.signal(signal.SIGTERM)
+            try:
+                self.popen.wait(5)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                self.popen.wait(5)
+        if self.own_group:
+            self.signal(signal.SIGKILL)  # children the leader left behind
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-3000:]

@@ -46,6 +46,7 @@ from prfaas_testbed.pod_workloads import (
     expand_references,
     local_process,
     pod_dns_names,
+    pod_from,
 )
 from prfaas_testbed.system import across_nodes
 from prfaas_testbed.traffic import (
@@ -66,21 +67,6 @@ OWNER = Owner(name="kimi-linear", namespace="prfaas-demo", uid="uid-of-the-cr")
 PROGRAMS = Programs(python="/venv/bin/python", router="/venv/bin/prfaas-router")
 H200_NODE = {"metadata": {"name": "h200-0", "labels": {"nvidia.com/gpu.product": "NVIDIA-H200"}}}
 H20_NODE = {"metadata": {"name": "h20-0", "labels": {"nvidia.com/gpu.product": "NVIDIA-H20"}}}
-
-
-def pod_from(workload: dict[str, Any], name: str, ip: str, node: dict[str, Any]) -> dict[str, Any]:
-    """A Running pod as the controllers and kwok would make it from a workload's template."""
-    template = workload["spec"]["template"]
-    return {
-        "metadata": {
-            "name": name,
-            "namespace": workload["metadata"]["namespace"],
-            "uid": f"uid-{name}",
-            "labels": dict(template["metadata"].get("labels") or {}),
-        },
-        "spec": {**template["spec"], "nodeName": node["metadata"]["name"]},
-        "status": {"phase": "Running", "podIP": ip, "hostIP": "127.101.0.1"},
-    }
 
 
 def workloads() -> dict[str, dict[str, Any]]:

@@ -1,0 +1,146 @@
+"""Real SGLang on CPU in the testbed: where its venv and tiny model are, the CR that runs them,
+and each engine pod's process exactly as the operator writes it.
+
+scripts/setup-sglang-cpu.sh installs the venv (``ENGINE_VENV``) with SGLang, torch, Mooncake's
+non-CUDA transfer engine, the CPU workarounds (e2e/sglang-cpu/prfaas_sglang_cpu/workarounds.py,
+the one place they live) and the tiny model. The CR is the sample's with the tiny model, its KV
+size, and the workarounds' engine arguments in ``spec.model.extraArgs``; an engine pod is built
+from the operator's own StatefulSet template and translated by ``pod_workloads.local_process``
+(the testbed's kubelet), so what runs is the operator's command, args and env, with the venv's
+interpreter standing in for the image's ``python3``.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from prfaas_core.router_config import RouterConfig
+from prfaas_core.vocabulary import GPU_PRODUCT_LABEL, Role
+from prfaas_operator.allocation import effective_allocation
+from prfaas_operator.api import PrfaasDeploymentSpec
+from prfaas_operator.fingerprint import kv_fingerprint
+from prfaas_operator.manifests import Owner, engine_roles, engine_workload
+from prfaas_operator.router_config_builder import build_router_config, choose_pools
+from prfaas_operator.status import PodInfo
+
+from prfaas_testbed.pod_workloads import LocalProcess, PodFacts, Programs, Scales, local_process, pod_from
+
+ENGINE_VENV = Path(
+    os.environ.get("PRFAAS_SGLANG_CPU_VENV") or Path.home() / ".cache" / "prfaas" / "sglang-cpu"
+)
+MODEL_DIR = ENGINE_VENV / "models" / "tiny-gpt2"
+SERVED_MODEL = "tiny-gpt2"
+KV_BYTES_PER_TOKEN = 512
+"""The tiny model's KV per token: 2 layers x (K + V) x 64 x 2 bytes: SGLang serves a float32 checkpoint in float16 (dtype auto)."""
+PAGE_SIZE = 16
+THRESHOLD_TOKENS = 256
+"""Prompts over this many uncached tokens go to the PrfaaS prefill (the model's context is 8192)."""
+GPU_NODES = {True: "NVIDIA-H200", False: "NVIDIA-H20"}
+"""The GPU product of the node an engine of each side runs on (remote: the PrfaaS cluster)."""
+
+
+class SglangCpuMissing(RuntimeError):
+    """The real engine's venv is not installed here."""
+
+
+def engine_python() -> Path:
+    python = ENGINE_VENV / "bin" / "python"
+    if not python.exists() or not (MODEL_DIR / "tokenizer.json").exists():
+        raise SglangCpuMissing(f"no real SGLang venv at {ENGINE_VENV}: run scripts/setup-sglang-cpu.sh")
+    return python
+
+
+@functools.cache
+def cpu_engine_args() -> tuple[str, ...]:
+    """The CPU workarounds' engine arguments, as the installed workarounds module states them."""
+    command = [str(engine_python()), "-m", "prfaas_sglang_cpu", "args"]
+    return tuple(json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout))
+
+
+def cpu_cr(sample: Mapping[str, Any], name: str = "tiny") -> dict[str, Any]:
+    """The sample CR serving the tiny model on real SGLang on CPU: one instance of each role."""
+    cr = copy.deepcopy(dict(sample))
+    cr["metadata"] = {"name": name, "namespace": sample["metadata"]["namespace"]}
+    spec = cr["spec"]
+    spec["model"].update(
+        modelPath=str(MODEL_DIR),
+        servedModelName=SERVED_MODEL,
+        extraArgs=list(cpu_engine_args()),
+        kv={
+            "bytesPerToken": KV_BYTES_PER_TOKEN,
+            "fixedStateBytes": 0,
+            "pageSize": PAGE_SIZE,
+            "dtype": "auto",
+        },
+    )
+    for side in ("prefillCluster", "pdCluster"):
+        spec[side]["gpusPerInstance"] = 1
+    spec["prefillCluster"].update(replicas=1, minReplicas=1, maxReplicas=1)
+    spec["pdCluster"].update(
+        instances=2, prefillInstances=1, decodeInstances=1, minPrefillInstances=1, minDecodeInstances=1
+    )
+    spec["routing"].update(thresholdTokens=THRESHOLD_TOKENS, blockSize=PAGE_SIZE)
+    return cr
+
+
+def _owner(cr: Mapping[str, Any]) -> Owner:
+    return Owner(name=cr["metadata"]["name"], namespace=cr["metadata"]["namespace"], uid="uid-of-the-cr")
+
+
+def engine_processes(
+    cr: Mapping[str, Any], addresses: Mapping[Role, str], *, fake_python: str | None = None
+) -> dict[Role, LocalProcess]:
+    """Each role's engine pod (instance 0 of its StatefulSet, at the given pod IP), as the
+    testbed's kubelet runs it: with real SGLang, or with the fake engine under `fake_python` (real
+    time, every KV byte sent: the differential test's other side)."""
+    spec = PrfaasDeploymentSpec.model_validate(cr["spec"])
+    owner = _owner(cr)
+    allocation = effective_allocation(spec, None).allocation
+    sglang = None if fake_python else str(engine_python())
+    programs = Programs(python=fake_python or "python3", router="prfaas-router", sglang=sglang)
+    processes = {}
+    for engine in engine_roles(spec, owner, allocation):
+        workload = engine_workload(spec.model, engine, owner, kv_fingerprint(spec.model))
+        node = {
+            "metadata": {
+                "name": f"node-{engine.role}",
+                "labels": {GPU_PRODUCT_LABEL: GPU_NODES[engine.remote]},
+            }
+        }
+        pod = pod_from(workload, pod_name(engine.workload), addresses[Role(engine.role)], node)
+        process = local_process(
+            PodFacts.of(pod, node),
+            programs=programs,
+            scales=Scales(),
+            pod_dir=Path("/nonexistent"),
+            base_env=os.environ,
+        )
+        assert process is not None, f"the {engine.role} pod is no engine the testbed knows"
+        processes[Role(engine.role)] = process
+    return processes
+
+
+def pod_name(workload: str) -> str:
+    return f"{workload}-0"
+
+
+def router_config(cr: Mapping[str, Any], addresses: Mapping[Role, str]) -> RouterConfig:
+    """The router config the operator writes once each role's one pod is ready at its address."""
+    spec = PrfaasDeploymentSpec.model_validate(cr["spec"])
+    fingerprint = kv_fingerprint(spec.model)
+    allocation = effective_allocation(spec, None).allocation
+    pods = {engine.remote: [] for engine in engine_roles(spec, _owner(cr), allocation)}  # type: dict[bool, list[PodInfo]]
+    for engine in engine_roles(spec, _owner(cr), allocation):
+        pod = PodInfo(
+            pod_name(engine.workload), engine.role, fingerprint, addresses[Role(engine.role)], ready=True
+        )
+        pods[engine.remote].append(pod)
+    choice = choose_pools(spec, fingerprint, pods[True], pods[False])
+    return build_router_config(spec, allocation, choice, None)

@@ -1,0 +1,178 @@
+"""Every workaround real SGLang needs to serve on CPU, in one place, each with its source location.
+
+Two kinds. Engine arguments, which go into a CR's `spec.model.extraArgs` (so the engine runs
+from exactly the command line the operator writes); and class attributes no flag reaches,
+set by an import hook that `install()` puts in every interpreter of the real engine's venv (a
+`.pth` file), so no installed file is edited. Each one names the SGLang source that forces it
+and a marker text there; `check()` fails when a marker is gone (the workaround may no longer be
+needed) or a patched attribute no longer holds the value it replaces (it no longer applies):
+SGLang changing under us is noticed, never carried silently.
+
+`python -m prfaas_sglang_cpu args|check` prints the engine arguments or runs the check.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+
+@dataclass(frozen=True)
+class Reason:
+    """Why a workaround is needed: a marker text in one of SGLang's files (relative to `sglang/`)."""
+
+    source: str
+    marker: str
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    args: tuple[str, ...]
+    why: str
+    reason: Reason | None
+    """None: no code to point at (the flag is simply how SGLang is told it runs on a CPU)."""
+
+
+@dataclass(frozen=True)
+class AttributePatch:
+    module: str
+    owner: str
+    attribute: str
+    replaces: object
+    value: object
+    why: str
+    reason: Reason
+
+
+ENGINE_ARGS = (
+    EngineArgs(
+        ("--device", "cpu"),
+        "no GPU; SGLang's own CPU engine (SGLANG_USE_CPU_ENGINE=1) needs sgl-kernel's CPU build, "
+        "which PyPI lacks, so this is the generic device path",
+        Reason("kernels/ops/kvcache/cache_move.py", "sgl_kernel"),
+    ),
+    EngineArgs(
+        ("--attention-backend", "torch_native"),
+        "the only attention backend that runs on the generic CPU path (the others are CUDA/triton)",
+        None,
+    ),
+    EngineArgs(("--disable-cuda-graph",), "no CUDA", None),
+    EngineArgs(
+        ("--max-total-tokens", "65536"),
+        "on CPU SGLang sizes its KV pool from the host's free memory (15 GB of this 24 GB machine "
+        "for one tiny model); a bound lets three servers and the testbed share the machine",
+        Reason("srt/utils/common.py", "total_free_memory = get_free_cpu_memory()"),
+    ),
+    EngineArgs(
+        ("--disable-overlap-schedule",),
+        "a prefill's early send of a cached prefix records a CUDA event under overlap scheduling",
+        Reason("srt/disaggregation/prefill.py", "ev = torch.cuda.Event()"),
+    ),
+    EngineArgs(
+        ("--disaggregation-decode-retraction-backup", "cpu_tensor"),
+        "the decode's default retraction backup is a host pool pinned with cudaHostRegister",
+        Reason("srt/mem_cache/pool_host/common.py", "cudaHostRegister"),
+    ),
+)
+
+PATCHES = (
+    AttributePatch(
+        module="sglang.srt.disaggregation.mooncake.conn",
+        owner="MooncakeKVSender",
+        attribute="supports_host_tensor_indices",
+        replaces=True,
+        value=False,
+        why="True sends a prefill's KV page indices down a CUDA-only branch (pinned host memory "
+        "and a torch.cuda.Event); False takes the plain branch",
+        reason=Reason(
+            "srt/disaggregation/prefill.py", 'getattr(sender, "supports_host_tensor_indices", False)'
+        ),
+    ),
+)
+
+
+class WorkaroundError(RuntimeError):
+    """SGLang changed under a workaround: it no longer applies, or may no longer be needed."""
+
+
+def engine_args() -> list[str]:
+    return [arg for entry in ENGINE_ARGS for arg in entry.args]
+
+
+def apply(patch: AttributePatch, module: ModuleType) -> None:
+    owner = getattr(module, patch.owner, None)
+    current = getattr(owner, patch.attribute, WorkaroundError)
+    if current is WorkaroundError or current != patch.replaces:
+        raise WorkaroundError(
+            f"{patch.module}.{patch.owner}.{patch.attribute} is {current!r}, not {patch.replaces!r}: "
+            f"the CPU workaround ({patch.why}) no longer applies; read {patch.reason.source}"
+        )
+    setattr(owner, patch.attribute, patch.value)
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, loader: importlib.abc.Loader, patch: AttributePatch) -> None:
+        self._loader, self._patch = loader, patch
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        apply(self._patch, module)
+
+
+class _PatchingFinder(importlib.abc.MetaPathFinder):
+    """Finds each patched module as the path finder does, and applies its patch once loaded."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        patch = next((p for p in PATCHES if p.module == fullname), None)
+        if patch is None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _PatchingLoader(spec.loader, patch)
+        return spec
+
+
+def install() -> None:
+    """Called by the venv's .pth file at every interpreter start: cheap, imports no SGLang."""
+    if not any(isinstance(finder, _PatchingFinder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _PatchingFinder())
+
+
+def _sglang_root() -> Path:
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        raise WorkaroundError("sglang is not installed in this interpreter")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def check() -> list[str]:
+    """Every reason still in SGLang's source and every patch applied; the problems found."""
+    root = _sglang_root()
+    reasons = [(" ".join(e.args), e.reason) for e in ENGINE_ARGS if e.reason is not None]
+    reasons += [(f"{p.owner}.{p.attribute}", p.reason) for p in PATCHES]
+    problems = []
+    for name, reason in reasons:
+        path = root / reason.source
+        text = path.read_text() if path.exists() else ""
+        if reason.marker not in text:
+            problems.append(f"{name}: {reason.source} no longer holds {reason.marker!r}; is it still needed?")
+    for patch in PATCHES:
+        module = importlib.import_module(patch.module)
+        value = getattr(getattr(module, patch.owner), patch.attribute)
+        if value != patch.value:
+            problems.append(
+                f"{patch.owner}.{patch.attribute} is {value!r} after import: the hook did not run"
+            )
+    return problems

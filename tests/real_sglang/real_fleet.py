@@ -1,0 +1,169 @@
+"""Real SGLang 0.5.23 on CPU behind the real router: the fleet of this tier.
+
+One fleet for the whole folder: a PrfaaS prefill (127.0.1.1), a local prefill (127.0.2.1) and a
+decode (127.0.2.11), each started from the command, args and env the operator writes for its
+role (prfaas_testbed.sglang_cpu: the sample CR with the tiny model and the CPU workarounds in
+extraArgs, translated by the testbed's kubelet), a plain server (127.0.3.1, the decode's command
+line with `--disaggregation-mode null`) whose greedy answers are the reference, and the router
+with the config the operator would write for those pods. The differential test starts the same
+pods with the fake engine (prfaas_engine_sim, real time, every KV byte) on other addresses. Four servers take about 2 minutes to
+start together on 2 cores and about 2 GiB each (PSS). Mooncake advertises each engine's
+SGLANG_HOST_IP (its pod IP here): loopback only.
+
+The fault tests (test_real_faults.py) kill engines, so they run last (file order).
+The fixtures that use these live in conftest.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prfaas_core.vocabulary import Role
+from prfaas_router.settings import RouterSettings, to_flags
+from prfaas_testbed import sglang_cpu
+from router_harness import Engine, Process, Router, free_port, http_get, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+ADDRESSES = {Role.PRFAAS_PREFILL: "127.0.1.1", Role.PD_PREFILL: "127.0.2.1", Role.PD_DECODE: "127.0.2.11"}
+PLAIN_ADDRESS = "127.0.3.1"
+FAKE_ADDRESSES = {
+    Role.PRFAAS_PREFILL: "127.0.11.1",
+    Role.PD_PREFILL: "127.0.12.1",
+    Role.PD_DECODE: "127.0.12.11",
+}
+START_SECONDS = 420.0
+"""Four servers starting together: 40-65 s alone, about 2 minutes together on 2 cores."""
+
+
+@dataclass
+class Fleet:
+    cr: dict[str, Any]
+    addresses: dict[Role, str]
+    engines: dict[Role, Engine]
+    plain: Engine | None
+    router: Router
+    logs: Path
+    startup: dict[str, list[str]]
+    """Each server's /ready answers from its start until ready, repeats collapsed:
+    "refused", then status codes ("503", "200")."""
+
+    def engine(self, role: Role) -> Engine:
+        return self.engines[role]
+
+    @property
+    def reference(self) -> Engine:
+        """The plain server (real fleets only)."""
+        assert self.plain is not None, "a fake fleet has no plain server"
+        return self.plain
+
+
+def _engine(name: str, argv: tuple[str, ...], env: dict[str, str], url: str, logs: Path) -> Engine:
+    process = Process(
+        list(argv[1:]), logs / f"{name}.log", env=env, program=argv[0], inherit_env=False, own_group=True
+    )
+    return Engine(name, url, None, process.start())
+
+
+def _start_engines(
+    cr: dict[str, Any], addresses: dict[Role, str], logs: Path, *, fake: bool
+) -> tuple[dict[Role, Engine], Engine | None]:
+    processes = sglang_cpu.engine_processes(cr, addresses, fake_python=sys.executable if fake else None)
+    engines = {
+        role: _engine(role.value, p.argv, dict(p.env), f"http://{addresses[role]}:{p.metrics_port}", logs)
+        for role, p in processes.items()
+    }
+    if fake:
+        return engines, None
+    decode = processes[Role.PD_DECODE]
+    plain_argv = tuple(a.replace(addresses[Role.PD_DECODE], PLAIN_ADDRESS) for a in decode.argv)
+    plain_env = {k: v.replace(addresses[Role.PD_DECODE], PLAIN_ADDRESS) for k, v in decode.env.items()}
+    plain = _engine(
+        "plain",
+        (*plain_argv, "--disaggregation-mode", "null"),
+        plain_env,
+        f"http://{PLAIN_ADDRESS}:{decode.metrics_port}",
+        logs,
+    )
+    return engines, plain
+
+
+def _ready_state(url: str) -> str | None:
+    """Its /ready status, "refused", or None: no answer in time (a loaded machine), ask again."""
+    try:
+        return str(http_get(url, "/ready", timeout=2.0)[0])
+    except ConnectionRefusedError:
+        return "refused"
+    except OSError:
+        return None
+
+
+def wait_ready(engines: list[Engine], seconds: float) -> dict[str, list[str]]:
+    """Until every engine's /ready answers 200, polling all of them together; what each said."""
+    states: dict[str, list[str]] = {engine.name: [] for engine in engines}
+    deadline = time.monotonic() + seconds
+    while any(seen[-1:] != ["200"] for seen in states.values()):
+        for engine in engines:
+            assert engine.process.popen is not None and engine.process.popen.poll() is None, (
+                f"{engine.name} exited\n{engine.process.log()}"
+            )
+            seen = states[engine.name]
+            if seen[-1:] != ["200"]:
+                state = _ready_state(engine.url)
+                if state is not None and seen[-1:] != [state]:
+                    seen.append(state)
+        assert time.monotonic() < deadline, f"not ready after {seconds} s: {states}"
+        time.sleep(0.1)
+    return states
+
+
+def start_router(cr: dict[str, Any], addresses: dict[Role, str], logs: Path) -> Router:
+    config_path = logs / "router-config.json"
+    config_path.write_text(sglang_cpu.router_config(cr, addresses).to_json())
+    port = free_port("127.0.0.1")
+    settings = RouterSettings(
+        config_path=config_path,
+        host="127.0.0.1",
+        port=port,
+        config_poll_seconds=0.2,
+        tokenizer_path=sglang_cpu.MODEL_DIR / "tokenizer.json",
+    )
+    router = Router(
+        f"http://127.0.0.1:{port}",
+        config_path,
+        Process(["-m", "prfaas_router", *to_flags(settings)], logs / "router.log"),
+    )
+    router.process.start()
+    wait_until(lambda: http_get(router.url, "/readiness")[0] == 200, f"router\n{router.process.log()}", 120)
+    return router
+
+
+@contextlib.contextmanager
+def running_fleet(logs: Path, *, fake: bool = False) -> Iterator[Fleet]:
+    """The fleet (real SGLang, or the fake engine), once every server is ready and the router is
+    up, until the block ends."""
+    logs.mkdir(parents=True, exist_ok=True)
+    sample = yaml.safe_load((REPO / "examples" / "prfaasdeployment.yaml").read_text())
+    cr = sglang_cpu.cpu_cr(sample)
+    (logs / "cr.json").write_text(json.dumps(cr, indent=2))
+    addresses = FAKE_ADDRESSES if fake else ADDRESSES
+    engines, plain = _start_engines(cr, addresses, logs, fake=fake)
+    everyone = [*engines.values(), *([plain] if plain else [])]
+    router = None
+    try:
+        startup = wait_ready(everyone, START_SECONDS)
+        router = start_router(cr, addresses, logs)
+        yield Fleet(cr, addresses, engines, plain, router, logs, startup)
+    finally:
+        if router is not None:
+            router.process.stop()
+        for engine in everyone:
+            with contextlib.suppress(Exception):
+                engine.process.stop()
