@@ -133,6 +133,9 @@ def start_router(cr: dict[str, Any], addresses: dict[Role, str], logs: Path) -> 
         host="127.0.0.1",
         port=port,
         config_poll_seconds=0.2,
+        # four CPU engines share 2 cores here: their /ready took over a second while the machine
+        # was busy (observed), which the default 1 s timeout counts against them
+        health_timeout_seconds=3.0,
         tokenizer_path=sglang_cpu.MODEL_DIR / "tokenizer.json",
     )
     router = Router(

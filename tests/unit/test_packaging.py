@@ -28,8 +28,12 @@ FIRST_PARTY = (
     "prfaas_engine_sim",
     "prfaas_testbed",
     "prfaas_sim",
+    "prfaas_sglang_cpu",
     "sglang",
 )
+SGLANG_CPU = REPO / "e2e" / "sglang-cpu"
+"""Not a distribution: copied into the real engine's venv (scripts/setup-sglang-cpu.sh), whose
+requirements are its own (requirements.in, locked in locks/sglang-cpu.txt)."""
 USED_WITHOUT_IMPORT = {"h2": "HTTP/2 to the API servers: kube.py looks it up with find_spec"}
 COMES_WITH = {"pydantic-core": "pydantic", "lightkube-models": "lightkube"}
 """Imported directly, but versioned by the dependency that pins it (pydantic pins pydantic-core exactly)."""
@@ -107,11 +111,27 @@ def test_the_fake_engine_the_testbed_and_the_simulator_declare_what_they_import(
     meta: dict[str, Any], directory: str
 ) -> None:
     declared = requirement_names(meta["dependencies"]) | requirement_names(PRODUCT["dependencies"])
-    imported = imported_distributions([p for p in (REPO / directory).iterdir() if p.is_dir()])
+    imported = imported_distributions(
+        [p for p in (REPO / directory).iterdir() if p.is_dir() and p != SGLANG_CPU]
+    )
     undeclared = {
         name: sorted(files) for name, files in imported.items() if COMES_WITH.get(name, name) not in declared
     }
     assert undeclared == {}
+
+
+def test_the_real_engines_workarounds_import_only_what_their_venv_installs() -> None:
+    lines = (SGLANG_CPU / "requirements.in").read_text().splitlines()
+    declared = requirement_names([line for line in lines if line and not line.startswith("#")])
+    found: set[str] = set()
+    for source in SGLANG_CPU.rglob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text(), str(source))):
+            if isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    third_party = {canonical(n) for n in found if n not in sys.stdlib_module_names and n not in FIRST_PARTY}
+    assert third_party and third_party <= declared, third_party - declared
 
 
 def test_the_product_ships_no_testbed_or_simulator_package() -> None:
