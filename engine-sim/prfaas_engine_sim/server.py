@@ -80,7 +80,7 @@ class FakeEngine:
         if self.settings.model_load_seconds:
             log.info("loading the model: listening in %g s", self.settings.model_load_seconds)
             await asyncio.sleep(self.settings.model_load_seconds)
-        self._ready_at = loop.time() + self.settings.warmup_seconds
+        self._ready_at = loop.time() + self.settings.startup_seconds
         bootstrap = self.pipeline.prefill_leg.bootstrap if self.pipeline.prefill_leg else None
         if bootstrap is not None:
             self.bootstrap_port = await self._listen(bootstrap.app(), self.settings.bootstrap_port)

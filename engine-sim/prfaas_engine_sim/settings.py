@@ -84,8 +84,9 @@ class EngineSettings:
     """Wall-clock seconds before the engine listens at all, as SGLang loads its weights before its
     HTTP and bootstrap servers bind (http_server.py ``launch_server``: ``_launch_subprocesses``
     returns once the schedulers have loaded the model; real engines take minutes)."""
-    startup_seconds: float | None = None
-    """/health and /ready answer 503 for this long once listening (None: ``warmup_seconds``)."""
+    startup_seconds: float = 0.0
+    """/health and /ready answer 503 for this long once listening, like an engine warming up (the
+    command line's default is SGLang's warm-up, scaled: ``SGLANG_WARMUP_SECONDS``)."""
     fail_kv_transfers: int = 0
     """The next this-many KV handoffs of this PD engine fail (tests; ``POST /fake/fail_kv_transfers``
     adds more at run time). A prefill fails once its decode connected, so both legs fail (the
@@ -109,7 +110,7 @@ class EngineSettings:
         for name in ("port", "bootstrap_port"):
             if not 0 <= getattr(self, name) <= 65535:
                 problems.append(f"{name} must be a port number (0 for any free one)")
-        for name in ("time_scale", "kv_scale", "model_load_seconds", "warmup_seconds"):
+        for name in ("time_scale", "kv_scale", "model_load_seconds", "startup_seconds"):
             if not getattr(self, name) >= 0:
                 problems.append(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("chars_per_token", "health_generation_delay", "health_check_timeout"):
@@ -162,15 +163,6 @@ class EngineSettings:
         return self.served_model_name or self.model_path
 
     @property
-    def warmup_seconds(self) -> float:
-        """How long /health and /ready answer 503 once listening: the explicit setting, else
-        SGLang's warm-up, scaled (a PD engine runs a warm-up generation before it is ready: about
-        2.5 s on real SGLang on CPU, observed by tests/real_sglang/test_differential.py)."""
-        if self.startup_seconds is not None:
-            return self.startup_seconds
-        return SGLANG_WARMUP_SECONDS * self.time_scale
-
-    @property
     def pd_timeouts(self) -> PdTimeouts:
         """The PD legs' timeouts and heartbeat: the explicit settings, else SGLang's scaled."""
         scale = self.time_scale or 1.0
@@ -189,7 +181,9 @@ class EngineSettings:
 
 # SGLang 0.5.23's defaults (environ.py), in its own seconds
 SGLANG_WARMUP_SECONDS = 2.5
-"""/health and /ready answer 503 this long once an engine listens (observed on real SGLang on CPU)."""
+"""/health and /ready answer 503 about this long once a PD engine listens: its warm-up generation
+(observed on real SGLang on CPU, tests/real_sglang/test_differential.py). The command line's
+default for --startup-seconds, times the time scale."""
 SGLANG_BOOTSTRAP_TIMEOUT = 300.0
 """``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT``: a prefill request whose decode never bootstraps
 fails after this (common/conn.py ``CommonKVSender._check_bootstrap_timeout``)."""
@@ -358,6 +352,8 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[EngineSettings, argpa
     parser = build_arg_parser()
     namespace, unknown = parser.parse_known_args(argv)
     values = {k: v for k, v in vars(namespace).items() if k not in _NOT_SETTINGS}
+    if values["startup_seconds"] is None:
+        values["startup_seconds"] = SGLANG_WARMUP_SECONDS * values["time_scale"]
     try:
         values["health_check_timeout"] = health_check_timeout_from(os.environ)
         values["health_endpoint_generation"] = health_endpoint_generation_from(os.environ)
