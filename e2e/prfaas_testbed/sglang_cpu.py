@@ -18,15 +18,16 @@ import json
 import os
 import subprocess
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from prfaas_core.router_config import RouterConfig
 from prfaas_core.vocabulary import GPU_PRODUCT_LABEL, Role
 from prfaas_operator.allocation import effective_allocation
-from prfaas_operator.api import PrfaasDeploymentSpec
+from prfaas_operator.api import Allocation, PrfaasDeploymentSpec
 from prfaas_operator.fingerprint import kv_fingerprint
-from prfaas_operator.manifests import Owner, engine_roles, engine_workload
+from prfaas_operator.manifests import EngineRole, Owner, engine_roles, engine_workload
 from prfaas_operator.router_config_builder import build_router_config, choose_pools
 from prfaas_operator.status import PodInfo
 
@@ -90,8 +91,22 @@ def cpu_cr(sample: Mapping[str, Any], name: str = "tiny") -> dict[str, Any]:
     return cr
 
 
-def _owner(cr: Mapping[str, Any]) -> Owner:
-    return Owner(name=cr["metadata"]["name"], namespace=cr["metadata"]["namespace"], uid="uid-of-the-cr")
+@dataclass(frozen=True)
+class _Derived:
+    """What the operator derives from the CR before it writes an engine pod or the router config."""
+
+    spec: PrfaasDeploymentSpec
+    owner: Owner
+    allocation: Allocation
+    roles: list[EngineRole]
+    fingerprint: str
+
+    @classmethod
+    def of(cls, cr: Mapping[str, Any]) -> _Derived:
+        spec = PrfaasDeploymentSpec.model_validate(cr["spec"])
+        owner = Owner(name=cr["metadata"]["name"], namespace=cr["metadata"]["namespace"], uid="uid-of-the-cr")
+        allocation = effective_allocation(spec, None).allocation
+        return cls(spec, owner, allocation, engine_roles(spec, owner, allocation), kv_fingerprint(spec.model))
 
 
 def engine_processes(
@@ -99,15 +114,13 @@ def engine_processes(
 ) -> dict[Role, LocalProcess]:
     """Each role's engine pod (instance 0 of its StatefulSet, at the given pod IP), as the
     testbed's kubelet runs it: with real SGLang, or with the fake engine under `fake_python` (real
-    time, every KV byte sent: the differential test's other side)."""
-    spec = PrfaasDeploymentSpec.model_validate(cr["spec"])
-    owner = _owner(cr)
-    allocation = effective_allocation(spec, None).allocation
+    time, the testbed's default KV scale: the differential test's other side)."""
+    derived = _Derived.of(cr)
     sglang = None if fake_python else str(engine_python())
     programs = Programs(python=fake_python or "python3", router="prfaas-router", sglang=sglang)
     processes = {}
-    for engine in engine_roles(spec, owner, allocation):
-        workload = engine_workload(spec.model, engine, owner, kv_fingerprint(spec.model))
+    for engine in derived.roles:
+        workload = engine_workload(derived.spec.model, engine, derived.owner, derived.fingerprint)
         node = {
             "metadata": {
                 "name": f"node-{engine.role}",
@@ -133,14 +146,14 @@ def pod_name(workload: str) -> str:
 
 def router_config(cr: Mapping[str, Any], addresses: Mapping[Role, str]) -> RouterConfig:
     """The router config the operator writes once each role's one pod is ready at its address."""
-    spec = PrfaasDeploymentSpec.model_validate(cr["spec"])
-    fingerprint = kv_fingerprint(spec.model)
-    allocation = effective_allocation(spec, None).allocation
-    pods = {engine.remote: [] for engine in engine_roles(spec, _owner(cr), allocation)}  # type: dict[bool, list[PodInfo]]
-    for engine in engine_roles(spec, _owner(cr), allocation):
-        pod = PodInfo(
-            pod_name(engine.workload), engine.role, fingerprint, addresses[Role(engine.role)], ready=True
-        )
-        pods[engine.remote].append(pod)
-    choice = choose_pools(spec, fingerprint, pods[True], pods[False])
-    return build_router_config(spec, allocation, choice, None)
+    derived = _Derived.of(cr)
+
+    def pods(remote: bool) -> list[PodInfo]:
+        return [
+            PodInfo(pod_name(e.workload), e.role, derived.fingerprint, addresses[Role(e.role)], ready=True)
+            for e in derived.roles
+            if e.remote is remote
+        ]
+
+    choice = choose_pools(derived.spec, derived.fingerprint, pods(True), pods(False))
+    return build_router_config(derived.spec, derived.allocation, choice, None)

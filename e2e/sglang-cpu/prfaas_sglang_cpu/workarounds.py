@@ -106,10 +106,13 @@ def engine_args() -> list[str]:
     return [arg for entry in ENGINE_ARGS for arg in entry.args]
 
 
+_MISSING = object()
+
+
 def apply(patch: AttributePatch, module: ModuleType) -> None:
     owner = getattr(module, patch.owner, None)
-    current = getattr(owner, patch.attribute, WorkaroundError)
-    if current is WorkaroundError or current != patch.replaces:
+    current = getattr(owner, patch.attribute, _MISSING)
+    if current is _MISSING or current != patch.replaces:
         raise WorkaroundError(
             f"{patch.module}.{patch.owner}.{patch.attribute} is {current!r}, not {patch.replaces!r}: "
             f"the CPU workaround ({patch.why}) no longer applies; read {patch.reason.source}"
