@@ -259,8 +259,15 @@ def test_health_runs_a_generation_and_ready_answers_at_once(
 ) -> None:
     (health, health_s), (ready, ready_s) = observed[side][role]["health"], observed[side][role]["ready"]
     assert (health, ready) == (200, 200)
-    assert 1.0 <= health_s < 5.0, health_s  # SGLang's /health sleeps a second before it looks
-    assert ready_s < 0.5, ready_s
+    assert health_s >= 1.0, health_s  # SGLang's /health sleeps a second before it looks
+    # Both were asked at once: /ready, which runs nothing, answers first however busy the machine
+    # (a fixed bound failed at 0.58 s on a loaded CI run, for the fake and the real decode alike).
+    assert ready_s < health_s, (ready_s, health_s)
+
+
+# Headers sent ahead of the first event would leave a gap of the late leg's 1.5 s (or the gone
+# prefill's handshake retries); a busy machine's scheduling stays well under a second.
+HEADERS_WITH_FIRST_EVENT_S = 1.0
 
 
 @pytest.mark.parametrize("side", ["real", "fake"])
@@ -270,7 +277,7 @@ def test_streams_open_with_their_first_event_never_before_the_first_token(
     for key in ("stream", "late"):
         seen = observed[side][key]
         assert seen["status"] == 200 and seen["events"][-1] == "[DONE]", seen
-        assert seen["first_at"] - seen["headers_at"] < 0.3, seen  # headers come with the first event
+        assert seen["first_at"] - seen["headers_at"] < HEADERS_WITH_FIRST_EVENT_S, seen
     late = observed[side]["late"]
     assert late["headers_at"] >= 1.5, late  # its prefill leg went out 1.5 s late: no token before
 
@@ -283,7 +290,7 @@ def test_a_decode_whose_prefill_is_gone_sends_one_error_event_in_a_200_stream(
     assert gone["status"] == 200, gone
     assert len(gone["events"]) == 2 and gone["events"][-1] == "[DONE]", gone
     assert "error" in gone["events"][0], gone
-    assert gone["first_at"] - gone["headers_at"] < 0.3, gone  # the stream opens with its error
+    assert gone["first_at"] - gone["headers_at"] < HEADERS_WITH_FIRST_EVENT_S, gone  # it opens with its error
 
 
 def test_both_export_every_family_the_project_reads(observed: Mapping[str, Any]) -> None:
