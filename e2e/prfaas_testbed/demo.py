@@ -1,6 +1,6 @@
 """The demo (the README's first command): the whole system on two local clusters, under live traffic.
 
-    scripts/demo.sh [--duration SECONDS] [--time-scale X] [--keep]
+    scripts/demo.sh [--duration SECONDS] [--time-scale X] [--keep] [--engines fake|sglang]
 
 It builds or reuses the testbed, installs the chart (the operator in the PD cluster; the
 least-privilege access identity in the PrfaaS cluster, with a kubeconfig Secret for it in the
@@ -9,6 +9,12 @@ Auto, runs the pods (the runner) and Prometheus, and drives traffic to the route
 the Mooncake trace, then a shift to long prompts. It prints a progress line every few seconds
 and a summary: requests served and failed, fraction offloaded, TTFT, KV egress, every planner
 decision with its reason, and which link emulation ran.
+
+With --engines sglang the engine pods run real SGLang 0.5.23 on CPU (scripts/setup-sglang-cpu.sh's
+venv and tiny model; processes on kwok's nodes, as the fake's are), one of each role: the CR is
+the sample's with the tiny model (prfaas_testbed.sglang_cpu), the router counts tokens with the
+model's tokenizer (a ConfigMap), and the traffic is the same plan at 1/32 of its prompt lengths
+(the model's context is 8192 tokens) with outputs capped.
 
 Without --duration the traffic phases run once (about 3.5 minutes) and the system stays up for
 kubectl until Ctrl-C; with --duration the traffic fills that time and the demo then tears
@@ -33,14 +39,20 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import ConfigMap
+from prfaas_core import metrics_contract as contract
+from prfaas_core.trace import TRACE_BLOCK_TOKENS
 from prfaas_core.vocabulary import Pool
 
 from prfaas_testbed.clusters import Testbed, TestbedError, ensure_testbed, is_testbed_up, teardown_testbed
-from prfaas_testbed.link import LinkShape, describe
+from prfaas_testbed.link import LinkMode, LinkShape, describe
 from prfaas_testbed.pod_workloads import Scales
 from prfaas_testbed.prometheus import PrometheusError
 from prfaas_testbed.rtt import connect_rtt_seconds
+from prfaas_testbed.sglang_cpu import MODEL_DIR, SglangCpuMissing, cpu_cr, engine_python
 from prfaas_testbed.system import (
+    FIELD_MANAGER,
     REPO,
     LiveSystem,
     LiveSystemError,
@@ -49,7 +61,7 @@ from prfaas_testbed.system import (
     load_sample_cr,
     stop_leftovers,
 )
-from prfaas_testbed.traffic import PlannedRequest, TrafficDriver, lognormal_requests, trace_requests
+from prfaas_testbed.traffic import PlannedRequest, TrafficDriver, lognormal_requests, shrunk, trace_requests
 
 TRACE = REPO / "data" / "traces" / "mooncake-synthetic.jsonl"
 PROGRESS_SECONDS = 5.0
@@ -67,6 +79,13 @@ TRACE_SHARE = 0.4
 """With --duration: the share of it the trace gets; the long prompts get the rest."""
 SETTLE_SECONDS = 30.0
 """After the traffic plan: how long requests still in flight may take before the summary."""
+REAL_PROMPT_FACTOR = 1 / 32
+"""--engines sglang: prompts at this fraction of the plan's lengths (the longest, 131K, fits the
+tiny model's 8192-token context), the trace's 512-token blocks at 16 tokens (its page size)."""
+REAL_MAX_OUTPUT_TOKENS = 64
+REAL_READY_SECONDS = 600.0
+"""Three real servers load their model together on this machine's cores: minutes, not seconds."""
+TOKENIZER_CONFIGMAP = "tiny-gpt2-tokenizer"
 IDLE_SECONDS = 15.0
 """After the traffic: how long the system idles before the router's readiness is read. SGLang's
 /health never answers in under a second: an idle router must still keep every engine."""
@@ -138,7 +157,9 @@ def allocation_text(point: dict[str, Any]) -> str:
     )
 
 
-def plan_traffic(duration: float | None, time_scale: float) -> tuple[list[PlannedRequest], float, float]:
+def plan_traffic(
+    duration: float | None, time_scale: float, prompt_factor: float = 1.0
+) -> tuple[list[PlannedRequest], float, float]:
     """The trace phase then the long-prompt phase, bounded; returns the plan, when the shift comes, the length."""
     trace_seconds, long_seconds = (
         (duration * TRACE_SHARE, duration * (1 - TRACE_SHARE))
@@ -153,12 +174,17 @@ def plan_traffic(duration: float | None, time_scale: float) -> tuple[list[Planne
         PlannedRequest(r.at + trace_seconds, r.phase, r.input_tokens, r.output_tokens, r.hash_ids)
         for r in long
     ]
-    return trace + shifted, trace_seconds, trace_seconds + long_seconds
+    plan = trace + shifted
+    if prompt_factor != 1:
+        plan = shrunk(plan, prompt_factor, REAL_MAX_OUTPUT_TOKENS)
+    return plan, trace_seconds, trace_seconds + long_seconds
 
 
 class Demo:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
+        self.real_engines = args.engines == "sglang"
+        self.prompt_factor = REAL_PROMPT_FACTOR if self.real_engines else 1.0
         self.scales = Scales(time_scale=args.time_scale, kv_scale=args.kv_scale)
         self.system: LiveSystem | None = None
         self.testbed: Testbed | None = None
@@ -176,13 +202,17 @@ class Demo:
             if self.was_up
             else "testbed: creating the clusters (the first run builds Kubernetes from source: ~20 min)"
         )
+        try:
+            sglang_python = engine_python() if self.real_engines else None
+        except SglangCpuMissing as err:
+            raise LiveSystemError(str(err)) from None
         self.testbed = ensure_testbed()
         work = self.testbed.state_dir / "demo"
         stopped = stop_leftovers(work)
         if stopped:
             say(f"stopped {len(stopped)} process(es) a killed earlier demo left running")
         shutil.rmtree(work, ignore_errors=True)
-        system = self.system = LiveSystem(self.testbed, work, scales=self.scales)
+        system = self.system = LiveSystem(self.testbed, work, scales=self.scales, sglang_python=sglang_python)
         t0 = time.monotonic()
         system.start()
         assert system.prometheus is not None
@@ -195,12 +225,19 @@ class Demo:
             f"({time.monotonic() - t0:.0f}s)"
         )
         cr = customise_cr(
-            load_sample_cr(),
+            cpu_cr(load_sample_cr(), name="demo-sglang") if self.real_engines else load_sample_cr(),
             layout,
             prometheus_url=system.prometheus.url,
             planner=DEMO_PLANNER,
             routing_mode="Auto",
         )
+        if self.real_engines:
+            self.store_tokenizer(system)
+            cr["spec"]["router"]["tokenizer"] = {"configMap": TOKENIZER_CONFIGMAP}
+            say(
+                f"engines: real SGLang on CPU ({sglang_python}), model {MODEL_DIR.name}; the router counts "
+                f"tokens with its tokenizer (ConfigMap {TOKENIZER_CONFIGMAP})"
+            )
         if self.args.nodes_per_instance > 1:
             if not self.testbed.real_nodes:
                 raise LiveSystemError(
@@ -225,7 +262,7 @@ class Demo:
             f"applied PrfaasDeployment {layout.deployment_namespace}/{system.cr_name}: planner Auto every "
             f"{DEMO_PLANNER['intervalSeconds']}s over {DEMO_PLANNER['windowSeconds']}s, cooldown {DEMO_PLANNER['cooldownSeconds']}s, routing Auto"
         )
-        system.wait_ready(240)
+        system.wait_ready(REAL_READY_SECONDS if self.real_engines else 240)
         ready_cr = system.cr() or {}
         status = ready_cr.get("status") or {}
         say(
@@ -233,7 +270,7 @@ class Demo:
             f"local prefill {status.get('pdPrefill', {}).get('ready')}, decode {status.get('pdDecode', {}).get('ready')}; "
             f"router at {system.router_url()}"
         )
-        say(f"link emulation: {describe(system.link_mode, LinkShape.of_spec(ready_cr['spec']), self.scales)}")
+        say(f"link emulation: {self.link_text(system, ready_cr['spec'])}")
         say(
             "nodes: the operator and the router run as containers on a real kubelet node in the PD "
             "cluster, from the project's images"
@@ -243,21 +280,43 @@ class Demo:
         )
         return system
 
+    def link_text(self, system: LiveSystem, spec: dict[str, Any]) -> str:
+        if self.real_engines and system.link_mode is LinkMode.ENGINE_TOKEN_BUCKET:
+            return "unshaped: real SGLang cannot pace its KV sends, and this testbed has no link namespace for tc"
+        text = describe(system.link_mode, LinkShape.of_spec(spec), self.scales)
+        return text + ("; real SGLang sends the tiny model's own KV, unscaled" if self.real_engines else "")
+
+    def store_tokenizer(self, system: LiveSystem) -> None:
+        """The tiny model's tokenizer.json in a ConfigMap, where the CR's router.tokenizer finds it."""
+        text = (MODEL_DIR / "tokenizer.json").read_text()
+        metadata = ObjectMeta(name=TOKENIZER_CONFIGMAP, namespace=system.layout.deployment_namespace)
+        system.pd.apply(
+            ConfigMap(metadata=metadata, data={"tokenizer.json": text}), field_manager=FIELD_MANAGER
+        )
+
     # ---- traffic ----------------------------------------------------------------------------------
 
     async def drive(self, system: LiveSystem, stop: asyncio.Event) -> TrafficDriver:
         url = system.router_url()
         if url is None:
             raise LiveSystemError("the router has no ready pod")
-        plan, self.shift_at, seconds = plan_traffic(self.args.duration, self.scales.time_scale)
+        plan, self.shift_at, seconds = plan_traffic(
+            self.args.duration, self.scales.time_scale, self.prompt_factor
+        )
         phases = {phase: sum(1 for r in plan if r.phase == phase) for phase in ("trace", "long")}
         say(
             f"traffic to {url}: {phases['trace']} requests of the Mooncake trace, then {phases['long']} long prompts "
-            f"(~50K tokens, {LONG_PROMPT_RATE_RPS:g} req/s in model time) from t={self.shift_at:.0f}s; "
-            f"{seconds:.0f}s in all at time scale {self.scales.time_scale:g}"
+            f"(~{50 * self.prompt_factor:.3g}K tokens, {LONG_PROMPT_RATE_RPS:g} req/s in model time) from "
+            f"t={self.shift_at:.0f}s; {seconds:.0f}s in all at time scale {self.scales.time_scale:g}"
+            + (
+                f"; prompts at {self.prompt_factor:g} of their lengths, outputs at most {REAL_MAX_OUTPUT_TOKENS} tokens"
+                if self.prompt_factor != 1
+                else ""
+            )
         )
         driver = TrafficDriver(url, str((system.cr() or {}).get("spec", {}).get("model", {}).get("servedModelName", "")),
-                               request_timeout_seconds=max(60.0, 300 * self.scales.time_scale))  # fmt: skip
+                               request_timeout_seconds=max(60.0, 300 * self.scales.time_scale),
+                               block_tokens=round(TRACE_BLOCK_TOKENS * self.prompt_factor))  # fmt: skip
         self.started = time.monotonic()
         sending = asyncio.create_task(driver.run(plan, stop, settle_seconds=SETTLE_SECONDS))
         while not sending.done():
@@ -312,7 +371,8 @@ class Demo:
     # ---- summary ------------------------------------------------------------------------------------
 
     def egress(self, system: LiveSystem) -> tuple[float | None, float | None]:
-        """KV egress: the router's estimate in real bytes, and the bytes the PrfaaS engines really sent."""
+        """KV egress: the router's estimate in real bytes, and the bytes the PrfaaS engines really sent
+        (the fake's counter of its scaled bytes; SGLang's per-transfer histogram of MiB)."""
         assert system.prometheus is not None
         namespace = system.layout.deployment_namespace
 
@@ -323,11 +383,16 @@ class Demo:
                 return None
             return float(result[0]["value"][1]) if result else None
 
+        sent = (
+            f'{{__name__=~"{contract.stored_names(contract.ENGINE_KV_TRANSFER_TOTAL_MB + "_sum")}",'
+            f'cluster="prfaas",namespace="{namespace}"}}'
+            if self.real_engines
+            else f'prfaas_fake_engine_kv_bytes_sent_total{{cluster="prfaas",namespace="{namespace}"}}'
+        )
+        wire = total(f"sum(max_over_time({sent}[1h]))")
         return (
             total(f'sum(max_over_time(prfaas_router_kv_egress_bytes_total{{namespace="{namespace}"}}[1h]))'),
-            total(
-                f'sum(max_over_time(prfaas_fake_engine_kv_bytes_sent_total{{cluster="prfaas",namespace="{namespace}"}}[1h]))'
-            ),
+            wire * contract.BYTES_PER_MIB if wire is not None and self.real_engines else wire,
         )
 
     def summary(self, system: LiveSystem, driver: TrafficDriver, idle: str) -> None:
@@ -345,9 +410,13 @@ class Demo:
             else f"{router_bytes / 1e9:.1f} GB"
         )
         wire_text = "unknown" if wire_bytes is None else f"{wire_bytes / 1e6:.1f} MB"
+        sent_text = (
+            "sent over Mooncake TCP (SGLang's sglang:kv_transfer_total_mb)"
+            if self.real_engines
+            else f"really sent over TCP (kv-scale {self.scales.kv_scale:g})"
+        )
         print(
-            f"  KV egress PrfaaS -> PD: {router_text} in model bytes (router's estimate); "
-            f"{wire_text} really sent over TCP (kv-scale {self.scales.kv_scale:g})"
+            f"  KV egress PrfaaS -> PD: {router_text} in model bytes (router's estimate); {wire_text} {sent_text}"
         )
         print("  allocation in force over time:")
         for elapsed, point in self.planner_log.allocations:
@@ -371,9 +440,7 @@ class Demo:
                 f"(kubelet, containerd, image {pod.get('image')}), ready {pod['ready']}, restarts {pod['restarts']}"
             )
         cr = system.cr() or {}
-        print(
-            f"  link: {describe(system.link_mode, LinkShape.of_spec(cr['spec']), self.scales) if cr else 'n/a'}"
-        )
+        print(f"  link: {self.link_text(system, cr['spec']) if cr else 'n/a'}")
         print(f"  link round trip: {link_round_trip(system)}")
         if self.scales.time_scale != 1:
             print(
@@ -455,6 +522,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--keep", action="store_true", help="leave the clusters up after tearing the system down"
     )
     parser.add_argument(
+        "--engines",
+        choices=("fake", "sglang"),
+        default="fake",
+        help="engine pods: the fake engine timed by H200/H20 profiles (default), or real SGLang on CPU "
+        "(one instance of each role, the tiny model; needs scripts/setup-sglang-cpu.sh's venv)",
+    )
+    parser.add_argument(
         "--nodes-per-instance",
         type=int,
         default=1,
@@ -467,6 +541,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--time-scale must be in (0, 10], got {args.time_scale:g}")
     if not 0 < args.kv_scale <= 1:
         parser.error(f"--kv-scale must be in (0, 1], got {args.kv_scale:g}")
+    if args.engines == "sglang" and args.nodes_per_instance != 1:
+        parser.error("--engines sglang runs one CPU server per instance: --nodes-per-instance must be 1")
     if not 1 <= args.nodes_per_instance <= 4:
         parser.error(
             f"--nodes-per-instance must be in [1, 4] (the testbed has 5 H200 nodes), got {args.nodes_per_instance}"

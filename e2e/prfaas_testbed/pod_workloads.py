@@ -452,6 +452,8 @@ def local_process(
     if kind is WorkloadKind.ENGINE and programs.sglang is not None:
         argv = [programs.sglang, *(str(part) for part in facts.container["command"][1:]), *args]
         notes.append("real SGLang")
+        if link_rate_bytes_per_second is not None:
+            notes.append("KV sends unshaped: real SGLang cannot pace them (only netns-tc shapes its link)")
     elif kind is WorkloadKind.ENGINE:
         command = [programs.python, "-m", "prfaas_engine_sim"]
         profile = fake_engine_profile(facts)

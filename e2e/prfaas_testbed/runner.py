@@ -72,6 +72,8 @@ class RunnerSettings:
     targets_dir: Path | None = None
     supervision: SupervisionSettings = field(default_factory=SupervisionSettings)
     token_seconds: int = 2 * 86400
+    sglang_python: Path | None = None
+    """Real SGLang's venv python (prfaas_testbed.sglang_cpu): engine pods run it; None: the fake engine."""
 
 
 class Runner:
@@ -82,7 +84,9 @@ class Runner:
         link_mode = resolve_link_mode(settings.link_mode, testbed)  # refuses before any client exists
         self.settings = settings
         self.programs = programs or Programs(
-            python=sys.executable, router=str(Path(sys.executable).with_name("prfaas-router"))
+            python=sys.executable,
+            router=str(Path(sys.executable).with_name("prfaas-router")),
+            sglang=str(settings.sglang_python) if settings.sglang_python else None,
         )
         self.api = PodApi(testbed, settings.token_seconds)
         self.link = LinkEmulator(
@@ -315,6 +319,12 @@ def parse_args(argv: Sequence[str] | None = None) -> RunnerSettings:
         help="default: netns-tc when the testbed has its link namespace, else engine-token-bucket",
     )
     parser.add_argument("--targets-dir", type=Path, default=None, help="Prometheus file_sd directory")
+    parser.add_argument(
+        "--sglang-python",
+        type=Path,
+        default=None,
+        help="run engine pods on real SGLang with this interpreter (its CPU venv); default: the fake engine",
+    )
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -327,6 +337,7 @@ def parse_args(argv: Sequence[str] | None = None) -> RunnerSettings:
             scales=Scales(time_scale=args.time_scale, kv_scale=args.kv_scale),
             link_mode=LinkMode(args.link) if args.link else None,
             targets_dir=args.targets_dir,
+            sglang_python=args.sglang_python,
         )
     except (ValueError, argparse.ArgumentTypeError) as err:
         parser.error(str(err))

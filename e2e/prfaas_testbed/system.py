@@ -209,8 +209,10 @@ class LiveSystem:
         scales: Scales | None = None,
         link_mode: LinkMode | None = None,
         operator_values: Sequence[str] = (),
+        sglang_python: Path | None = None,
     ) -> None:
         self.testbed = testbed
+        self.sglang_python = sglang_python
         self.work_dir = work_dir
         self.layout = layout or Layout()
         self.scales = scales or Scales()
@@ -274,6 +276,8 @@ class LiveSystem:
         ]  # fmt: skip
         for namespace in self.layout.runner_namespaces():
             argv += ["--namespace", namespace]
+        if self.sglang_python is not None:
+            argv += ["--sglang-python", str(self.sglang_python)]
         env = {**os.environ, **self.testbed.env()}
         with open(self.work_dir / "runner.log", "ab") as output:
             self.runner = subprocess.Popen(

@@ -107,9 +107,25 @@ def lognormal_requests(
     return planned
 
 
-def prompt_text(hash_ids: Sequence[int], input_tokens: int) -> str:
-    """A prompt of ``input_tokens`` tokens whose 512-token blocks are fixed by their hash ids."""
-    block_chars = TRACE_BLOCK_TOKENS * CHARS_PER_TOKEN
+def shrunk(plan: Sequence[PlannedRequest], factor: float, max_output_tokens: int) -> list[PlannedRequest]:
+    """The plan at `factor` of its prompt lengths (each at least one token), outputs capped: the
+    same arrivals and prefix sharing for a model whose context and speed are a small fraction of
+    the trace's (the real engines' tiny model); send it with ``block_tokens`` at the same factor."""
+    return [
+        PlannedRequest(
+            r.at,
+            r.phase,
+            max(1, round(r.input_tokens * factor)),
+            min(r.output_tokens, max_output_tokens),
+            r.hash_ids,
+        )
+        for r in plan
+    ]
+
+
+def prompt_text(hash_ids: Sequence[int], input_tokens: int, block_tokens: int = TRACE_BLOCK_TOKENS) -> str:
+    """A prompt of ``input_tokens`` tokens whose blocks of ``block_tokens`` are fixed by their hash ids."""
+    block_chars = block_tokens * CHARS_PER_TOKEN
     needed = input_tokens * CHARS_PER_TOKEN
     parts: list[str] = []
     for block_id in hash_ids:
@@ -194,6 +210,7 @@ class TrafficDriver:
         *,
         max_inflight: int = 256,
         request_timeout_seconds: float = 300.0,
+        block_tokens: int = TRACE_BLOCK_TOKENS,
     ) -> None:
         if max_inflight < 1 or not request_timeout_seconds > 0:
             raise ValueError("max_inflight must be >= 1 and request_timeout_seconds > 0")
@@ -201,6 +218,7 @@ class TrafficDriver:
         self.model = model
         self.max_inflight = max_inflight
         self.request_timeout_seconds = request_timeout_seconds
+        self.block_tokens = block_tokens
         self.results: list[RequestResult] = []
         self.inflight = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -242,7 +260,7 @@ class TrafficDriver:
     async def _send(self, session: aiohttp.ClientSession, request: PlannedRequest) -> None:
         body = {
             "model": self.model,
-            "prompt": prompt_text(request.hash_ids, request.input_tokens),
+            "prompt": prompt_text(request.hash_ids, request.input_tokens, self.block_tokens),
             "max_tokens": request.output_tokens,
             "stream": True,
         }

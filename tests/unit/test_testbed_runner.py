@@ -57,6 +57,7 @@ from prfaas_testbed.traffic import (
     lognormal_requests,
     percentile,
     prompt_text,
+    shrunk,
     trace_requests,
 )
 
@@ -313,6 +314,20 @@ def test_prompts_share_text_exactly_where_the_trace_shares_blocks() -> None:
     assert first[: 2 * block] == second[: 2 * block]
     assert first[2 * block : 2 * block + 16] != second[2 * block : 2 * block + 16]
     assert len(prompt_text((), 300)) == 300 * CHARS_PER_TOKEN  # ids missing: padded, still exact
+
+
+def test_a_shrunk_plan_keeps_its_arrivals_and_its_sharing_at_the_smaller_block() -> None:
+    plan = [
+        PlannedRequest(0.5, "trace", 1400, 300, (1, 2, 3)),
+        PlannedRequest(0.9, "trace", 10, 20, (1, 2, 9)),
+    ]
+    small = shrunk(plan, 1 / 32, max_output_tokens=64)
+    assert [(r.at, r.phase, r.hash_ids) for r in small] == [(r.at, r.phase, r.hash_ids) for r in plan]
+    assert [(r.input_tokens, r.output_tokens) for r in small] == [(44, 64), (1, 20)]
+    first, second = (prompt_text((1, 2, 3), 44, 16), prompt_text((1, 2, 9), 40, 16))
+    block = 16 * CHARS_PER_TOKEN
+    assert first[: 2 * block] == second[: 2 * block]
+    assert first[2 * block : 3 * block] != second[2 * block : 3 * block]
 
 
 def test_long_prompt_plan_is_deterministic_bounded_and_unshared() -> None:
