@@ -453,6 +453,8 @@ class KvReceiver:
         self._on_handoff = on_handoff
         self._default_port = default_bootstrap_port
         self._bootstrap_timeout = timeouts.bootstrap
+        self._info_retry_interval = timeouts.info_retry_interval
+        self._info_attempts = timeouts.info_attempts
         self._waiting_timeout = timeouts.waiting
         self._timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=timeouts.bootstrap, sock_read=timeouts.silence
@@ -477,15 +479,11 @@ class KvReceiver:
         deadline = loop.time() + self._bootstrap_timeout
         try:
             async with asyncio.timeout_at(deadline):
-                response = await self._session.get(
-                    url, params={"room": str(target.room), **self._params}, timeout=self._timeout
-                )
+                response = await self._connect(url, target.room, where)
         except TimeoutError:
             raise KvBootstrapError(
                 f"bootstrap timed out: the bootstrap server {where} did not answer within {self._bootstrap_timeout:g} s"
             ) from None
-        except aiohttp.ClientError as err:
-            raise KvBootstrapError(f"cannot reach the bootstrap server {where}: {err}") from err
         try:
             if response.status != 200:
                 refusal = await self._refusal(response, where)
@@ -501,6 +499,24 @@ class KvReceiver:
         response.release()
         await self._confirm(url.removesuffix("/kv") + "/kv_done", target.room, where)
         return ReceivedKv(prompt_tokens=hello["prompt_tokens"], cached_tokens=cached)
+
+    async def _connect(self, url: str, room: int, where: str) -> aiohttp.ClientResponse:
+        """The room's KV request, asked again while its bootstrap server cannot be reached, as
+        SGLang's decode asks for the prefill's info (``info_attempts``, ``info_retry_interval``)."""
+        assert self._session is not None
+        attempt = 1
+        while True:
+            try:
+                return await self._session.get(
+                    url, params={"room": str(room), **self._params}, timeout=self._timeout
+                )
+            except aiohttp.ClientError as err:
+                if attempt >= self._info_attempts:
+                    raise KvBootstrapError(
+                        f"cannot reach the bootstrap server {where} after {attempt} attempts: {err}"
+                    ) from err
+            attempt += 1
+            await asyncio.sleep(self._info_retry_interval)
 
     async def _confirm(self, url: str, room: int, where: str) -> None:
         """Tell the prefill the last byte arrived; without it the prefill fails the transfer."""

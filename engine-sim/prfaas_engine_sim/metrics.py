@@ -201,6 +201,9 @@ class EngineMetrics:
         self.generation_tokens_histogram = histogram(
             PREFIX + "generation_tokens_histogram", "Generation tokens per request.", _COUNT_BUCKETS
         ).labels(**labels)
+        self.registry.register(_Gauges(self._ranks[0][0], gauges))
+        if engine_type != "prefill":
+            return  # SGLang's decode declares no transfer histograms (observed: tests/real_sglang)
         # SGLang's prefill-side transfer histograms, with its help texts and buckets
         self.kv_transfer_speed = histogram(
             contract.ENGINE_KV_TRANSFER_SPEED_GB_S,
@@ -220,7 +223,6 @@ class EngineMetrics:
             (1, 5, 10, 50, 100, 500, 1000, 5000, 10000),
             rank_labels,
         )
-        self.registry.register(_Gauges(self._ranks[0][0], gauges))
 
     def _streaming(self, streaming: bool) -> dict[str, str]:
         """The tokenizer's labels of a streamed or a plain request (a series appears with its first)."""

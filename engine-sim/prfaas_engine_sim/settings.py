@@ -176,6 +176,8 @@ class EngineSettings:
             heartbeat_interval=self.kv_heartbeat_seconds
             or scaled(SGLANG_HEARTBEAT_INTERVAL, MIN_SCALED_HEARTBEAT_INTERVAL),
             heartbeat_max_failures=self.kv_heartbeat_max_failures,
+            info_retry_interval=SGLANG_PREFILL_INFO_RETRY_INTERVAL * self.time_scale,  # 0: at once
+            info_attempts=SGLANG_PREFILL_INFO_ATTEMPTS,
         )
 
 
@@ -194,6 +196,11 @@ SGLANG_HEARTBEAT_INTERVAL = 5.0
 """``SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL``: a decode GETs each prefill's bootstrap ``/health``
 this often (common/conn.py ``_start_heartbeat_checker_thread``; it never goes below 2 s there)."""
 
+SGLANG_PREFILL_INFO_ATTEMPTS = 15
+SGLANG_PREFILL_INFO_RETRY_INTERVAL = 1.0
+"""A decode fetches its prefill's parallel info from the bootstrap server at most once a second,
+15 times, then aborts the request (decode.py ``_ensure_prefill_info``, ``_max_ensure_retries``,
+``_ensure_retry_interval``): observed, its error event comes about 14 s after the request."""
 MIN_SCALED_TIMEOUT = 5.0
 """Scaled timeouts never go below this: at the tests' time scale (0.02) SGLang's 300 s would be
 6 s, and a loaded 2-core machine must not fail a slow but healthy handoff."""
@@ -213,6 +220,10 @@ class PdTimeouts:
     """A transfer that bootstrapped must deliver its last byte within this."""
     heartbeat_interval: float
     heartbeat_max_failures: int
+    info_retry_interval: float
+    """A decode whose prefill's bootstrap server does not answer asks again this often..."""
+    info_attempts: int
+    """...this many times in all, then fails the request."""
 
     @property
     def silence(self) -> float:

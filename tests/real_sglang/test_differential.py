@@ -223,12 +223,6 @@ KNOWN: dict[str, str] = {
     "no accelerator; the router does not read it",
     r"loads pd-decode\.loads\[\]\.decode_moments: real \['number'\], fake NoneType": "a decode's step-time "
     "moments once it decoded; the fake does not model them and the router does not read them",
-    r"gone: seconds to the error differ by more than 5": "a decode whose prefill's bootstrap server refuses: "
-    "SGLang retries the handshake for about 14 s before the error event, the fake fails at once (both send "
-    "the error in a 200 stream that opens with it, checked below); to align",
-    r"families pd-decode: sglang:kv_transfer_(latency_ms|speed_gb_s|total_mb) only fake": "SGLang's decode "
-    "exports no per-transfer histograms (the prefill does: what the router's link estimate reads); the fake's "
-    "decode keeps its own, which nothing reads; to align",
     r"families [a-z-]+: sglang:(num_aborted_requests|num_bootstrap_failed_reqs|num_transfer_failed_reqs"
     r"|cached_tokens|request_time_per_output_token_seconds|time_to_first_token_seconds) only fake": "not "
     "exported by SGLang 0.5.23 on this role by this point of the sequence; the fake exports them for the "

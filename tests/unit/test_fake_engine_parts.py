@@ -388,16 +388,16 @@ def test_health_settings_come_from_sglangs_environment_variables_as_it_parses_th
 
 
 def test_pd_timeouts_are_sglangs_scaled_with_floors_unless_set() -> None:
-    assert EngineSettings().pd_timeouts == PdTimeouts(300.0, 300.0, 5.0, 2)
-    assert EngineSettings(time_scale=0).pd_timeouts == PdTimeouts(300.0, 300.0, 5.0, 2)
-    assert EngineSettings(time_scale=0.1).pd_timeouts == PdTimeouts(30.0, 30.0, 1.0, 2)
+    assert EngineSettings().pd_timeouts == PdTimeouts(300.0, 300.0, 5.0, 2, 1.0, 15)
+    assert EngineSettings(time_scale=0).pd_timeouts == PdTimeouts(300.0, 300.0, 5.0, 2, 0.0, 15)
+    assert EngineSettings(time_scale=0.1).pd_timeouts == PdTimeouts(30.0, 30.0, 1.0, 2, 0.1, 15)
     fast = EngineSettings(time_scale=0.02)
-    assert fast.pd_timeouts == PdTimeouts(6.0, 6.0, 1.0, 2)
+    assert fast.pd_timeouts == PdTimeouts(6.0, 6.0, 1.0, 2, 0.02, 15)
     assert fast.pd_timeouts.silence == 2.0
     explicit = EngineSettings(
         time_scale=0.02, bootstrap_timeout=0.5, kv_heartbeat_seconds=0.2, kv_heartbeat_max_failures=3
     )
-    assert explicit.pd_timeouts == PdTimeouts(0.5, 6.0, 0.2, 3)
+    assert explicit.pd_timeouts == PdTimeouts(0.5, 6.0, 0.2, 3, 0.02, 15)
     settings, _, _ = parse_args(
         ["--chunked-prefill-size", "4096", "--waiting-timeout", "9", "--kv-heartbeat-max-failures", "4"]
     )
