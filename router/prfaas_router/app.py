@@ -15,7 +15,7 @@ from typing import Any
 
 from prfaas_core.router_config import RouterConfig
 from prfaas_core.routing.policy import PolicyModel, SessionTable, session_key
-from prfaas_core.routing.prefix_index import PrefixIndex
+from prfaas_core.routing.prefix_index import ClusterIndexes
 from prfaas_core.routing.workers import Fleet
 from prfaas_core.vocabulary import Pool
 
@@ -188,11 +188,9 @@ class RouterService:
             config.chars_per_token,
         )
         if old is not None and same_blocks:
-            index_local, index_prfaas = old.index_local, old.index_prfaas
+            indexes = old.indexes
         else:  # hashes of another block size mean nothing: start afresh
-            settings = self.settings
-            index_local = PrefixIndex(settings.prefix_index_blocks, settings.prefix_index_prompts)
-            index_prfaas = PrefixIndex(settings.prefix_index_blocks, settings.prefix_index_prompts)
+            indexes = ClusterIndexes(self.settings.prefix_index_blocks, self.settings.prefix_index_prompts)
         before = set(self.fleet.workers())
         fresh = self.fleet.reconcile(config.pools)
         for gone in before - set(self.fleet.workers()):
@@ -203,7 +201,7 @@ class RouterService:
                 self.metrics.engine_reports_refused,
             ):
                 metric.remove(gone.pool.value, gone.name)
-        self.snapshot = Snapshot(config, model, index_local, index_prfaas)
+        self.snapshot = Snapshot(config, model, indexes)
         self.metrics.threshold.set(config.threshold_tokens)
         self.metrics.config_version.set(config.version)
         self.metrics.link_horizon_bytes.set(model.link_horizon_bytes)
@@ -340,7 +338,7 @@ class RouterService:
                 chars_per_token=config.chars_per_token,
                 link_budget_bytes=snapshot.model.link_horizon_bytes,
                 link_inflight_bytes=self._dispatcher.link_inflight_bytes if self._dispatcher else 0.0,
-                prefix_blocks={"local": len(snapshot.index_local), "prfaas": len(snapshot.index_prfaas)},
+                prefix_blocks={"local": len(snapshot.indexes.local), "prfaas": len(snapshot.indexes.prfaas)},
             )
         body["workers"] = [
             {

@@ -56,7 +56,7 @@ from prfaas_core.routing.policy import (
     SessionTable,
     decide,
 )
-from prfaas_core.routing.prefix_index import PrefixIndex, PromptKey
+from prfaas_core.routing.prefix_index import ClusterIndexes, PromptKey
 from prfaas_core.routing.workers import Fleet, Worker
 from prfaas_core.vocabulary import ROUTE_PRFAAS, Pool
 
@@ -77,6 +77,9 @@ log = logging.getLogger("prfaas_router.proxy")
 
 ROUTE_HEADER = "X-Prfaas-Route"
 REASON_HEADER = "X-Prfaas-Reason"
+CACHED_HEADER = "X-Prfaas-Cached-Tokens"
+"""The prompt tokens the router assumed its prefill reuses from cache (`Decision`'s total less
+uncached): what a test compares with the engine's own `cached_tokens`."""
 REQUEST_ID_HEADER = "X-Request-Id"
 NO_ROUTE = "none"
 _BLAME_GRACE_SECONDS = 0.05  # how long a failed decode waits to learn whether its prefill died first
@@ -96,8 +99,7 @@ class Snapshot:
 
     config: RouterConfig
     model: PolicyModel
-    index_local: PrefixIndex  # the PD cluster: what its prefills computed and its decodes received
-    index_prfaas: PrefixIndex
+    indexes: ClusterIndexes
 
 
 @dataclass(slots=True)
@@ -305,8 +307,7 @@ class Dispatcher:
         keys = exchange.keys
         metrics = self._metrics
         pin = self._sessions.get(exchange.session_key) if exchange.session_key else None
-        hit_local = snapshot.index_local.lookup_all(keys)
-        hit_prfaas = snapshot.index_prfaas.lookup_all(keys)
+        hit_local, hit_prfaas = snapshot.indexes.hits(keys)
         view = RequestView(
             total_tokens=sum(key.tokens for key in keys),
             sequences=len(keys),
@@ -536,7 +537,7 @@ class Dispatcher:
         worker.breaker.record_success()
 
     def _learn(self, exchange: Exchange, snapshot: Snapshot, lease: _Lease) -> None:
-        """The prefill holds the prompt and the local decode received it; once per attempt.
+        """The prefill that computed the prompt holds it in its radix cache; once per attempt.
 
         Only the decode's first good answer tells (its first token, or its whole answer): SGLang
         generates nothing before the KV arrived, while a prefill that answered well may still
@@ -548,12 +549,7 @@ class Dispatcher:
         decision = lease.decision
         if decision.route == ROUTE_PRFAAS:
             self._metrics.kv_egress_bytes.inc(decision.egress_bytes)
-            for key in exchange.keys:
-                snapshot.index_prfaas.learn(key, decision.prefill.name)
-                snapshot.index_local.learn(key, None)
-        else:
-            for key in exchange.keys:
-                snapshot.index_local.learn(key, decision.prefill.name)
+        snapshot.indexes.learn_computed(decision.route, decision.prefill.name, exchange.keys)
 
     async def _stream(
         self, exchange: Exchange, decision: Decision, lease: _Lease, reply: Reply, first: bytes
@@ -908,6 +904,7 @@ def _reply_headers(reply: Reply, exchange: Exchange, decision: Decision) -> dict
     headers[REQUEST_ID_HEADER] = exchange.request_id
     headers[ROUTE_HEADER] = decision.route
     headers[REASON_HEADER] = decision.reason.value
+    headers[CACHED_HEADER] = str(decision.total_tokens - decision.uncached_tokens)
     return headers
 
 

@@ -25,9 +25,8 @@ from prfaas_core.routing.link_estimate import (
     limited,
 )
 from prfaas_core.routing.policy import Decision, PolicyModel, Rejection, RequestView, decide
-from prfaas_core.routing.prefix_index import NO_HIT, PrefixIndex
+from prfaas_core.routing.prefix_index import ClusterIndexes
 from prfaas_core.routing.workers import EngineLoad, Fleet
-from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS
 
 from prfaas_sim.cluster import SimRequest
 
@@ -79,10 +78,7 @@ class SimRouter:
             else None
         )
         self._fleet = Fleet(BREAKER_FAILURES, BREAKER_COOLDOWN_SECONDS)
-        self._indexes = {
-            ROUTE_LOCAL: PrefixIndex(index_blocks, index_prompts),
-            ROUTE_PRFAAS: PrefixIndex(index_blocks, index_prompts),
-        }
+        self._indexes = ClusterIndexes(index_blocks, index_prompts)
         self.inflight_bytes = 0.0
         self.peer_inflight_bytes = 0.0  # the other replicas' last report (shared accounting); 0 alone
         self.queue_replicas: int | None = None  # set by a replica tier whose link scheme is not the config's
@@ -100,13 +96,10 @@ class SimRouter:
         self._fleet = other._fleet
 
     def route(self, request: SimRequest, now: float) -> Decision | Rejection:
-        key = request.key
-        indexes = self._indexes
+        keys = () if request.key is None else (request.key,)
+        hit_local, hit_prfaas = self._indexes.hits(keys)
         view = RequestView(
-            total_tokens=request.total_tokens,
-            sequences=1,
-            hit_local=indexes[ROUTE_LOCAL].lookup(key) if key is not None else NO_HIT,
-            hit_prfaas=indexes[ROUTE_PRFAAS].lookup(key) if key is not None else NO_HIT,
+            total_tokens=request.total_tokens, sequences=1, hit_local=hit_local, hit_prfaas=hit_prfaas
         )
         pools = self._fleet.routable(now)
         inflight = (
@@ -120,8 +113,7 @@ class SimRouter:
             outcome.prefill.begin(now, outcome.total_tokens, outcome.prefill_seconds)
             outcome.decode.begin(now, outcome.total_tokens, 0.0)
             self.inflight_bytes += outcome.link_bytes
-            if key is not None:
-                indexes[outcome.route].learn(key, outcome.prefill.name)
+            self._indexes.learn_computed(outcome.route, outcome.prefill.name, keys)
         return outcome
 
     def report_load(self, name: str, load: EngineLoad) -> None:

@@ -111,21 +111,36 @@ async def test_long_uncached_prompts_go_to_prfaas_short_and_cached_ones_stay_loc
     router = start_router(config_doc(cluster.prfaas, cluster.local, cluster.decode))
     prfaas_before = total(await metric_samples(client, cluster.prfaas[0].url), "sglang:num_requests_total")
 
-    short = await post(client, router.url + "/v1/chat/completions", chat(SHORT))
-    long = await post(client, router.url + "/v1/chat/completions", chat(LONG))
-    follow_up = await post(client, router.url + "/v1/chat/completions", chat(LONG + " and one more question"))
-    assert (short.status, long.status, follow_up.status) == (200, 200, 200)
-    routes = [(a.headers["x-prfaas-route"], a.headers["x-prfaas-reason"]) for a in (short, long, follow_up)]
-    assert routes == [("local", "short_uncached"), ("prfaas", "long_uncached"), ("local", "cached_prefix")]
+    url = router.url + "/v1/chat/completions"
+    short = await post(client, url, chat(SHORT))
+    long = await post(client, url, chat(LONG))
+    # the decode received LONG's KV, but no local prefill can start from it: PrfaaS holds it
+    follow_up = await post(client, url, chat(LONG + " and one more question"))
+    head = fresh_long("local")[:3600]  # 900 tokens: prefilled locally
+    local_head = await post(client, url, chat(head))
+    extended = await post(client, url, chat(fresh_long("local")))  # 1402 tokens, 896 of them on l0
+    answers = (short, long, follow_up, local_head, extended)
+    assert [a.status for a in answers] == [200] * 5
+    routes = [(a.headers["x-prfaas-route"], a.headers["x-prfaas-reason"]) for a in answers]
+    assert routes == [
+        ("local", "short_uncached"),
+        ("prfaas", "long_uncached"),
+        ("prfaas", "long_uncached"),
+        ("local", "short_uncached"),
+        ("local", "cached_prefix"),
+    ]
+    # what the router assumed its prefill reuses: LONG's 21 blocks of 64 on p0, the head's 14 on l0
+    assert [int(a.headers["x-prfaas-cached-tokens"]) for a in answers] == [0, 0, 21 * 64, 0, 14 * 64]
 
-    # the PrfaaS engine really prefilled exactly one of them, and its KV really crossed
+    # the PrfaaS engine really prefilled exactly two of them, and their KV really crossed
     prfaas_after = total(await metric_samples(client, cluster.prfaas[0].url), "sglang:num_requests_total")
-    assert prfaas_after - prfaas_before == 1
+    assert prfaas_after - prfaas_before == 2
     samples = await metric_samples(client, router.url)
-    assert sample(samples, "prfaas_router_decisions_total", route="prfaas", reason="long_uncached") == 1
+    assert sample(samples, "prfaas_router_decisions_total", route="prfaas", reason="long_uncached") == 2
     assert sample(samples, "prfaas_router_decisions_total", route="local", reason="cached_prefix") == 1
-    assert sample(samples, "prfaas_router_kv_egress_bytes_total") == pytest.approx(1.8e8 + 17143.0 * 1400)
-    assert sample(samples, "prfaas_router_uncached_tokens_count", route="local") == 2
+    egress = 2 * 1.8e8 + 17143.0 * (1400 + 1406)
+    assert sample(samples, "prfaas_router_kv_egress_bytes_total") == pytest.approx(egress)
+    assert sample(samples, "prfaas_router_uncached_tokens_count", route="local") == 3
     assert sample(samples, "prfaas_router_threshold_tokens") == THRESHOLD
     assert sample(samples, "prfaas_router_config_version") == 1
 

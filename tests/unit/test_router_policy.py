@@ -27,7 +27,7 @@ from prfaas_core.routing.policy import (
     session_key,
 )
 from prfaas_core.routing.prefix_index import PrefixHit
-from prfaas_core.routing.workers import EngineLoad
+from prfaas_core.routing.workers import AvailableWorkers, EngineLoad
 from router_cases import make_config, make_model, pools
 
 T = 8192  # the threshold of the default test config
@@ -61,9 +61,72 @@ def test_long_uncached_prompt_goes_to_prfaas_and_books_its_kv_on_the_link() -> N
 
 def test_long_prompt_cached_locally_stays_local_under_scarce_bandwidth() -> None:
     available, _ = pools()
-    view = RequestView(total_tokens=40_000, sequences=1, hit_local=hit(36_000))
+    view = RequestView(total_tokens=40_000, sequences=1, hit_local=hit(36_000, "l0"))
     d = routed(decide(make_model(), view, available, 0.0))
     assert (d.route, d.reason, d.uncached_tokens) == ("local", Reason.CACHED_PREFIX, 4_000)
+    assert d.prefill.name == "l0"
+
+
+def test_a_local_hit_counts_only_on_the_instance_that_holds_it() -> None:
+    """Each SGLang prefill reuses its own radix cache alone: when l0, the holder, is too far
+    behind, l1 would prefill the whole prompt, so the prompt is long and uncached."""
+    model = make_model()
+    available, by_name = pools()
+    by_name["l0"].outstanding_tokens = 40_000  # behind l1 by more than its cache saves
+    view = RequestView(total_tokens=40_000, sequences=1, hit_local=hit(36_000, "l0"))
+    d = routed(decide(model, view, available, 0.0))
+    assert (d.route, d.reason, d.uncached_tokens) == ("prfaas", Reason.LONG_UNCACHED, 40_000)
+    local_only, by_name = pools(prfaas=0)
+    by_name["l0"].outstanding_tokens = 40_000
+    d = routed(decide(model, view, local_only, 0.0))
+    assert (d.route, d.reason, d.prefill.name) == ("local", Reason.PRFAAS_UNAVAILABLE, "l1")
+    assert d.uncached_tokens == 40_000
+    assert d.prefill_seconds == pytest.approx(model.prefill_time["local"].seconds_for(40_000))
+
+
+def test_a_prfaas_hit_counts_only_on_the_instance_that_holds_it() -> None:
+    model = make_model()
+    available, by_name = pools()
+    view = RequestView(total_tokens=40_000, sequences=1, hit_prfaas=hit(36_000, "p1"))
+    by_name["p1"].outstanding_tokens = 40_000
+    d = routed(decide(model, view, available, 0.0))
+    assert (d.route, d.prefill.name, d.uncached_tokens) == ("prfaas", "p0", 40_000)
+    assert d.prefill_seconds == pytest.approx(model.prefill_time["prfaas"].seconds_for(40_000))
+
+
+def test_a_hit_whose_holder_cannot_serve_counts_for_nothing() -> None:
+    """A prefix cached on an instance that is not routable now (gone, down, ejected) is reused by nobody."""
+    available, by_name = pools()
+    without_l0 = AvailableWorkers([by_name["l1"]], available.prfaas, available.decode)
+    view = RequestView(total_tokens=40_000, sequences=1, hit_local=hit(36_000, "l0"))
+    d = routed(decide(make_model(), view, without_l0, 0.0))
+    assert (d.route, d.reason, d.uncached_tokens) == ("prfaas", Reason.LONG_UNCACHED, 40_000)
+    only_l0 = AvailableWorkers([by_name["l0"]], [], available.decode)
+    d = routed(decide(make_model(), view, only_l0, 0.0))
+    assert (d.route, d.reason, d.uncached_tokens) == ("local", Reason.CACHED_PREFIX, 4_000)
+
+
+def test_abundant_bandwidth_moves_a_prefix_only_from_a_holder_that_can_send_it() -> None:
+    model = make_model(bandwidth_mode="Abundant")
+    available, by_name = pools()
+    view = RequestView(total_tokens=40_000, sequences=1, hit_prfaas=hit(36_000, "p1"))
+    without_p1 = AvailableWorkers(available.local, [by_name["p0"]], available.decode)
+    d = routed(decide(model, view, without_p1, 0.0))
+    assert (d.route, d.reason, d.uncached_tokens, d.link_bytes) == (
+        "prfaas",
+        Reason.LONG_UNCACHED,
+        40_000,
+        pytest.approx(model.kv_bytes(40_000, 1)),
+    )
+
+
+def test_abundant_bandwidth_counts_a_local_prefix_moved_into_the_prfaas_prefill() -> None:
+    model = make_model(bandwidth_mode="Abundant")
+    available, by_name = pools()
+    by_name["l0"].outstanding_tokens = 40_000  # the holder is too far behind to prefill it locally
+    view = RequestView(total_tokens=40_000, sequences=1, hit_local=hit(36_000, "l0"))
+    d = routed(decide(model, view, available, 0.0))
+    assert (d.route, d.reason, d.uncached_tokens) == ("prfaas", Reason.LONG_UNCACHED, 4_000)
 
 
 def test_scarce_bandwidth_ignores_a_prefix_held_only_in_the_prfaas_cluster() -> None:
@@ -88,7 +151,7 @@ def test_abundant_bandwidth_moves_the_longer_remote_prefix_and_counts_its_bytes(
 def test_abundant_move_that_does_not_fit_the_link_is_not_counted_as_cached() -> None:
     model = make_model(bandwidth_mode="Abundant")
     available, _ = pools()
-    view = RequestView(total_tokens=40_000, sequences=1, hit_prfaas=hit(36_000))
+    view = RequestView(total_tokens=40_000, sequences=1, hit_prfaas=hit(36_000, "p1"))
     full = model.link_horizon_bytes  # no room left at all
     d = routed(decide(model, view, available, full))
     assert (d.route, d.reason) == ("local", Reason.LINK_BUDGET)
@@ -206,7 +269,8 @@ def test_cache_affinity_wins_only_while_the_cache_saves_more_than_the_extra_queu
     by_name["l0"].outstanding_tokens = 4000
     assert routed(decide(make_model(), view, available, 0.0)).prefill.name == "l0"
     by_name["l0"].outstanding_tokens = 5000
-    assert routed(decide(make_model(), view, available, 0.0)).prefill.name == "l1"
+    d = routed(decide(make_model(), view, available, 0.0))
+    assert (d.prefill.name, d.uncached_tokens) == ("l1", 6000)  # l1 holds none of it
 
 
 def test_session_pin_keeps_route_and_instances() -> None:
@@ -325,8 +389,8 @@ def test_decisions_follow_the_threshold_rule_and_never_overbook_the_link(
     view = RequestView(
         total_tokens=total,
         sequences=1,
-        hit_local=hit(min(local_cached, total)),
-        hit_prfaas=hit(min(prfaas_cached, total)),
+        hit_local=hit(min(local_cached, total), "l0"),
+        hit_prfaas=hit(min(prfaas_cached, total), "p0"),
     )
     inflight = inflight_fraction * model.link_horizon_bytes
     d = routed(decide(model, view, available, inflight))

@@ -7,12 +7,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prfaas_core.routing.prefix_index import (
     NO_HIT,
+    ClusterIndexes,
     PrefixIndex,
     PromptKey,
     key_for_text,
     key_for_tokens,
     token_buffer,
 )
+from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS
 
 B = 4  # block size in tokens
 
@@ -66,13 +68,37 @@ def test_a_whole_prompt_seen_before_is_an_exact_hit_and_a_longer_one_is_not() ->
     assert (longer.tokens, longer.exact) == (8, False)  # blocks only: the linear state is not reusable
 
 
-def test_the_holder_of_the_deepest_block_is_reported_and_none_does_not_overwrite_it() -> None:
+def test_the_holder_of_the_deepest_block_holds_the_whole_hit() -> None:
     index = PrefixIndex(max_blocks=100, max_prompts=100)
-    index.learn(token_key(list(range(8))), "l0")
-    index.learn(token_key(list(range(16))), None)
-    found = index.lookup(token_key([*range(16), 1]))
-    assert found.tokens == 16 and found.holder == "l0"  # the blocks l0 computed keep their holder
-    assert index.lookup(token_key([*range(8), 5])).holder == "l0"
+    index.learn(token_key(list(range(16))), "l0")
+    index.learn(token_key([*range(8), 50, 51, 52, 53]), "l1")  # shares l0's first two blocks
+    deep = index.lookup(token_key([*range(16), 1]))
+    assert (deep.tokens, deep.holder) == (16, "l0")  # only l0 computed blocks 2 and 3
+    shared = index.lookup(token_key([*range(8), 5]))
+    assert (shared.tokens, shared.holder) == (8, "l1")  # l1 computed blocks 0 and 1 with its own
+
+
+def test_every_hit_names_its_holder_and_no_hit_names_none() -> None:
+    index = PrefixIndex(max_blocks=100, max_prompts=100)
+    index.learn(token_key(list(range(10))), "l0")
+    for ids in (list(range(10)), list(range(9)), [*range(4), 7, 7, 7, 7]):
+        assert index.lookup(token_key(ids)).holder == "l0"
+    assert index.lookup(token_key([9] * 10)) == NO_HIT and NO_HIT.holder is None
+
+
+def test_an_offload_teaches_the_pd_cluster_nothing() -> None:
+    """SGLang's decode receives the KV of an offloaded prompt, but no local prefill can start
+    from it: only the PrfaaS prefill that computed it holds it."""
+    indexes = ClusterIndexes(max_blocks=100, max_prompts=100)
+    key = token_key(list(range(12)))
+    indexes.learn_computed(ROUTE_PRFAAS, "p0", [key])
+    local, prfaas = indexes.hits([token_key(list(range(12)))])
+    assert local == NO_HIT
+    assert (prfaas.tokens, prfaas.exact, prfaas.holder) == (12, True, "p0")
+    indexes.learn_computed(ROUTE_LOCAL, "l1", [token_key([*range(12), 99])])
+    local, prfaas = indexes.hits([token_key(list(range(12)))])
+    assert (local.tokens, local.exact, local.holder) == (12, False, "l1")
+    assert prfaas.holder == "p0" and len(indexes.prfaas) == 3
 
 
 def test_memory_is_bounded_and_tails_are_evicted_before_their_prefixes() -> None:
@@ -89,13 +115,13 @@ def test_text_blocks_use_the_calibrated_characters_per_token() -> None:
     key = key_for_text("x" * 100, block_size_tokens=4, chars_per_token=2.5)
     assert len(key.block_hashes) == 10 and key.tokens == 40 and key.block_tokens == 4
     index = PrefixIndex(max_blocks=100, max_prompts=10)
-    index.learn(key, None)
+    index.learn(key, "p0")
     assert index.lookup(key_for_text("x" * 95 + "y" * 20, 4, 2.5)).tokens == 36
 
 
 def test_text_and_token_keys_never_share_blocks() -> None:
     index = PrefixIndex(max_blocks=100, max_prompts=10)
-    index.learn(key_for_text("abcdabcd", 4, 1.0), None)
+    index.learn(key_for_text("abcdabcd", 4, 1.0), "p0")
     assert index.lookup(token_key([97, 98, 99, 100, 97, 98, 99, 100], 4)) == NO_HIT
 
 
@@ -118,7 +144,7 @@ def test_text_blocks_hash_any_string_by_characters() -> None:
 def test_ids_past_2_to_the_63_hash_like_any_other() -> None:
     big = [2**64 - 1, 2**63, 2**63 + 1, 5]
     index = PrefixIndex(max_blocks=100, max_prompts=10)
-    index.learn(token_key(big * 2), None)
+    index.learn(token_key(big * 2), "p0")
     assert index.lookup(token_key(big * 2)).exact
     assert index.lookup(token_key([*big, 2**64 - 2, *big[1:]])).tokens == 4
     assert index.lookup(token_key([2**63 - 1, *big[1:]])) == NO_HIT
@@ -143,6 +169,18 @@ def test_lookup_all_adds_up_a_batch() -> None:
     keys = [token_key([*range(8), 1]), token_key(list(range(8))), token_key([7] * 9)]
     total = index.lookup_all(keys)
     assert (total.tokens, total.exact, total.holder) == (16, False, "p0")
+    assert index.lookup_all([token_key(list(range(8)))] * 2).exact
+
+
+def test_a_batch_counts_only_what_the_instance_holding_most_of_it_holds() -> None:
+    """A batch is prefilled on one instance, which reuses its own cache alone."""
+    index = PrefixIndex(max_blocks=100, max_prompts=10)
+    index.learn(token_key(list(range(8))), "p0")
+    index.learn(token_key(list(range(100, 112))), "p1")
+    keys = [token_key(list(range(8))), token_key(list(range(100, 112)))]
+    batch = index.lookup_all(keys)
+    assert (batch.tokens, batch.exact, batch.holder) == (12, False, "p1")  # p1 holds 12, p0 8
+    assert index.lookup_all([token_key([5] * 8), token_key([6] * 8)]) == NO_HIT
 
 
 def test_capacities_must_be_positive() -> None:
@@ -170,5 +208,5 @@ def test_a_hit_is_the_common_prefix_rounded_down_to_blocks(a: list[int], b: list
 def test_the_index_never_outgrows_its_bounds(prompts: list[list[int]]) -> None:
     index = PrefixIndex(max_blocks=7, max_prompts=3)
     for prompt in prompts:
-        index.learn(token_key(prompt), None)
+        index.learn(token_key(prompt), "p0")
         assert len(index) <= 7

@@ -1,9 +1,17 @@
 """Per-request route choice: PrfaaS prefill or local prefill, then the instances (pure).
 
 The paper's short-timescale rules (section 3.4.3, DESIGN.md "Two loops"):
+- A hit counts only at the instance that holds it (`PrefixHit.holder`: each SGLang prefill reuses
+  its own radix cache alone): an option served by another instance has nothing cached, and the
+  threshold rule judges the hit of the local instance that would serve the request.
 - Scarce bandwidth: judge the local cluster's cache alone; `l_total - l_pd <= t` stays local.
 - Abundant bandwidth: the best prefix of either cluster counts; a local prefill may reuse a
   prefix held in the PrfaaS cluster, and then moving that prefix costs link bytes and time.
+  This is the paper's model and assumes what its global KV manager provides: a path that moves
+  a prefix's KV from a prefill of one cluster to a prefill of the other. SGLang 0.5.23 has none
+  (KV moves from prefill to decode only) and no deployment here runs one, so `Abundant` (opt-in;
+  the config's default is `Scarce`) counts moved prefixes the engines do not yet reuse. A moved
+  prefix still needs its holder among the routable instances of its cluster.
 - An offload must fit the link: KV bytes in flight plus this request's `S_kv(l)` may not exceed
   what the link budget carries in one TTFT SLO (`budget_bytes_per_second * slo.ttft_seconds`,
   the horizon): a request that cannot leave within the SLO stays local instead of queueing
@@ -37,7 +45,7 @@ import hashlib
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from prfaas_core import metrics_contract
 from prfaas_core.profiles import PrefillTimeModel
@@ -235,6 +243,7 @@ def _decide(
         return Rejection(503, Reason.NO_DECODE, "no healthy decode instance")
     if not pools.local and not pools.prfaas:
         return Rejection(503, Reason.NO_PREFILL, "no healthy prefill instance in either cluster")
+    request = _reusable(request, pools)
     pin = request.pin
     decode, wait = _pick_decode(model, pools.decode, request)
     local = _local_option(model, request, pools.local, link_inflight_bytes, wait) if pools.local else None
@@ -297,13 +306,36 @@ def _decide(
     )
 
 
+def _reusable(request: RequestView, pools: AvailableWorkers) -> RequestView:
+    """The request with only the hits whose holder can serve now: a prefix cached on an
+    instance that is down, ejected or of another KV layout is reused by nobody."""
+    local = _held_among(request.hit_local, pools.local)
+    prfaas = _held_among(request.hit_prfaas, pools.prfaas)
+    if local is request.hit_local and prfaas is request.hit_prfaas:
+        return request
+    return replace(request, hit_local=local, hit_prfaas=prfaas)
+
+
+def _held_among(hit: PrefixHit, workers: Sequence[Worker]) -> PrefixHit:
+    if hit.holder is not None and any(worker.name == hit.holder for worker in workers):
+        return hit
+    return NO_HIT
+
+
+def _held_by(hit: PrefixHit, worker: Worker) -> PrefixHit:
+    """What `worker` reuses of a hit: all of it when it is the holder, else nothing."""
+    return hit if hit.holder == worker.name else NO_HIT
+
+
 def _paper_rule(model: PolicyModel, request: RequestView, local: _Option | None) -> tuple[str, Reason]:
+    """The threshold rule on the uncached tokens of the local option (what its instance holds),
+    or, with no local prefill to ask, on the caches alone (the fallback comes after)."""
     total = request.total_tokens
     if total <= model.threshold_tokens:
         return ROUTE_LOCAL, Reason.SHORT_UNCACHED
     if local is not None:
         uncached = local.uncached
-    else:  # no local prefill to ask: judge the caches alone, the fallback comes after
+    else:
         best = request.hit_local.tokens
         if model.abundant:
             best = max(best, request.hit_prfaas.tokens)
@@ -320,7 +352,8 @@ def _meets_slo(model: PolicyModel, option: _Option) -> bool:
 def _local_option(
     model: PolicyModel, request: RequestView, workers: Sequence[Worker], inflight: float, decode_wait: float
 ) -> _Option:
-    hit = request.hit_local
+    worker = _pick_prefill(model, workers, request.hit_local, request, ROUTE_LOCAL)
+    hit = _held_by(request.hit_local, worker)
     link_bytes = 0.0
     remote = request.hit_prfaas
     if model.abundant and remote.tokens > hit.tokens:
@@ -330,7 +363,6 @@ def _local_option(
             move += model.kv_fixed_bytes * request.sequences
         if inflight + move <= model.link_horizon_bytes:
             hit, link_bytes = remote, move
-    worker = _pick_prefill(model, workers, hit, request, ROUTE_LOCAL)
     seconds = _prefill_seconds(model.prefill_time[ROUTE_LOCAL], request, hit)
     backlog = inflight * model.router_replicas + link_bytes
     transfer = model.link_latency + backlog / model.link_bandwidth if link_bytes else 0.0
@@ -353,13 +385,13 @@ def _local_option(
 def _prfaas_option(
     model: PolicyModel, request: RequestView, workers: Sequence[Worker], inflight: float, decode_wait: float
 ) -> _Option:
-    hit = request.hit_prfaas
+    worker = _pick_prefill(model, workers, request.hit_prfaas, request, ROUTE_PRFAAS)
+    hit = _held_by(request.hit_prfaas, worker)
     move_in = 0.0
     if model.abundant and request.hit_local.tokens > hit.tokens:
         # the longer prefix sits in the PD cluster: it travels the other way (assumed idle) first
         hit = request.hit_local
         move_in = model.link_latency + model.kv_bytes_per_token * hit.tokens / model.link_bandwidth
-    worker = _pick_prefill(model, workers, request.hit_prfaas, request, ROUTE_PRFAAS)
     seconds = _prefill_seconds(model.prefill_time[ROUTE_PRFAAS], request, hit)
     egress = model.kv_bytes(request.total_tokens, request.sequences)
     transfer = model.link_latency + (inflight * model.router_replicas + egress) / model.link_bandwidth

@@ -14,6 +14,10 @@ only the attention over the prefix (the quadratic term) counts as saved. `uncach
 (compared with the threshold and recorded for the planner) still counts the block prefix as
 cached: the threshold is about attention-dominated work and the KV a prefill emits.
 
+Each block is held by an instance: the prefill that computed it, whose radix cache is the only
+place an engine reuses it (`ClusterIndexes.learn_computed`). A holder of a block computed every
+block before it too, so the holder of a prompt's deepest held block holds the whole hit.
+
 Blocks hash with xxh3-64, each seeded with the hash before it: token ids as uint64 bytes (the
 request's decoded arrays, or `token_buffer`), text as UTF-8 per block of characters. That hashes
 in C without a Python object per token, which keeps a 128K-token decision well under a
@@ -29,10 +33,12 @@ import math
 import secrets
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from xxhash import xxh3_64_intdigest
+
+from prfaas_core.vocabulary import ROUTE_PRFAAS
 
 _TOKEN_SEED = secrets.randbits(64)
 _TEXT_SEED = secrets.randbits(64)
@@ -119,7 +125,10 @@ class PromptKey:
 
 @dataclass(frozen=True, slots=True)
 class PrefixHit:
-    """How much of a prompt one cluster holds, and the instance known to hold the deepest part of it."""
+    """How much of a prompt one cluster holds, and the instance that holds it (None: no hit).
+
+    Only `holder` can reuse it: each SGLang prefill has a radix cache of its own.
+    """
 
     tokens: int
     exact: bool
@@ -189,8 +198,7 @@ class PrefixIndex:
             raise ValueError(f"prefix index capacities must be positive, got {max_blocks}, {max_prompts}")
         self._max_blocks = max_blocks
         self._max_prompts = max_prompts
-        # value: the holding instance's name, "" when only the cluster as a whole is known to hold it
-        self._blocks: OrderedDict[int, str] = OrderedDict()
+        self._blocks: OrderedDict[int, str] = OrderedDict()  # value: the holding instance's name
         self._prompts: OrderedDict[int, str] = OrderedDict()
 
     def __len__(self) -> int:
@@ -201,59 +209,56 @@ class PrefixIndex:
 
         The held blocks of a prompt always form a prefix of it (`learn` touches a prompt's blocks
         deepest first, so LRU eviction takes tails first): the whole prompt counts only when the
-        walk reaches its end, and the walk stops at the first block missing.
+        walk reaches its end, and the walk stops at the first block missing. The holder is the
+        deepest block's, which computed the blocks before it too.
         """
         blocks = self._blocks
         matched = 0
-        holder = ""
+        holder = None
         for block_hash in key.hashes():
             found = blocks.get(block_hash)
             if found is None:
                 break
-            holder = found or holder
+            holder = found
             matched += 1
         else:
             exact_holder = self._prompts.get(key.full_hash)
             if exact_holder is not None:
-                return PrefixHit(tokens=key.tokens, exact=True, holder=exact_holder or None)
-        if matched == 0:
+                return PrefixHit(tokens=key.tokens, exact=True, holder=exact_holder)
+        if holder is None:
             return NO_HIT
-        return PrefixHit(
-            tokens=min(matched * key.block_tokens, key.tokens), exact=False, holder=holder or None
-        )
+        return PrefixHit(tokens=min(matched * key.block_tokens, key.tokens), exact=False, holder=holder)
 
     def lookup_all(self, keys: Sequence[PromptKey]) -> PrefixHit:
-        """The hits of a batch's prompts added up; exact only when every prompt is."""
+        """A batch's hit at the one instance holding the most of it: a batch is prefilled on one
+        instance, which reuses only what it holds. Exact only when it holds every prompt whole."""
         if len(keys) == 1:
             return self.lookup(keys[0])
-        hits = [self.lookup(key) for key in keys]
-        holder = next((hit.holder for hit in hits if hit.holder is not None), None)
-        return PrefixHit(sum(hit.tokens for hit in hits), all(hit.exact for hit in hits), holder)
+        held: dict[str, list[PrefixHit]] = {}
+        for hit in (self.lookup(key) for key in keys):
+            if hit.holder is not None:
+                held.setdefault(hit.holder, []).append(hit)
+        if not held:
+            return NO_HIT
+        holder, hits = max(held.items(), key=lambda item: sum(hit.tokens for hit in item[1]))
+        exact = len(hits) == len(keys) and all(hit.exact for hit in hits)
+        return PrefixHit(sum(hit.tokens for hit in hits), exact, holder)
 
-    def learn(self, key: PromptKey, holder: str | None) -> None:
-        """Record that `holder` (an instance name, or None for 'somewhere in the cluster') now has it.
+    def learn(self, key: PromptKey, holder: str) -> None:
+        """Record that instance `holder` now has the prompt.
 
-        None keeps a block's known holder. The deepest block is touched first so that LRU eviction
-        takes tails before the prefixes they extend, which keeps what remains a usable prefix.
+        The deepest block is touched first so that LRU eviction takes tails before the prefixes
+        they extend, which keeps what remains a usable prefix.
         """
         blocks = self._blocks
-        hashes = key.all_hashes()
-        if holder is None:
-            for block_hash in reversed(hashes):
-                blocks.setdefault(block_hash, "")
-                blocks.move_to_end(block_hash)
-        else:
-            for block_hash in reversed(hashes):
-                blocks[block_hash] = holder
-                blocks.move_to_end(block_hash)
+        for block_hash in reversed(key.all_hashes()):
+            blocks[block_hash] = holder
+            blocks.move_to_end(block_hash)
         while len(blocks) > self._max_blocks:
             blocks.popitem(last=False)
         prompts = self._prompts
         full_hash = key.full_hash
-        if holder is None:
-            prompts.setdefault(full_hash, "")
-        else:
-            prompts[full_hash] = holder
+        prompts[full_hash] = holder
         prompts.move_to_end(full_hash)
         while len(prompts) > self._max_prompts:
             prompts.popitem(last=False)
@@ -261,3 +266,31 @@ class PrefixIndex:
     def clear(self) -> None:
         self._blocks.clear()
         self._prompts.clear()
+
+
+class ClusterIndexes:
+    """The router's hybrid prefix index: one `PrefixIndex` per cluster (route).
+
+    The learning rule, the router's and the simulator's (`learn_computed`): a prompt is cached
+    where an engine will reuse it, in the radix cache of the prefill instance that computed it, in
+    the cluster of the route that ran. The decode that received an offloaded prompt's KV holds no
+    prefix a prefill can start from (SGLang moves KV from prefill to decode only, and no cluster
+    runs a shared store yet), so an offload teaches the PD cluster nothing. A cluster's shared pool,
+    once deployed, would be a holder of its own that each of its instances reads, at a fetch cost.
+    """
+
+    __slots__ = ("local", "prfaas")
+
+    def __init__(self, max_blocks: int, max_prompts: int) -> None:
+        self.local = PrefixIndex(max_blocks, max_prompts)
+        self.prfaas = PrefixIndex(max_blocks, max_prompts)
+
+    def hits(self, keys: Sequence[PromptKey]) -> tuple[PrefixHit, PrefixHit]:
+        """What the PD cluster and the PrfaaS cluster hold of a request."""
+        return self.local.lookup_all(keys), self.prfaas.lookup_all(keys)
+
+    def learn_computed(self, route: str, prefill: str, keys: Iterable[PromptKey]) -> None:
+        """`prefill`, of `route`'s cluster, computed these prompts: its radix cache holds them."""
+        index = self.prfaas if route == ROUTE_PRFAAS else self.local
+        for key in keys:
+            index.learn(key, prefill)
