@@ -521,7 +521,11 @@ class RoutingSpec(_Model):
     block_size: int = Field(default=512, ge=16, le=65536, description="Prefix-hash block size in tokens.")
     bandwidth_mode: BandwidthMode = Field(
         default=BandwidthMode.SCARCE,
-        description="Scarce: judge each cluster's prefix cache alone. Abundant: use the best prefix of either.",
+        description=(
+            "Scarce: judge each cluster's prefix cache alone. Abundant: use the best prefix of either, "
+            "moved between the clusters' prefills: the paper's model, which needs a KV path SGLang "
+            "does not have yet, so its moved prefixes are not reused by the engines."
+        ),
     )
     session_affinity_header: str | None = Field(
         default=None,
