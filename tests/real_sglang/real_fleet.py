@@ -10,7 +10,7 @@ pods with the fake engine (prfaas_engine_sim, real time, every KV byte) on other
 start together on 2 cores and about 2 GiB each (PSS). Mooncake advertises each engine's
 SGLANG_HOST_IP (its pod IP here): loopback only.
 
-The fault tests (test_real_faults.py) kill engines, so they run last (file order).
+The fault tests (test_real_faults.py) kill engines, so they run last (conftest.py orders them).
 The fixtures that use these live in conftest.py.
 """
 

@@ -1,5 +1,5 @@
 """Real SGLang engines that die: the router ejects them, blames the right one, and keeps serving
-with what is left. These kill the fleet's engines, so they run last (file order) and in order."""
+with what is left. These kill the fleet's engines, so they run last (conftest.py orders them) and in order."""
 
 from __future__ import annotations
 
