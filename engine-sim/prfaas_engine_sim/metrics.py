@@ -137,11 +137,9 @@ class EngineMetrics:
             "Number of cached prompt tokens by source (device/host/storage).",
             (*LABELS, "cache_source"),  # metrics_collector.py TokenizerMetricsCollector.cached_tokens_total
             registry=self.registry,
-        ).labels(**labels, cache_source="device")
+        )
         self.requests = counter(PREFIX + "num_requests", "Number of requests processed.", streaming)
-        self.aborted_requests = counter(
-            PREFIX + "num_aborted_requests", "Number of requests aborted."
-        ).labels(**labels)
+        self.aborted_requests = counter(PREFIX + "num_aborted_requests", "Number of requests aborted.")
         self.bootstrap_failed = counter(
             PREFIX + "num_bootstrap_failed_reqs", "Number of PD requests whose bootstrap failed.", rank_labels
         )
@@ -235,6 +233,9 @@ class EngineMetrics:
         """The TP ranks of the DP rank a room's transfer runs on."""
         return self._ranks[room % self._dp_size]
 
+    def count_abort(self) -> None:
+        self.aborted_requests.labels(**self._labels).inc()
+
     def count_handoff(self, mismatched: bool) -> None:
         """One KV request its prefill answered; `mismatched`: refused for another KV fingerprint."""
         self.kv_handoffs.inc()
@@ -258,7 +259,8 @@ class EngineMetrics:
     ) -> None:
         self.requests.labels(**self._streaming(streaming)).inc()
         self.prompt_tokens.labels(**self._streaming(streaming)).inc(prompt_tokens)
-        self.cached_tokens.inc(cached_tokens)
+        if cached_tokens:
+            self.cached_tokens.labels(**self._labels, cache_source="device").inc(cached_tokens)
         self.generation_tokens.labels(**self._streaming(streaming)).inc(generation_tokens)
         self.prompt_tokens_histogram.observe(prompt_tokens)
         self.uncached_prompt_tokens_histogram.observe(prompt_tokens - cached_tokens)
@@ -287,4 +289,15 @@ class EngineMetrics:
         return speeds[0] if speeds else 0.0
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(_Observed(self.registry))
+
+
+class _Observed:
+    """A registry as SGLang exposes its own (prometheus-client's multiprocess mode): a family
+    appears with its first sample, never as a bare HELP and TYPE (observed: tests/real_sglang)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        return (family for family in self._registry.collect() if family.samples)

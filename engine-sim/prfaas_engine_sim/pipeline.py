@@ -254,7 +254,7 @@ class EnginePipeline:
             return
         except asyncio.CancelledError:
             if run.log_metrics:
-                self.metrics.aborted_requests.inc()
+                self.metrics.count_abort()
             if run.abort_message is None:
                 raise  # the client went away: nobody to answer
             run.events.put_nowait((run, "done", self._result(run)))
