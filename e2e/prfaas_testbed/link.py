@@ -10,7 +10,7 @@ CR with a latency gets a delay line (``delay_line``): the pods' traffic goes thr
 whose relay holds each packet for the one-way latency, and the same tbf shapes the namespace's
 TUN. The veth pair stays shaped as well, for the moments the relay is not running.
 
-Elsewhere the fallback DESIGN.md names runs: the KV sender of every PrfaaS prefill engine paces
+Elsewhere the fallback docs/testbed.md names runs: the KV sender of every PrfaaS prefill engine paces
 its sends with a token bucket (``fake_engine --link-rate-bytes-per-second``).
 
 In both, the rate keeps the ratios of the real system. Engines send ``kv_scale`` of the real KV

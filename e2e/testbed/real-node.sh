@@ -22,7 +22,7 @@
 #   run     /run/prfaas-<id>-C/  containerd state and socket
 #   cgroup  /prfaas-<id>-C       every cgroup the kubelet and containerd make for this node
 # Side effects undone by node_down: the bridge, the KUBE-* chains kube-proxy and the kubelet
-# wrote, the kubelet's mounts, the cgroups. See ../shared/reference/real-node.md.
+# wrote, the kubelet's mounts, the cgroups. See docs/testbed.md.
 
 declare -A NODE_IP=([prfaas]=10.234.0.1 [pd]=10.232.0.1)
 declare -A NODE_POD_NET=([prfaas]=10.234.0 [pd]=10.232.0)

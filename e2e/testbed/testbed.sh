@@ -6,7 +6,7 @@
 #   pd     : the local PD cluster (H20 nodes, operator and router), pods in 127.200.0.0/16,
 #            nodes in 127.201.0.0/24
 # Pod addresses are addresses the testbed owns, so a runner can start each pod's workload as a
-# local process bound to its pod IP. The emulated cross-cluster link (DESIGN.md): the PrfaaS
+# local process bound to its pod IP. The emulated cross-cluster link (docs/testbed.md): the PrfaaS
 # cluster's pod range exists only inside the network namespace prfaas-<id>, joined to this one
 # by a veth pair (10.230.255.1 here, .2 there) that the runner shapes with tc from the CR's link
 # spec; a CR with a latency also gets the runner's delay line (prfaas_testbed/delay_line.py).

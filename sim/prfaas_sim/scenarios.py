@@ -1,4 +1,4 @@
-"""The scenarios the README reports: rate sweep, link drop, burst, and a real trace with and without prefix reuse.
+"""The scenarios docs/simulation.md reports: rate sweep, link drop, burst, and a real trace with and without prefix reuse.
 
 Each returns plain results; `report` renders them. Every run of a scenario uses the same seed,
 so the systems see the very same requests.

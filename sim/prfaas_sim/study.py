@@ -1,4 +1,4 @@
-"""The whole study behind docs/sim: every scenario at the parameters the README reports.
+"""The whole study behind docs/sim: every scenario at the parameters docs/simulation.md reports.
 
 Loads are set relative to the model's answers (a fraction of PrfaaS-PD's Λ_max), so the study
 keeps its meaning on another profile. `QUICK` runs the same scenarios shorter (a smoke test).

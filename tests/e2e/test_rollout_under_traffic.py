@@ -13,7 +13,7 @@ short prompts prefilled locally and long ones in the PrfaaS cluster:
 2. then an image the testbed's registry does not hold: the rollout stalls at its deadline with
    the reason in status, traffic unaffected; setting the image back rolls back.
 
-About 5 minutes on the testbed; -s prints the figures (the README quotes them).
+About 5 minutes on the testbed; -s prints the figures (docs/rollouts.md quotes them).
 """
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ def operator(
     """The operator watching `plan-*`, started after the namespaces exist.
 
     kopf (1.45) lists namespaces, then starts a namespace watch whose own first list it ignores:
-    a namespace created between the two is not served until a restart (README, limitations).
+    a namespace created between the two is not served until a restart (docs/limitations.md).
     """
     kubectl(testbed, "apply", "--server-side", "--force-conflicts", "--field-manager=prfaas-tests",
             "-f", str(ROOT / crd.CRD_OUTPUTS[0]))  # fmt: skip

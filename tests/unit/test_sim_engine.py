@@ -189,7 +189,7 @@ def test_arrivals_that_go_back_in_time_are_refused(systems):
 
 @pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda seed: f"seed{seed}")
 def link_drop_runs(request, systems, workload) -> dict[str, RunResult]:
-    """The README's link drop (100 -> 10 Gbit/s at 0.9x Λ_max), every variant, by label."""
+    """docs/simulation.md's link drop (100 -> 10 Gbit/s at 0.9x Λ_max), every variant, by label."""
     setup = LinkDropSetup(rate=2.97, duration=3600.0, drop_at=1200.0, to_gbps=10.0, informed_after=30.0)
     return {
         variant.label: result

@@ -1,6 +1,6 @@
 """Per-request route choice: PrfaaS prefill or local prefill, then the instances (pure).
 
-The paper's short-timescale rules (section 3.4.3, DESIGN.md "Two loops"):
+The paper's short-timescale rules (section 3.4.3, docs/design.md "Two loops"):
 - A hit counts only at the instance that holds it (`PrefixHit.holder`: each SGLang prefill reuses
   its own radix cache alone): an option served by another instance has nothing cached, and the
   threshold rule judges the hit of the local instance that would serve the request.
