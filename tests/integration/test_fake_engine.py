@@ -834,7 +834,11 @@ async def test_metrics_carry_sglang_names_and_labels(http: aiohttp.ClientSession
                 assert labels.get("tp_rank", "0") == labels.get("pp_rank", "0") == "0"
                 assert labels.get("is_streaming", "false") == "false"
             # as in SGLang, a series from its first observation: no failure, abort or cached token yet
-            for absent in ("num_transfer_failed_reqs_total", "num_aborted_requests_total", "cached_tokens_total"):
+            for absent in (
+                "num_transfer_failed_reqs_total",
+                "num_aborted_requests_total",
+                "cached_tokens_total",
+            ):
                 assert absent not in found, (engine_type, absent)
         decode_samples = await metrics(http, decode)
         assert decode_samples["sglang:num_requests_total"] == 1

@@ -61,7 +61,9 @@ def test_the_simulator_plans_its_deployments_in_either_form_of_the_model() -> No
         assert per_request.plan(strategy).evaluation.form is ModelForm.PER_REQUEST
         assert paper.plan(strategy).evaluation.form is ModelForm.PAPER
         assert paper.analytical_rps(strategy) > per_request.analytical_rps(strategy)
-    assert paper.analytical_rps(Strategy.PRFAAS_PD) == pytest.approx(3.297, abs=5e-4)  # docs/planner.md's table
+    assert paper.analytical_rps(Strategy.PRFAAS_PD) == pytest.approx(
+        3.297, abs=5e-4
+    )  # docs/planner.md's table
 
 
 def test_the_simulated_planner_loop_takes_the_form_of_the_model_from_its_settings() -> None:
