@@ -79,9 +79,14 @@ TRACE_SHARE = 0.4
 """With --duration: the share of it the trace gets; the long prompts get the rest."""
 SETTLE_SECONDS = 30.0
 """After the traffic plan: how long requests still in flight may take before the summary."""
-REAL_PROMPT_FACTOR = 1 / 32
-"""--engines sglang: prompts at this fraction of the plan's lengths (the longest, 131K, fits the
-tiny model's 8192-token context), the trace's 512-token blocks at 16 tokens (its page size)."""
+REAL_PROMPT_FACTOR = 1 / 64
+"""--engines sglang: prompts at this fraction of the plan's lengths, the trace's 512-token blocks
+at 8. The prompt text is about 2.8 of the tiny model's tokens per planned token (4 characters;
+measured: a 4096-token plan was 11598 tokens), so the longest plan, 131K, stays inside its
+8192-token context: about 5800 tokens."""
+REAL_TIME_SCALE = 4.0
+"""--engines sglang without --time-scale: the trace's gaps times this (about 1 request a second).
+Three CPU servers here serve about one a second; at the trace's own 3.9 they queued into 429s."""
 REAL_MAX_OUTPUT_TOKENS = 64
 REAL_READY_SECONDS = 600.0
 """Three real servers load their model together on this machine's cores: minutes, not seconds."""
@@ -185,7 +190,8 @@ class Demo:
         self.args = args
         self.real_engines = args.engines == "sglang"
         self.prompt_factor = REAL_PROMPT_FACTOR if self.real_engines else 1.0
-        self.scales = Scales(time_scale=args.time_scale, kv_scale=args.kv_scale)
+        time_scale = args.time_scale or (REAL_TIME_SCALE if self.real_engines else 1.0)
+        self.scales = Scales(time_scale=time_scale, kv_scale=args.kv_scale)
         self.system: LiveSystem | None = None
         self.testbed: Testbed | None = None
         self.was_up = False
@@ -442,7 +448,12 @@ class Demo:
         cr = system.cr() or {}
         print(f"  link: {self.link_text(system, cr['spec']) if cr else 'n/a'}")
         print(f"  link round trip: {link_round_trip(system)}")
-        if self.scales.time_scale != 1:
+        if self.scales.time_scale != 1 and self.real_engines:
+            print(
+                f"  time scale {self.scales.time_scale:g}: the trace's gaps {self.scales.time_scale:g}x longer "
+                "(real engines compute at their own speed); the link's rate as much lower"
+            )
+        elif self.scales.time_scale != 1:
             print(
                 f"  time scale {self.scales.time_scale:g}: engines compute {1 / self.scales.time_scale:g}x faster and requests "
                 "arrive as much faster, so rates Prometheus shows are that many times the model's"
@@ -512,8 +523,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--time-scale",
         type=float,
-        default=1.0,
-        help="engine compute times and trace gaps are multiplied by this (0.5: twice as fast)",
+        default=None,
+        help="engine compute times and trace gaps are multiplied by this (0.5: twice as fast); default 1, "
+        f"with --engines sglang {REAL_TIME_SCALE:g} (its gaps only: real engines keep their speed)",
     )
     parser.add_argument(
         "--kv-scale", type=float, default=1e-3, help="fraction of the real KV bytes the engines send"
@@ -537,7 +549,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.duration is not None and not args.duration >= 30:
         parser.error(f"--duration must be at least 30 seconds, got {args.duration:g}")
-    if not 0 < args.time_scale <= 10:
+    if args.time_scale is not None and not 0 < args.time_scale <= 10:
         parser.error(f"--time-scale must be in (0, 10], got {args.time_scale:g}")
     if not 0 < args.kv_scale <= 1:
         parser.error(f"--kv-scale must be in (0, 1], got {args.kv_scale:g}")
