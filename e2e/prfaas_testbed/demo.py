@@ -107,6 +107,11 @@ def _json_of(url: str) -> dict[str, Any]:
     return found
 
 
+def size_text(count: float) -> str:
+    """Bytes in GB from 1 GB up, else in MB (the tiny model's real KV is megabytes)."""
+    return f"{count / 1e9:.1f} GB" if count >= 1e9 else f"{count / 1e6:.1f} MB"
+
+
 def say(text: str) -> None:
     print(f"[demo] {text}", flush=True)
 
@@ -411,11 +416,9 @@ class Demo:
             print(f"    failed x{count}: {text}")
         router_bytes, wire_bytes = self.egress(system)
         router_text = (
-            "unknown (no router series in Prometheus)"
-            if router_bytes is None
-            else f"{router_bytes / 1e9:.1f} GB"
+            "unknown (no router series in Prometheus)" if router_bytes is None else size_text(router_bytes)
         )
-        wire_text = "unknown" if wire_bytes is None else f"{wire_bytes / 1e6:.1f} MB"
+        wire_text = "unknown" if wire_bytes is None else size_text(wire_bytes)
         sent_text = (
             "sent over Mooncake TCP (SGLang's sglang:kv_transfer_total_mb)"
             if self.real_engines
