@@ -77,7 +77,15 @@ class Server:
 def start(name: str, host: str, args: list[str], logs: Path, env: dict[str, str] | None = None) -> Server:
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / f"{name}.log"
-    environment = {**os.environ, "SGLANG_HOST_IP": host, "MC_FORCE_TCP": "1", **(env or {})}
+    # SGLANG_HOST_IP: what the PD transfer's Mooncake advertises; MOONCAKE_LOCAL_HOSTNAME: what a
+    # Mooncake Store client (HiCache's mooncake backend) registers as (default "localhost")
+    environment = {
+        **os.environ,
+        "SGLANG_HOST_IP": host,
+        "MOONCAKE_LOCAL_HOSTNAME": host,
+        "MC_FORCE_TCP": "1",
+        **(env or {}),
+    }
     with log.open("wb") as out:
         popen = subprocess.Popen(
             [str(PYTHON), "-m", "sglang.launch_server", *args],
