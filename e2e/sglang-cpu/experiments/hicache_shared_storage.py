@@ -9,10 +9,15 @@ For each: `meta_info.cached_tokens` (and its device/host/storage split), the pre
 
 Backends: `file` (a directory both prefills use: `--hicache-storage-backend-extra-config
 '{"file_storage_path": DIR}'`, srt/mem_cache/hicache_storage.py `HiCacheFile`) or `mooncake`
-(Mooncake Store: a `mooncake_master` from the venv's mooncake wheel, P2P handshake, srt/mem_cache/storage/mooncake_store/mooncake_store.py).
+(Mooncake Store: a `mooncake_master` from the venv's mooncake wheel, P2P handshake,
+srt/mem_cache/storage/mooncake_store/mooncake_store.py).
+
+On CPU, HiCache as shipped stops at start-up (its host pool is pinned with cudaHostRegister);
+`--cpu-patch` runs the engines with hicache_cpu_patch/ on PYTHONPATH, which gets past that and
+the CUDA-only copies (docs/sglang.md, "HiCache on a storage backend shared by two prefills").
 
   flock /tmp/real-engines.lock ~/.cache/prfaas/sglang-cpu/bin/python \
-      e2e/sglang-cpu/experiments/hicache_shared_storage.py [--backend file|mooncake]
+      e2e/sglang-cpu/experiments/hicache_shared_storage.py [--backend file|mooncake] [--cpu-patch]
 """
 
 from __future__ import annotations
