@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import statistics
 import sys
 import tempfile
@@ -34,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests" / "integration"), str(ROOT / "tests" / "real_sglang")]
 
 from prfaas_core.vocabulary import Role  # noqa: E402
-from real_fleet import Fleet, running_fleet  # noqa: E402
+from real_fleet import Fleet, pd_body, running_fleet  # noqa: E402
 from test_real_engines import SHORT, chat  # noqa: E402
 
 
@@ -50,8 +49,7 @@ async def first_byte(client: aiohttp.ClientSession, url: str, body: dict[str, An
 
 async def direct(client: aiohttp.ClientSession, fleet: Fleet, body: dict[str, Any]) -> float:
     prefill, decode = fleet.engine(Role.PD_PREFILL), fleet.engine(Role.PD_DECODE)
-    legs = {**body, "bootstrap_host": fleet.addresses[Role.PD_PREFILL], "bootstrap_port": 8998,
-            "bootstrap_room": random.getrandbits(63)}  # fmt: skip
+    legs = pd_body(body, fleet.addresses[Role.PD_PREFILL])
 
     async def prefill_leg() -> None:
         async with client.post(prefill.url + "/v1/chat/completions", json=legs) as reply:

@@ -13,8 +13,9 @@ decision with its reason, and which link emulation ran.
 With --engines sglang the engine pods run real SGLang 0.5.23 on CPU (scripts/setup-sglang-cpu.sh's
 venv and tiny model; processes on kwok's nodes, as the fake's are), one of each role: the CR is
 the sample's with the tiny model (prfaas_testbed.sglang_cpu), the router counts tokens with the
-model's tokenizer (a ConfigMap), and the traffic is the same plan at 1/32 of its prompt lengths
-(the model's context is 8192 tokens) with outputs capped.
+model's tokenizer (a ConfigMap), and the traffic is the same plan at 1/64 of its prompt lengths
+(the model's context is 8192 tokens) with outputs capped and, unless --time-scale says otherwise,
+the trace's gaps 4x longer.
 
 Without --duration the traffic phases run once (about 3.5 minutes) and the system stays up for
 kubectl until Ctrl-C; with --duration the traffic fills that time and the demo then tears

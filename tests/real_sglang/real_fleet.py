@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
 import sys
 import time
 from collections.abc import Iterator
@@ -39,6 +40,8 @@ FAKE_ADDRESSES = {
     Role.PD_PREFILL: "127.0.12.1",
     Role.PD_DECODE: "127.0.12.11",
 }
+SGLANG_BOOTSTRAP_PORT = 8998
+"""SGLang's default --disaggregation-bootstrap-port, the one the operator's engines keep."""
 START_SECONDS = 420.0
 """Four servers starting together: 40-65 s alone, about 2 minutes together on 2 cores."""
 
@@ -63,6 +66,11 @@ class Fleet:
         """The plain server (real fleets only)."""
         assert self.plain is not None, "a fake fleet has no plain server"
         return self.plain
+
+
+def pd_body(body: dict[str, Any], host: str, port: int = SGLANG_BOOTSTRAP_PORT) -> dict[str, Any]:
+    """`body` with SGLang's PD fields: both legs carry it, the prefill at `host`, a fresh room."""
+    return {**body, "bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": random.getrandbits(63)}
 
 
 def _engine(name: str, argv: tuple[str, ...], env: dict[str, str], url: str, logs: Path) -> Engine:

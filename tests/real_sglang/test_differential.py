@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import re
 import time
 from collections.abc import Iterator, Mapping
@@ -25,7 +24,7 @@ import pytest
 from prfaas_core import metrics_contract as contract
 from prfaas_core.vocabulary import Role
 from prometheus_client.parser import text_string_to_metric_families
-from real_fleet import Fleet, running_fleet
+from real_fleet import Fleet, pd_body, running_fleet
 from test_real_engines import LONG, SHORT, chat, completion, generate
 
 pytestmark = pytest.mark.timeout(600)
@@ -96,10 +95,6 @@ async def stream_timing(
     if before is not None:
         await before
     return {"status": reply.status, "headers_at": headers_at, "first_at": first_at, "events": events}
-
-
-def pd_body(body: dict[str, Any], host: str, port: int = 8998) -> dict[str, Any]:
-    return {**body, "bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": random.getrandbits(63)}
 
 
 async def observe(fleet: Fleet, client: aiohttp.ClientSession) -> dict[str, Any]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -23,7 +22,7 @@ import aiohttp
 import pytest
 from prfaas_core.vocabulary import Role
 from prfaas_testbed import sglang_cpu
-from real_fleet import Fleet
+from real_fleet import Fleet, pd_body
 from router_harness import metric_samples, post, total
 
 pytestmark = pytest.mark.timeout(600)
@@ -94,12 +93,7 @@ async def direct(fleet: Fleet, client: aiohttp.ClientSession, prefill: Role, tex
     config = sglang_cpu.router_config(fleet.cr, fleet.addresses)
     pool = config.pools.prfaas_prefill if prefill is Role.PRFAAS_PREFILL else config.pools.local_prefill
     (endpoint,) = pool
-    body = generate(
-        text,
-        bootstrap_host=fleet.addresses[prefill],
-        bootstrap_port=endpoint.bootstrap_port,
-        bootstrap_room=random.getrandbits(63),
-    )
+    body = pd_body(generate(text), fleet.addresses[prefill], endpoint.bootstrap_port)
     url = fleet.engine(prefill).url
     before = await _counters(client, url)
     prefill_leg = asyncio.ensure_future(post(client, url + "/generate", body))
