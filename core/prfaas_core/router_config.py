@@ -187,6 +187,29 @@ class Pools(_Strict):
         return list(getattr(self, pool.value))
 
 
+class CachePool(_Strict):
+    """A cluster's shared KV pool (SGLang HiCache on a Mooncake Store the operator deploys): a
+    prompt any prefill of the cluster computed is written to it, and each prefill of that cluster
+    can fetch it from there instead of computing it again, at `fetch_bytes_per_second`."""
+
+    health_url: str = Field(
+        description="the pool master's HTTP admin base URL; the router counts pool hits only while its "
+        "/health answers serving (an unreachable pool means per-instance caches, never an error)"
+    )
+    fetch_bytes_per_second: float = Field(
+        gt=0,
+        description="KV read bandwidth from the pool into one prefill, for the TTFT estimate of a pool hit",
+    )
+
+    @field_validator("health_url")
+    @classmethod
+    def _base_url(cls, value: str) -> str:
+        problem = base_url_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+
 class RouterConfig(_Strict):
     """Versioned router config. `version` only grows; the router ignores an older one."""
 
@@ -222,6 +245,16 @@ class RouterConfig(_Strict):
     fingerprint: str = Field(
         default="",
         description="the KV-layout fingerprint the spec asks for (each endpoint names its own)",
+    )
+    cache_pools: dict[Literal["prfaas", "local"], CachePool] = Field(
+        default_factory=dict,
+        description="the clusters whose engines use a shared KV pool; a cluster absent here has per-instance "
+        "radix caches only",
+    )
+    decode_radix_cache: bool = Field(
+        default=False,
+        description="decodes keep finished requests' KV (--disaggregation-decode-enable-radix-cache): a "
+        "prefill sends only the KV past the prefix its decode already holds",
     )
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
