@@ -586,3 +586,133 @@ def test_the_layout_with_the_earlier_first_token_wins() -> None:
 def test_one_layout_costs_no_split() -> None:
     available, _ = pools()
     assert available.by_fingerprint() == [available]
+
+
+# ---- the cluster's shared pool and the decode radix cache (issue 34) ------------------------------
+
+POOL_FETCH = 2e9  # bytes per second from the pool into one prefill
+POOLED = {"local": {"health_url": "http://127.0.3.1:9003", "fetch_bytes_per_second": POOL_FETCH}}
+
+
+def pooled_view(total: int, pooled: int, *, up: bool = True, own: PrefixHit | None = None) -> RequestView:
+    """A prompt whose first `pooled` tokens the PD cluster's pool holds and l0 computed."""
+    return RequestView(
+        total_tokens=total,
+        sequences=1,
+        hit_local=own if own is not None else hit(pooled, "l0"),
+        pool_local=hit(pooled, "(pool)"),
+        pools_up=("local",) if up else (),
+    )
+
+
+def test_a_pool_hit_serves_a_non_holder_with_its_cached_tokens_and_its_fetch_time() -> None:
+    """The holder is too far behind; the other local prefill reads the prefix from the pool, so
+    the long prompt stays local as a cached prefix, and its estimate carries the fetch."""
+    model = make_model(cache_pools=POOLED)
+    available, by_name = pools()
+    by_name["l0"].outstanding_tokens = 40_000
+    d = routed(decide(model, pooled_view(30_000, 28_672), available, 0.0))
+    assert (d.route, d.reason, d.prefill.name) == ("local", Reason.CACHED_PREFIX, "l1")
+    assert d.cache_source == "pool" and d.uncached_tokens == 30_000 - 28_672
+    slower = make_model(cache_pools={"local": {**POOLED["local"], "fetch_bytes_per_second": POOL_FETCH / 2}})
+    d_slow = routed(decide(slower, pooled_view(30_000, 28_672), available, 0.0))
+    fetch = model.kv_bytes_per_token * 28_672 / POOL_FETCH
+    assert d_slow.ttft_seconds - d.ttft_seconds == pytest.approx(fetch)  # twice the fetch time less once
+    assert d.prefill_seconds == d_slow.prefill_seconds  # the fetch holds no engine time
+
+
+def test_a_pool_that_is_down_or_not_deployed_gives_nothing_and_the_route_falls_back() -> None:
+    available, by_name = pools()
+    by_name["l0"].outstanding_tokens = 40_000
+    for model, view in (
+        (make_model(cache_pools=POOLED), pooled_view(30_000, 28_672, up=False)),  # down
+        (make_model(), pooled_view(30_000, 28_672)),  # "up" but the config lists no pool
+    ):
+        d = routed(decide(model, view, available, 0.0))
+        assert (d.route, d.reason, d.cache_source) == ("prfaas", Reason.LONG_UNCACHED, "none")
+        assert d.uncached_tokens == 30_000
+
+
+def test_the_holder_reuses_its_own_cache_and_fetches_only_what_the_pool_adds() -> None:
+    model = make_model(cache_pools=POOLED)
+    available, _ = pools()
+    own = routed(decide(model, pooled_view(30_000, 28_672, own=hit(28_672, "l0")), available, 0.0))
+    assert (own.prefill.name, own.cache_source) == ("l0", "instance")
+    deeper = routed(decide(model, pooled_view(30_000, 28_672, own=hit(20_480, "l0")), available, 0.0))
+    assert (deeper.prefill.name, deeper.cache_source, deeper.uncached_tokens) == ("l0", "pool", 1328)
+    # the same tokens cached (both partial hits), so only the fetch of the pool's part differs
+    assert deeper.ttft_seconds - own.ttft_seconds == pytest.approx(
+        model.kv_bytes_per_token * (28_672 - 20_480) / POOL_FETCH
+    )
+
+
+def test_scarce_judges_the_local_pool_but_never_the_prfaas_clusters() -> None:
+    """The PrfaaS cluster's pool serves PrfaaS prefills only: under Scarce it does not keep a
+    long prompt local."""
+    model = make_model(cache_pools={"prfaas": POOLED["local"]})
+    available, _ = pools()
+    view = RequestView(
+        total_tokens=30_000, sequences=1, pool_prfaas=hit(28_672, "(pool)"), pools_up=("prfaas",)
+    )
+    d = routed(decide(model, view, available, 0.0))
+    assert (d.route, d.reason, d.cache_source) == ("prfaas", Reason.LONG_UNCACHED, "pool")
+    assert d.uncached_tokens == 30_000 - 28_672
+    assert d.egress_bytes == pytest.approx(model.kv_bytes(30_000, 1))  # a storage hit saves no link bytes
+
+
+def test_with_the_decode_radix_cache_only_the_kv_past_the_decodes_prefix_crosses() -> None:
+    view = RequestView(total_tokens=20_000, sequences=1, hit_decode=hit(16_384, "d1"))
+    available, _ = pools()
+    on = routed(decide(make_model(decode_radix_cache=True), view, available, 0.0))
+    assert (on.route, on.decode.name, on.decode_cached_tokens) == ("prfaas", "d1", 16_384)
+    model = make_model()
+    assert on.link_bytes == on.egress_bytes == pytest.approx(model.kv_bytes(20_000 - 16_384, 1))
+    assert on.uncached_tokens == 20_000  # the prefill still computes the whole prompt
+    off = routed(decide(model, view, available, 0.0))
+    assert (off.decode.name, off.decode_cached_tokens) == ("d0", 0)
+    assert off.link_bytes == pytest.approx(model.kv_bytes(20_000, 1))
+
+
+def test_the_decode_radix_cache_lets_an_offload_fit_a_link_it_would_not() -> None:
+    model = make_model(decode_radix_cache=True)
+    available, _ = pools()
+    view = RequestView(total_tokens=20_000, sequences=1, hit_decode=hit(16_384, "d1"))
+    inflight = model.link_horizon_bytes - model.kv_bytes(20_000 - 16_384, 1)
+    d = routed(decide(model, view, available, inflight))
+    assert (d.route, d.reason) == ("prfaas", Reason.LONG_UNCACHED)
+    cold = routed(decide(model, RequestView(total_tokens=20_000, sequences=1), available, inflight))
+    assert (cold.route, cold.reason) == ("local", Reason.LINK_BUDGET)
+
+
+def test_a_repeat_held_whole_by_the_decode_still_sends_a_token() -> None:
+    view = RequestView(total_tokens=20_000, sequences=1, hit_decode=hit(20_000, "d0", exact=True))
+    available, _ = pools()
+    d = routed(decide(make_model(decode_radix_cache=True), view, available, 0.0))
+    assert d.decode_cached_tokens == 19_999
+    assert d.link_bytes == pytest.approx(make_model().kv_bytes(1, 1))
+
+
+def test_the_decode_holding_the_prefix_wins_unless_too_far_behind() -> None:
+    model = make_model(decode_radix_cache=True)
+    view = RequestView(total_tokens=20_000, sequences=1, hit_decode=hit(16_384, "d1"))
+    available, by_name = pools()
+    by_name["d1"].outstanding_tokens = 16_000  # behind by less than it holds
+    assert routed(decide(model, view, available, 0.0)).decode.name == "d1"
+    by_name["d1"].outstanding_tokens = 17_000
+    d = routed(decide(model, view, available, 0.0))
+    assert (d.decode.name, d.decode_cached_tokens) == ("d0", 0)
+    assert d.link_bytes == pytest.approx(model.kv_bytes(20_000, 1))
+
+
+def test_with_decode_capacity_the_holder_wins_while_it_frees_a_slot_as_soon() -> None:
+    model = make_model(
+        decode_radix_cache=True, decode={"max_running_requests": 2, "seconds_per_request": 10.0}
+    )
+    view = RequestView(total_tokens=20_000, sequences=1, hit_decode=hit(16_384, "d1"))
+    available, by_name = pools()
+    by_name["d1"].outstanding_tokens = 90_000  # more loaded, but a slot is free on both
+    for worker in (by_name["d0"], by_name["d1"]):
+        worker.record_load(EngineLoad(0, 0, 2), 0.0)
+    assert routed(decide(model, view, available, 0.0)).decode.name == "d1"
+    by_name["d1"].record_load(EngineLoad(2, 1, 2), 0.0)  # full: it would wait for a slot
+    assert routed(decide(model, view, available, 0.0)).decode.name == "d0"

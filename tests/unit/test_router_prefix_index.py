@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prfaas_core.routing.prefix_index import (
     NO_HIT,
+    POOL_HOLDER,
     ClusterIndexes,
     PrefixIndex,
     PromptKey,
@@ -99,6 +100,40 @@ def test_an_offload_teaches_the_pd_cluster_nothing() -> None:
     local, prfaas = indexes.hits([token_key(list(range(12)))])
     assert (local.tokens, local.exact, local.holder) == (12, False, "l1")
     assert prfaas.holder == "p0" and len(indexes.prfaas) == 3
+
+
+def test_a_pooled_cluster_learns_the_prompt_in_its_pool_and_the_other_cluster_does_not() -> None:
+    """With a shared pool, what any prefill of a cluster computed is readable by each of them:
+    the pool index holds it (its holder is the pool), the other cluster's pool nothing."""
+    indexes = ClusterIndexes(max_blocks=100, max_prompts=100)
+    indexes.learn_computed(ROUTE_LOCAL, "l0", [token_key(list(range(12)))], pooled=True)
+    probe = [token_key([*range(12), 7])]
+    pooled = indexes.pool_hit(ROUTE_LOCAL, probe)
+    assert (pooled.tokens, pooled.exact, pooled.holder) == (12, False, POOL_HOLDER)
+    assert indexes.pool_hit(ROUTE_PRFAAS, probe) == NO_HIT
+    local, prfaas = indexes.hits(probe)
+    assert local.holder == "l0" and prfaas == NO_HIT
+    assert indexes.decode_hit(probe) == NO_HIT  # no decode named: the decodes keep nothing
+
+
+def test_a_cluster_without_a_pool_learns_nothing_in_its_pool() -> None:
+    indexes = ClusterIndexes(max_blocks=100, max_prompts=100)
+    indexes.learn_computed(ROUTE_PRFAAS, "p0", [token_key(list(range(12)))])
+    assert indexes.pool_hit(ROUTE_PRFAAS, [token_key(list(range(12)))]) == NO_HIT
+    assert indexes.block_counts() == {"local": 0, "prfaas": 3, "pool_local": 0, "pool_prfaas": 0, "decode": 0}
+
+
+def test_the_decode_that_served_a_prompt_holds_it_whichever_cluster_prefilled_it() -> None:
+    """The decode radix cache keeps what the decode served, offloaded or not; a follow-up turn's
+    hit there is the previous prompt's whole blocks."""
+    indexes = ClusterIndexes(max_blocks=100, max_prompts=100)
+    indexes.learn_computed(ROUTE_PRFAAS, "p0", [token_key(list(range(10)))], decode="d1")
+    follow_up = [token_key([*range(10), 50, 51, 52, 53, 54])]
+    held = indexes.decode_hit(follow_up)
+    assert (held.tokens, held.holder) == (8, "d1")
+    assert indexes.hits(follow_up)[0] == NO_HIT  # a local prefill still has nothing of it
+    indexes.learn_computed(ROUTE_LOCAL, "l0", follow_up, decode="d0")
+    assert indexes.decode_hit(follow_up).holder == "d0"
 
 
 def test_memory_is_bounded_and_tails_are_evicted_before_their_prefixes() -> None:

@@ -1,10 +1,21 @@
 """Per-request route choice: PrfaaS prefill or local prefill, then the instances (pure).
 
 The paper's short-timescale rules (section 3.4.3, docs/design.md "Two loops"):
-- A hit counts only at the instance that holds it (`PrefixHit.holder`: each SGLang prefill reuses
-  its own radix cache alone): an option served by another instance has nothing cached, and the
-  threshold rule judges the hit of the local instance that would serve the request.
-- Scarce bandwidth: judge the local cluster's cache alone; `l_total - l_pd <= t` stays local.
+- A hit counts only where an engine reuses it (`prefix_index.ClusterIndexes`). A prefill reuses
+  its own radix cache (`PrefixHit.holder`) and, where its cluster runs a shared pool (SGLang
+  HiCache on the cluster's store, `RouterConfig.cache_pools`) and the router sees that pool up
+  (`RequestView.pools_up`), whatever of the prompt the pool holds past its own tree: a storage
+  hit, which saves compute but costs a fetch (`pool_fetch_seconds`, in the TTFT estimate). An
+  option served by an instance that holds nothing and has no pool to read has nothing cached,
+  and the threshold rule judges the cached tokens of the local instance that would serve the
+  request (its own hit or its pool's).
+- With the decode radix cache (`RouterConfig.decode_radix_cache`) the decode that served a
+  conversation keeps its KV: a prefill sends only the KV past the prefix its decode holds, so an
+  offload's link bytes (the budget, the bytes in flight, the egress counter) are that part only
+  (`crossing_tokens`), and the decode holding the prefix is preferred (`_pick_decode`). It saves
+  link bytes, never prefill compute.
+- Scarce bandwidth: judge the local cluster's cache alone (its instance's radix cache and the PD
+  cluster's pool); `l_total - l_pd <= t` stays local.
 - Abundant bandwidth: the best prefix of either cluster counts; a local prefill may reuse a
   prefix held in the PrfaaS cluster, and then moving that prefix costs link bytes and time.
   This is the paper's model and assumes what its global KV manager provides: a path that moves
@@ -26,7 +37,9 @@ The paper's short-timescale rules (section 3.4.3, docs/design.md "Two loops"):
   this replica has not seen goes to the instances its session key hashes to (rendezvous
   hashing), so every replica sends it to the same ones without sharing any state.
 - Mooncake-style TTFT estimate = queue (estimated prefill seconds already on the instance) +
-  prefill + transfer (link latency + backlog incl. this request / bandwidth). The sum ignores the
+  prefill + pool fetch (a storage hit's KV at the pool's fetch bandwidth; the prefill waits for
+  it without holding the engine, so it is not in the instance's queue) + transfer (link latency
+  + backlog incl. this request / bandwidth). The sum ignores the
   overlap of layer-wise pipelining, so it is an upper bound. With the config's decode capacity
   the first token also waits for a decode slot: the estimate is the later of the KV's arrival
   and the moment the decode frees a slot for it (`decode_wait_seconds`), so when decode binds
@@ -44,13 +57,13 @@ import enum
 import hashlib
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field, replace
 
 from prfaas_core import metrics_contract
 from prfaas_core.profiles import PrefillTimeModel
 from prfaas_core.router_config import RouterConfig
-from prfaas_core.routing.prefix_index import NO_HIT, PrefixHit
+from prfaas_core.routing.prefix_index import NO_HIT, POOL_HOLDER, PrefixHit
 from prfaas_core.routing.workers import AvailableWorkers, Worker
 from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS, Pool
 
@@ -74,6 +87,19 @@ class Reason(enum.StrEnum):
     DECODE_WAIT = "decode_wait"  # the wait for a decode slot alone breaks the TTFT SLO: 429
     NO_DECODE = "no_decode"  # no healthy decode instance: 503
     NO_PREFILL = "no_prefill"  # no prefill instance can take it: 503
+
+
+class CacheSource(enum.StrEnum):
+    """Where the cached tokens a decision assumed come from (the router's X-Prfaas-Cache-Source)."""
+
+    INSTANCE = "instance"  # the prefill's own radix cache
+    POOL = "pool"  # its cluster's shared pool (a storage hit past its own tree)
+    NONE = "none"
+
+
+HICACHE_PREFETCH_THRESHOLD_TOKENS = 256
+"""SGLang's HiCache asks its storage for a prompt's pages only when at least this many tokens are
+past the prefill's own tree (`prefetch_threshold`, docs/sglang.md "HiCache on a storage backend")."""
 
 
 class ConfigRefused(ValueError):
@@ -105,6 +131,10 @@ class PolicyModel:
     queue_replicas: int
     """Replicas sending work to the same engines: while an instance's own report is unknown, its queue
     is about this many times what this replica sent there (1 for a router that sees every replica's work)."""
+    pool_fetch_bytes_per_second: dict[str, float] = field(default_factory=dict)
+    """The clusters (routes) with a shared pool, and the KV bandwidth from it into one prefill."""
+    decode_radix_cache: bool = False
+    """Decodes keep what they served: only the KV past a decode's prefix crosses to it."""
 
     @classmethod
     def from_config(cls, config: RouterConfig) -> PolicyModel:
@@ -137,6 +167,10 @@ class PolicyModel:
             else 1.0,
             router_replicas=config.router_replicas,
             queue_replicas=config.router_replicas,
+            pool_fetch_bytes_per_second={
+                route: pool.fetch_bytes_per_second for route, pool in config.cache_pools.items()
+            },
+            decode_radix_cache=config.decode_radix_cache,
         )
 
     def kv_bytes(self, tokens: float, sequences: int) -> float:
@@ -168,6 +202,14 @@ class RequestView:
     pin: SessionPin | None = None
     session: bytes | None = None
     """The session-affinity key (`session_key`), when the request carries one."""
+    pool_local: PrefixHit = NO_HIT
+    """What the PD cluster's shared pool holds of the request (`ClusterIndexes.pool_hit`)."""
+    pool_prfaas: PrefixHit = NO_HIT
+    pools_up: Collection[str] = ()
+    """The clusters (routes) whose pool the router sees serving now: a pool hit counts only there
+    (and only where the config lists a pool), so a pool that is down means per-instance caches."""
+    hit_decode: PrefixHit = NO_HIT
+    """What the decode holding the most of the request holds (`ClusterIndexes.decode_hit`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,10 +229,15 @@ class Decision:
     decode: Worker
     total_tokens: int
     uncached_tokens: int
+    """The tokens the prefill computes: the prompt less what its radix cache or its pool holds."""
     prefill_seconds: float
     link_bytes: float  # bytes this request puts on the PrfaaS -> PD link (held until its prefill ends)
-    egress_bytes: float  # the offloaded prefill's KV, for the egress counter
+    egress_bytes: float  # the offloaded prefill's KV that crosses (past the decode's prefix), for the counter
     ttft_seconds: float
+    cache_source: CacheSource = CacheSource.NONE
+    """Where the cached tokens (total less uncached) come from."""
+    decode_cached_tokens: int = 0
+    """The prompt tokens the chosen decode holds and the prefill does not send (decode radix cache)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +260,8 @@ class _Option:
     ttft: float
     unloaded_ttft: float
     fits_link: bool
+    cache_source: CacheSource
+    decode_cached: int = 0
 
 
 def decide(
@@ -247,7 +296,11 @@ def _decide(
     pin = request.pin
     decode, wait = _pick_decode(model, pools.decode, request)
     local = _local_option(model, request, pools.local, link_inflight_bytes, wait) if pools.local else None
-    prfaas = _prfaas_option(model, request, pools.prfaas, link_inflight_bytes, wait) if pools.prfaas else None
+    prfaas = (
+        _prfaas_option(model, request, pools.prfaas, link_inflight_bytes, wait, decode)
+        if pools.prfaas
+        else None
+    )
 
     route, reason = _paper_rule(model, request, local)
     if pin is not None and (
@@ -303,17 +356,21 @@ def _decide(
         link_bytes=chosen.link_bytes,
         egress_bytes=chosen.egress_bytes,
         ttft_seconds=chosen.ttft,
+        cache_source=chosen.cache_source,
+        decode_cached_tokens=chosen.decode_cached,
     )
 
 
 def _reusable(request: RequestView, pools: AvailableWorkers) -> RequestView:
     """The request with only the hits whose holder can serve now: a prefix cached on an
-    instance that is down, ejected or of another KV layout is reused by nobody."""
+    instance that is down, ejected or of another KV layout is reused by nobody (a pool's hits
+    have no instance holder: they stand while the pool is up)."""
     local = _held_among(request.hit_local, pools.local)
     prfaas = _held_among(request.hit_prfaas, pools.prfaas)
-    if local is request.hit_local and prfaas is request.hit_prfaas:
+    decode = _held_among(request.hit_decode, pools.decode)
+    if local is request.hit_local and prfaas is request.hit_prfaas and decode is request.hit_decode:
         return request
-    return replace(request, hit_local=local, hit_prfaas=prfaas)
+    return replace(request, hit_local=local, hit_prfaas=prfaas, hit_decode=decode)
 
 
 def _held_among(hit: PrefixHit, workers: Sequence[Worker]) -> PrefixHit:
@@ -327,6 +384,58 @@ def _held_by(hit: PrefixHit, worker: Worker) -> PrefixHit:
     return hit if hit.holder == worker.name else NO_HIT
 
 
+def pool_hit(model: PolicyModel, request: RequestView, route: str) -> PrefixHit:
+    """What `route`'s cluster's pool gives its prefills of the request: its hit while the config
+    lists the pool and the router sees it up, else nothing."""
+    if route not in model.pool_fetch_bytes_per_second or route not in request.pools_up:
+        return NO_HIT
+    return request.pool_prfaas if route == ROUTE_PRFAAS else request.pool_local
+
+
+def cached_at(
+    model: PolicyModel, request: RequestView, worker: Worker, route: str
+) -> tuple[PrefixHit, float, CacheSource]:
+    """What `worker` of `route`'s cluster reuses of the request, the seconds it spends fetching
+    from its pool, and where the hit comes from.
+
+    Its own radix cache first; then, as HiCache does, the pages its pool holds past its own tree
+    when at least `HICACHE_PREFETCH_THRESHOLD_TOKENS` are left to compute: the fetch moves the
+    KV of that part at the pool's fetch bandwidth (`pool_fetch_seconds`). A pool hit is counted
+    as a partial one (the linear-attention state is recomputed, `prefill_seconds`): what a
+    storage backend keeps of a hybrid model's request-level state is not something the router
+    can see.
+    """
+    own = _held_by(request.hit_local if route == ROUTE_LOCAL else request.hit_prfaas, worker)
+    pool = pool_hit(model, request, route)
+    if pool.tokens > own.tokens and request.total_tokens - own.tokens >= HICACHE_PREFETCH_THRESHOLD_TOKENS:
+        fetched = pool.tokens - own.tokens
+        hit = PrefixHit(tokens=pool.tokens, exact=False, holder=POOL_HOLDER)
+        return hit, pool_fetch_seconds(model, route, fetched), CacheSource.POOL
+    return own, 0.0, CacheSource.INSTANCE if own.tokens > 0 else CacheSource.NONE
+
+
+def pool_fetch_seconds(model: PolicyModel, route: str, tokens: float) -> float:
+    """Seconds to fetch `tokens` tokens' KV from `route`'s cluster's pool into one prefill."""
+    return model.kv_bytes_per_token * tokens / model.pool_fetch_bytes_per_second[route]
+
+
+def crossing_tokens(model: PolicyModel, request: RequestView, decode: Worker) -> tuple[int, int]:
+    """The prompt tokens whose KV the prefill sends to `decode`, and those it does not send.
+
+    Without the decode radix cache: the whole prompt. With it, the prefill sends only what lies past
+    the prefix `decode` holds (SGLang's `decode_prefix_len`); the decode's match, like a prefill's,
+    stops short of the prompt's last token, so at least one token's KV always crosses. The held
+    prefix is counted in the index's whole blocks, which are whole pages when the block size is a
+    multiple of the page size (the operator's is): the bytes counted never fall short of SGLang's.
+    """
+    total = request.total_tokens
+    hit = request.hit_decode
+    if not model.decode_radix_cache or hit.holder != decode.name or hit.tokens <= 0:
+        return total, 0
+    held = min(hit.tokens, total - request.sequences)
+    return total - held, held
+
+
 def _paper_rule(model: PolicyModel, request: RequestView, local: _Option | None) -> tuple[str, Reason]:
     """The threshold rule on the uncached tokens of the local option (what its instance holds),
     or, with no local prefill to ask, on the caches alone (the fallback comes after)."""
@@ -336,7 +445,7 @@ def _paper_rule(model: PolicyModel, request: RequestView, local: _Option | None)
     if local is not None:
         uncached = local.uncached
     else:
-        best = request.hit_local.tokens
+        best = max(request.hit_local.tokens, pool_hit(model, request, ROUTE_LOCAL).tokens)
         if model.abundant:
             best = max(best, request.hit_prfaas.tokens)
         uncached = total - best
@@ -353,7 +462,7 @@ def _local_option(
     model: PolicyModel, request: RequestView, workers: Sequence[Worker], inflight: float, decode_wait: float
 ) -> _Option:
     worker = _pick_prefill(model, workers, request.hit_local, request, ROUTE_LOCAL)
-    hit = _held_by(request.hit_local, worker)
+    hit, fetch, source = cached_at(model, request, worker, ROUTE_LOCAL)
     link_bytes = 0.0
     remote = request.hit_prfaas
     if model.abundant and remote.tokens > hit.tokens:
@@ -362,7 +471,7 @@ def _local_option(
         if remote.exact:
             move += model.kv_fixed_bytes * request.sequences
         if inflight + move <= model.link_horizon_bytes:
-            hit, link_bytes = remote, move
+            hit, link_bytes, fetch, source = remote, move, 0.0, CacheSource.INSTANCE
     seconds = _prefill_seconds(model.prefill_time[ROUTE_LOCAL], request, hit)
     backlog = inflight * model.router_replicas + link_bytes
     transfer = model.link_latency + backlog / model.link_bandwidth if link_bytes else 0.0
@@ -375,25 +484,33 @@ def _local_option(
         link_bytes=link_bytes,
         egress_bytes=0.0,
         ttft=max(
-            _queue_seconds(model, worker, model.prefill_time[ROUTE_LOCAL]) + seconds + transfer, decode_wait
+            _queue_seconds(model, worker, model.prefill_time[ROUTE_LOCAL]) + seconds + fetch + transfer,
+            decode_wait,
         ),
-        unloaded_ttft=seconds + unloaded_transfer,
+        unloaded_ttft=seconds + fetch + unloaded_transfer,
         fits_link=True,
+        cache_source=source,
     )
 
 
 def _prfaas_option(
-    model: PolicyModel, request: RequestView, workers: Sequence[Worker], inflight: float, decode_wait: float
+    model: PolicyModel,
+    request: RequestView,
+    workers: Sequence[Worker],
+    inflight: float,
+    decode_wait: float,
+    decode: Worker,
 ) -> _Option:
     worker = _pick_prefill(model, workers, request.hit_prfaas, request, ROUTE_PRFAAS)
-    hit = _held_by(request.hit_prfaas, worker)
+    hit, fetch, source = cached_at(model, request, worker, ROUTE_PRFAAS)
     move_in = 0.0
     if model.abundant and request.hit_local.tokens > hit.tokens:
         # the longer prefix sits in the PD cluster: it travels the other way (assumed idle) first
-        hit = request.hit_local
+        hit, fetch, source = request.hit_local, 0.0, CacheSource.INSTANCE
         move_in = model.link_latency + model.kv_bytes_per_token * hit.tokens / model.link_bandwidth
     seconds = _prefill_seconds(model.prefill_time[ROUTE_PRFAAS], request, hit)
-    egress = model.kv_bytes(request.total_tokens, request.sequences)
+    crossing, held = crossing_tokens(model, request, decode)
+    egress = model.kv_bytes(crossing, request.sequences)
     transfer = model.link_latency + (inflight * model.router_replicas + egress) / model.link_bandwidth
     return _Option(
         route=ROUTE_PRFAAS,
@@ -403,11 +520,17 @@ def _prfaas_option(
         link_bytes=egress,
         egress_bytes=egress,
         ttft=max(
-            _queue_seconds(model, worker, model.prefill_time[ROUTE_PRFAAS]) + seconds + transfer + move_in,
+            _queue_seconds(model, worker, model.prefill_time[ROUTE_PRFAAS])
+            + seconds
+            + fetch
+            + transfer
+            + move_in,
             decode_wait,
         ),
-        unloaded_ttft=seconds + model.link_latency + egress / model.link_bandwidth + move_in,
+        unloaded_ttft=seconds + fetch + model.link_latency + egress / model.link_bandwidth + move_in,
         fits_link=inflight + egress <= model.link_horizon_bytes,
+        cache_source=source,
+        decode_cached=held,
     )
 
 
@@ -510,7 +633,12 @@ def departure_dispersion(output_tokens_cv: float) -> float:
 
 
 def _pick_decode(model: PolicyModel, workers: Sequence[Worker], request: RequestView) -> tuple[Worker, float]:
-    """The session's decode, else the one that frees a slot soonest, then the least outstanding tokens."""
+    """The session's decode, else the one that frees a slot soonest, then the least outstanding tokens.
+
+    With the decode radix cache, the decode holding the request's prefix (`RequestView.hit_decode`)
+    wins as a prefill holder does: without decode capacity while it is behind the least loaded
+    one by fewer tokens than it holds, with capacity while it frees a slot as soon as the best.
+    """
     pin = request.pin
     if pin is not None:
         for worker in workers:
@@ -519,13 +647,24 @@ def _pick_decode(model: PolicyModel, workers: Sequence[Worker], request: Request
     elif request.session is not None and model.router_replicas > 1:
         worker = rendezvous(workers, request.session)
         return worker, decode_wait_seconds(model, worker)
+    hit = request.hit_decode if model.decode_radix_cache else NO_HIT
+    holder = None
+    if hit.holder is not None:
+        holder = next((worker for worker in workers if worker.name == hit.holder), None)
     if model.decode_max_running is None:
-        return min(workers, key=_load), 0.0
+        least = min(workers, key=_load)
+        if holder is not None and holder.outstanding_tokens - least.outstanding_tokens < hit.tokens:
+            return holder, 0.0
+        return least, 0.0
     best, best_key = workers[0], (math.inf, 0, 0)
     for worker in workers:
         key = (decode_wait_seconds(model, worker), *_load(worker))
         if key < best_key:
             best, best_key = worker, key
+    if holder is not None and holder is not best:
+        wait = decode_wait_seconds(model, holder)
+        if wait <= best_key[0]:
+            return holder, wait
     return best, best_key[0]
 
 

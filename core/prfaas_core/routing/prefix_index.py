@@ -14,9 +14,10 @@ only the attention over the prefix (the quadratic term) counts as saved. `uncach
 (compared with the threshold and recorded for the planner) still counts the block prefix as
 cached: the threshold is about attention-dominated work and the KV a prefill emits.
 
-Each block is held by an instance: the prefill that computed it, whose radix cache is the only
-place an engine reuses it (`ClusterIndexes.learn_computed`). A holder of a block computed every
-block before it too, so the holder of a prompt's deepest held block holds the whole hit.
+Each block is held by an instance: the prefill that computed it, whose radix cache is where that
+engine reuses it; a cluster's shared pool and the decodes' radix caches have indexes of their own
+(`ClusterIndexes`). A holder of a block computed every block before it too, so the holder of a
+prompt's deepest held block holds the whole hit.
 
 Blocks hash with xxh3-64, each seeded with the hash before it: token ids as uint64 bytes (the
 request's decoded arrays, or `token_buffer`), text as UTF-8 per block of characters. That hashes
@@ -268,29 +269,91 @@ class PrefixIndex:
         self._prompts.clear()
 
 
-class ClusterIndexes:
-    """The router's hybrid prefix index: one `PrefixIndex` per cluster (route).
+POOL_HOLDER = "(pool)"
+"""The holder of a block in a cluster's pool index: the pool, which every prefill of the cluster reads."""
 
-    The learning rule, the router's and the simulator's (`learn_computed`): a prompt is cached
-    where an engine will reuse it, in the radix cache of the prefill instance that computed it, in
-    the cluster of the route that ran. The decode that received an offloaded prompt's KV holds no
-    prefix a prefill can start from (SGLang moves KV from prefill to decode only, and no cluster
-    runs a shared store yet), so an offload teaches the PD cluster nothing. A cluster's shared pool,
-    once deployed, would be a holder of its own that each of its instances reads, at a fetch cost.
+
+class ClusterIndexes:
+    """The router's hybrid prefix index: what each cache that exists holds (the router's and the
+    simulator's learning rule, `learn_computed`).
+
+    - **A prefill instance's radix cache** (`local`, `prfaas`: one index per cluster, each block
+      held by the instance that computed it): SGLang's prefill reuses its own tree only, so a
+      prompt is learnt at the prefill that computed it, in the cluster of the route that ran.
+    - **A cluster's shared pool** (`pool_local`, `pool_prfaas`; learnt only when that cluster has
+      one, `pooled`): SGLang HiCache on a storage backend shared by the cluster's prefills. Every
+      prefill writes what it computes there and a prefill that lacks a prefix fetches its pages
+      (a storage hit), so the pool holds what any prefill of the cluster computed, readable by
+      each of them (`POOL_HOLDER`). Another cluster's prefills never read it.
+    - **The decode's radix cache** (`decode`; learnt only with
+      `--disaggregation-decode-enable-radix-cache`): the decode that served a prompt keeps its
+      KV, and when the next prompt extends it the prefill sends only the pages past what the
+      decode holds (`decode_prefix_len`). It saves link bytes, never prefill compute: no prefill
+      starts from the decode's tree. The index learns the prompt alone (the decode also keeps
+      the answer, which the router does not hash), so a follow-up turn's hit is at most the
+      previous prompt's whole blocks: an undercount, never a claim of bytes that do cross.
+
+    The decode that received an offloaded prompt's KV gives a local prefill nothing (SGLang moves
+    KV from prefill to decode only): no rule learns a prompt in the PD cluster's prefill caches
+    because its KV reached a decode there.
     """
 
-    __slots__ = ("local", "prfaas")
+    __slots__ = ("decode", "local", "pool_local", "pool_prfaas", "prfaas")
 
     def __init__(self, max_blocks: int, max_prompts: int) -> None:
         self.local = PrefixIndex(max_blocks, max_prompts)
         self.prfaas = PrefixIndex(max_blocks, max_prompts)
+        self.pool_local = PrefixIndex(max_blocks, max_prompts)
+        self.pool_prfaas = PrefixIndex(max_blocks, max_prompts)
+        self.decode = PrefixIndex(max_blocks, max_prompts)
 
     def hits(self, keys: Sequence[PromptKey]) -> tuple[PrefixHit, PrefixHit]:
-        """What the PD cluster and the PrfaaS cluster hold of a request."""
+        """What the PD cluster's and the PrfaaS cluster's prefill instances hold of a request."""
         return self.local.lookup_all(keys), self.prfaas.lookup_all(keys)
 
-    def learn_computed(self, route: str, prefill: str, keys: Iterable[PromptKey]) -> None:
-        """`prefill`, of `route`'s cluster, computed these prompts: its radix cache holds them."""
+    def pool(self, route: str) -> PrefixIndex:
+        """The pool index of `route`'s cluster."""
+        return self.pool_prfaas if route == ROUTE_PRFAAS else self.pool_local
+
+    def pool_hit(self, route: str, keys: Sequence[PromptKey]) -> PrefixHit:
+        """What `route`'s cluster's pool holds of a request (meaningful only where one is deployed)."""
+        return self.pool(route).lookup_all(keys)
+
+    def decode_hit(self, keys: Sequence[PromptKey]) -> PrefixHit:
+        """What the decode holding the most of a request holds (its `holder`), with the decode radix cache."""
+        return self.decode.lookup_all(keys)
+
+    def learn_computed(
+        self,
+        route: str,
+        prefill: str,
+        keys: Iterable[PromptKey],
+        *,
+        pooled: bool = False,
+        decode: str | None = None,
+    ) -> None:
+        """`prefill`, of `route`'s cluster, computed these prompts and `decode` received their KV.
+
+        Its radix cache holds them; so does its cluster's pool when `pooled` (the cluster has one),
+        and the decode's radix cache when `decode` is named (the decodes keep what they served).
+        """
         index = self.prfaas if route == ROUTE_PRFAAS else self.local
+        pool = self.pool(route) if pooled else None
+        decoded = self.decode if decode is not None else None
         for key in keys:
             index.learn(key, prefill)
+            if pool is not None:
+                pool.learn(key, POOL_HOLDER)
+            if decoded is not None:
+                assert decode is not None
+                decoded.learn(key, decode)
+
+    def block_counts(self) -> dict[str, int]:
+        """Blocks held per index, for the router's /config page."""
+        return {
+            "local": len(self.local),
+            "prfaas": len(self.prfaas),
+            "pool_local": len(self.pool_local),
+            "pool_prfaas": len(self.pool_prfaas),
+            "decode": len(self.decode),
+        }
