@@ -22,6 +22,9 @@ THRESHOLD_TOKENS = PREFIX + "threshold_tokens"  # gauge
 CONFIG_VERSION = PREFIX + "config_version"  # gauge
 LINK_MEASURED_BYTES_PER_SECOND = PREFIX + "link_measured_bytes_per_second"  # gauge, NaN when unmeasured
 LINK_ESTIMATE_BYTES_PER_SECOND = PREFIX + "link_estimate_bytes_per_second"  # gauge: what the budget follows
+CACHE_POOL_UP = (
+    PREFIX + "cache_pool_up"
+)  # gauge {cluster}: 1 while the cluster's KV pool serves (its hits count)
 
 # engine metrics (SGLang names; the fake engine exports the same)
 ENGINE_QUEUE_REQS = "sglang:num_queue_reqs"

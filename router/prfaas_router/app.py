@@ -19,6 +19,7 @@ from prfaas_core.routing.prefix_index import ClusterIndexes
 from prfaas_core.routing.workers import Fleet
 from prfaas_core.vocabulary import Pool
 
+from prfaas_router.cache_pools import CachePoolProbe
 from prfaas_router.config_watch import ConfigWatcher
 from prfaas_router.configmap_source import ConfigMapSource, InCluster, NotInCluster
 from prfaas_router.drain import ShutdownDrain
@@ -62,6 +63,7 @@ class RouterService:
         self._upstream: Upstream | None = None
         self._dispatcher: Dispatcher | None = None
         self._health: HealthChecker | None = None
+        self._cache_pools: CachePoolProbe | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._on_loop_failure = on_loop_failure
@@ -108,6 +110,15 @@ class RouterService:
             self._link,
             settings.max_answer_bytes,
             settings.max_stream_seconds,
+            lambda: self._cache_pools.up if self._cache_pools is not None else frozenset(),
+        )
+        self._cache_pools = CachePoolProbe(
+            self._upstream,
+            self.metrics,
+            lambda: self.snapshot.config if self.snapshot is not None else None,
+            lambda: self.snapshot.indexes if self.snapshot is not None else None,
+            interval_seconds=settings.health_interval_seconds,
+            timeout_seconds=settings.health_timeout_seconds,
         )
         self._health = HealthChecker(
             self._upstream,
@@ -133,6 +144,7 @@ class RouterService:
             "health": self._health.run(),
             "loads": loads.run(),
             "link": self._link.run(),
+            "cache-pools": self._cache_pools.run(),
         }
         if self.config_map is not None:
             loops["config-map"] = self.config_map.run()
@@ -216,6 +228,8 @@ class RouterService:
         )
         if fresh and self._health is not None:
             self._health.poke()
+        if self._cache_pools is not None and (old is None or old.config.cache_pools != config.cache_pools):
+            self._cache_pools.poke()
 
     async def _chat(self, request: Request) -> Answer | None:
         return await self._generation(request, Kind.CHAT)
@@ -338,7 +352,9 @@ class RouterService:
                 chars_per_token=config.chars_per_token,
                 link_budget_bytes=snapshot.model.link_horizon_bytes,
                 link_inflight_bytes=self._dispatcher.link_inflight_bytes if self._dispatcher else 0.0,
-                prefix_blocks={"local": len(snapshot.indexes.local), "prfaas": len(snapshot.indexes.prfaas)},
+                prefix_blocks=snapshot.indexes.block_counts(),
+                cache_pools_up=sorted(self._cache_pools.up) if self._cache_pools is not None else [],
+                decode_radix_cache=config.decode_radix_cache,
             )
         body["workers"] = [
             {

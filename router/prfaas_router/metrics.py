@@ -220,6 +220,15 @@ class RouterMetrics:
             "Link bandwidth the offload budget follows: the measured one, else back towards the configured",
             registry=r,
         )
+        self.cache_pool_up = _Cached(
+            Gauge(
+                contract.CACHE_POOL_UP,
+                "1 while the cluster's shared KV pool answers its health check serving: the router counts "
+                "its prefix hits only then",
+                ["cluster"],
+                registry=r,
+            )
+        )
         self.retries = LoopCounters(
             contract.PREFIX + "upstream_retries_total",
             "Attempts repeated on other workers before the first byte",

@@ -56,9 +56,9 @@ from prfaas_core.routing.policy import (
     SessionTable,
     decide,
 )
-from prfaas_core.routing.prefix_index import ClusterIndexes, PromptKey
+from prfaas_core.routing.prefix_index import NO_HIT, ClusterIndexes, PromptKey
 from prfaas_core.routing.workers import Fleet, Worker
-from prfaas_core.vocabulary import ROUTE_PRFAAS, Pool
+from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS, Pool
 
 from prfaas_router.link_probe import LinkProbe
 from prfaas_router.listener import Answer, Request, json_answer
@@ -80,6 +80,9 @@ REASON_HEADER = "X-Prfaas-Reason"
 CACHED_HEADER = "X-Prfaas-Cached-Tokens"
 """The prompt tokens the router assumed its prefill reuses from cache (`Decision`'s total less
 uncached): what a test compares with the engine's own `cached_tokens`."""
+CACHE_SOURCE_HEADER = "X-Prfaas-Cache-Source"
+"""Where those tokens come from: `instance` (the prefill's radix cache), `pool` (its cluster's
+shared pool) or `none` (`policy.CacheSource`)."""
 REQUEST_ID_HEADER = "X-Request-Id"
 NO_ROUTE = "none"
 _BLAME_GRACE_SECONDS = 0.05  # how long a failed decode waits to learn whether its prefill died first
@@ -282,8 +285,10 @@ class Dispatcher:
         link: LinkProbe,
         max_answer_bytes: int,
         max_stream_seconds: float,
+        pools_up: Callable[[], frozenset[str]] = frozenset,
     ) -> None:
         self._upstream = upstream
+        self._pools_up = pools_up
         self._max_answer_bytes = max_answer_bytes
         self._max_stream_seconds = max_stream_seconds
         self._link = link
@@ -307,7 +312,10 @@ class Dispatcher:
         keys = exchange.keys
         metrics = self._metrics
         pin = self._sessions.get(exchange.session_key) if exchange.session_key else None
-        hit_local, hit_prfaas = snapshot.indexes.hits(keys)
+        indexes = snapshot.indexes
+        hit_local, hit_prfaas = indexes.hits(keys)
+        pools_up = self._pools_up()
+        pooled = snapshot.config.cache_pools
         view = RequestView(
             total_tokens=sum(key.tokens for key in keys),
             sequences=len(keys),
@@ -315,6 +323,14 @@ class Dispatcher:
             hit_prfaas=hit_prfaas,
             pin=pin,
             session=exchange.session_key,
+            pool_local=indexes.pool_hit(ROUTE_LOCAL, keys)
+            if ROUTE_LOCAL in pools_up and ROUTE_LOCAL in pooled
+            else NO_HIT,
+            pool_prfaas=indexes.pool_hit(ROUTE_PRFAAS, keys)
+            if ROUTE_PRFAAS in pools_up and ROUTE_PRFAAS in pooled
+            else NO_HIT,
+            pools_up=pools_up,
+            hit_decode=indexes.decode_hit(keys) if snapshot.config.decode_radix_cache else NO_HIT,
         )
         excluded: set[Worker] = set()
         failures: list[str] = []
@@ -537,7 +553,9 @@ class Dispatcher:
         worker.breaker.record_success()
 
     def _learn(self, exchange: Exchange, snapshot: Snapshot, lease: _Lease) -> None:
-        """The prefill that computed the prompt holds it in its radix cache; once per attempt.
+        """The prefill that computed the prompt holds it in its radix cache; so does its
+        cluster's pool while that serves (the prefill wrote it there), and with the decode radix
+        cache the decode that received it. Once per attempt.
 
         Only the decode's first good answer tells (its first token, or its whole answer): SGLang
         generates nothing before the KV arrived, while a prefill that answered well may still
@@ -547,9 +565,16 @@ class Dispatcher:
             return
         lease.learned = True
         decision = lease.decision
+        config = snapshot.config
         if decision.route == ROUTE_PRFAAS:
             self._metrics.kv_egress_bytes.inc(decision.egress_bytes)
-        snapshot.indexes.learn_computed(decision.route, decision.prefill.name, exchange.keys)
+        snapshot.indexes.learn_computed(
+            decision.route,
+            decision.prefill.name,
+            exchange.keys,
+            pooled=decision.route in config.cache_pools and decision.route in self._pools_up(),
+            decode=decision.decode.name if config.decode_radix_cache else None,
+        )
 
     async def _stream(
         self, exchange: Exchange, decision: Decision, lease: _Lease, reply: Reply, first: bytes
@@ -905,6 +930,7 @@ def _reply_headers(reply: Reply, exchange: Exchange, decision: Decision) -> dict
     headers[ROUTE_HEADER] = decision.route
     headers[REASON_HEADER] = decision.reason.value
     headers[CACHED_HEADER] = str(decision.total_tokens - decision.uncached_tokens)
+    headers[CACHE_SOURCE_HEADER] = decision.cache_source.value
     return headers
 
 

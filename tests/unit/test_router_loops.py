@@ -17,7 +17,7 @@ async def test_a_loop_that_ends_on_its_own_stops_the_router_and_stop_itself_does
     )
     await service.start()
     loops = {task.get_name(): task for task in service._tasks}
-    assert set(loops) == {"config-file", "health", "loads", "link"}
+    assert set(loops) == {"config-file", "health", "loads", "link", "cache-pools"}
     # what a CancelledError escaping the health round did: the loop's task ended, nobody knew
     loops["health"].cancel()
     await asyncio.gather(loops["health"], return_exceptions=True)
