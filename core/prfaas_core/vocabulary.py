@@ -28,9 +28,15 @@ class Role(enum.StrEnum):
     PD_PREFILL = "pd-prefill"
     PD_DECODE = "pd-decode"
     ROUTER = "router"
+    PRFAAS_KV_MASTER = "prfaas-kv-master"
+    PRFAAS_KV_STORE = "prfaas-kv-store"
+    PD_KV_MASTER = "pd-kv-master"
+    PD_KV_STORE = "pd-kv-store"
 
 
 ENGINE_ROLES = (Role.PRFAAS_PREFILL, Role.PD_PREFILL, Role.PD_DECODE)
+CACHE_POOL_ROLES = (Role.PRFAAS_KV_MASTER, Role.PRFAAS_KV_STORE, Role.PD_KV_MASTER, Role.PD_KV_STORE)
+"""A cluster's shared KV pool (Mooncake Store): its master (metadata) and its stores (the bytes)."""
 
 
 class Pool(enum.StrEnum):

@@ -9,13 +9,23 @@ discovered later by the operator.
 from __future__ import annotations
 
 import enum
+import math
+import re
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from prfaas_core import planning, router_config
 from prfaas_core.throughput import OperatingPoint
 from prfaas_core.vocabulary import API_VERSION, KV_FINGERPRINT_ENV, gbit_per_second_to_bytes
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 
@@ -87,6 +97,10 @@ class SecretKeyRef(_Model):
 ENGINE_ENV_SET_BY_OPERATOR = ("POD_IP", "SGLANG_HOST_IP", "MC_FORCE_TCP", KV_FINGERPRINT_ENV)
 """What the operator sets on every engine (the pod IP SGLang advertises for KV, Mooncake over TCP,
 the pod's KV fingerprint)."""
+CACHE_POOL_ENGINE_ENV = ("MOONCAKE_LOCAL_HOSTNAME",)
+"""What the operator also sets on a prefill that uses a cachePool: the address its Mooncake Store
+client registers with (unset, every client registers as localhost)."""
+ENGINE_ENV_REFUSED = (*ENGINE_ENV_SET_BY_OPERATOR, *CACHE_POOL_ENGINE_ENV)
 
 
 class KeySelector(_Model):
@@ -131,8 +145,8 @@ class EnvVar(_Model):
             "x-kubernetes-validations": [
                 cel("!(has(self.value) && has(self.valueFrom))", "set value or valueFrom, not both"),
                 cel(
-                    f"!(self.name in {list(ENGINE_ENV_SET_BY_OPERATOR)})",
-                    f"{', '.join(ENGINE_ENV_SET_BY_OPERATOR)} are set by the operator",
+                    f"!(self.name in {list(ENGINE_ENV_REFUSED)})",
+                    f"{', '.join(ENGINE_ENV_REFUSED)} are set by the operator",
                     ".name",
                 ),
             ]
@@ -311,7 +325,7 @@ class PodPlacement(_Model):
         max_length=64,
         description="Extra environment variables of this cluster's engines (e.g. NCCL or SGLANG_* settings, "
         "a token from a Secret, which must exist in the engines' namespace); after the operator's own, "
-        f"which they may not name ({', '.join(ENGINE_ENV_SET_BY_OPERATOR)}). Not part of the KV fingerprint: "
+        f"which they may not name ({', '.join(ENGINE_ENV_REFUSED)}). Not part of the KV fingerprint: "
         "a change rolls the engines but pairs old and new.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
@@ -329,6 +343,192 @@ class PodPlacement(_Model):
     @property
     def multi_node(self) -> bool:
         return self.nodes_per_instance > 1
+
+
+_BINARY_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL_SUFFIXES = {
+    "n": 1e-9,
+    "u": 1e-6,
+    "m": 1e-3,
+    "": 1,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "P": 1e15,
+    "E": 1e18,
+}
+
+
+def quantity_value(quantity: int | str) -> float:
+    """A resource.Quantity as a number (16Gi -> 17179869184, 500m -> 0.5, 1e3 -> 1000)."""
+    if isinstance(quantity, int):
+        return float(quantity)
+    text = quantity.strip()
+    match = re.fullmatch(QUANTITY_PATTERN, text)
+    if match is None:
+        raise ValueError(f"{quantity!r} is not a quantity")
+    for suffix, factor in _BINARY_SUFFIXES.items():
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * factor
+    if text[-1:] in _DECIMAL_SUFFIXES and not text[-1:].isdigit() and text[-1:] != ".":
+        return float(text[:-1]) * _DECIMAL_SUFFIXES[text[-1]]
+    return float(text)  # plain, or with an exponent (1e3)
+
+
+def quantity_bytes(quantity: int | str) -> int:
+    """A memory quantity in whole bytes (rounded up, as the kubelet rounds a fractional byte)."""
+    return math.ceil(quantity_value(quantity))
+
+
+def human_bytes(count: float) -> str:
+    """A byte count for a status message: 32 GiB, 512 MiB, 0 B."""
+    for unit, factor in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= factor:
+            return f"{count / factor:.3g} {unit}"
+    return f"{count:g} B"
+
+
+MOONCAKE_MASTER_PORT = 50051
+MOONCAKE_METRICS_PORT = 9003
+MOONCAKE_STORE_HTTP_PORT = 9300
+STORE_MEMORY_HEADROOM = 2**30
+"""Memory a store pod is given beyond its segment when the CR sets none (Mooncake's own heap,
+its RPC and transfer buffers): the segment is allocated at start and held, so a limit below it
+is an OOM kill waiting to happen."""
+
+
+class CachePoolEviction(_Model):
+    """When Mooncake Store's master evicts objects (mooncake_master's flags of the same names)."""
+
+    high_watermark_ratio: float = Field(
+        default=0.95,
+        gt=0,
+        le=1,
+        description="Fraction of the pool's capacity in use at which the master starts evicting "
+        "(--eviction_high_watermark_ratio; Mooncake's own default is 0.9).",
+    )
+    eviction_ratio: float = Field(
+        default=0.05,
+        gt=0,
+        lt=1,
+        description="Fraction of the objects evicted each time (least recently used first; --eviction_ratio).",
+    )
+
+
+class CachePoolSpec(_Model):
+    """A shared KV pool for one cluster's prefills: SGLang's HiCache on a Mooncake Store the operator
+    deploys beside them (one master holding metadata, storeReplicas store pods holding the bytes).
+    A prompt one prefill computed is written to the pool; any prefill of the same cluster can then
+    fetch its prefix instead of computing it. A pool that is down never stops the engines: SGLang
+    computes what it cannot fetch and the router counts per-instance caches only."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.masterPort != self.metricsPort",
+                    "masterPort and metricsPort must differ (both are the master pod's)",
+                    ".metricsPort",
+                ),
+            ]
+        }
+    )
+
+    store_replicas: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="Store pods (mooncake_client), each contributing segmentSize of memory: the pool's "
+        "capacity is storeReplicas x segmentSize. A store that leaves takes its objects with it (a "
+        "cache: they are computed again).",
+    )
+    segment_size: Quantity = Field(
+        default="16Gi",
+        description="Memory each store pod contributes to the pool (--global_segment_size), e.g. 64Gi. "
+        "The store pod's memory request and limit default to this plus 1Gi.",
+    )
+    eviction: CachePoolEviction = Field(
+        default_factory=CachePoolEviction, description="When the master evicts objects."
+    )
+    fetch_gbps: float = Field(
+        default=10,
+        gt=0,
+        le=100000,
+        description="Read bandwidth from the pool into one prefill in Gbit/s: what the router charges a "
+        "pool hit in its time-to-first-token estimate. Measure it on your network (Mooncake over TCP).",
+    )
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Image of the master and store pods; unset: the model's image (SGLang's images ship "
+        "Mooncake: mooncake_master and mooncake_client on the PATH).",
+    )
+    master_resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements, description="CPU and memory of the master pod."
+    )
+    store_resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        description="CPU and memory of each store pod; a memory limit must hold segmentSize. Unset memory: "
+        "segmentSize + 1Gi, request and limit.",
+    )
+    master_port: int = Field(
+        default=MOONCAKE_MASTER_PORT, ge=1, le=65535, description="The master's RPC port (--rpc_port)."
+    )
+    metrics_port: int = Field(
+        default=MOONCAKE_METRICS_PORT,
+        ge=1,
+        le=65535,
+        description="The master's HTTP admin port (--metrics_port): /health and /metrics, which the "
+        "router probes and Prometheus scrapes.",
+    )
+    store_http_port: int = Field(
+        default=MOONCAKE_STORE_HTTP_PORT,
+        ge=1,
+        le=65535,
+        description="Each store pod's HTTP port (--http_port): /health and /metrics.",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels the master and store pods must run on."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Tolerations of the master and store pods."
+    )
+
+    @model_validator(mode="after")
+    def _store_memory_holds_segment(self) -> CachePoolSpec:
+        segment = quantity_bytes(self.segment_size)
+        if segment < 2**20:
+            raise ValueError(
+                f"segmentSize {self.segment_size} is under 1Mi: a store that small holds nothing"
+            )
+        for kind in ("limits", "requests"):
+            memory = getattr(self.store_resources, kind).get("memory")
+            if memory is not None and quantity_bytes(memory) < segment:
+                raise ValueError(
+                    f"storeResources.{kind}.memory {memory} is less than segmentSize {self.segment_size}: "
+                    "each store pod holds its whole segment in memory"
+                )
+        return self
+
+    @property
+    def segment_bytes(self) -> int:
+        return quantity_bytes(self.segment_size)
+
+    @property
+    def fetch_bytes_per_second(self) -> float:
+        return gbit_per_second_to_bytes(self.fetch_gbps)
+
+
+class PrefixCacheSpec(_Model):
+    """Caches beyond each prefill's own radix cache (which SGLang always keeps)."""
+
+    decode_radix_cache: bool = Field(
+        default=False,
+        description="Decodes keep finished requests' KV (--disaggregation-decode-enable-radix-cache): a "
+        "follow-up turn's prefill then sends only the KV past the prefix its decode already holds, so a "
+        "conversation's prefix crosses the link once. Turning it on or off rolls the decodes.",
+    )
 
 
 class PrefillClusterSpec(PodPlacement):
@@ -381,6 +581,12 @@ class PrefillClusterSpec(PodPlacement):
         default=8998, ge=1, le=65535, description="PD bootstrap port decode instances dial."
     )
     prefill_profile: PrefillProfile
+    cache_pool: CachePoolSpec | None = Field(
+        default=None,
+        description="A shared KV pool for this cluster's PrfaaS prefills (Mooncake Store, deployed by the operator in this cluster's namespace); "
+        "absent: each prefill reuses only its own radix cache. Adding or removing it rolls the PrfaaS prefills "
+        "(their HiCache flags change); its other fields never roll engines.",
+    )
 
     def replicas_minimum(self) -> int:
         """minReplicas, or its default for the replicas the spec asks for."""
@@ -464,6 +670,12 @@ class PdClusterSpec(PodPlacement):
     )
     decode_step_seconds: float = Field(gt=0, le=10, description="Decode step time at that batch (seconds).")
     prefill_profile: PrefillProfile
+    cache_pool: CachePoolSpec | None = Field(
+        default=None,
+        description="A shared KV pool for the local prefills (Mooncake Store, deployed by the operator in the CR's namespace); "
+        "absent: each prefill reuses only its own radix cache. Adding or removing it rolls the local prefills "
+        "(their HiCache flags change); its other fields never roll engines.",
+    )
 
     def split_minimums(self) -> tuple[int, int]:
         """(local prefill, decode) instances the planner's split keeps: as set, else their defaults."""
@@ -822,6 +1034,11 @@ class PrfaasDeploymentSpec(_Model):
         default_factory=DisruptionBudgetSpec,
         description="Disruption budgets of the engine pools and the router.",
     )
+    prefix_cache: PrefixCacheSpec = Field(
+        default_factory=PrefixCacheSpec,
+        description="Caches beyond each prefill's own radix cache (the shared pools are "
+        "prefillCluster.cachePool and pdCluster.cachePool).",
+    )
     rollout: RolloutSpec = Field(
         default_factory=RolloutSpec,
         description=(
@@ -842,13 +1059,15 @@ class ConditionType(enum.StrEnum):
     ROUTER_READY = "RouterReady"
     DEGRADED = "Degraded"
     ROLLOUT_PROGRESSING = "RolloutProgressing"
+    CACHE_POOL_READY = "CachePoolReady"
 
 
 class Condition(_Model):
     """A standard Kubernetes condition."""
 
     type: str = Field(
-        description="Ready, PrefillClusterReady, PDClusterReady, RouterReady, Degraded or RolloutProgressing."
+        description="Ready, PrefillClusterReady, PDClusterReady, RouterReady, Degraded, RolloutProgressing or "
+        "CachePoolReady (present while a cachePool is declared)."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="CamelCase reason.")

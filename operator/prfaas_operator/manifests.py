@@ -118,6 +118,10 @@ class Names:
     pd_decode: str
     router: str
     router_config: str
+    prfaas_kv_master: str
+    prfaas_kv_store: str
+    pd_kv_master: str
+    pd_kv_store: str
 
     @classmethod
     def of(cls, cr_name: str) -> Names:
@@ -127,6 +131,10 @@ class Names:
             pd_decode=f"{cr_name}-pd-decode",
             router=f"{cr_name}-router",
             router_config=f"{cr_name}-router-config",
+            prfaas_kv_master=f"{cr_name}-prfaas-kv-master",
+            prfaas_kv_store=f"{cr_name}-prfaas-kv-store",
+            pd_kv_master=f"{cr_name}-pd-kv-master",
+            pd_kv_store=f"{cr_name}-pd-kv-store",
         )
 
 
@@ -137,12 +145,22 @@ class Names:
 # limits of Service names and pod hostnames are then met too.
 _REVISION_HASH_MAX = 10
 _SUFFIXES = Names.of("")
+_ENGINE_SUFFIXES = (_SUFFIXES.prfaas_prefill, _SUFFIXES.pd_prefill, _SUFFIXES.pd_decode)
+_POOL_SUFFIXES = (
+    _SUFFIXES.prfaas_kv_master,
+    _SUFFIXES.prfaas_kv_store,
+    _SUFFIXES.pd_kv_master,
+    _SUFFIXES.pd_kv_store,
+)
 MAX_CR_NAME_LENGTH = (
     _LABEL_VALUE_MAX
     - len("-")
     - _REVISION_HASH_MAX
-    - max(len(_SUFFIXES.prfaas_prefill), len(_SUFFIXES.pd_prefill), len(_SUFFIXES.pd_decode))
-    - len(f"-{SECOND_SLOT}")  # a rollout's second StatefulSet of a role
+    - max(
+        # an engine role's StatefulSets, a rollout's second one included; a cache pool's (one each)
+        *(len(suffix) + len(f"-{SECOND_SLOT}") for suffix in _ENGINE_SUFFIXES),
+        *(len(suffix) for suffix in _POOL_SUFFIXES),
+    )
 )
 MAX_GROUP_CR_NAME_LENGTH = MAX_CR_NAME_LENGTH - len("-511")
 """With a LeaderWorkerSet pool: its worker StatefulSets are named <workload>-<group> (at most 512 groups)."""
@@ -225,6 +243,10 @@ class EngineRole:
     """The workload's name when it is not ``name``: the role's second slot (rollout.slot_names)."""
     min_ready_seconds: int = 0
     """spec.rollout.minReadySeconds: a new pod counts as available (for a rollout's step) only then."""
+    kv_pool_master: str | None = None
+    """A prefill of a cluster with a cachePool: its Mooncake Store master (host:port), for HiCache."""
+    decode_radix_cache: bool = False
+    """A decode with spec.prefixCache.decodeRadixCache."""
 
     @property
     def workload(self) -> str:
@@ -242,9 +264,47 @@ def multi_node_args() -> list[str]:
     ]  # fmt: skip
 
 
+HICACHE_BUILD_VOLUME = "hicache-build"
+HICACHE_BUILD_DIR = "/var/cache/prfaas-hicache"
+"""Where a HiCache prefill builds SGLang's C++ hash extension on first use (TORCH_EXTENSIONS_DIR):
+writable whatever the image's root filesystem is."""
+HICACHE_BUILD_SIZE = "1Gi"
+
+
+def hicache_args(master_address: str) -> list[str]:
+    """SGLang's HiCache on the cluster's Mooncake Store (srt/arg_groups/fields/memory.py;
+    srt/mem_cache/storage/mooncake_store/mooncake_store.py MooncakeStoreConfig.load_from_extra_config).
+
+    The engine is a client only (global_segment_size 0): the store pods hold the bytes, so an
+    engine restart loses nothing of the pool and an engine's memory stays its own. Over TCP, with
+    the P2P handshake (no metadata server to run). Prefetch policy, write policy and the host
+    pool's size are SGLang's defaults; extraArgs may set them.
+    """
+    config = {
+        "master_server_address": master_address,
+        "metadata_server": "P2PHANDSHAKE",
+        "protocol": "tcp",
+        "global_segment_size": 0,
+    }
+    return [
+        "--enable-hierarchical-cache",
+        "--hicache-storage-backend", "mooncake",
+        "--hicache-storage-backend-extra-config", json.dumps(config, sort_keys=True, separators=(",", ":")),
+    ]  # fmt: skip
+
+
+def kv_master_address(name: str, namespace: str, port: int) -> str:
+    """A pool master's Service as the engines of its cluster dial it (cluster DNS; a ClusterIP
+    stays when the master pod is replaced)."""
+    return f"{name}.{namespace}.svc:{port}"
+
+
 def sglang_args(model: ModelSpec, engine: EngineRole) -> list[str]:
     """launch_server arguments; extraArgs come last so a user's repeat of a flag wins (argparse)."""
     group = multi_node_args() if engine.placement.multi_node else []
+    caches = hicache_args(engine.kv_pool_master) if engine.kv_pool_master is not None else []
+    if engine.decode_radix_cache:
+        caches.append("--disaggregation-decode-enable-radix-cache")
     return [
         "--model-path", model.model_path,
         "--revision", model.revision,
@@ -259,6 +319,7 @@ def sglang_args(model: ModelSpec, engine: EngineRole) -> list[str]:
         "--kv-cache-dtype", model.kv.dtype.value,
         "--enable-metrics",
         *group,
+        *caches,
         *model.extra_args,
     ]  # fmt: skip
 
@@ -275,6 +336,16 @@ def _http_probe(path: str, *, period: int, timeout: int, failures: int) -> dict[
         "timeoutSeconds": timeout,
         "failureThreshold": failures,
     }
+
+
+def hicache_env() -> list[dict[str, Any]]:
+    """What a prefill using its cluster's pool needs beside the flags: its Mooncake client registers
+    with the pod IP (unset, every client registers as localhost and no peer can read from it), and
+    SGLang builds its C++ hash extension into a writable directory."""
+    return [
+        {"name": "MOONCAKE_LOCAL_HOSTNAME", "value": "$(POD_IP)"},
+        {"name": "TORCH_EXTENSIONS_DIR", "value": HICACHE_BUILD_DIR},
+    ]
 
 
 def engine_workload(model: ModelSpec, engine: EngineRole, owner: Owner, fingerprint: str) -> Manifest:
@@ -305,11 +376,19 @@ def engine_workload(model: ModelSpec, engine: EngineRole, owner: Owner, fingerpr
                 "name": KV_FINGERPRINT_ENV,
                 "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{LABEL_FINGERPRINT}']"}},
             },
+            *(hicache_env() if engine.kv_pool_master is not None else []),
             *(variable.model_dump(by_alias=True, exclude_none=True) for variable in placement.env),
         ],
         "ports": ports,
         "resources": _resources(placement.resources, placement.gpus_per_pod),
-        "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
+        "volumeMounts": [
+            {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+            *(
+                [{"name": HICACHE_BUILD_VOLUME, "mountPath": HICACHE_BUILD_DIR}]
+                if engine.kv_pool_master
+                else []
+            ),
+        ],
         # model loading takes minutes: the startup probe allows 30 min before liveness starts
         "startupProbe": _http_probe("/health", period=10, timeout=20, failures=180),
         "readinessProbe": _http_probe("/health", period=10, timeout=20, failures=3),
@@ -319,7 +398,14 @@ def engine_workload(model: ModelSpec, engine: EngineRole, owner: Owner, fingerpr
         "containers": [container],
         "nodeSelector": {**placement.node_selector, GPU_PRODUCT_LABEL: placement.gpu_product},
         "tolerations": [t.model_dump(by_alias=True, exclude_none=True) for t in placement.tolerations],
-        "volumes": [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": placement.shm_size}}],
+        "volumes": [
+            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": placement.shm_size}},
+            *(
+                [{"name": HICACHE_BUILD_VOLUME, "emptyDir": {"sizeLimit": HICACHE_BUILD_SIZE}}]
+                if engine.kv_pool_master
+                else []
+            ),
+        ],
         "enableServiceLinks": False,
     }
     if placement.host_network:
@@ -431,21 +517,31 @@ def engine_roles(spec: PrfaasDeploymentSpec, owner: Owner, allocation: Allocatio
     names = Names.of(owner.name)
     pc, pd = spec.prefill_cluster, spec.pd_cluster
     settle = spec.rollout.min_ready_seconds
+    prfaas_pool = (
+        kv_master_address(names.prfaas_kv_master, pc.namespace, pc.cache_pool.master_port)
+        if pc.cache_pool is not None
+        else None
+    )
+    local_pool = (
+        kv_master_address(names.pd_kv_master, owner.namespace, pd.cache_pool.master_port)
+        if pd.cache_pool is not None
+        else None
+    )
     return [
         EngineRole(
             Role.PRFAAS_PREFILL, "prefill", names.prfaas_prefill, pc.namespace, pc,
             allocation.prefill_cluster_replicas, pc.port, pc.bootstrap_port, remote=True,
-            min_ready_seconds=settle,
+            min_ready_seconds=settle, kv_pool_master=prfaas_pool,
         ),
         EngineRole(
             Role.PD_PREFILL, "prefill", names.pd_prefill, owner.namespace, pd,
             allocation.pd_prefill_instances, pd.port, pd.bootstrap_port, remote=False,
-            min_ready_seconds=settle,
+            min_ready_seconds=settle, kv_pool_master=local_pool,
         ),
         EngineRole(
             Role.PD_DECODE, "decode", names.pd_decode, owner.namespace, pd,
             allocation.pd_decode_instances, pd.port, pd.bootstrap_port, remote=False,
-            min_ready_seconds=settle,
+            min_ready_seconds=settle, decode_radix_cache=spec.prefix_cache.decode_radix_cache,
         ),
     ]  # fmt: skip
 

@@ -44,6 +44,7 @@ from pydantic import ValidationError
 
 from prfaas_operator import drain, remote_backoff
 from prfaas_operator.api import PrfaasDeploymentSpec, PrfaasDeploymentStatus
+from prfaas_operator.cache_pool import POOL_KINDS
 from prfaas_operator.cluster_caches import ADD_ON_KINDS, PRFAAS_OWNED_KINDS, ClusterCaches
 from prfaas_operator.drain import Drain
 from prfaas_operator.drift import Applied, manifest_hash, marker, needs_apply
@@ -212,6 +213,19 @@ def _available(workload: Mapping[str, Any]) -> int:
     its availableReplicas; a LeaderWorkerSet counts groups whose every pod is ready)."""
     status = workload.get("status") or {}
     return int(status.get("readyReplicas" if workload.get("kind") == LWS_KIND else "availableReplicas") or 0)
+
+
+def _pool_objects(cache: ClusterCache, owner: Owner) -> list[tuple[str, str, str]]:
+    """This CR's cache-pool objects in the PD cluster (kind, namespace, name), from the cache; none
+    while it is still listing (nothing is pruned on what is not known)."""
+    if not cache.synced or cache.problem is not None:
+        return []
+    return [
+        (kind, obj["metadata"]["namespace"], obj["metadata"]["name"])
+        for role in (Role.PD_KV_MASTER, Role.PD_KV_STORE)
+        for kind in POOL_KINDS
+        for obj in cache[kind].select(owner.namespace, selector_labels(owner, role))
+    ]
 
 
 async def _delete_retired(cluster: Cluster, owner: Owner, retire: Sequence[tuple[str, str, str]]) -> None:
@@ -401,12 +415,13 @@ class Reconciler:
             else None
         )
         engines = plan_pd_engines(
-            spec, owner, previous, mem.drains, slots, self._clock(), wall_now, self.options
-        )
+            spec, owner, previous, mem.drains, slots, self._clock(), wall_now, self.options,
+            _pool_objects(local_cache, owner),
+        )  # fmt: skip
         mem.drains = engines.drains
         _log_notes(engines.notes)
         engines_applied = asyncio.ensure_future(
-            self._apply_local(owner, engines.manifests, local_cache, mem, engines.retire)
+            self._apply_local(owner, engines.manifests, local_cache, mem, engines.retire, engines.prune)
         )
         try:
             remote = await self._prefill_cluster(spec, owner, mem)
@@ -545,15 +560,29 @@ class Reconciler:
         _, cache = remote
         if not cache.synced:
             return ClusterObservation(listing=True)
-        namespace, name = spec.prefill_cluster.namespace, Names.of(owner.name).prfaas_prefill
-        selector = {**selector_labels(owner, Role.PRFAAS_PREFILL), LABEL_OWNER: label_value(owner.key)}
+        names = Names.of(owner.name)
+        namespace, name = spec.prefill_cluster.namespace, names.prfaas_prefill
         workloads: dict[str, list[Mapping[str, Any]]] = {
             Role.PRFAAS_PREFILL: _slot_workloads(cache, namespace, name)
         }
+        pool_ready: dict[str, int] = {
+            role: _ready_replicas(cache["StatefulSet"].get(namespace, workload))
+            for role, workload in (
+                (Role.PRFAAS_KV_MASTER, names.prfaas_kv_master),
+                (Role.PRFAAS_KV_STORE, names.prfaas_kv_store),
+            )
+        }
+        pods = [
+            PodInfo.from_manifest(p)
+            for role in (Role.PRFAAS_PREFILL, Role.PRFAAS_KV_MASTER)
+            for p in cache["Pod"].select(
+                namespace, {**selector_labels(owner, role), LABEL_OWNER: label_value(owner.key)}
+            )
+        ]
         return ClusterObservation(
-            ready=_ready_by_role(workloads),
+            ready={**_ready_by_role(workloads), **pool_ready},
             rolling=_rolling_roles(workloads),
-            pods=[PodInfo.from_manifest(p) for p in cache["Pod"].select(namespace, selector)],
+            pods=pods,
         )
 
     async def _apply_prefill_cluster(
@@ -652,6 +681,8 @@ class Reconciler:
         ready: dict[str, int] = {
             **_ready_by_role(engines),
             Role.ROUTER: _ready_replicas(cache["Deployment"].get(owner.namespace, names.router)),
+            Role.PD_KV_MASTER: _ready_replicas(cache["StatefulSet"].get(owner.namespace, names.pd_kv_master)),
+            Role.PD_KV_STORE: _ready_replicas(cache["StatefulSet"].get(owner.namespace, names.pd_kv_store)),
         }
         selector = {LABEL_NAME: "prfaas", LABEL_INSTANCE: label_value(owner.name)}
         pods = [PodInfo.from_manifest(p) for p in cache["Pod"].select(owner.namespace, selector)]
@@ -664,13 +695,18 @@ class Reconciler:
         cache: ClusterCache,
         mem: _Memory,
         retire: Sequence[tuple[str, str, str]] = (),
+        prune: Sequence[tuple[str, str, str]] = (),
     ) -> Problem | None:
-        """Apply the drifted ones of `wanted` to the PD cluster, delete `retire`; the problem when that failed."""
+        """Apply the drifted ones of `wanted` to the PD cluster, delete `retire` and `prune`; the
+        problem when that failed."""
         try:
             if cache.problem is not None:
                 raise ClusterError(cache.problem)
             await apply_drifted(self.clusters.local, cache, wanted, mem, "pd")
             await _delete_retired(self.clusters.local, owner, retire)
+            for kind, namespace, name in prune:
+                log.info("%s: cachePool removed; deleting %s %s/%s", owner.key, kind, namespace, name)
+                await self.clusters.local.delete(kind, name, namespace)
         except ClusterError as err:
             self.metrics.cluster_errors.labels(cluster="pd", reason=err.problem.reason).inc()
             log.warning("%s: PD cluster: %s", owner.key, err.problem.message)

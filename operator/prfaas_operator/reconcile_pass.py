@@ -40,6 +40,12 @@ from prfaas_operator.api import (
     PrfaasDeploymentStatus,
     first_problem,
 )
+from prfaas_operator.cache_pool import (
+    leftover_pool_objects,
+    pool_manifests,
+    pool_observations,
+    router_cache_pools,
+)
 from prfaas_operator.drain import Drain
 from prfaas_operator.fingerprint import kv_fingerprint
 from prfaas_operator.manifests import (
@@ -110,6 +116,7 @@ class EnginePlan:
     rollout: RolloutDecision
     retire: Sequence[tuple[str, str, str]] = ()  # (kind, namespace, name): old slots at 0, to delete
     notes: Sequence[str] = ()  # worth a log line
+    prune: Sequence[tuple[str, str, str]] = ()  # (kind, namespace, name): a removed cachePool's objects
 
 
 def plan_pd_engines(
@@ -121,11 +128,14 @@ def plan_pd_engines(
     now: float,
     wall_now: datetime,
     options: ReconcileOptions,
+    pool_objects_found: Sequence[tuple[str, str, str]] = (),
 ) -> EnginePlan:
-    """Step 1. `slots`: each engine role's live StatefulSets (None: its cluster not looked at).
+    """Step 1. `slots`: each engine role's live StatefulSets (None: its cluster not looked at);
+    `pool_objects_found`: the PD cluster's cache-pool objects of this CR (kind, namespace, name).
 
     The rollout is decided here for the roles of both clusters (it steps them together); the
-    PrfaaS cluster's share is applied in step 2.
+    PrfaaS cluster's share is applied in step 2. The PD cluster's cache pool goes with the local
+    engines (it never waits for them, nor they for it); a removed one is pruned.
     """
     choice = effective_allocation(spec, previous.allocation)
     fingerprint = kv_fingerprint(spec.model)
@@ -141,10 +151,13 @@ def plan_pd_engines(
         ),
         *router_access(owner),
     ]
+    pool = pool_manifests(spec, owner, remote=False)
+    manifests += pool
+    prune = leftover_pool_objects(pool_objects_found, pool)
     retire = retired(rolled, (Role.PD_PREFILL, Role.PD_DECODE), owner.namespace)
     if rolled.event is not None:
         notes.append(f"{owner.key}: {rolled.event[0]}: {rolled.event[1]}")
-    return EnginePlan(choice, fingerprint, drains, manifests, rolled, retire, notes)
+    return EnginePlan(choice, fingerprint, drains, manifests, rolled, retire, notes, prune)
 
 
 def decide_rollout(
@@ -284,6 +297,7 @@ class RouterConfigDecision:
 
 def decide_router_config(
     spec: PrfaasDeploymentSpec,
+    owner: Owner,
     previous: PrfaasDeploymentStatus,
     engines: EnginePlan,
     drains: Mapping[str, Drain],
@@ -309,11 +323,13 @@ def decide_router_config(
         return RouterConfigDecision("keep", last, kept(last, min_version))
     remote_pods = leaving(prefill_seen.pods, drains) if prefill_seen.observed else None
     choice = choose_pools(spec, engines.fingerprint, remote_pods, leaving(pd_seen.pods, drains))
+    cache_pools = router_cache_pools(spec, owner, remote_pods, pd_seen.pods)
     try:
         config = build_router_config(
             spec, engines.choice.allocation, choice, last, min_version=min_version,
             measured_output_tokens=planner_input(previous, "meanOutputTokens"),
             measured_output_cv=planner_input(previous, "outputTokensCv"),
+            cache_pools=cache_pools,
         )  # fmt: skip
     except ProfileError as err:
         keeps = f"the router keeps config v{last.version}" if last is not None else "no router config yet"
@@ -357,7 +373,7 @@ def plan_router_and_prefill_cluster(
     if prefill_seen.reachable and prefill_seen.slots is not None:
         notes += drain_role(drains, owner, plan, prefill_seen.slots, now, options.drain_seconds)
     decision = decide_router_config(
-        spec, previous, engines, drains, prefill_seen.observation, pd_seen, last_config, stored
+        spec, owner, previous, engines, drains, prefill_seen.observation, pd_seen, last_config, stored
     )
     config = decision.config
     router = [router_deployment(spec, owner, config.to_json() if config else None)]
@@ -366,6 +382,7 @@ def plan_router_and_prefill_cluster(
         return PassPlan(drains, decision, router, None, (), notes)
     plans = engines.rollout.roles
     remote = held(prefill_cluster_objects(spec, owner, allocation, engines.fingerprint, plans), drains)
+    remote += pool_manifests(spec, owner, remote=True)  # pruned with the rest when its cachePool goes
     retire = retired(engines.rollout, (Role.PRFAAS_PREFILL,), spec.prefill_cluster.namespace)
     return PassPlan(drains, decision, router, remote, retire, notes)
 
@@ -484,6 +501,7 @@ def conclude_pass(
             now=wall_now,
             extra_problems=applies.prefill_cluster_problems,
             rollout=engines.rollout.status,
+            cache_pools=pool_observations(spec, owner, prefill_seen, pd_seen),
         )
     )
     settling = engines.rollout.come_back_at  # a new instance about to count for the rollout's step

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import ipaddress
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from prfaas_core.router_config import (
+    CachePool,
     DecodeCapacity,
     Endpoint,
     KvSize,
@@ -29,9 +30,13 @@ from prfaas_operator.status import PodInfo
 DEFAULT_CHARS_PER_TOKEN = 4.0
 
 
-def _url(ip: str, port: int) -> str:
+def base_url(ip: str, port: int) -> str:
+    """`http://IP:PORT` of a pod (IPv6 in brackets)."""
     host = f"[{ip}]" if ipaddress.ip_address(ip).version == 6 else ip
     return f"http://{host}:{port}"
+
+
+_url = base_url
 
 
 def ready_endpoints(
@@ -143,6 +148,7 @@ def build_router_config(
     *,
     measured_output_tokens: float | None = None,
     measured_output_cv: float | None = None,
+    cache_pools: Mapping[str, CachePool] | None = None,
 ) -> RouterConfig:
     """The router config for this allocation and these endpoints; raises ProfileError on a refused fit.
 
@@ -171,6 +177,8 @@ def build_router_config(
         decode=decode_capacity(spec, measured_output_tokens, measured_output_cv),
         pools=choice.pools,
         fingerprint=choice.fingerprint,
+        cache_pools=dict(cache_pools or {}),
+        decode_radix_cache=spec.prefix_cache.decode_radix_cache,
     )
     unchanged = (
         previous is not None and candidate.model_copy(update={"version": previous.version}) == previous

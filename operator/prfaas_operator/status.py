@@ -41,6 +41,7 @@ from prfaas_operator.api import (
     PrfaasDeploymentStatus,
     RoleCounts,
     RolloutStatus,
+    human_bytes,
 )
 
 # Reasons (CamelCase, stable: alerts and tests match on them).
@@ -59,6 +60,9 @@ REVISION_AVAILABLE = "RevisionAvailable"
 ROLLOUT_IN_PROGRESS = "RolloutInProgress"
 ROLLOUT_PAUSED = "RolloutPaused"
 PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
+POOL_READY = "PoolReady"
+MASTER_NOT_READY = "MasterNotReady"
+STORES_NOT_READY = "StoresNotReady"
 
 log = logging.getLogger("prfaas_operator.status")
 
@@ -166,6 +170,20 @@ class RouterConfigOutcome:
 
 
 @dataclass(frozen=True)
+class CachePoolSeen:
+    """One declared cache pool as a reconcile saw it: its StatefulSets' ready counts (None: its
+    cluster was not observed, `problem` says why when it could not be)."""
+
+    cluster: str  # "PrfaaS cluster" or "PD cluster"
+    namespace: str
+    stores: int
+    segment_bytes: int
+    master_ready: int | None
+    stores_ready: int | None
+    problem: Problem | None = None
+
+
+@dataclass(frozen=True)
 class StatusInputs:
     """Everything compute_status needs, gathered by the reconcile."""
 
@@ -182,6 +200,7 @@ class StatusInputs:
     now: str  # RFC 3339, passed in
     extra_problems: Sequence[Problem] = ()
     rollout: RolloutStatus | None = None
+    cache_pools: Sequence[CachePoolSeen] = ()
 
 
 def _parse_time(value: object) -> datetime | None:
@@ -334,6 +353,36 @@ def _rollout_condition(inputs: StatusInputs) -> Condition:
     return _condition(kind, True, ROLLOUT_IN_PROGRESS, f"{progress}{f'; {why}' if why else ''}", inputs)
 
 
+def _cache_pool_condition(inputs: StatusInputs) -> Condition | None:
+    """CachePoolReady, while any cachePool is declared: True when every declared pool's master and
+    all its stores are ready. Never part of Ready or Degraded: a pool that is down costs prefill
+    compute, not service (SGLang computes what it cannot fetch, the router stops counting pool hits)."""
+    if not inputs.cache_pools:
+        return None
+    kind = ConditionType.CACHE_POOL_READY
+    parts, reasons = [], []
+    for pool in inputs.cache_pools:
+        where = f"{pool.cluster} (namespace {pool.namespace})"
+        total = human_bytes(pool.stores * pool.segment_bytes)
+        if pool.master_ready is None or pool.stores_ready is None:
+            why = pool.problem.message if pool.problem is not None else "its cache is still listing"
+            parts.append(f"{where}: not observed ({why})")
+            reasons.append(pool.problem.reason if pool.problem is not None else PROGRESSING)
+            continue
+        stores = min(pool.stores_ready, pool.stores)
+        figures = f"{stores}/{pool.stores} stores ready, capacity {human_bytes(stores * pool.segment_bytes)} of {total}"
+        if pool.master_ready < 1:
+            parts.append(f"{where}: master not ready, {figures}; its prefills compute what they would fetch")
+            reasons.append(MASTER_NOT_READY)
+        elif stores < pool.stores:
+            parts.append(f"{where}: master ready, {figures}")
+            reasons.append(STORES_NOT_READY)
+        else:
+            parts.append(f"{where}: master ready, {figures}")
+    ok = not reasons
+    return _condition(kind, ok, POOL_READY if ok else reasons[0], "; ".join(parts), inputs)
+
+
 def _problems(inputs: StatusInputs, parts: Sequence[Condition]) -> list[Problem]:
     problems: list[Problem] = list(inputs.extra_problems)
     for label, seen in (("PrfaaS cluster", inputs.prefill_cluster), ("PD cluster", inputs.pd_cluster)):
@@ -400,6 +449,8 @@ def compute_status(inputs: StatusInputs) -> PrfaasDeploymentStatus:
             ConditionType.READY, False, f"{blocking.type.removesuffix('Ready')}NotReady", message, inputs
         )
 
+    cache_pool = _cache_pool_condition(inputs)
+    optional = [cache_pool] if cache_pool is not None else []
     problems = _problems(inputs, [*parts, rollout])
     if problems:
         degraded = _condition(
@@ -410,7 +461,7 @@ def compute_status(inputs: StatusInputs) -> PrfaasDeploymentStatus:
 
     return PrfaasDeploymentStatus(
         observed_generation=inputs.generation,
-        conditions=[ready, prefill_ready, pd_ready, router_ready, degraded, rollout],
+        conditions=[ready, prefill_ready, pd_ready, router_ready, degraded, rollout, *optional],
         prefill_cluster=prfaas,
         pd_prefill=pd_prefill,
         pd_decode=decode,
