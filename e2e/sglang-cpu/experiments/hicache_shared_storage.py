@@ -13,11 +13,12 @@ Backends: `file` (a directory both prefills use: `--hicache-storage-backend-extr
 srt/mem_cache/storage/mooncake_store/mooncake_store.py).
 
 On CPU, HiCache as shipped stops at start-up (its host pool is pinned with cudaHostRegister);
-`--cpu-patch` runs the engines with hicache_cpu_patch/ on PYTHONPATH, which gets past that and
-the CUDA-only copies (docs/sglang.md, "HiCache on a storage backend shared by two prefills").
+the CPU workarounds the real engine's venv installs (prfaas_sglang_cpu.hicache, and
+`--hicache-io-backend direct` in their engine arguments) get past that and the CUDA-only copies
+(docs/sglang.md, "HiCache on a storage backend shared by two prefills").
 
   flock /tmp/real-engines.lock ~/.cache/prfaas/sglang-cpu/bin/python \
-      e2e/sglang-cpu/experiments/hicache_shared_storage.py [--backend file|mooncake] [--cpu-patch]
+      e2e/sglang-cpu/experiments/hicache_shared_storage.py [--backend file|mooncake]
 """
 
 from __future__ import annotations
@@ -40,9 +41,8 @@ P1, P2, D = "127.0.35.1", "127.0.35.2", "127.0.35.11"
 PROMPT_TOKENS = 2000
 HICACHE = [
     "--enable-hierarchical-cache",
-    # the default io backend "kernel" is sgl-kernel's CUDA copy; "direct" is torch copies
-    # (layout page_first -> page_first_direct: srt/arg_groups/hicache_hook.py)
-    "--hicache-io-backend", "direct",
+    # (the io backend is the CPU workarounds' `direct`: layout page_first -> page_first_direct,
+    # srt/arg_groups/hicache_hook.py)
     # wait for a storage prefetch to finish before scheduling the request (default: timeout)
     "--hicache-storage-prefetch-policy", "wait_complete",
 ]  # fmt: skip
@@ -108,11 +108,6 @@ def main() -> None:
     E.main_guard()
     parser = argparse.ArgumentParser()
     parser.add_argument("--backend", choices=("file", "mooncake"), default="file")
-    parser.add_argument(
-        "--cpu-patch",
-        action="store_true",
-        help="put hicache_cpu_patch/ on the engines' PYTHONPATH (no cudaHostRegister, torch copies)",
-    )
     options = parser.parse_args()
     logs = Path(tempfile.mkdtemp(prefix=f"hicache-{options.backend}-"))
     store = logs / "store" if options.backend == "file" else None
@@ -134,10 +129,7 @@ def main() -> None:
         ]
         for spec in specs:  # the engines' KV pools: 16384 tokens (8 MiB here), not 65536
             spec[2][spec[2].index("--max-total-tokens") + 1] = "16384"
-        env = None
-        if options.cpu_patch:
-            env = {"PYTHONPATH": str(Path(__file__).resolve().parent / "hicache_cpu_patch")}
-        p1, p2, d = stack.enter_context(E.servers(specs, logs, env))
+        p1, p2, d = stack.enter_context(E.servers(specs, logs))
         x, y = E.tokens(3401, PROMPT_TOKENS), E.tokens(3402, PROMPT_TOKENS)
         rows = [send("X via prefill 1 (fresh)", p1, d, x, store)]
         time.sleep(10)  # write-through to the storage is asynchronous

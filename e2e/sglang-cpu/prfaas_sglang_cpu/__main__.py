@@ -17,7 +17,7 @@ def main(argv: Sequence[str]) -> int:
         return 0
     if list(argv) == ["check"]:
         problems = check()
-        print("\n".join(problems) or f"{len(ENGINE_ARGS)} engine arguments and {len(PATCHES)} patch hold")
+        print("\n".join(problems) or f"{len(ENGINE_ARGS)} engine arguments and {len(PATCHES)} patches hold")
         return 1 if problems else 0
     print(__doc__.strip(), file=sys.stderr)
     return 2
