@@ -17,12 +17,12 @@ import functools
 import json
 import os
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prfaas_core.router_config import RouterConfig
+from prfaas_core.router_config import CachePool, RouterConfig
 from prfaas_core.vocabulary import GPU_PRODUCT_LABEL, Role
 from prfaas_operator.allocation import effective_allocation
 from prfaas_operator.api import Allocation, PrfaasDeploymentSpec
@@ -56,6 +56,15 @@ def engine_python() -> Path:
     if not python.exists() or not (MODEL_DIR / "tokenizer.json").exists():
         raise SglangCpuMissing(f"no real SGLang venv at {ENGINE_VENV}: run scripts/setup-sglang-cpu.sh")
     return python
+
+
+def mooncake_bin() -> Path | None:
+    """Where the real engine's venv has Mooncake Store's ``mooncake_master`` and ``mooncake_client``
+    (its mooncake-transfer-engine-non-cuda wheel's console scripts), or None when it has not."""
+    bin_dir = ENGINE_VENV / "bin"
+    if all((bin_dir / name).exists() for name in ("mooncake_master", "mooncake_client")):
+        return bin_dir
+    return None
 
 
 @functools.cache
@@ -115,10 +124,20 @@ def engine_processes(
     """Each role's engine pod (instance 0 of its StatefulSet, at the given pod IP), as the
     testbed's kubelet runs it: with real SGLang, or with the fake engine under `fake_python` (real
     time, the testbed's default KV scale: the differential test's other side)."""
+    instances = instance_processes(
+        cr, {role: [address] for role, address in addresses.items()}, fake_python=fake_python
+    )
+    return {role: processes[0] for role, processes in instances.items()}
+
+
+def instance_processes(
+    cr: Mapping[str, Any], addresses: Mapping[Role, Sequence[str]], *, fake_python: str | None = None
+) -> dict[Role, list[LocalProcess]]:
+    """Pods 0, 1, ... of each role's StatefulSet at the given pod IPs (`engine_processes`)."""
     derived = _Derived.of(cr)
     sglang = None if fake_python else str(engine_python())
     programs = Programs(python=fake_python or "python3", router="prfaas-router", sglang=sglang)
-    processes = {}
+    processes: dict[Role, list[LocalProcess]] = {}
     for engine in derived.roles:
         workload = engine_workload(derived.spec.model, engine, derived.owner, derived.fingerprint)
         node = {
@@ -127,33 +146,44 @@ def engine_processes(
                 "labels": {GPU_PRODUCT_LABEL: GPU_NODES[engine.remote]},
             }
         }
-        pod = pod_from(workload, pod_name(engine.workload), addresses[Role(engine.role)], node)
-        process = local_process(
-            PodFacts.of(pod, node),
-            programs=programs,
-            scales=Scales(),
-            pod_dir=Path("/nonexistent"),
-            base_env=os.environ,
-        )
-        assert process is not None, f"the {engine.role} pod is no engine the testbed knows"
-        processes[Role(engine.role)] = process
+        for index, address in enumerate(addresses[Role(engine.role)]):
+            pod = pod_from(workload, pod_name(engine.workload, index), address, node)
+            process = local_process(
+                PodFacts.of(pod, node),
+                programs=programs,
+                scales=Scales(),
+                pod_dir=Path("/nonexistent"),
+                base_env=os.environ,
+            )
+            assert process is not None, f"the {engine.role} pod is no engine the testbed knows"
+            processes.setdefault(Role(engine.role), []).append(process)
     return processes
 
 
-def pod_name(workload: str) -> str:
-    return f"{workload}-0"
+def pod_name(workload: str, index: int = 0) -> str:
+    return f"{workload}-{index}"
 
 
-def router_config(cr: Mapping[str, Any], addresses: Mapping[Role, str]) -> RouterConfig:
-    """The router config the operator writes once each role's one pod is ready at its address."""
+def router_config(
+    cr: Mapping[str, Any],
+    addresses: Mapping[Role, str | Sequence[str]],
+    cache_pools: Mapping[str, CachePool] | None = None,
+) -> RouterConfig:
+    """The router config the operator writes once each role's pods are ready at their addresses
+    (one address: pod 0), with the cache pools whose masters it found (route -> pool)."""
     derived = _Derived.of(cr)
 
     def pods(remote: bool) -> list[PodInfo]:
         return [
-            PodInfo(pod_name(e.workload), e.role, derived.fingerprint, addresses[Role(e.role)], ready=True)
+            PodInfo(pod_name(e.workload, index), e.role, derived.fingerprint, address, ready=True)
             for e in derived.roles
             if e.remote is remote
+            for index, address in enumerate(_listed(addresses[Role(e.role)]))
         ]
 
     choice = choose_pools(derived.spec, derived.fingerprint, pods(True), pods(False))
-    return build_router_config(derived.spec, derived.allocation, choice, None)
+    return build_router_config(derived.spec, derived.allocation, choice, None, cache_pools=cache_pools)
+
+
+def _listed(addresses: str | Sequence[str]) -> Sequence[str]:
+    return [addresses] if isinstance(addresses, str) else addresses
