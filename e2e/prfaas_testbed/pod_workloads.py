@@ -13,7 +13,12 @@ chart writes is what runs):
 * ``prfaas-router ARGS`` (router pod): the router, its ConfigMap volume materialised in a
   local directory that the runner keeps in sync;
 * ``python -m prfaas_operator ARGS`` (operator pod, from the Helm chart): the operator, with a
-  kubeconfig built from a token of the pod's own ServiceAccount.
+  kubeconfig built from a token of the pod's own ServiceAccount;
+* ``mooncake_master ARGS`` / ``mooncake_client ARGS`` (a cache pool's master and store pods):
+  the real Mooncake Store binaries of the real-SGLang venv's ``mooncake`` package
+  (``Programs.mooncake``), the master's Service name resolved to its pod as cluster DNS would,
+  and each store's HTTP port (which Mooncake binds on every address, with no flag to narrow
+  it) moved to one of its own, so that two stores of one network namespace never collide.
 
 Inside a pod, 0.0.0.0 means "every address of the pod's network namespace", which on this
 testbed is the pod IP: every ``0.0.0.0`` in the arguments becomes the pod IP, so two pods never
@@ -22,7 +27,9 @@ compete for one port. Pure: no clock, no client, no process; the runner does the
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +51,14 @@ class WorkloadKind(enum.StrEnum):
     ENGINE = "engine"
     ROUTER = "router"
     OPERATOR = "operator"
+    KV_POOL = "kv-pool"
+
+
+MOONCAKE_COMMANDS = ("mooncake_master", "mooncake_client")
+"""A cache pool's containers (prfaas_operator.cache_pool): Mooncake Store's master and a store."""
+STORE_HTTP_PORTS = range(21000, 29000)
+"""Where a testbed store's HTTP server listens instead of the pod's --http_port (below the
+ephemeral range, clear of the engines', the master's and the testbed's own ports)."""
 
 
 class PodWorkloadError(ValueError):
@@ -65,6 +80,17 @@ def pod_dns_names(pod: Mapping[str, Any]) -> list[str]:
     if not hostname or not subdomain:
         return []
     base = f"{hostname}.{subdomain}.{metadata.get('namespace')}"
+    return [base, f"{base}.svc", f"{base}.svc.{CLUSTER_DOMAIN}"]
+
+
+def service_dns_names(pod: Mapping[str, Any]) -> list[str]:
+    """The names of the Service governing a StatefulSet's pod (its spec.subdomain), which cluster
+    DNS (and, for a ClusterIP Service, kube-proxy) would take to one of its pods: a cache pool's
+    one master, say. ``SUBDOMAIN.NAMESPACE[.svc[.DOMAIN]]``."""
+    subdomain = (pod.get("spec") or {}).get("subdomain")
+    if not subdomain:
+        return []
+    base = f"{subdomain}.{(pod.get('metadata') or {}).get('namespace')}"
     return [base, f"{base}.svc", f"{base}.svc.{CLUSTER_DOMAIN}"]
 
 
@@ -110,6 +136,9 @@ class Programs:
     sglang: str | None = None
     """The real SGLang venv's python (prfaas_testbed.sglang_cpu): engine pods run real SGLang,
     their command as written with this interpreter for its python3; None runs the fake engine."""
+    mooncake: str | None = None
+    """The directory of ``mooncake_master`` and ``mooncake_client`` (the real SGLang venv's bin,
+    prfaas_testbed.sglang_cpu.mooncake_bin): cache-pool pods run them; None refuses those pods."""
 
 
 @dataclass(frozen=True)
@@ -387,7 +416,34 @@ def classify(container: Mapping[str, Any]) -> WorkloadKind | None:
             return WorkloadKind.OPERATOR
     if command and PurePosixPath(command[0]).name == "prfaas-router":
         return WorkloadKind.ROUTER
+    if command and PurePosixPath(command[0]).name in MOONCAKE_COMMANDS:
+        return WorkloadKind.KV_POOL
     return None
+
+
+def store_http_port(ip: str) -> int:
+    """The HTTP port a testbed store listens on: one of its own, from its pod IP."""
+    return STORE_HTTP_PORTS[int(ipaddress.ip_address(ip)) % len(STORE_HTTP_PORTS)]
+
+
+def _mooncake_args(
+    facts: PodFacts, args: list[str], hosts: Mapping[str, str]
+) -> tuple[list[str], int | None]:
+    """A pool pod's arguments with the master's Service name resolved to its pod (PodNotYetRunnable
+    until it has one) and, for a store, its HTTP port moved (store_http_port); that port, or None."""
+    resolved, moved = [], None
+    for arg in args:
+        flag, _, value = arg.partition("=")
+        if flag == "--master_server_address":
+            host, _, port = value.rpartition(":")
+            if host not in hosts and not all(part.isdigit() for part in host.split(".")):
+                raise PodNotYetRunnable(f"pod {facts.key}: its master {host} has no pod with an IP yet")
+            arg = f"{flag}={hosts.get(host, host)}:{port}"
+        elif flag == "--http_port":
+            moved = store_http_port(facts.ip)
+            arg = f"{flag}={moved}"
+        resolved.append(arg)
+    return resolved, moved
 
 
 def fake_engine_profile(facts: PodFacts) -> str:
@@ -449,6 +505,7 @@ def local_process(
     notes: list[str] = []
     service_account = None
     kubeconfig_path = None
+    moved_http_port: int | None = None
     if kind is WorkloadKind.ENGINE and programs.sglang is not None:
         argv = [programs.sglang, *(str(part) for part in facts.container["command"][1:]), *args]
         notes.append("real SGLang")
@@ -474,6 +531,18 @@ def local_process(
         notes.append(f"fake engine, profile {profile}")
     elif kind is WorkloadKind.ROUTER:
         argv = [programs.router, *args]
+    elif kind is WorkloadKind.KV_POOL:
+        binary = PurePosixPath(str(facts.container["command"][0])).name
+        if programs.mooncake is None:
+            raise PodWorkloadError(
+                f"pod {facts.key}: runs {binary} (a cache pool), which the testbed takes from the real "
+                "SGLang venv's mooncake package; none is installed (scripts/setup.sh installs it)"
+            )
+        args, moved_http_port = _mooncake_args(facts, args, hosts or {})
+        argv = [str(PurePosixPath(programs.mooncake) / binary), *args]
+        notes.append(f"real {binary}")
+        if moved_http_port is not None:
+            notes.append(f"HTTP port {moved_http_port} (the pod's own is shared by every store here)")
     else:
         argv = [programs.python, "-m", "prfaas_operator", *args]
         if last_flag_value(args, "--bind-address") is None:
@@ -482,13 +551,17 @@ def local_process(
         kubeconfig_path = pod_dir / "kubeconfig.yaml"
         env["KUBECONFIG"] = str(kubeconfig_path)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    readiness, metrics_port = readiness_probe(facts), _metrics_port(facts, kind, args)
+    if kind is WorkloadKind.KV_POOL and moved_http_port is not None:  # a store: its one port moved
+        metrics_port = moved_http_port
+        readiness = dataclasses.replace(readiness, port=moved_http_port) if readiness is not None else None
     return LocalProcess(
         kind=kind,
         role=role,
         argv=tuple(argv),
         env=env,
-        readiness=readiness_probe(facts),
-        metrics_port=_metrics_port(facts, kind, args),
+        readiness=readiness,
+        metrics_port=metrics_port,
         configmaps=configmaps,
         service_account=service_account,
         kubeconfig_path=kubeconfig_path,

@@ -46,9 +46,11 @@ from prfaas_testbed.pod_workloads import (
     Scales,
     local_process,
     pod_dns_names,
+    service_dns_names,
 )
 from prfaas_testbed.prometheus import ScrapeJob, TargetGroup, write_file_sd
 from prfaas_testbed.runner_state import is_held_down, read_control, write_status
+from prfaas_testbed.sglang_cpu import mooncake_bin
 
 log = logging.getLogger("prfaas_testbed.runner")
 
@@ -87,6 +89,7 @@ class Runner:
             python=sys.executable,
             router=str(Path(sys.executable).with_name("prfaas-router")),
             sglang=str(settings.sglang_python) if settings.sglang_python else None,
+            mooncake=str(mooncake) if (mooncake := mooncake_bin()) is not None else None,
         )
         self.api = PodApi(testbed, settings.token_seconds)
         self.link = LinkEmulator(
@@ -174,12 +177,12 @@ class Runner:
                 log.warning("%s: cannot list pods: %s", cluster.value, err)
                 seen |= {key for key in self.supervisors if key[0] is cluster}  # unknown: keep running
                 continue
-            hosts = {  # the cluster's DNS names of pods, for a multi-node engine's leader address
+            hosts = {  # the cluster's DNS names of pods: a multi-node engine's leader, a pool's master
                 name: str((pod.get("status") or {}).get("podIP"))
                 for pod in pods
                 if (pod.get("status") or {}).get("podIP")
                 and not (pod.get("metadata") or {}).get("deletionTimestamp")
-                for name in pod_dns_names(pod)
+                for name in (*service_dns_names(pod), *pod_dns_names(pod))
             }
             for pod in pods:
                 metadata = pod.get("metadata") or {}
