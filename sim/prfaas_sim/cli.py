@@ -12,11 +12,12 @@ from pathlib import Path
 
 from prfaas_core.profiles import ProfileError
 from prfaas_core.throughput import PlanError, WorkloadError
+from prfaas_core.vocabulary import bytes_per_second_to_gbit, gbit_per_second_to_bytes
 
 from prfaas_sim import replicas, report
-from prfaas_sim.engine import SimulationSettings
+from prfaas_sim.engine import DEFAULT_POOL_FETCH_BYTES_PER_SECOND, SimulationSettings
 from prfaas_sim.planner_loop import PlannerSettings
-from prfaas_sim.scenarios import LinkDropSetup, burst, link_drop, rate_sweep, trace_prefix
+from prfaas_sim.scenarios import LinkDropSetup, burst, link_drop, rate_sweep, trace_caches, trace_prefix
 from prfaas_sim.sources import RateSchedule, SourceError
 from prfaas_sim.study import FULL, QUICK, model_checks, overload_study, run_study
 from prfaas_sim.systems import default_slo, deployments, load_profile
@@ -104,6 +105,25 @@ def _parser() -> argparse.ArgumentParser:
         help="req/s the timestamps are scaled to (one run each)",
     )
     trace.add_argument("--repeats", type=int, default=1, help="play the trace this many times back to back")
+
+    caches = _command(
+        commands,
+        "caches",
+        "PrfaaS-PD on a JSONL trace with prefix reuse: per-instance caches, a pool per cluster, the decode "
+        "radix cache, side by side",
+        _run_caches,
+    )
+    caches.add_argument("--trace", type=Path, required=True)
+    caches.add_argument(
+        "--rates", type=float, nargs="+", required=True, help="req/s, one run per variant each"
+    )
+    caches.add_argument("--repeats", type=int, default=1, help="play the trace this many times back to back")
+    caches.add_argument(
+        "--pool-fetch-gbps",
+        type=float,
+        default=bytes_per_second_to_gbit(DEFAULT_POOL_FETCH_BYTES_PER_SECOND),
+        help="KV bandwidth from a cluster's pool into one prefill, Gbit/s",
+    )
 
     tier = _command(
         commands,
@@ -253,6 +273,25 @@ def _run_trace(args: argparse.Namespace) -> int:
         settings=SimulationSettings(),
     )
     print("\n".join(report.trace_section(runs, [])))
+    return 0
+
+
+def _run_caches(args: argparse.Namespace) -> int:
+    document = load_profile(args.profile)
+    if args.pool_fetch_gbps <= 0:
+        raise ValueError(f"--pool-fetch-gbps must be positive, got {args.pool_fetch_gbps}")
+    runs = trace_caches(
+        document,
+        args.trace,
+        rates=args.rates,
+        repeats=args.repeats,
+        slo=default_slo(document, args.ttft_slo),
+        planner=PlannerSettings(),
+        settings=SimulationSettings(
+            pool_fetch_bytes_per_second=gbit_per_second_to_bytes(args.pool_fetch_gbps)
+        ),
+    )
+    print("\n".join(report.cache_section(runs)))
     return 0
 
 

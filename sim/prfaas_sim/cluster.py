@@ -10,6 +10,16 @@ prompt tokens fit, as SGLang's scheduler does up to its chunked-prefill size: th
 pays the profile's constant term c0 once. Whether c0 really is per-forward overhead is not
 known from the profile, so packing is an assumption, off by default.
 
+Caches (docs/sglang.md "Prefix caches"): a prefill reuses its own radix cache and, where its
+cluster runs a shared pool (`pool`: HiCache on the cluster's Mooncake Store), the pages the pool
+holds past its own tree once at least 256 tokens are left to compute (`cached_hit`); every
+prefill of the cluster writes what it computed there. Fetching a pool hit takes the KV of that
+part at the pool's fetch bandwidth, charged to the request's forward (the engine's prefetch
+overlaps other work in SGLang, so this overcharges the pool a little). A pool hit is partial (the
+linear-attention state is recomputed), as the router counts it. With the decode radix cache
+(`DecodeInstance.cache`) the decode keeps what it served and the prefill sends only the KV past
+that (`DecodeInstance.held_tokens`).
+
 Decode (one SGLang decode engine): continuous batching of at most `max_batch` requests with a
 constant step time (the profile gives T_decode at BS_max only). A request joins at the next step
 boundary, emits its first token at the end of that step and one token per step after, so it
@@ -23,8 +33,8 @@ import math
 from collections import deque
 
 from prfaas_core.profiles import PrefillTimeModel
-from prfaas_core.routing.policy import Decision, prefill_seconds
-from prfaas_core.routing.prefix_index import PrefixIndex, PromptKey
+from prfaas_core.routing.policy import HICACHE_PREFETCH_THRESHOLD_TOKENS, Decision, prefill_seconds
+from prfaas_core.routing.prefix_index import NO_HIT, POOL_HOLDER, PrefixHit, PrefixIndex, PromptKey
 from prfaas_core.routing.workers import EngineLoad
 
 from prfaas_sim.link import Flow
@@ -70,10 +80,13 @@ class PrefillInstance:
         "batch_uncached",
         "busy",
         "cache",
+        "fetch_seconds_per_token",
         "name",
         "offloads",
+        "pool",
         "queue",
         "time_model",
+        "tokens",
     )
 
     def __init__(
@@ -84,11 +97,16 @@ class PrefillInstance:
         offloads: bool,
         cache: PrefixIndex | None,
         batch_tokens: int,
+        pool: PrefixIndex | None = None,
+        fetch_seconds_per_token: float = 0.0,
     ) -> None:
         self.name = name
         self.time_model = time_model
         self.offloads = offloads  # a PrfaaS instance: its KV crosses the link
         self.cache = cache
+        self.pool = pool  # its cluster's shared pool, when it has one
+        self.fetch_seconds_per_token = fetch_seconds_per_token
+        self.tokens = CacheTokens()
         self.batch_tokens = batch_tokens
         self.queue: deque[SimRequest] = deque()
         self.batch: list[SimRequest] = []
@@ -111,10 +129,21 @@ class PrefillInstance:
                 used += queue[0].total_tokens
                 batch.append(queue.popleft())
         model = self.time_model
-        duration = model.c0 + sum(self._seconds(request) - model.c0 for request in batch)
+        duration = 0.0
+        uncached = 0
+        for request in batch:
+            hit, source = self.cached_hit(request)
+            duration += self._seconds(request, hit) - model.c0
+            if source is _POOL:
+                own = self._own(request).tokens
+                duration += (hit.tokens - own) * self.fetch_seconds_per_token
+            uncached += request.total_tokens - hit.tokens
+            if request.counted:
+                self.tokens.add(request.total_tokens, hit.tokens, source is _POOL)
+        duration += model.c0
         self.batch = batch
         self.batch_seconds, self.batch_ends = duration, now + duration
-        self.batch_uncached = sum(request.total_tokens - self._cached_tokens(request) for request in batch)
+        self.batch_uncached = uncached
         self.busy = True
         return duration
 
@@ -126,6 +155,8 @@ class PrefillInstance:
             for request in batch:
                 if request.key is not None:
                     self.cache.learn(request.key, self.name)
+                    if self.pool is not None:
+                        self.pool.learn(request.key, POOL_HOLDER)
         return batch
 
     def load(self, now: float) -> EngineLoad:
@@ -137,27 +168,66 @@ class PrefillInstance:
             uncached += int(self.batch_uncached * max(0.0, self.batch_ends - now) / self.batch_seconds)
         return EngineLoad(0, len(self.queue), None, uncached)
 
-    def _cached_tokens(self, request: SimRequest) -> int:
-        cache, key = self.cache, request.key
-        return 0 if cache is None or key is None else cache.lookup(key).tokens
+    def cached_hit(self, request: SimRequest) -> tuple[PrefixHit, str | None]:
+        """What this engine reuses of the request, and from where (None, `_OWN` or `_POOL`)."""
+        own = self._own(request)
+        pool, key = self.pool, request.key
+        if (
+            pool is not None
+            and key is not None
+            and request.total_tokens - own.tokens >= HICACHE_PREFETCH_THRESHOLD_TOKENS
+        ):
+            stored = pool.lookup(key)
+            if stored.tokens > own.tokens:
+                return PrefixHit(stored.tokens, False, POOL_HOLDER), _POOL
+        return own, (_OWN if own.tokens else None)
 
-    def _seconds(self, request: SimRequest) -> float:
+    def _own(self, request: SimRequest) -> PrefixHit:
         cache, key = self.cache, request.key
-        if cache is None or key is None:
+        return NO_HIT if cache is None or key is None else cache.lookup(key)
+
+    def _cached_tokens(self, request: SimRequest) -> int:
+        return self.cached_hit(request)[0].tokens
+
+    def _seconds(self, request: SimRequest, hit: PrefixHit) -> float:
+        if hit.tokens <= 0:
             return self.time_model.seconds_for(request.total_tokens)
-        hit = cache.lookup(key)
         return prefill_seconds(self.time_model, request.total_tokens, hit.tokens, hit.exact)
+
+
+_OWN = "instance"
+_POOL = "pool"
+
+
+class CacheTokens:
+    """Prompt tokens a prefill was given and those it reused, from its own cache or its pool."""
+
+    __slots__ = ("pool", "prompt", "reused")
+
+    def __init__(self) -> None:
+        self.prompt = 0
+        self.reused = 0
+        self.pool = 0
+
+    def add(self, prompt: int, reused: int, from_pool: bool) -> None:
+        self.prompt += prompt
+        self.reused += reused
+        if from_pool:
+            self.pool += reused
 
 
 class DecodeInstance:
     """One decode engine: at most `max_batch` running, constant step time, FIFO wait for a slot."""
 
-    __slots__ = ("expected", "max_batch", "name", "running", "step_seconds", "waiting")
+    __slots__ = ("cache", "expected", "max_batch", "name", "running", "step_seconds", "waiting")
 
-    def __init__(self, name: str, *, max_batch: int, step_seconds: float) -> None:
+    def __init__(
+        self, name: str, *, max_batch: int, step_seconds: float, cache: PrefixIndex | None = None
+    ) -> None:
         self.name = name
         self.max_batch = max_batch
         self.step_seconds = step_seconds
+        self.cache = cache  # the decode radix cache: what it served, when it keeps it
         self.running = 0
         self.waiting: deque[SimRequest] = deque()
         self.expected = 0  # routed here, KV not arrived yet (SGLang's prealloc and transfer queues)
@@ -169,6 +239,18 @@ class DecodeInstance:
     def load(self) -> EngineLoad:
         """What SGLang's /v1/loads reports for a decode: waiting counts requests whose KV is still to come."""
         return EngineLoad(self.running, len(self.waiting) + self.expected, self.max_batch)
+
+    def held_tokens(self, request: SimRequest) -> int:
+        """The prompt tokens this decode holds and its prefill need not send (at most all but one)."""
+        cache, key = self.cache, request.key
+        if cache is None or key is None:
+            return 0
+        return min(cache.lookup(key).tokens, request.total_tokens - 1)
+
+    def keep(self, request: SimRequest) -> None:
+        """The request's KV arrived: with the decode radix cache, the decode keeps it."""
+        if self.cache is not None and request.key is not None:
+            self.cache.learn(request.key, self.name)
 
     def join(self, request: SimRequest, now: float) -> float:
         """Start decoding at the next step boundary; returns when the last token is out."""

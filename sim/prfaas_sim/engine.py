@@ -13,6 +13,7 @@ RDMA is free, as in the paper) -> decode slot (FIFO when the batch is full) -> l
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 import itertools
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 from prfaas_core import planning
 from prfaas_core.router_config import (
+    CachePool,
     DecodeCapacity,
     Endpoint,
     KvSize,
@@ -36,9 +38,9 @@ from prfaas_core.routing.prefix_index import PrefixIndex, PromptKey
 from prfaas_core.routing.workers import LOAD_POLL_SECONDS
 from prfaas_core.throughput import OperatingPoint, SystemProfile
 from prfaas_core.trace import TRACE_BLOCK_TOKENS
-from prfaas_core.vocabulary import bytes_per_second_to_gbit
+from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS, ROUTES, bytes_per_second_to_gbit
 
-from prfaas_sim.cluster import DecodeInstance, PrefillInstance, SimRequest
+from prfaas_sim.cluster import CacheTokens, DecodeInstance, PrefillInstance, SimRequest
 from prfaas_sim.link import Link, TransferMetrics
 from prfaas_sim.planner_loop import ObservationWindow, PlannerSettings, planner_input
 from prfaas_sim.results import RunResult, RunStats
@@ -49,6 +51,10 @@ from prfaas_sim.stats import TimeSeries
 NEVER_OFFLOAD = 2**62
 """Router threshold for a system without a PrfaaS cluster (the config has no 'never')."""
 ENGINE_PORT = 30000
+DEFAULT_POOL_FETCH_BYTES_PER_SECOND = 25e9
+"""200 Gbit/s: a Mooncake Store read over the cluster's RDMA network (the paper's clusters run
+RDMA inside; a CPU run on loopback measured far less, docs/sglang.md)."""
+POOL_HEALTH_URL = "http://cache-pool-{route}:9003"
 BOOTSTRAP_PORT = 8998
 OBSERVATION_SLICE_SECONDS = 30.0
 PLANNER_LOG_LIMIT = 50
@@ -90,6 +96,13 @@ class SimulationSettings:
     """Prefix-cache capacity of each prefill instance; None turns prefix reuse off."""
     cache_prompts_per_instance: int = 64
     """Whole-prompt (linear-attention state) entries each prefill instance keeps."""
+    cache_pools: tuple[str, ...] = ()
+    """The clusters (routes: "local", "prfaas") whose prefills share a KV pool (HiCache on a
+    Mooncake Store), each holding what that many instances' caches would; () none."""
+    pool_fetch_bytes_per_second: float = DEFAULT_POOL_FETCH_BYTES_PER_SECOND
+    """KV bandwidth from a cluster's pool into one prefill."""
+    decode_radix_cache: bool = False
+    """Decodes keep what they served (each as much as a prefill's cache): only the KV past it crosses."""
     warmup_seconds: float = 0.0
     series_window_seconds: float | None = None
 
@@ -98,6 +111,12 @@ class SimulationSettings:
             raise ValueError("engine settings: batch tokens and warm-up must be >= 0, cached prompts >= 1")
         if self.cache_tokens_per_instance is not None and self.cache_tokens_per_instance < TRACE_BLOCK_TOKENS:
             raise ValueError(f"prefix cache must hold at least one {TRACE_BLOCK_TOKENS}-token block")
+        unknown = set(self.cache_pools) - set(ROUTES)
+        if unknown or self.pool_fetch_bytes_per_second <= 0:
+            raise ValueError(
+                f"engine settings: cache pools must name clusters of {ROUTES} (got {sorted(unknown)}) "
+                "and fetch at a positive bandwidth"
+            )
 
 
 @dataclass(frozen=True)
@@ -143,7 +162,6 @@ class Simulation:
         self._sequence = itertools.count()
         self.now = 0.0
         allocation = system.allocation
-        profile = system.profile
         series = TimeSeries(settings.series_window_seconds) if settings.series_window_seconds else None
         self.stats = RunStats(system.slo, settings.warmup_seconds, series)
         self.link = Link(
@@ -154,18 +172,29 @@ class Simulation:
         self._configured_link = system.link
         self._threshold = allocation.threshold_tokens
         self._allocation = allocation
+        pd_count = allocation.pd_prefill_instances + allocation.decode_instances
+        cache_tokens = settings.cache_tokens_per_instance
+        cluster_blocks = (
+            max(allocation.prfaas_instances, pd_count)
+            * (cache_tokens or TRACE_BLOCK_TOKENS)
+            // TRACE_BLOCK_TOKENS
+        )
+        index_prompts = max(allocation.prfaas_instances, pd_count) * settings.cache_prompts_per_instance
+        self._pools = {
+            route: PrefixIndex(cluster_blocks, index_prompts)
+            for route in settings.cache_pools
+            if cache_tokens is not None
+        }
+        self._cache_tokens = {route: CacheTokens() for route in ROUTES}
         self._prfaas = [
             self._new_prefill(f"prfaas-{i}", offloads=True) for i in range(allocation.prfaas_instances)
         ]
-        pd_count = allocation.pd_prefill_instances + allocation.decode_instances
         self._pd = [
             _PdNode(
                 f"pd-{i}",
                 self._new_prefill(f"pd-{i}", offloads=False)
                 if i < allocation.pd_prefill_instances
-                else DecodeInstance(
-                    f"pd-{i}", max_batch=profile.decode.max_batch, step_seconds=profile.decode.step_seconds
-                ),
+                else self._new_decode(f"pd-{i}"),
             )
             for i in range(pd_count)
         ]
@@ -176,11 +205,6 @@ class Simulation:
         for node in self._pd:
             self._register(node)
         self._config_version = 0
-        cache_tokens = settings.cache_tokens_per_instance
-        cluster_blocks = (
-            max(len(self._prfaas), pd_count) * (cache_tokens or TRACE_BLOCK_TOKENS) // TRACE_BLOCK_TOKENS
-        )
-        index_prompts = max(len(self._prfaas), pd_count) * settings.cache_prompts_per_instance
 
         def replica(config: RouterConfig) -> SimRouter:
             return SimRouter(
@@ -235,12 +259,20 @@ class Simulation:
             else:
                 payload()  # type: ignore[operator]
         link.advance(self.now)
-        return self.stats.result(
+        result = self.stats.result(
             self.system.label,
             simulated_seconds=self.now,
             link_bytes=link.bytes_sent,
             link_capacity_bytes=link.capacity_bytes,
             planner_log=tuple(self._planner_log),
+        )
+        return dataclasses.replace(
+            result,
+            link_bytes=link.bytes_sent,
+            cache_tokens={
+                route: (tokens.prompt, tokens.reused, tokens.pool)
+                for route, tokens in self._cache_tokens.items()
+            },
         )
 
     def _push(self, time: float, kind: int, payload: object) -> None:
@@ -294,9 +326,12 @@ class Simulation:
         end = now + instance.start_batch(now)
         if instance.offloads:
             link = self.link
+            kv = self.system.profile.kv_size
             for request in instance.batch:
-                assert request.decision is not None
-                request.flow = link.start(now, request, request.decision.egress_bytes, end)
+                assert request.decode is not None
+                # what SGLang sends: the prompt's KV past the prefix its decode holds
+                crossing = request.total_tokens - request.decode.held_tokens(request)
+                request.flow = link.start(now, request, kv.fixed_bytes + kv.bytes_per_token * crossing, end)
             self._schedule_link()
         self._push(end, _PREFILL_DONE, instance)
 
@@ -333,6 +368,7 @@ class Simulation:
             self._transfers.delivered(request.decision.prefill.name, request.flow, self.now)
         self.router.prefill_returned(request.decision)
         decode = request.decode
+        decode.keep(request)
         decode.expected -= 1
         if decode.running < decode.max_batch:
             self._push(decode.join(request, self.now), _DECODE_DONE, request)
@@ -386,6 +422,14 @@ class Simulation:
                 "local": PrefillTime.of(profile.pd_prefill),
             },
             slo=self.system.slo,
+            cache_pools={
+                route: CachePool(
+                    health_url=POOL_HEALTH_URL.format(route=route),
+                    fetch_bytes_per_second=self.settings.pool_fetch_bytes_per_second,
+                )
+                for route in self._pools
+            },
+            decode_radix_cache=self.settings.decode_radix_cache,
             decode=None
             if self.system.mean_output_tokens is None
             else DecodeCapacity(
@@ -417,13 +461,29 @@ class Simulation:
             if cache_tokens is not None
             else None
         )
-        return PrefillInstance(
+        route = ROUTE_PRFAAS if offloads else ROUTE_LOCAL
+        instance = PrefillInstance(
             name,
             profile.prfaas_prefill if offloads else profile.pd_prefill,
             offloads=offloads,
             cache=cache,
             batch_tokens=settings.prefill_batch_tokens,
+            pool=self._pools.get(route),
+            fetch_seconds_per_token=profile.kv_size.bytes_per_token / settings.pool_fetch_bytes_per_second,
         )
+        instance.tokens = self._cache_tokens[route]  # the cluster's tally, kept across role switches
+        return instance
+
+    def _new_decode(self, name: str) -> DecodeInstance:
+        settings = self.settings
+        decode = self.system.profile.decode
+        cache_tokens = settings.cache_tokens_per_instance
+        cache = (
+            PrefixIndex(cache_tokens // TRACE_BLOCK_TOKENS, settings.cache_prompts_per_instance)
+            if settings.decode_radix_cache and cache_tokens is not None
+            else None
+        )
+        return DecodeInstance(name, max_batch=decode.max_batch, step_seconds=decode.step_seconds, cache=cache)
 
     def _register(self, node: _PdNode) -> None:
         if isinstance(node.instance, PrefillInstance):
@@ -506,11 +566,8 @@ class Simulation:
         self._at(self.now + planner.role_switch_seconds, functools.partial(self._switch, node))
 
     def _switch(self, node: _PdNode) -> None:
-        profile = self.system.profile
         if isinstance(node.instance, PrefillInstance):
-            node.instance = DecodeInstance(
-                node.name, max_batch=profile.decode.max_batch, step_seconds=profile.decode.step_seconds
-            )
+            node.instance = self._new_decode(node.name)
         else:
             node.instance = self._new_prefill(node.name, offloads=False)
         node.draining = node.switch_pending = False

@@ -12,10 +12,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from prfaas_core.router_config import Slo
 from prfaas_core.throughput import Strategy
-from prfaas_core.vocabulary import bytes_per_second_to_gbit
+from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS, bytes_per_second_to_gbit
 
 from prfaas_sim.results import RunResult
 from prfaas_sim.scenarios import (
+    CacheRuns,
     LinkDropSetup,
     LinkDropVariant,
     ModelCheck,
@@ -409,6 +410,41 @@ def trace_section(trace: TraceRuns, plots: Sequence[str]) -> list[str]:
         )
     lines += ["", *[f"![{name}]({name})" for name in plots if name.startswith("trace")], ""]
     return lines
+
+
+def cache_section(caches: CacheRuns) -> list[str]:
+    """PrfaaS-PD under each cache variant, goodput as a ratio to per-instance caches at the same rate."""
+    lines = [
+        "## Mooncake trace: a pool per cluster and the decode radix cache",
+        "",
+        f"PrfaaS-PD, {caches.requests_per_copy} requests x {caches.repeats} copies, prefix reuse on; "
+        "hit = prompt tokens its prefills reused / prompt tokens they were given, per cluster (of it from "
+        "the pool in brackets); link = KV bytes that crossed.",
+        "",
+        "| rate req/s | caches | goodput req/s | vs per-instance | SLO met | PD hit (pool) | PrfaaS hit (pool) "
+        "| offloaded | link GB | TTFT P90 s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    base_label = caches.variants[0].label
+    for rate in caches.rates:
+        base = caches.runs[(rate, base_label)]
+        for variant in caches.variants:
+            run = caches.runs[(rate, variant.label)]
+            ratio = run.goodput_rps / base.goodput_rps if base.goodput_rps > 0 else float("nan")
+            lines.append(
+                f"| {rate:g} | {variant.label} | {run.goodput_rps:.3f} | {ratio:.3f} | {_percent(run.slo_attainment)} "
+                f"| {_hit(run, ROUTE_LOCAL)} | {_hit(run, ROUTE_PRFAAS)} | {_percent(run.offloaded_fraction)} "
+                f"| {run.link_bytes / 1e9:.1f} | {_seconds(run.ttft_p90)} |"
+            )
+    return lines
+
+
+def _hit(run: RunResult, route: str) -> str:
+    ratio = run.cache_hit_ratio(route)
+    pooled = run.pool_hit_ratio(route)
+    if ratio is None:
+        return "-"
+    return f"{ratio:.1%} ({pooled or 0:.1%})"
 
 
 # ---- plots ----------------------------------------------------------------------------------------

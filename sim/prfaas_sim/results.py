@@ -46,6 +46,21 @@ class RunResult:
     decisions: dict[str, int] = field(default_factory=dict)
     planner_log: tuple[str, ...] = ()
     series: TimeSeries | None = None
+    link_bytes: float = 0.0
+    """KV bytes that crossed the link during the run."""
+    cache_tokens: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    """Per cluster (route): prompt tokens its prefills were given after the warm-up, those they
+    reused from cache, and those of the reused that came from the cluster's pool."""
+
+    def cache_hit_ratio(self, route: str) -> float | None:
+        """The share of the cluster's prefilled prompt tokens reused from a cache (None: none prefilled)."""
+        prompt, reused, _ = self.cache_tokens.get(route, (0, 0, 0))
+        return reused / prompt if prompt else None
+
+    def pool_hit_ratio(self, route: str) -> float | None:
+        """The share of the cluster's prefilled prompt tokens that came from its pool."""
+        prompt, _, pooled = self.cache_tokens.get(route, (0, 0, 0))
+        return pooled / prompt if prompt else None
 
     def meets(self, attainment: float) -> bool:
         return self.requests > 0 and self.slo_attainment >= attainment

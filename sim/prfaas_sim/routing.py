@@ -1,7 +1,8 @@
 """The router as the simulator drives it: the product's policy, fleet and prefix index, fed simulated time.
 
 Only the glue the router process itself does around `prfaas_core.routing.policy.decide` lives here:
-per-cluster prefix indexes learnt on dispatch, workers' outstanding work begun on dispatch and
+per-cluster prefix indexes learnt on dispatch (a cluster's pool index where the config lists a
+pool, which a simulated pool never takes down; the decodes' with the decode radix cache), workers' outstanding work begun on dispatch and
 ended when the router would see the response (prefill: when its KV has reached the decode side;
 decode: when the stream ends), the KV bytes in flight on the link, and the live link estimate
 (`LinkMonitor`, fed the PrfaaS prefills' transfers at the router's poll interval). The decision
@@ -25,8 +26,9 @@ from prfaas_core.routing.link_estimate import (
     limited,
 )
 from prfaas_core.routing.policy import Decision, PolicyModel, Rejection, RequestView, decide
-from prfaas_core.routing.prefix_index import ClusterIndexes
+from prfaas_core.routing.prefix_index import NO_HIT, ClusterIndexes
 from prfaas_core.routing.workers import EngineLoad, Fleet
+from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS
 
 from prfaas_sim.cluster import SimRequest
 
@@ -57,6 +59,8 @@ class SimRouter:
         "_indexes",
         "_link_check",
         "_monitor",
+        "_pooled",
+        "decode_radix_cache",
         "inflight_bytes",
         "model",
         "peer_inflight_bytes",
@@ -83,11 +87,15 @@ class SimRouter:
         self.peer_inflight_bytes = 0.0  # the other replicas' last report (shared accounting); 0 alone
         self.queue_replicas: int | None = None  # set by a replica tier whose link scheme is not the config's
         self.model: PolicyModel
+        self._pooled: frozenset[str] = frozenset()
+        self.decode_radix_cache = False
         self.apply(config)
 
     def apply(self, config: RouterConfig) -> None:
         """Hot-reload a config, as the router does: workers of unchanged endpoints keep their state."""
         self.model = self._model(config)
+        self._pooled = frozenset(config.cache_pools)  # simulated pools never go down
+        self.decode_radix_cache = config.decode_radix_cache
         for worker in self._fleet.reconcile(config.pools):
             worker.healthy = True  # simulated engines answer their first health check
 
@@ -97,9 +105,17 @@ class SimRouter:
 
     def route(self, request: SimRequest, now: float) -> Decision | Rejection:
         keys = () if request.key is None else (request.key,)
-        hit_local, hit_prfaas = self._indexes.hits(keys)
+        indexes, pooled = self._indexes, self._pooled
+        hit_local, hit_prfaas = indexes.hits(keys)
         view = RequestView(
-            total_tokens=request.total_tokens, sequences=1, hit_local=hit_local, hit_prfaas=hit_prfaas
+            total_tokens=request.total_tokens,
+            sequences=1,
+            hit_local=hit_local,
+            hit_prfaas=hit_prfaas,
+            pool_local=indexes.pool_hit(ROUTE_LOCAL, keys) if ROUTE_LOCAL in pooled else NO_HIT,
+            pool_prfaas=indexes.pool_hit(ROUTE_PRFAAS, keys) if ROUTE_PRFAAS in pooled else NO_HIT,
+            pools_up=pooled,
+            hit_decode=indexes.decode_hit(keys) if self.decode_radix_cache else NO_HIT,
         )
         pools = self._fleet.routable(now)
         inflight = (
@@ -113,7 +129,13 @@ class SimRouter:
             outcome.prefill.begin(now, outcome.total_tokens, outcome.prefill_seconds)
             outcome.decode.begin(now, outcome.total_tokens, 0.0)
             self.inflight_bytes += outcome.link_bytes
-            self._indexes.learn_computed(outcome.route, outcome.prefill.name, keys)
+            self._indexes.learn_computed(
+                outcome.route,
+                outcome.prefill.name,
+                keys,
+                pooled=outcome.route in pooled,
+                decode=outcome.decode.name if self.decode_radix_cache else None,
+            )
         return outcome
 
     def report_load(self, name: str, load: EngineLoad) -> None:

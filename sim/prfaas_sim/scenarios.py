@@ -207,6 +207,64 @@ def trace_prefix(
     return TraceRuns(tuple(rates), info.requests, repeats, systems, runs)
 
 
+@dataclass(frozen=True)
+class CacheVariant:
+    """Which caches exist besides each prefill's own radix cache (docs/sglang.md "Prefix caches")."""
+
+    label: str
+    pools: tuple[str, ...] = ()
+    decode_radix_cache: bool = False
+
+
+CACHE_VARIANTS = (
+    CacheVariant("per-instance"),
+    CacheVariant("pool", pools=("local", "prfaas")),
+    CacheVariant("decode radix", decode_radix_cache=True),
+    CacheVariant("pool + decode radix", pools=("local", "prfaas"), decode_radix_cache=True),
+)
+
+
+@dataclass(frozen=True)
+class CacheRuns:
+    """PrfaaS-PD on a trace with prefix reuse on, under each cache variant, side by side per rate."""
+
+    rates: tuple[float, ...]
+    requests_per_copy: int
+    repeats: int
+    variants: tuple[CacheVariant, ...]
+    runs: dict[tuple[float, str], RunResult]
+    """(rate, variant label) -> the run."""
+
+
+def trace_caches(
+    document: ProfileDocument,
+    path: Path,
+    *,
+    rates: Sequence[float],
+    repeats: int,
+    slo: Slo,
+    planner: PlannerSettings | None,
+    settings: SimulationSettings,
+    variants: Sequence[CacheVariant] = CACHE_VARIANTS,
+) -> CacheRuns:
+    """The trace at each rate through PrfaaS-PD once per cache variant, from the same allocation
+    (the planner's on the trace's full prompt lengths): the caches are the only difference."""
+    info = scan_trace(path)
+    with path.open(encoding="utf-8") as lines:
+        design = Workload.from_trace(lines, source=path.name)
+    spec = deployments(document, design, slo=slo, planner=planner).specs[Strategy.PRFAAS_PD]
+    runs: dict[tuple[float, str], RunResult] = {}
+    for rate in rates:
+        for variant in variants:
+            engine = dataclasses.replace(
+                settings, cache_pools=variant.pools, decode_radix_cache=variant.decode_radix_cache
+            )
+            runs[(rate, variant.label)] = run_system(
+                spec, trace_requests(path, rate=rate, repeats=repeats, prefix_reuse=True, info=info), engine
+            )
+    return CacheRuns(tuple(rates), info.requests, repeats, tuple(variants), runs)
+
+
 UNLIMITED_LINK_GBPS = 1e6
 """What the planner is told for an 'unlimited' link (it needs a finite budget); the simulated link is infinite."""
 NO_ADMISSION_TTFT_SECONDS = 1e9
