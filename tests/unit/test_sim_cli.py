@@ -58,6 +58,36 @@ def test_a_trace_runs_with_prefix_reuse_off_and_on(tmp_path, capsys):
     assert sum(", reuse on |" in line for line in out.splitlines()) == 3
 
 
+def test_caches_puts_each_cache_variant_side_by_side_on_a_trace(tmp_path, capsys):
+    short = tmp_path / "short.jsonl"
+    with TRACE.open(encoding="utf-8") as lines:
+        short.write_text("".join(itertools.islice(lines, 400)), encoding="utf-8")
+    assert main(["caches", "--profile", str(PROFILE), "--trace", str(short), "--rates", "3"]) == 0
+    rows = {
+        cells[1]: cells
+        for cells in (
+            [cell.strip() for cell in line.strip("|").split("|")]
+            for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| 3 |")
+        )
+    }
+    assert set(rows) == {"per-instance", "pool", "decode radix", "pool + decode radix"}
+    assert rows["per-instance"][3] == "1.000"  # each goodput as a ratio to per-instance caches
+
+    def hit(row: str, column: int) -> tuple[float, float]:
+        ratio, pooled = rows[row][column].split(" ")
+        return float(ratio.rstrip("%")), float(pooled.strip("()%"))
+
+    def link(row: str) -> float:
+        return float(rows[row][8])
+
+    assert hit("per-instance", 5)[1] == hit("per-instance", 6)[1] == 0.0  # no pool, no pool hits
+    assert hit("pool", 5)[1] > 0 and hit("pool", 5)[0] > hit("per-instance", 5)[0]
+    assert link("decode radix") < link("per-instance")  # a follow-up crosses only what its decode lacks
+    # and saves no prefill compute (the hit moves only as far as other decode choices move routes)
+    assert hit("decode radix", 6)[0] == pytest.approx(hit("per-instance", 6)[0], abs=2.0)
+
+
 @pytest.mark.parametrize(
     ("arguments", "cause"),
     [
@@ -71,6 +101,20 @@ def test_a_trace_runs_with_prefix_reuse_off_and_on(tmp_path, capsys):
         (
             ["trace", "--profile", str(PROFILE), "--trace", "absent.jsonl", "--rates", "2"],
             "cannot read trace",
+        ),
+        (
+            [
+                "caches",
+                "--profile",
+                str(PROFILE),
+                "--trace",
+                str(TRACE),
+                "--rates",
+                "2",
+                "--pool-fetch-gbps",
+                "0",
+            ],
+            "--pool-fetch-gbps must be positive",
         ),
     ],
 )
