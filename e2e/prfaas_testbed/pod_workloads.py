@@ -18,7 +18,8 @@ chart writes is what runs):
   the real Mooncake Store binaries of the real-SGLang venv's ``mooncake`` package
   (``Programs.mooncake``), the master's Service name resolved to its pod as cluster DNS would,
   and each store's HTTP port (which Mooncake binds on every address, with no flag to narrow
-  it) moved to one of its own, so that two stores of one network namespace never collide.
+  it) and its RPC port (which names its abstract IPC socket, one per network namespace) moved
+  to ports of its own, so that two stores of one network namespace never collide.
 
 Inside a pod, 0.0.0.0 means "every address of the pod's network namespace", which on this
 testbed is the pod IP: every ``0.0.0.0`` in the arguments becomes the pod IP, so two pods never
@@ -59,6 +60,9 @@ MOONCAKE_COMMANDS = ("mooncake_master", "mooncake_client")
 STORE_HTTP_PORTS = range(21000, 29000)
 """Where a testbed store's HTTP server listens instead of the pod's --http_port (below the
 ephemeral range, clear of the engines', the master's and the testbed's own ports)."""
+STORE_RPC_PORTS = range(18000, 20000)
+"""Where a testbed store's RPC server listens instead of the pod's --port: its IPC socket is
+``@mooncake_client_<port>.sock``, which two stores of one network namespace cannot share."""
 
 
 class PodWorkloadError(ValueError):
@@ -426,6 +430,11 @@ def store_http_port(ip: str) -> int:
     return STORE_HTTP_PORTS[int(ipaddress.ip_address(ip)) % len(STORE_HTTP_PORTS)]
 
 
+def store_rpc_port(ip: str) -> int:
+    """The RPC port (and IPC socket name) of a testbed store: one of its own, from its pod IP."""
+    return STORE_RPC_PORTS[int(ipaddress.ip_address(ip)) % len(STORE_RPC_PORTS)]
+
+
 def _mooncake_args(
     facts: PodFacts, args: list[str], hosts: Mapping[str, str]
 ) -> tuple[list[str], int | None]:
@@ -442,6 +451,8 @@ def _mooncake_args(
         elif flag == "--http_port":
             moved = store_http_port(facts.ip)
             arg = f"{flag}={moved}"
+        elif flag == "--port" and PurePosixPath(str(facts.container["command"][0])).name == "mooncake_client":
+            arg = f"{flag}={store_rpc_port(facts.ip)}"
         resolved.append(arg)
     return resolved, moved
 

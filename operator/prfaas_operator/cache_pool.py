@@ -49,6 +49,9 @@ MASTER_COMMAND = "mooncake_master"
 STORE_COMMAND = "mooncake_client"
 """The console scripts of the mooncake-transfer-engine wheel SGLang's images install (each execs
 the binary of the same name in the `mooncake` package)."""
+STORE_SERVICE_PORT = 50052
+"""A store's own RPC port (mooncake_client --port; its IPC socket is named after it), for clients
+that only borrow a store's segment (SGLang's standalone_storage), which the engines here do not."""
 METADATA_SERVER = "P2PHANDSHAKE"  # no etcd or HTTP metadata server to run: peers handshake directly
 TMP_SIZE = "256Mi"
 POOL_KINDS = ("StatefulSet", "Service", "PodDisruptionBudget")
@@ -160,6 +163,7 @@ def store_args(pool: PoolPlacement) -> list[str]:
     pod IP, TCP transfers, and the HTTP server its probes and Prometheus read."""
     return [
         "--host=$(POD_IP)",
+        f"--port={STORE_SERVICE_PORT}",
         f"--master_server_address={pool.master_address}",
         f"--metadata_server={METADATA_SERVER}",
         "--protocol=tcp",

@@ -22,6 +22,7 @@ from prfaas_testbed.pod_workloads import (
     pod_from,
     service_dns_names,
     store_http_port,
+    store_rpc_port,
 )
 from sample_cr import spec
 
@@ -75,6 +76,7 @@ def test_a_store_dials_the_master_pod_and_listens_on_a_port_of_its_own() -> None
     port = store_http_port(STORE_IP)
     assert port in STORE_HTTP_PORTS and port != store_http_port("127.101.0.11")
     assert f"--http_port={port}" in process.argv and "--http_port=9300" not in process.argv
+    assert f"--port={store_rpc_port(STORE_IP)}" in process.argv and "--port=50052" not in process.argv
     assert process.readiness is not None and process.readiness.url == f"http://{STORE_IP}:{port}/health"
     assert process.metrics_port == port
 
