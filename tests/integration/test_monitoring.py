@@ -7,6 +7,7 @@ inside) with unknown fields refused, as `kubeconform -strict` would.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import shutil
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from prfaas_operator import manifests
+from prfaas_operator import cache_pool, manifests
 from prfaas_operator.allocation import effective_allocation
 from prfaas_operator.api import PrfaasDeploymentSpec
 from prfaas_operator.manifests import Owner
@@ -94,6 +95,7 @@ def test_monitoring_and_dashboards_are_off_by_default(helm: Path) -> None:
         (
             "monitoring.podMonitors.enabled=true",
             [
+                ("PodMonitor", "prfaas-prfaas-operator-cache-pools"),
                 ("PodMonitor", "prfaas-prfaas-operator-engines"),
                 ("PodMonitor", "prfaas-prfaas-operator-router"),
             ],
@@ -117,7 +119,7 @@ def test_monitoring_objects_are_skipped_where_the_cluster_lacks_the_prometheus_o
 def test_monitor_labels_reach_every_monitoring_object(helm: Path) -> None:
     objects = render_monitoring(helm, *EVERYTHING, "monitoring.labels.release=kube-prometheus-stack")
     monitoring = [o for o in objects if o["kind"] in MONITORING_KINDS]
-    assert len(monitoring) == 4
+    assert len(monitoring) == 5  # ServiceMonitor, three PodMonitors, PrometheusRule
     assert all(o["metadata"]["labels"]["release"] == "kube-prometheus-stack" for o in monitoring)
 
 
@@ -156,13 +158,17 @@ def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
 
 def operator_pods() -> dict[str, dict[str, Any]]:
     """role -> pod template of what the operator writes for the sample PrfaasDeployment."""
-    spec = PrfaasDeploymentSpec.model_validate(SAMPLE["spec"])
+    raw = copy.deepcopy(SAMPLE["spec"])
+    raw["prefillCluster"]["cachePool"] = raw["pdCluster"]["cachePool"] = {}
+    spec = PrfaasDeploymentSpec.model_validate(raw)
     owner = Owner(name="kimi", namespace="serving", uid="u-1")
     allocation = effective_allocation(spec, None).allocation
     workloads = [
         *manifests.prefill_cluster_objects(spec, owner, allocation, "fp"),
         *manifests.pd_cluster_engine_objects(spec, owner, allocation, "fp"),
         manifests.router_deployment(spec, owner, None),
+        *cache_pool.pool_manifests(spec, owner, remote=True),
+        *cache_pool.pool_manifests(spec, owner, remote=False),
     ]
     templates = [w["spec"]["template"] for w in workloads if w["kind"] in ("StatefulSet", "Deployment")]
     return {t["metadata"]["labels"][manifests.LABEL_ROLE]: t for t in templates}
@@ -175,8 +181,13 @@ def test_pod_monitors_select_exactly_the_router_and_engine_pods_and_label_them(h
         if m["kind"] == "PodMonitor"
     }
     pods = operator_pods()
-    assert set(pods) == {"router", "prfaas-prefill", "pd-prefill", "pd-decode"}
-    for part, roles in (("router", {"router"}), ("engines", {"prfaas-prefill", "pd-prefill", "pd-decode"})):
+    pools = {"prfaas-kv-master", "prfaas-kv-store", "pd-kv-master", "pd-kv-store"}
+    assert set(pods) == {"router", "prfaas-prefill", "pd-prefill", "pd-decode", *pools}
+    for part, roles in (
+        ("router", {"router"}),
+        ("engines", {"prfaas-prefill", "pd-prefill", "pd-decode"}),
+        ("pools", pools),
+    ):
         spec = monitors[part]["spec"]
         assert {
             role for role, pod in pods.items() if selects(spec["selector"], pod["metadata"]["labels"])
@@ -194,8 +205,9 @@ def test_prefill_cluster_release_monitors_only_its_engines_as_cluster_prfaas(hel
     objects = render_monitoring(
         helm, *ACCESS_MODE, "monitoring.podMonitors.enabled=true", "monitoring.cluster=prfaas"
     )
-    (monitor,) = [o for o in objects if o["kind"] in MONITORING_KINDS]
-    assert monitor["metadata"]["name"].endswith("-engines")
+    monitors = {o["metadata"]["name"].rsplit("-", 1)[1]: o for o in objects if o["kind"] in MONITORING_KINDS}
+    assert set(monitors) == {"engines", "pools"}  # no router there
+    monitor = monitors["engines"]
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     meta = {"__meta_kubernetes_pod_label_prfaas_io_role": "prfaas-prefill"}
     assert relabeled(endpoint, meta) == {"role": "prfaas-prefill", "cluster": "prfaas"}
