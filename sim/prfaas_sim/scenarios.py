@@ -234,6 +234,8 @@ class CacheRuns:
     variants: tuple[CacheVariant, ...]
     runs: dict[tuple[float, str], RunResult]
     """(rate, variant label) -> the run."""
+    planned: bool = True
+    """Whether PrfaaS-PD's planner loop ran (else each run keeps the initial allocation)."""
 
 
 def trace_caches(
@@ -262,7 +264,7 @@ def trace_caches(
             runs[(rate, variant.label)] = run_system(
                 spec, trace_requests(path, rate=rate, repeats=repeats, prefix_reuse=True, info=info), engine
             )
-    return CacheRuns(tuple(rates), info.requests, repeats, tuple(variants), runs)
+    return CacheRuns(tuple(rates), info.requests, repeats, tuple(variants), runs, planned=planner is not None)
 
 
 UNLIMITED_LINK_GBPS = 1e6
