@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Annotated, Literal, Protocol
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from prfaas_core.profiles import KvSizeModel, PrefillTimeModel, ProfileError
 from prfaas_core.vocabulary import Pool
@@ -68,25 +68,28 @@ def base_url_problem(url: str) -> str | None:
     return None
 
 
+def _checked_base_url(value: str) -> str:
+    problem = base_url_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+BaseUrl = Annotated[str, AfterValidator(_checked_base_url)]
+"""An engine's or a pool master's base URL, refused as `base_url_problem` says."""
+
+
 class Endpoint(_Strict):
     """One SGLang engine: its HTTP base URL and, for prefill, the bootstrap port."""
 
     name: str = Field(description="pod name, for logs and metrics")
-    url: str = Field(description="base URL, e.g. http://10.1.2.3:30000")
+    url: BaseUrl = Field(description="base URL, e.g. http://10.1.2.3:30000")
     bootstrap_port: int | None = Field(default=None, ge=1, le=65535)
     fingerprint: str = Field(
         default="",
         description="the engine's KV-layout fingerprint: the router pairs a prefill only with a decode of the "
         "same one (two are listed while a rollout changes the layout)",
     )
-
-    @field_validator("url")
-    @classmethod
-    def _base_url(cls, value: str) -> str:
-        problem = base_url_problem(value)
-        if problem is not None:
-            raise ValueError(problem)
-        return value
 
 
 class LinkSpec(_Strict):
@@ -192,7 +195,7 @@ class CachePool(_Strict):
     prompt any prefill of the cluster computed is written to it, and each prefill of that cluster
     can fetch it from there instead of computing it again, at `fetch_bytes_per_second`."""
 
-    health_url: str = Field(
+    health_url: BaseUrl = Field(
         description="the pool master's HTTP admin base URL; the router counts pool hits only while its "
         "/health answers serving (an unreachable pool means per-instance caches, never an error)"
     )
@@ -200,14 +203,6 @@ class CachePool(_Strict):
         gt=0,
         description="KV read bandwidth from the pool into one prefill, for the TTFT estimate of a pool hit",
     )
-
-    @field_validator("health_url")
-    @classmethod
-    def _base_url(cls, value: str) -> str:
-        problem = base_url_problem(value)
-        if problem is not None:
-            raise ValueError(problem)
-        return value
 
 
 class RouterConfig(_Strict):

@@ -36,9 +36,6 @@ def base_url(ip: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
-_url = base_url
-
-
 def ready_endpoints(
     pods: Iterable[PodInfo], role: str, port: int, bootstrap_port: int | None
 ) -> list[Endpoint]:
@@ -47,7 +44,7 @@ def ready_endpoints(
     return [
         Endpoint(
             name=pod.name,
-            url=_url(pod.ip, port),
+            url=base_url(pod.ip, port),
             bootstrap_port=bootstrap_port,
             fingerprint=pod.fingerprint or "",
         )
