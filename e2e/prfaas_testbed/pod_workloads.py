@@ -246,6 +246,9 @@ class PodFacts:
 def pod_from(workload: Mapping[str, Any], name: str, ip: str, node: Mapping[str, Any]) -> dict[str, Any]:
     """A Running pod as the controllers and kwok would make it from a workload's template."""
     template = workload["spec"]["template"]
+    spec = {**template["spec"], "nodeName": node["metadata"]["name"]}
+    if workload.get("kind") == "StatefulSet" and workload["spec"].get("serviceName"):
+        spec.update(hostname=name, subdomain=workload["spec"]["serviceName"])  # as its controller does
     return {
         "metadata": {
             "name": name,
@@ -253,7 +256,7 @@ def pod_from(workload: Mapping[str, Any], name: str, ip: str, node: Mapping[str,
             "uid": f"uid-{name}",
             "labels": dict(template["metadata"].get("labels") or {}),
         },
-        "spec": {**template["spec"], "nodeName": node["metadata"]["name"]},
+        "spec": spec,
         "status": {"phase": "Running", "podIP": ip, "hostIP": "127.101.0.1"},
     }
 

@@ -13,6 +13,7 @@ interpreter standing in for the image's ``python3``.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import os
@@ -24,14 +25,23 @@ from typing import Any
 
 from prfaas_core.router_config import CachePool, RouterConfig
 from prfaas_core.vocabulary import GPU_PRODUCT_LABEL, Role
+from prfaas_operator import cache_pool
 from prfaas_operator.allocation import effective_allocation
 from prfaas_operator.api import Allocation, PrfaasDeploymentSpec
 from prfaas_operator.fingerprint import kv_fingerprint
 from prfaas_operator.manifests import EngineRole, Owner, engine_roles, engine_workload
-from prfaas_operator.router_config_builder import build_router_config, choose_pools
+from prfaas_operator.router_config_builder import base_url, build_router_config, choose_pools
 from prfaas_operator.status import PodInfo
 
-from prfaas_testbed.pod_workloads import LocalProcess, PodFacts, Programs, Scales, local_process, pod_from
+from prfaas_testbed.pod_workloads import (
+    LocalProcess,
+    PodFacts,
+    Programs,
+    Scales,
+    local_process,
+    pod_from,
+    service_dns_names,
+)
 
 ENGINE_VENV = Path(
     os.environ.get("PRFAAS_SGLANG_CPU_VENV") or Path.home() / ".cache" / "prfaas" / "sglang-cpu"
@@ -131,9 +141,17 @@ def engine_processes(
 
 
 def instance_processes(
-    cr: Mapping[str, Any], addresses: Mapping[Role, Sequence[str]], *, fake_python: str | None = None
+    cr: Mapping[str, Any],
+    addresses: Mapping[Role, Sequence[str]],
+    *,
+    fake_python: str | None = None,
+    services: Mapping[str, str] | None = None,
 ) -> dict[Role, list[LocalProcess]]:
-    """Pods 0, 1, ... of each role's StatefulSet at the given pod IPs (`engine_processes`)."""
+    """Pods 0, 1, ... of each role's StatefulSet at the given pod IPs (`engine_processes`).
+
+    `services`: Service DNS names -> the pod IP cluster DNS and kube-proxy would take them to, put
+    in place in the engines' arguments (the cache pool's master, in HiCache's storage config).
+    """
     derived = _Derived.of(cr)
     sglang = None if fake_python else str(engine_python())
     programs = Programs(python=fake_python or "python3", router="prfaas-router", sglang=sglang)
@@ -156,8 +174,75 @@ def instance_processes(
                 base_env=os.environ,
             )
             assert process is not None, f"the {engine.role} pod is no engine the testbed knows"
+            if services:
+                process = dataclasses.replace(
+                    process, argv=tuple(_resolved(a, services) for a in process.argv)
+                )
             processes.setdefault(Role(engine.role), []).append(process)
     return processes
+
+
+def _resolved(arg: str, services: Mapping[str, str]) -> str:
+    """`arg` with each Service name replaced by its pod IP, the longest name first (a short name is
+    a prefix of its long ones)."""
+    for name, ip in sorted(services.items(), key=lambda item: -len(item[0])):
+        arg = arg.replace(name, ip)
+    return arg
+
+
+@dataclass(frozen=True)
+class PoolProcesses:
+    """A cache pool's master and store pods as local processes, and the router config's entry."""
+
+    master: LocalProcess
+    stores: list[LocalProcess]
+    services: dict[str, str]
+    """The master Service's DNS names -> the master pod's IP (`instance_processes`)."""
+    cache_pool: CachePool
+    route: str
+
+
+def pool_processes(
+    cr: Mapping[str, Any], route: str, master_ip: str, store_ips: Sequence[str]
+) -> PoolProcesses:
+    """`route`'s cluster's cache pool (the CR's cachePool) as the testbed's kubelet runs it: the
+    real mooncake_master and mooncake_client of the engine's venv, from the operator's own pods."""
+    derived = _Derived.of(cr)
+    pool = cache_pool.pool_of(derived.spec, derived.owner, route)
+    assert pool is not None, f"the CR declares no cache pool for route {route}"
+    bin_dir = mooncake_bin()
+    if bin_dir is None:
+        raise SglangCpuMissing(
+            f"no mooncake_master/mooncake_client in {ENGINE_VENV}/bin: run scripts/setup-sglang-cpu.sh"
+        )
+    programs = Programs(python="python3", router="prfaas-router", mooncake=str(bin_dir))
+    node = {"metadata": {"name": f"node-{pool.master_role}", "labels": {}}}
+
+    def process(
+        workload: Mapping[str, Any], name: str, ip: str, hosts: Mapping[str, str]
+    ) -> tuple[dict[str, Any], LocalProcess]:
+        pod = pod_from(workload, name, ip, node)
+        made = local_process(
+            PodFacts.of(pod, node), programs=programs, scales=Scales(), pod_dir=Path("/nonexistent"),
+            base_env=os.environ, hosts=hosts,
+        )  # fmt: skip
+        assert made is not None, f"pod {name} is no workload the testbed knows"
+        return pod, made
+
+    master_pod, master = process(
+        cache_pool.master_statefulset(pool, derived.owner), pod_name(pool.master_name), master_ip, {}
+    )
+    services = dict.fromkeys(service_dns_names(master_pod), master_ip)
+    store_workload = cache_pool.store_statefulset(pool, derived.owner)
+    stores = [
+        process(store_workload, pod_name(pool.store_name, index), ip, services)[1]
+        for index, ip in enumerate(store_ips)
+    ]
+    entry = CachePool(
+        health_url=base_url(master_ip, pool.spec.metrics_port),
+        fetch_bytes_per_second=pool.spec.fetch_bytes_per_second,
+    )
+    return PoolProcesses(master, stores, services, entry, route)
 
 
 def pod_name(workload: str, index: int = 0) -> str:

@@ -14,18 +14,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))  # 
 from real_fleet import Fleet, running_fleet
 
 HERE = Path(__file__).resolve().parent
-FAULTS = HERE / "test_real_faults.py"
+FIRST = HERE / "test_real_cache_pool.py"
+"""Starts and stops a fleet of its own: before the package's fleet exists (the machine holds one)."""
+LAST = HERE / "test_real_faults.py"
+"""Kills the package fleet's engines: after every other test of this tier (in its own order)."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The fault tests kill the fleet's engines: they run after every other test of this tier
-    (in their own order), still within it, so the package's fleet is started once."""
-    faults = [item for item in items if item.path == FAULTS]
-    if not faults:
-        return
-    rest = [item for item in items if item.path != FAULTS]
-    end = max((i + 1 for i, item in enumerate(rest) if item.path.parent == HERE), default=len(rest))
-    items[:] = [*rest[:end], *faults, *rest[end:]]
+    """This tier's tests in place, reordered: FIRST's, the rest, LAST's; the package fleet is started once."""
+    places = [i for i, item in enumerate(items) if item.path.parent == HERE]
+    tier = sorted((items[i] for i in places), key=lambda item: (item.path != FIRST) + (item.path == LAST))
+    for place, item in zip(places, tier, strict=True):
+        items[place] = item
 
 
 @pytest.fixture(scope="package")

@@ -21,13 +21,14 @@ import json
 import random
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
-from prfaas_core.vocabulary import Role
+from prfaas_core.router_config import RouterConfig
+from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS, Role
 from prfaas_router.settings import RouterSettings, to_flags
 from prfaas_testbed import sglang_cpu
 from router_harness import Engine, Process, Router, free_port, http_get, wait_until
@@ -66,6 +67,123 @@ class Fleet:
         """The plain server (real fleets only)."""
         assert self.plain is not None, "a fake fleet has no plain server"
         return self.plain
+
+
+CACHE_ADDRESSES = {
+    Role.PRFAAS_PREFILL: ("127.0.21.1",),
+    Role.PD_PREFILL: ("127.0.22.1", "127.0.22.2"),
+    Role.PD_DECODE: ("127.0.22.11",),
+}
+"""The cache fleet's engines: two local prefills share the PD cluster's cache pool."""
+POOL_MASTER, POOL_STORES = "127.0.22.21", ("127.0.22.22",)
+
+
+def cache_cr(sample: dict[str, Any]) -> dict[str, Any]:
+    """The tiny CR with two local prefills, a cache pool in the PD cluster (one store of 256 MiB)
+    and the decode radix cache."""
+    cr = sglang_cpu.cpu_cr(sample, name="cached")
+    spec = cr["spec"]
+    spec["pdCluster"].update(instances=3, prefillInstances=2, minPrefillInstances=2)
+    spec["pdCluster"]["cachePool"] = {"storeReplicas": len(POOL_STORES), "segmentSize": "256Mi"}
+    spec["prefixCache"] = {"decodeRadixCache": True}
+    # a storage prefetch waits until it is done: SGLang's default policy gives up after 1 s +
+    # 0.25 s per 1K tokens and computes instead, which a loaded 2-core machine can miss
+    spec["model"]["extraArgs"] += ["--hicache-storage-prefetch-policy", "wait_complete"]
+    return cr
+
+
+@dataclass
+class CacheFleet:
+    cr: dict[str, Any]
+    prefills: dict[str, list[Engine]]
+    """By route: the PrfaaS prefill, the two local ones."""
+    decode: Engine
+    pool: list[Process]
+    router: Router
+    first_config: RouterConfig
+    """The config the operator writes for these pods: every engine listed."""
+    config: RouterConfig
+    """The one the router runs now (`write_config`)."""
+    logs: Path
+
+    def write_config(self, config: RouterConfig) -> None:
+        """A new router config (the router reloads it), as the operator writes one when pods change."""
+        self.config = config
+        tmp = self.router.config_path.with_suffix(".tmp")
+        tmp.write_text(config.to_json())
+        tmp.replace(self.router.config_path)
+
+
+@contextlib.contextmanager
+def running_cache_fleet(logs: Path) -> Iterator[CacheFleet]:
+    """Real SGLang with the PD cluster's cache pool (real mooncake_master and mooncake_client from
+    the operator's pool pods) and the decode radix cache, behind the router, until the block ends."""
+    logs.mkdir(parents=True, exist_ok=True)
+    cr = cache_cr(yaml.safe_load((REPO / "examples" / "prfaasdeployment.yaml").read_text()))
+    (logs / "cr.json").write_text(json.dumps(cr, indent=2))
+    pool = sglang_cpu.pool_processes(cr, ROUTE_LOCAL, POOL_MASTER, POOL_STORES)
+    started: list[Process] = []
+    engines: list[Engine] = []
+    router = None
+    try:
+        for name, local in (
+            ("kv-master", pool.master),
+            *((f"kv-store-{i}", p) for i, p in enumerate(pool.stores)),
+        ):
+            process = Process(
+                list(local.argv[1:]),
+                logs / f"{name}.log",
+                env=dict(local.env),
+                program=local.argv[0],
+                inherit_env=False,
+                own_group=True,
+            )
+            started.append(process.start())
+            if local is pool.master:
+                wait_until(lambda: _answers(pool.cache_pool.health_url), f"{name}\n{process.log()}", 60)
+        processes = sglang_cpu.instance_processes(cr, CACHE_ADDRESSES, services=pool.services)
+        named: dict[Role, list[Engine]] = {}
+        for role, instances in processes.items():
+            for index, p in enumerate(instances):
+                engine = _engine(
+                    f"{role.value}-{index}",
+                    p.argv,
+                    dict(p.env),
+                    f"http://{CACHE_ADDRESSES[role][index]}:{p.metrics_port}",
+                    logs,
+                )
+                engines.append(engine)
+                named.setdefault(role, []).append(engine)
+        wait_ready(engines, START_SECONDS)
+        config = sglang_cpu.router_config(cr, CACHE_ADDRESSES, {ROUTE_LOCAL: pool.cache_pool})
+        router = start_router(cr, CACHE_ADDRESSES, logs, config)
+        yield CacheFleet(
+            cr,
+            {ROUTE_PRFAAS: named[Role.PRFAAS_PREFILL], ROUTE_LOCAL: named[Role.PD_PREFILL]},
+            named[Role.PD_DECODE][0],
+            started,
+            router,
+            config,
+            config,
+            logs,
+        )
+    finally:
+        if router is not None:
+            router.process.stop()
+        for engine in engines:
+            with contextlib.suppress(Exception):
+                engine.process.stop()
+        for process in started:
+            with contextlib.suppress(Exception):
+                process.stop()
+
+
+def _answers(url: str) -> bool:
+    """The master's /health answers 200 (it serves)."""
+    try:
+        return http_get(url, "/health")[0] == 200
+    except OSError:
+        return False
 
 
 def pd_body(body: dict[str, Any], host: str, port: int = SGLANG_BOOTSTRAP_PORT) -> dict[str, Any]:
@@ -132,9 +250,15 @@ def wait_ready(engines: list[Engine], seconds: float) -> dict[str, list[str]]:
     return states
 
 
-def start_router(cr: dict[str, Any], addresses: dict[Role, str], logs: Path) -> Router:
+def start_router(
+    cr: dict[str, Any],
+    addresses: Mapping[Role, str | Sequence[str]],
+    logs: Path,
+    config: RouterConfig | None = None,
+) -> Router:
+    """The router with `config`, or the one the operator writes for these pods."""
     config_path = logs / "router-config.json"
-    config_path.write_text(sglang_cpu.router_config(cr, addresses).to_json())
+    config_path.write_text((config or sglang_cpu.router_config(cr, addresses)).to_json())
     port = free_port("127.0.0.1")
     settings = RouterSettings(
         config_path=config_path,
