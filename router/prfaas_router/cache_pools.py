@@ -20,7 +20,6 @@ is logged once and `prfaas_router_cache_pool_up{cluster}` says the state.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from prfaas_core.router_config import RouterConfig
 from prfaas_core.routing.prefix_index import ClusterIndexes
 
 from prfaas_router.metrics import RouterMetrics
+from prfaas_router.periodic import Periodic
 from prfaas_router.upstream import Upstream, UpstreamError, target
 
 log = logging.getLogger("prfaas_router.cache_pools")
@@ -58,7 +58,7 @@ def serving(status: int, body: bytes) -> str | None:
     return None
 
 
-class CachePoolProbe:
+class CachePoolProbe(Periodic):
     """Probes the pools of the config in force; `up` is the set of clusters (routes) serving now."""
 
     def __init__(
@@ -71,26 +71,14 @@ class CachePoolProbe:
         interval_seconds: float,
         timeout_seconds: float,
     ) -> None:
+        super().__init__(interval_seconds)
         self._upstream = upstream
         self._metrics = metrics
         self._config = config
         self._indexes = indexes
-        self._interval = interval_seconds
         self._timeout = timeout_seconds
-        self._wake = asyncio.Event()
         self.up: frozenset[str] = frozenset()
         self._state: dict[str, tuple[str, bool]] = {}  # cluster -> (health URL, up) at the last probe
-
-    def poke(self) -> None:
-        """Probe now (a new config may list new pools)."""
-        self._wake.set()
-
-    async def run(self) -> None:
-        while True:
-            self._wake.clear()
-            await self.check_all()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._interval)
 
     async def check_all(self) -> None:
         config = self._config()

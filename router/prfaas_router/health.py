@@ -36,19 +36,19 @@ are checked at once (`poke`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
 from prfaas_core.routing.workers import BreakerState, Fleet, Worker
 
 from prfaas_router.metrics import RouterMetrics
+from prfaas_router.periodic import Periodic
 from prfaas_router.upstream import Upstream, UpstreamError, target
 
 log = logging.getLogger("prfaas_router.health")
 
 
-class HealthChecker:
+class HealthChecker(Periodic):
     def __init__(
         self,
         upstream: Upstream,
@@ -60,24 +60,13 @@ class HealthChecker:
         timeout_seconds: float,
         failure_threshold: int,
     ) -> None:
+        super().__init__(interval_seconds)
         self._upstream = upstream
         self._fleet = fleet
         self._metrics = metrics
         self._path = path
-        self._interval = interval_seconds
         self._timeout = timeout_seconds
         self._failure_threshold = failure_threshold
-        self._wake = asyncio.Event()
-
-    def poke(self) -> None:
-        self._wake.set()
-
-    async def run(self) -> None:
-        while True:
-            self._wake.clear()
-            await self.check_all()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._interval)
 
     async def check_all(self) -> None:
         workers = list(self._fleet.workers())

@@ -115,10 +115,21 @@ def _doc(engines: Cluster, local: int, version: int, **overrides: Any) -> dict[s
     return config_doc(engines.prfaas, [engines.local[local]], engines.decode, version=version, **overrides)
 
 
-async def _reload(router: Router, doc: dict[str, Any]) -> None:
+async def _reload(router: Router, doc: dict[str, Any], client: aiohttp.ClientSession) -> None:
+    """The router runs `doc`, and every endpoint it lists has passed a health check (a newly
+    listed one takes no request before that)."""
     router.write_config(doc)
+    listed = [(pool, e["name"]) for pool, endpoints in doc["pools"].items() for e in endpoints]
     deadline = time.monotonic() + 30
-    while router.config_page()["version"] != doc["version"]:
+    while True:
+        if router.config_page()["version"] == doc["version"]:
+            samples = await metric_samples(client, router.url)
+            available = {
+                name: sample(samples, "prfaas_router_worker_available", pool=pool, worker=name)
+                for pool, name in listed
+            }
+            if all(up == 1 for up in available.values()):
+                return
         assert time.monotonic() < deadline, router.process.log()
         await asyncio.sleep(0.05)
 
@@ -141,7 +152,7 @@ async def test_a_pool_hit_serves_a_non_holder_while_the_master_serves_and_nothin
     head = await post(client, url, chat(fresh_long("pool")[:3600]))
     assert _headers(head) == ("local", "short_uncached", 0, "none")
     # l1 alone now: it never saw the head, but reads its 14 blocks from the pool
-    await _reload(router, _doc(two_locals, 1, 2, cache_pools=pools))
+    await _reload(router, _doc(two_locals, 1, 2, cache_pools=pools), client)
     extended = await post(client, url, chat(fresh_long("pool")))
     assert extended.status == 200
     assert _headers(extended) == ("local", "cached_prefix", 14 * 64, "pool")
@@ -151,9 +162,9 @@ async def test_a_pool_hit_serves_a_non_holder_while_the_master_serves_and_nothin
     _pools_up(router, [])
     samples = await metric_samples(client, router.url)
     assert sample(samples, "prfaas_router_cache_pool_up", cluster="local") == 0
-    await _reload(router, _doc(two_locals, 0, 3, cache_pools=pools))
+    await _reload(router, _doc(two_locals, 0, 3, cache_pools=pools), client)
     other_head = await post(client, url, chat(fresh_long("down")[:3600]))
-    await _reload(router, _doc(two_locals, 1, 4, cache_pools=pools))
+    await _reload(router, _doc(two_locals, 1, 4, cache_pools=pools), client)
     other = await post(client, url, chat(fresh_long("down")))
     assert (other_head.status, other.status) == (200, 200)
     assert _headers(other) == ("prfaas", "long_uncached", 0, "none")
