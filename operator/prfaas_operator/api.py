@@ -51,21 +51,32 @@ class _Model(BaseModel):
 
 # The apiserver's own grammar of resource.Quantity (e.g. 16Gi, 500m, 1e3), so a typo such as
 # "16GB" is refused at admission instead of failing later in the pod spec.
+QUANTITY_MAX_LENGTH = 32
+"""Longer than any quantity a pod asks for; bounded so that admission's CEL rules on quantities
+stay within the apiserver's cost budget."""
 QUANTITY_PATTERN = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 Quantity = Annotated[
-    int | Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN)],
+    int | Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN, max_length=QUANTITY_MAX_LENGTH)],
     Field(json_schema_extra={"x-kubernetes-int-or-string": True}),
 ]
+
+
+RESOURCE_NAMES_MAX = 16
+"""Resource names per requests or limits (cpu, memory, ephemeral-storage, GPUs, hugepages...)."""
 
 
 class ResourceRequirements(_Model):
     """CPU and memory of a container, as in core/v1 (quantities such as 500m, 16Gi)."""
 
     requests: dict[str, Quantity] = Field(
-        default_factory=dict, description="Minimum resources, e.g. cpu, memory."
+        default_factory=dict,
+        max_length=RESOURCE_NAMES_MAX,
+        description="Minimum resources, e.g. cpu, memory.",
     )
     limits: dict[str, Quantity] = Field(
-        default_factory=dict, description="Maximum resources, e.g. cpu, memory."
+        default_factory=dict,
+        max_length=RESOURCE_NAMES_MAX,
+        description="Maximum resources, e.g. cpu, memory.",
     )
 
 
@@ -430,6 +441,11 @@ class CachePoolSpec(_Model):
                     "self.masterPort != self.metricsPort",
                     "masterPort and metricsPort must differ (both are the master pod's)",
                     ".metricsPort",
+                ),
+                cel(
+                    "quantity(string(self.segmentSize)).compareTo(quantity('1Mi')) >= 0",
+                    "segmentSize must be at least 1Mi: a store that small holds nothing",
+                    ".segmentSize",
                 ),
             ]
         }

@@ -380,6 +380,21 @@ INVALID: list[tuple[str, Callable[[dict[str, Any]], None], tuple[str, ...]]] = [
         ("spec.pdCluster.env[0]", "set value or valueFrom, not both"),
     ),
     (
+        "cache-pool-ports-collide",
+        _set("pdCluster.cachePool", {"masterPort": 9003, "metricsPort": 9003}),
+        ("spec.pdCluster.cachePool.metricsPort", "masterPort and metricsPort must differ"),
+    ),
+    (
+        "cache-pool-without-stores",
+        _set("prefillCluster.cachePool", {"storeReplicas": 0}),
+        ("spec.prefillCluster.cachePool.storeReplicas", "greater than or equal to 1"),
+    ),
+    (
+        "cache-pool-segment-under-1mi",
+        _set("pdCluster.cachePool", {"segmentSize": "512Ki"}),
+        ("spec.pdCluster.cachePool.segmentSize", "at least 1Mi"),
+    ),
+    (
         "engine-env-duplicate-name",
         _set("pdCluster.env", [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]),
         ("spec.pdCluster.env[1]", "Duplicate value"),

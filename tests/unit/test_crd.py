@@ -33,6 +33,8 @@ ALLOWED_KEYS = {
     "pattern",
     "minItems",
     "maxItems",
+    "minProperties",
+    "maxProperties",
     "multipleOf",
     "uniqueItems",
     "required",
