@@ -15,7 +15,10 @@ serves every scenario, in this order, each starting from the state the previous 
 3. a scale-down of decode drains: the instance leaves the router config before its pod goes,
    and no request is lost;
 4. the planner in Auto sees long prompts and rescales: threshold and split move, the
-   StatefulSets and the router config follow.
+   StatefulSets and the router config follow;
+5. a cache pool added to the PD cluster runs (the real mooncake_master and store), turns
+   CachePoolReady True and the router's pool gauge 1; held down, its master turns both off while
+   traffic is served, and both recover with it.
 """
 
 from __future__ import annotations
@@ -46,12 +49,15 @@ from live_traffic import (
 from prfaas_core.vocabulary import LABEL_INSTANCE, LABEL_ROLE, Pool
 from prfaas_testbed.clusters import Cluster
 from prfaas_testbed.link import LinkMode, LinkShape
+from prfaas_testbed.pod_workloads import WorkloadKind
 from prfaas_testbed.system import LiveSystem, LiveSystemError, customise_cr, load_sample_cr, wait_until
 from prfaas_testbed.traffic import PlannedRequest, lognormal_requests
 
 pytestmark = [pytest.mark.e2e, pytest.mark.testbed, pytest.mark.prometheus, pytest.mark.timeout(420)]
 
 CR_NAME = "e2e"
+TESTBED_POOL_LABEL = "prfaas.io/testbed-pool"
+"""The label of the testbed's node pools (gpu, cpu: e2e/testbed/testbed.sh NODE_LABEL)."""
 
 
 def medium_traffic(
@@ -598,3 +604,73 @@ def test_workload_shift_makes_the_planner_rescale(deployment: LiveSystem) -> Non
     assert events and "would take Λ as the router routes" in str(events[-1].get("message")), events
     summary = driver.summary()
     assert summary.outcomes.get("failed", 0) == 0, f"{summary.line()} {summary.errors} {logs_hint(system)}"
+
+
+def router_pool_up(system: LiveSystem) -> float | None:
+    """The router's prfaas_router_cache_pool_up for the PD cluster's pool (None: not exported)."""
+    url = system.router_url()
+    if url is None:
+        return None
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    found = re.search(r'^prfaas_router_cache_pool_up\{cluster="local"\} (\S+)$', text, re.MULTILINE)
+    return float(found.group(1)) if found else None
+
+
+def test_a_cache_pool_runs_and_its_master_outage_is_reported_not_felt(deployment: LiveSystem) -> None:
+    system = deployment
+    master = f"{system.layout.deployment_namespace}/{CR_NAME}-pd-kv-master-0"
+    pool = {
+        "storeReplicas": 1,
+        "segmentSize": "64Mi",
+        # the testbed's CPU nodes, whose runner runs the venv's real mooncake_master and
+        # mooncake_client (no image on the real node holds them)
+        "nodeSelector": {TESTBED_POOL_LABEL: "cpu"},
+        "tolerations": [
+            {"key": TESTBED_POOL_LABEL, "operator": "Equal", "value": "cpu", "effect": "NoSchedule"}
+        ],
+    }
+    system.patch_spec({"pdCluster": {"cachePool": pool}})
+    generation = int(((system.cr() or {}).get("metadata") or {}).get("generation") or 0)
+
+    def rolled() -> bool:  # the PD prefills roll onto HiCache's flags
+        status = (system.cr() or {}).get("status") or {}
+        progressing = next(
+            (c for c in status.get("conditions") or [] if c["type"] == "RolloutProgressing"), {}
+        )
+        return (
+            int(status.get("observedGeneration") or 0) >= generation
+            and "rollout" not in status
+            and progressing.get("reason") == "RevisionAvailable"
+        )
+
+    def pool_reported(status: str) -> dict[str, Any] | None:
+        condition = system.condition("CachePoolReady")
+        return condition if condition is not None and condition.get("status") == status else None
+
+    ready = wait_until("CachePoolReady to turn True", lambda: pool_reported("True"), 150, poll_s=1.0)
+    assert "1/1 stores ready, capacity 64 MiB" in ready["message"], ready
+    assert ((system.router_config() or {}).get("cache_pools") or {}).get("local"), system.router_config()
+    wait_until("the router to see the pool up", lambda: router_pool_up(system) == 1, 60)
+    wait_until("the PD prefills to roll onto the pool", rolled, 180, poll_s=1.0)
+    system.wait_ready(60)
+    pool_pods = system.runner_pods(cluster=Cluster.PD.value, kind=WorkloadKind.KV_POOL)
+    assert sorted(p["pod"] for p in pool_pods if p["ready"]) == [
+        f"{CR_NAME}-pd-kv-{x}-0" for x in ("master", "store")
+    ]
+    with start_traffic(system, medium_traffic(30, seed=5)) as traffic:
+        system.set_down([f"{Cluster.PD.value}/{master}"])
+        try:
+            down = wait_until("CachePoolReady to turn False", lambda: pool_reported("False"), 60, poll_s=0.5)
+            assert down["reason"] == "MasterNotReady", down
+            wait_until("the router to see the pool down", lambda: router_pool_up(system) == 0, 30)
+            assert system.is_ready(), "a pool outage took Ready down"
+        finally:
+            system.set_down([])
+        wait_until("CachePoolReady to turn True again", lambda: pool_reported("True"), 90, poll_s=1.0)
+        wait_until("the router to see the pool up again", lambda: router_pool_up(system) == 1, 30)
+        driver = traffic.wait()
+    summary = driver.summary()
+    assert summary.outcomes.get("ok", 0) == summary.sent > 10, (
+        f"{summary.line()} {summary.errors} {logs_hint(system)}"
+    )
