@@ -168,14 +168,17 @@ def running_cache_fleet(logs: Path) -> Iterator[CacheFleet]:
             logs,
         )
     finally:
-        if router is not None:
-            router.process.stop()
-        for engine in engines:
-            with contextlib.suppress(Exception):
-                engine.process.stop()
-        for process in started:
-            with contextlib.suppress(Exception):
-                process.stop()
+        stop(router, [*(engine.process for engine in engines), *started])
+
+
+def stop(router: Router | None, processes: Sequence[Process]) -> None:
+    """The router first (no request reaches a stopping engine), then every process, each whatever
+    the others did."""
+    if router is not None:
+        router.process.stop()
+    for process in processes:
+        with contextlib.suppress(Exception):
+            process.stop()
 
 
 def _answers(url: str) -> bool:
@@ -297,8 +300,4 @@ def running_fleet(logs: Path, *, fake: bool = False) -> Iterator[Fleet]:
         router = start_router(cr, addresses, logs)
         yield Fleet(cr, addresses, engines, plain, router, logs, startup)
     finally:
-        if router is not None:
-            router.process.stop()
-        for engine in everyone:
-            with contextlib.suppress(Exception):
-                engine.process.stop()
+        stop(router, [engine.process for engine in everyone])
