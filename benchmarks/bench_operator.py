@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
 from operator_harness import OperatorProcess, router_on_kwok, run_operator  # noqa: E402
+from prfaas_operator.adapters.kube import PrfaasDeploymentResource  # noqa: E402
 from prfaas_operator.crd import CRD_OUTPUTS  # noqa: E402
-from prfaas_operator.kube import PrfaasDeploymentResource  # noqa: E402
 from prfaas_testbed.clusters import Testbed, ensure_testbed, store_kubeconfig_secret  # noqa: E402
 
 SAMPLE: dict[str, Any] = yaml.safe_load((ROOT / "examples/prfaasdeployment.yaml").read_text())

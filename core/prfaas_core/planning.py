@@ -1,6 +1,6 @@
 """The planner's decision (pure): a `PlannerInput` in, a `Decision` with its reason out.
 
-The operator's loop (prfaas_operator.planner_adapter and planner_loop) and the simulator both
+The operator's loop (prfaas_operator.planning.planner_adapter and planner_loop) and the simulator both
 fill a `PlannerInput` and call `decide`; neither the CR nor the clock is seen here, so the rules
 can be tested without a cluster and replayed offline:
 

@@ -56,7 +56,7 @@ class WorkloadKind(enum.StrEnum):
 
 
 MOONCAKE_COMMANDS = ("mooncake_master", "mooncake_client")
-"""A cache pool's containers (prfaas_operator.cache_pool): Mooncake Store's master and a store."""
+"""A cache pool's containers (prfaas_operator.planning.cache_pool): Mooncake Store's master and a store."""
 STORE_HTTP_PORTS = range(21000, 29000)
 """Where a testbed store's HTTP server listens instead of the pod's --http_port (below the
 ephemeral range, clear of the engines', the master's and the testbed's own ports)."""

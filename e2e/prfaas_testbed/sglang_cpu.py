@@ -25,13 +25,13 @@ from typing import Any
 
 from prfaas_core.router_config import CachePool, RouterConfig
 from prfaas_core.vocabulary import GPU_PRODUCT_LABEL, Role
-from prfaas_operator import cache_pool
-from prfaas_operator.allocation import effective_allocation
 from prfaas_operator.api import Allocation, PrfaasDeploymentSpec
-from prfaas_operator.fingerprint import kv_fingerprint
-from prfaas_operator.manifests import EngineRole, Owner, engine_roles, engine_workload
-from prfaas_operator.router_config_builder import base_url, build_router_config, choose_pools
-from prfaas_operator.status import PodInfo
+from prfaas_operator.planning import cache_pool
+from prfaas_operator.planning.allocation import effective_allocation
+from prfaas_operator.planning.fingerprint import kv_fingerprint
+from prfaas_operator.planning.manifests import EngineRole, Owner, engine_roles, engine_workload
+from prfaas_operator.planning.router_config_builder import base_url, build_router_config, choose_pools
+from prfaas_operator.planning.status import PodInfo
 
 from prfaas_testbed.pod_workloads import (
     LocalProcess,

@@ -22,11 +22,11 @@ from typing import Any
 import kopf
 from prometheus_client import start_http_server
 
-from prfaas_operator.kube import Clusters
-from prfaas_operator.leader import LeaderElector, run_when_leading
-from prfaas_operator.lease import LeaseTiming
-from prfaas_operator.metrics import OperatorMetrics
-from prfaas_operator.reconcile_pass import ReconcileOptions
+from prfaas_operator.adapters.kube import Clusters
+from prfaas_operator.adapters.metrics import OperatorMetrics
+from prfaas_operator.loops.leader import LeaderElector, run_when_leading
+from prfaas_operator.planning.lease import LeaseTiming
+from prfaas_operator.planning.reconcile_pass import ReconcileOptions
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -143,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # HTTP libraries log request details (and HTTP/2 header tables) at debug level: keep them out
     for noisy in ("httpx2", "httpcore2", "hpack", "h2"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    from prfaas_operator import handlers  # noqa: F401  (registers the handlers)
+    from prfaas_operator.loops import handlers  # noqa: F401  (registers the handlers)
 
     metrics = OperatorMetrics()
     elector = _elector(args, parser, metrics) if args.leader_elect else None

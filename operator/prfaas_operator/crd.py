@@ -28,7 +28,7 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaMode, NoDefault
 from pydantic_core import core_schema
 
 from prfaas_operator import api
-from prfaas_operator.manifests import MAX_CR_NAME_LENGTH, MAX_GROUP_CR_NAME_LENGTH
+from prfaas_operator.planning.manifests import MAX_CR_NAME_LENGTH, MAX_GROUP_CR_NAME_LENGTH
 
 CRD_NAME = f"{vocabulary.PLURAL}.{vocabulary.GROUP}"
 CRD_FILE_NAME = f"{CRD_NAME}.yaml"

@@ -19,9 +19,10 @@ import pytest
 import yaml
 from prfaas_core import metrics_contract
 from prfaas_core.vocabulary import DIST_INIT_PORT
-from prfaas_operator import api, manifests
-from prfaas_operator.allocation import effective_allocation
+from prfaas_operator import api
 from prfaas_operator.api import KvDtype, PrfaasDeploymentSpec
+from prfaas_operator.planning import manifests
+from prfaas_operator.planning.allocation import effective_allocation
 from prfaas_router import loads as router_loads
 from prfaas_router.payloads import Kind, parse, with_bootstrap
 from prfaas_testbed.pod_workloads import expand_references

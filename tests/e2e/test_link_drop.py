@@ -31,7 +31,7 @@ import pytest
 from live_traffic import E2E_TIME_SCALE, BackgroundTraffic, kubectl, logs_hint
 from prfaas_core.planning import NoData, Observation
 from prfaas_core.vocabulary import ROUTE_PRFAAS, Pool
-from prfaas_operator.prometheus import PrometheusObserver, SeriesSelector
+from prfaas_operator.adapters.prometheus import PrometheusObserver, SeriesSelector
 from prfaas_testbed.link import (
     LinkMode,
     LinkShape,

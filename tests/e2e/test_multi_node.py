@@ -22,7 +22,7 @@ from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Pod
 from live_traffic import E2E_TIME_SCALE, BackgroundTraffic, complete, logs_hint, quick_planner, status_of
 from prfaas_core.vocabulary import LABEL_INSTANCE, LABEL_ROLE, LWS_WORKER_INDEX_LABEL, Role
-from prfaas_operator.kube import LeaderWorkerSetResource
+from prfaas_operator.adapters.kube import LeaderWorkerSetResource
 from prfaas_testbed.clusters import Cluster
 from prfaas_testbed.system import LiveSystem, customise_cr, load_sample_cr, wait_until
 from prfaas_testbed.traffic import lognormal_requests

@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from prfaas_operator import api, crd, manifests, router_config_builder
-from prfaas_operator.allocation import effective_allocation
-from prfaas_operator.fingerprint import kv_fingerprint
+from prfaas_operator import api, crd
+from prfaas_operator.planning import manifests, router_config_builder
+from prfaas_operator.planning.allocation import effective_allocation
+from prfaas_operator.planning.fingerprint import kv_fingerprint
 
 if TYPE_CHECKING:
     from prfaas_testbed.clusters import Testbed

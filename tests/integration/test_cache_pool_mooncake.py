@@ -1,6 +1,6 @@
 """A cache pool's manifests run as real Mooncake Store processes, as the testbed runs them.
 
-The operator's master and store StatefulSets (prfaas_operator.cache_pool) for a pool of two
+The operator's master and store StatefulSets (prfaas_operator.planning.cache_pool) for a pool of two
 stores of 64 MiB each become pods (`pod_workloads.pod_from`) on loopback pod IPs and are
 translated into local processes as the testbed's runner does (`pod_workloads.local_process`):
 the real `mooncake_master` and `mooncake_client` of the real-SGLang venv. The test checks what
@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 import yaml
-from prfaas_operator import cache_pool
 from prfaas_operator.api import PrfaasDeploymentSpec
-from prfaas_operator.manifests import Owner
+from prfaas_operator.planning import cache_pool
+from prfaas_operator.planning.manifests import Owner
 from prfaas_testbed.pod_workloads import (
     LocalProcess,
     PodFacts,

@@ -20,9 +20,9 @@ from lightkube import Client
 from lightkube.resources.coordination_v1 import Lease
 from operator_harness import OperatorProcess, install_crd, router_on_kwok, run_operator
 from polling import get_or_none, wait_until
+from prfaas_operator.adapters.kube import PrfaasDeploymentResource
 from prfaas_operator.crd import repository_root
-from prfaas_operator.kube import PrfaasDeploymentResource
-from prfaas_operator.lease import LeaseTiming
+from prfaas_operator.planning.lease import LeaseTiming
 
 if TYPE_CHECKING:
     from prfaas_testbed.clusters import Testbed

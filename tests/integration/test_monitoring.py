@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 import yaml
-from prfaas_operator import cache_pool, manifests
-from prfaas_operator.allocation import effective_allocation
 from prfaas_operator.api import PrfaasDeploymentSpec
-from prfaas_operator.manifests import Owner
+from prfaas_operator.planning import cache_pool, manifests
+from prfaas_operator.planning.allocation import effective_allocation
+from prfaas_operator.planning.manifests import Owner
 from test_chart import ACCESS_MODE, CHART, NAMESPACE, helm, only, render
 
 __all__ = ["helm"]  # the fixture, shared with test_chart

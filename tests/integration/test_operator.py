@@ -34,8 +34,8 @@ from lightkube.resources.policy_v1 import PodDisruptionBudget
 from operator_harness import OperatorProcess, free_loopback_port, install_crd, router_on_kwok, run_operator
 from polling import get_or_none, wait_until
 from prfaas_core.router_config import RouterConfig
+from prfaas_operator.adapters.kube import PrfaasDeploymentResource
 from prfaas_operator.crd import repository_root
-from prfaas_operator.kube import PrfaasDeploymentResource
 
 if TYPE_CHECKING:
     from prfaas_testbed.clusters import Testbed

@@ -37,7 +37,7 @@ from polling import get_or_none, wait_until
 from prfaas_core import vocabulary
 from prfaas_core.router_config import RouterConfig
 from prfaas_operator import crd
-from prfaas_operator.kube import PrfaasDeploymentResource
+from prfaas_operator.adapters.kube import PrfaasDeploymentResource
 from prfaas_router.metrics import RouterMetrics
 from prometheus_client import start_http_server
 

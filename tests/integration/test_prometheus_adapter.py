@@ -20,7 +20,7 @@ from operator_harness import free_loopback_port
 from prfaas_core import metrics_contract as contract
 from prfaas_core import vocabulary
 from prfaas_core.planning import NoData, Observation, Reason
-from prfaas_operator.prometheus import PrometheusObserver, SeriesSelector
+from prfaas_operator.adapters.prometheus import PrometheusObserver, SeriesSelector
 
 if TYPE_CHECKING:
     from prfaas_testbed.prometheus import PrometheusServer

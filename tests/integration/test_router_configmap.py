@@ -25,7 +25,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, ServiceAccount
 from prfaas_core.router_config import RouterConfig
 from prfaas_core.routing.policy import PolicyModel
-from prfaas_operator.manifests import Names, Owner, router_access
+from prfaas_operator.planning.manifests import Names, Owner, router_access
 from prfaas_router.config_watch import ConfigWatcher
 from prfaas_router.configmap_source import ConfigMapRef, ConfigMapSource, InCluster
 from prfaas_router.metrics import RouterMetrics

@@ -14,8 +14,8 @@ import pytest
 from prfaas_core import metrics_contract as contract
 from prfaas_core.planning import Observation
 from prfaas_core.vocabulary import Pool, Role
-from prfaas_operator.manifests import Names
-from prfaas_operator.prometheus import PrometheusObserver, SeriesSelector
+from prfaas_operator.adapters.prometheus import PrometheusObserver, SeriesSelector
+from prfaas_operator.planning.manifests import Names
 from prfaas_testbed import sglang_cpu
 from prfaas_testbed.prometheus import ScrapeJob, TargetGroup, start_prometheus
 from real_fleet import ADDRESSES, Fleet

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from prfaas_operator.status import ClusterObservation, Problem, compute_status
+from prfaas_operator.planning.status import ClusterObservation, Problem, compute_status
 from test_status import inputs
 
 ARGOCD = Path(__file__).resolve().parents[2] / "charts/prfaas-operator/argocd"

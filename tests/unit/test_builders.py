@@ -15,18 +15,18 @@ from hypothesis import strategies as st
 from prfaas_core.profiles import ProfileError
 from prfaas_core.router_config import RouterConfig
 from prfaas_core.vocabulary import ANNOTATION_CONFIG_CHECKSUM, LABEL_FINGERPRINT, LABEL_OWNER, LABEL_OWNER_UID
-from prfaas_operator import manifests
-from prfaas_operator.allocation import effective_allocation
 from prfaas_operator.api import ENGINE_ENV_SET_BY_OPERATOR, Allocation, PrfaasDeploymentSpec, last_flag_value
-from prfaas_operator.fingerprint import kv_fingerprint
-from prfaas_operator.manifests import Owner, label_value
-from prfaas_operator.router_config_builder import (
+from prfaas_operator.planning import manifests
+from prfaas_operator.planning.allocation import effective_allocation
+from prfaas_operator.planning.fingerprint import kv_fingerprint
+from prfaas_operator.planning.manifests import Owner, label_value
+from prfaas_operator.planning.router_config_builder import (
     PoolChoice,
     build_router_config,
     choose_pools,
     ready_endpoints,
 )
-from prfaas_operator.status import PodInfo
+from prfaas_operator.planning.status import PodInfo
 from sample_cr import spec
 
 OWNER = Owner(name="kimi-linear", namespace="prfaas-demo", uid="0f6c7c2e-1111-2222-3333-444455556666")

@@ -1,4 +1,4 @@
-"""The cache pool (prfaas_operator.cache_pool): Mooncake Store's objects, the engines' HiCache flags,
+"""The cache pool (prfaas_operator.planning.cache_pool): Mooncake Store's objects, the engines' HiCache flags,
 the router config's cache_pools, CachePoolReady and the pruning of a removed pool, without a cluster."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from prfaas_core.router_config import RouterConfig
 from prfaas_core.vocabulary import LABEL_OWNER, LABEL_ROLE, Role
-from prfaas_operator import cache_pool
-from prfaas_operator.allocation import effective_allocation
 from prfaas_operator.api import ConditionType, PrfaasDeploymentSpec, last_flag_value
-from prfaas_operator.fingerprint import kv_fingerprint
-from prfaas_operator.manifests import (
+from prfaas_operator.planning import cache_pool
+from prfaas_operator.planning.allocation import effective_allocation
+from prfaas_operator.planning.fingerprint import kv_fingerprint
+from prfaas_operator.planning.manifests import (
     MAX_CR_NAME_LENGTH,
     Names,
     Owner,
@@ -22,8 +22,14 @@ from prfaas_operator.manifests import (
     engine_workload,
     revision_of,
 )
-from prfaas_operator.reconcile_pass import plan_pd_engines
-from prfaas_operator.status import CachePoolSeen, ClusterObservation, PodInfo, Problem, compute_status
+from prfaas_operator.planning.reconcile_pass import plan_pd_engines
+from prfaas_operator.planning.status import (
+    CachePoolSeen,
+    ClusterObservation,
+    PodInfo,
+    Problem,
+    compute_status,
+)
 from pydantic import ValidationError
 from sample_cr import spec
 from test_reconcile_pass import (

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from prfaas_engine_sim.metrics import GAUGES, EngineMetrics
-from prfaas_operator.metrics import OperatorMetrics
+from prfaas_operator.adapters.metrics import OperatorMetrics
 from prfaas_router.metrics import RouterMetrics
 from prometheus_client import CollectorRegistry
 

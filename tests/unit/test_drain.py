@@ -1,8 +1,8 @@
-"""Scale-down with a drain (operator/prfaas_operator/drain.py): pure steps, time passed in."""
+"""Scale-down with a drain (operator/prfaas_operator/planning/drain.py): pure steps, time passed in."""
 
 from __future__ import annotations
 
-from prfaas_operator.drain import (
+from prfaas_operator.planning.drain import (
     Drain,
     after_config_written,
     draining,

@@ -11,10 +11,10 @@ import copy
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from prfaas_operator.drift import Applied, manifest_hash, marker, needs_apply
-from prfaas_operator.informers import ClusterCache, Informer
-from prfaas_operator.kube import EXPIRED, NOT_SERVED, ClusterError
-from prfaas_operator.status import Problem
+from prfaas_operator.adapters.informers import ClusterCache, Informer
+from prfaas_operator.adapters.kube import EXPIRED, NOT_SERVED, ClusterError
+from prfaas_operator.planning.drift import Applied, manifest_hash, marker, needs_apply
+from prfaas_operator.planning.status import Problem
 
 DESIRED: dict[str, Any] = {
     "apiVersion": "apps/v1",
@@ -186,7 +186,7 @@ class RecordingCluster:
 async def test_a_multi_node_pool_is_refused_where_leader_worker_set_is_not_served_and_the_rest_applied() -> (
     None
 ):
-    from prfaas_operator.reconcile import LWS_MISSING, _Memory, apply_drifted
+    from prfaas_operator.loops.reconcile import LWS_MISSING, _Memory, apply_drifted
 
     cluster = RecordingCluster()
     cache = ClusterCache(

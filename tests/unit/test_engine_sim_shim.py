@@ -12,9 +12,9 @@ from typing import Any
 
 import yaml
 from prfaas_engine_sim.settings import advertised_host, parse_args
-from prfaas_operator.allocation import effective_allocation
 from prfaas_operator.api import PrfaasDeploymentSpec
-from prfaas_operator.manifests import Owner, engine_roles, engine_workload
+from prfaas_operator.planning.allocation import effective_allocation
+from prfaas_operator.planning.manifests import Owner, engine_roles, engine_workload
 from sglang.launch_server import fake_engine_argv
 
 SAMPLE = yaml.safe_load(

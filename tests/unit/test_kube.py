@@ -9,13 +9,13 @@ import httpx2
 import pytest
 import yaml
 from lightkube import ApiError
-from prfaas_operator.api import SecretKeyRef
-from prfaas_operator.kube import (
+from prfaas_operator.adapters.kube import (
     ClusterError,
     describe_failure,
     kubeconfig_from_secret_data,
     redacted_server,
 )
+from prfaas_operator.api import SecretKeyRef
 
 TOKEN = "s3cr3t-token-value"
 

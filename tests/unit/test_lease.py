@@ -1,11 +1,11 @@
-"""Leader election's rules (prfaas_operator.lease), without a cluster: time is passed in."""
+"""Leader election's rules (prfaas_operator.planning.lease), without a cluster: time is passed in."""
 
 from __future__ import annotations
 
 import datetime
 
 import pytest
-from prfaas_operator.lease import (
+from prfaas_operator.planning.lease import (
     LeaseAction,
     LeaseRecord,
     LeaseTiming,

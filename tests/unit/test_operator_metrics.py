@@ -9,10 +9,10 @@ from types import SimpleNamespace
 from typing import cast
 
 from prfaas_core.planning import Action, Decision, Reason
+from prfaas_operator.adapters.metrics import OperatorMetrics
 from prfaas_operator.api import Condition
-from prfaas_operator.metrics import OperatorMetrics
-from prfaas_operator.planner_loop import PlannerLoop
-from prfaas_operator.reconcile import Reconciler
+from prfaas_operator.loops.planner_loop import PlannerLoop
+from prfaas_operator.loops.reconcile import Reconciler
 from prometheus_client import CollectorRegistry, generate_latest
 
 

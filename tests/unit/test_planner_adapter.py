@@ -11,7 +11,7 @@ import yaml
 from prfaas_core.planning import Action, Bounds, Decision, Mode, NoData, Reason
 from prfaas_core.throughput import ModelForm, OperatingPoint
 from prfaas_operator import api, crd
-from prfaas_operator.planner_adapter import (
+from prfaas_operator.planning.planner_adapter import (
     LAST_APPLIED_INPUT,
     applied_allocation,
     new_advice,

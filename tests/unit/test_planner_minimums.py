@@ -20,14 +20,14 @@ from prfaas_core.planning import Action, Decision, Mode, Observation, PlannerInp
 from prfaas_core.throughput import OperatingPoint, PlanError, Workload, evaluate, solve_prfaas_pd
 from prfaas_core.vocabulary import Role
 from prfaas_operator import api, crd
-from prfaas_operator.allocation import effective_allocation, planner_allocation_problem
-from prfaas_operator.planner_adapter import (
+from prfaas_operator.planning.allocation import effective_allocation, planner_allocation_problem
+from prfaas_operator.planning.planner_adapter import (
     measured_profile,
     pending_instances,
     planner_input,
     rollout_in_progress,
 )
-from prfaas_operator.status import workload_rolling
+from prfaas_operator.planning.status import workload_rolling
 
 SAMPLE: dict[str, Any] = yaml.safe_load(
     (crd.repository_root() / "examples/prfaasdeployment.yaml").read_text()

@@ -17,8 +17,8 @@ from prfaas_core import planning
 from prfaas_core.planning import Action, Decision, NoData, Observation, Reason, observe_histograms
 from prfaas_core.throughput import OperatingPoint, Stage, SystemProfile, Workload, evaluate, solve_prfaas_pd
 from prfaas_operator import api, crd
-from prfaas_operator.allocation import effective_allocation, planner_allocation_problem
-from prfaas_operator.planner_adapter import (
+from prfaas_operator.planning.allocation import effective_allocation, planner_allocation_problem
+from prfaas_operator.planning.planner_adapter import (
     LAST_APPLIED_INPUT,
     applied_allocation,
     is_due,
@@ -28,7 +28,7 @@ from prfaas_operator.planner_adapter import (
     planner_input,
     planner_status,
 )
-from prfaas_operator.status import rfc3339
+from prfaas_operator.planning.status import rfc3339
 
 SAMPLE: dict[str, Any] = yaml.safe_load(
     (crd.repository_root() / "examples/prfaasdeployment.yaml").read_text()

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prfaas_operator import cache_pool
-from prfaas_operator.manifests import Owner
+from prfaas_operator.planning import cache_pool
+from prfaas_operator.planning.manifests import Owner
 from prfaas_testbed.pod_workloads import (
     STORE_HTTP_PORTS,
     PodFacts,

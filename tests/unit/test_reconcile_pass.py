@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 from prfaas_core.router_config import RouterConfig
 from prfaas_core.vocabulary import Pool, Role
-from prfaas_operator import remote_backoff
-from prfaas_operator.allocation import effective_allocation
+from prfaas_operator.adapters.kube import SECRET_NOT_FOUND, UNREACHABLE
 from prfaas_operator.api import Allocation, PrfaasDeploymentSpec, PrfaasDeploymentStatus, RoleCounts
-from prfaas_operator.drain import Drain
-from prfaas_operator.fingerprint import kv_fingerprint
-from prfaas_operator.kube import SECRET_NOT_FOUND, UNREACHABLE
-from prfaas_operator.manifests import Names, Owner, engine_roles, engine_workload, revision_of
-from prfaas_operator.reconcile_pass import (
+from prfaas_operator.planning import remote_backoff
+from prfaas_operator.planning.allocation import effective_allocation
+from prfaas_operator.planning.drain import Drain
+from prfaas_operator.planning.fingerprint import kv_fingerprint
+from prfaas_operator.planning.manifests import Names, Owner, engine_roles, engine_workload, revision_of
+from prfaas_operator.planning.reconcile_pass import (
     Applies,
     Conclusion,
     EnginePlan,
@@ -38,9 +38,9 @@ from prfaas_operator.reconcile_pass import (
     plan_router_and_prefill_cluster,
     retired,
 )
-from prfaas_operator.remote_backoff import RemoteBackoff
-from prfaas_operator.rollout import RolePlan, RolloutDecision, Slot
-from prfaas_operator.status import ClusterObservation, PodInfo, Problem
+from prfaas_operator.planning.remote_backoff import RemoteBackoff
+from prfaas_operator.planning.rollout import RolePlan, RolloutDecision, Slot
+from prfaas_operator.planning.status import ClusterObservation, PodInfo, Problem
 from sample_cr import spec
 
 OWNER = Owner(name="kimi-linear", namespace="prfaas-demo", uid="uid-1")

@@ -1,4 +1,4 @@
-"""The coordinated rollout's pure decisions (operator/prfaas_operator/rollout.py), time passed in.
+"""The coordinated rollout's pure decisions (operator/prfaas_operator/planning/rollout.py), time passed in.
 
 A small world stands in for the clusters: each pass, what a StatefulSet was asked for is what it
 has, the pods the plan asked for become ready one pass later, and an old slot's shrink lands
@@ -12,10 +12,18 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from prfaas_operator import rollout
 from prfaas_operator.api import RolloutSpec, RolloutStatus
-from prfaas_operator.rollout import PAUSED, PROGRESSING, STALLED, RoleSeen, RolloutDecision, Slot, decide
-from prfaas_operator.status import PodInfo
+from prfaas_operator.planning import rollout
+from prfaas_operator.planning.rollout import (
+    PAUSED,
+    PROGRESSING,
+    STALLED,
+    RoleSeen,
+    RolloutDecision,
+    Slot,
+    decide,
+)
+from prfaas_operator.planning.status import PodInfo
 
 T0 = datetime(2026, 11, 28, 8, 0, tzinfo=UTC)
 TARGETS = {"prfaas-prefill": 4, "pd-prefill": 3, "pd-decode": 2}

@@ -12,7 +12,7 @@ from prfaas_operator.api import (
     RoleRollout,
     RolloutStatus,
 )
-from prfaas_operator.status import (
+from prfaas_operator.planning.status import (
     ClusterObservation,
     PodInfo,
     Problem,

@@ -15,9 +15,9 @@ import pytest
 import yaml
 from aiohttp import web
 from prfaas_core.trace import TraceError
-from prfaas_operator.allocation import effective_allocation
 from prfaas_operator.api import PrfaasDeploymentSpec
-from prfaas_operator.manifests import (
+from prfaas_operator.planning.allocation import effective_allocation
+from prfaas_operator.planning.manifests import (
     Owner,
     pd_cluster_engine_objects,
     prefill_cluster_objects,

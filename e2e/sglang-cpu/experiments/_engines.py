@@ -44,7 +44,7 @@ def cpu_args() -> list[str]:
 
 
 def base_args(host: str, mode: str) -> list[str]:
-    """What the operator writes for an engine pod (prfaas_operator/manifests.py), at `host`."""
+    """What the operator writes for an engine pod (prfaas_operator/planning/manifests.py), at `host`."""
     args = [
         "--model-path", str(MODEL), "--served-model-name", "tiny-gpt2",
         "--host", host, "--port", str(PORT), "--tp-size", "1", "--page-size", str(PAGE),

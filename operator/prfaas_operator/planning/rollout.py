@@ -31,7 +31,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from prfaas_operator.api import RoleRollout, RolloutSpec, RolloutStatus
-from prfaas_operator.status import rfc3339
+from prfaas_operator.planning.status import rfc3339
 
 SECOND_SLOT = "b"
 PROGRESSING, PAUSED, STALLED = "Progressing", "Paused", "Stalled"

@@ -50,7 +50,7 @@ from prfaas_core.vocabulary import (
 )
 
 from prfaas_operator.api import SecretKeyRef
-from prfaas_operator.status import Problem
+from prfaas_operator.planning.status import Problem
 
 log = logging.getLogger(__name__)
 

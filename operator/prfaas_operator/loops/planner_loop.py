@@ -23,10 +23,12 @@ from prfaas_core.planning import NO_DATA_REASONS, Action, NoData, Observation
 from prfaas_core.vocabulary import KIND
 from pydantic import ValidationError
 
-from prfaas_operator.allocation import effective_allocation
+from prfaas_operator.adapters.kube import ClusterError
+from prfaas_operator.adapters.prometheus import PrometheusObserver, SeriesSelector
 from prfaas_operator.api import PrfaasDeploymentSpec
-from prfaas_operator.kube import ClusterError
-from prfaas_operator.planner_adapter import (
+from prfaas_operator.loops.reconcile import Reconciler
+from prfaas_operator.planning.allocation import effective_allocation
+from prfaas_operator.planning.planner_adapter import (
     applied_allocation,
     is_due,
     last_applied,
@@ -37,9 +39,7 @@ from prfaas_operator.planner_adapter import (
     planner_status,
     rollout_in_progress,
 )
-from prfaas_operator.prometheus import PrometheusObserver, SeriesSelector
-from prfaas_operator.reconcile import Reconciler
-from prfaas_operator.status import read_status
+from prfaas_operator.planning.status import read_status
 
 log = logging.getLogger(__name__)
 

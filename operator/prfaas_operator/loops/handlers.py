@@ -22,12 +22,12 @@ import kopf
 from prfaas_core.vocabulary import ANNOTATION_PREFIX, FINALIZER, GROUP, PLURAL, VERSION
 from prometheus_client import CollectorRegistry
 
-from prfaas_operator import remote_backoff
-from prfaas_operator.kube import Clusters
-from prfaas_operator.metrics import OperatorMetrics
-from prfaas_operator.planner_loop import PLANNER_TICK_SECONDS, PlannerLoop
-from prfaas_operator.reconcile import ReconcileOutcome, Reconciler
-from prfaas_operator.reconcile_pass import ReconcileOptions
+from prfaas_operator.adapters.kube import Clusters
+from prfaas_operator.adapters.metrics import OperatorMetrics
+from prfaas_operator.loops.planner_loop import PLANNER_TICK_SECONDS, PlannerLoop
+from prfaas_operator.loops.reconcile import ReconcileOutcome, Reconciler
+from prfaas_operator.planning import remote_backoff
+from prfaas_operator.planning.reconcile_pass import ReconcileOptions
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 

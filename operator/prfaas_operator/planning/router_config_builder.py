@@ -25,7 +25,7 @@ from prfaas_core.router_config import (
 from prfaas_core.vocabulary import Pool, Role
 
 from prfaas_operator.api import Allocation, PrfaasDeploymentSpec
-from prfaas_operator.status import PodInfo
+from prfaas_operator.planning.status import PodInfo
 
 DEFAULT_CHARS_PER_TOKEN = 4.0
 

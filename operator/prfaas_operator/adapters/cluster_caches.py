@@ -13,8 +13,8 @@ from collections.abc import Iterable
 
 from prfaas_core.vocabulary import LWS_KIND
 
-from prfaas_operator.informers import ClusterCache, OnChange
-from prfaas_operator.kube import Cluster
+from prfaas_operator.adapters.informers import ClusterCache, OnChange
+from prfaas_operator.adapters.kube import Cluster
 
 # What the caches watch: every kind of child in the PD cluster; in a PrfaaS cluster only what
 # the operator keeps there, so its kubeconfig needs no rights on anything else.

@@ -64,7 +64,7 @@ POOL_READY = "PoolReady"
 MASTER_NOT_READY = "MasterNotReady"
 STORES_NOT_READY = "StoresNotReady"
 
-log = logging.getLogger("prfaas_operator.status")
+log = logging.getLogger("prfaas_operator.planning.status")
 
 UNVERIFIED_NOTE = (
     "Not verified by the operator: that decode pods in the PD cluster can reach the PrfaaS prefill "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prfaas_operator.status import Problem
+from prfaas_operator.planning.status import Problem
 
 
 @dataclass(frozen=True)

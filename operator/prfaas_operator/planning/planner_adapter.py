@@ -17,7 +17,7 @@ from prfaas_core.throughput import ModelForm
 from prfaas_core.vocabulary import Role
 
 from prfaas_operator import api
-from prfaas_operator.status import rfc3339
+from prfaas_operator.planning.status import rfc3339
 
 LAST_APPLIED_INPUT = "lastApplied"
 """Key of status.planner.inputs that carries the time of the last applied change (for the cooldown)."""

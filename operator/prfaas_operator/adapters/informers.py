@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 from prfaas_core.vocabulary import LABEL_MANAGED_BY, MANAGER
 
-from prfaas_operator.kube import EXPIRED, NOT_SERVED, ClusterError
-from prfaas_operator.status import Problem
+from prfaas_operator.adapters.kube import EXPIRED, NOT_SERVED, ClusterError
+from prfaas_operator.planning.status import Problem
 
 log = logging.getLogger(__name__)
 

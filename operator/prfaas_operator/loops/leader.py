@@ -27,8 +27,9 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from prfaas_operator.kube import Cluster, ClusterError
-from prfaas_operator.lease import (
+from prfaas_operator.adapters.kube import Cluster, ClusterError
+from prfaas_operator.adapters.metrics import OperatorMetrics
+from prfaas_operator.planning.lease import (
     LeaseAction,
     LeaseRecord,
     LeaseTiming,
@@ -36,7 +37,6 @@ from prfaas_operator.lease import (
     released_record,
     written_record,
 )
-from prfaas_operator.metrics import OperatorMetrics
 
 log = logging.getLogger(__name__)
 

@@ -42,15 +42,16 @@ from prfaas_core.vocabulary import (
 )
 from pydantic import ValidationError
 
-from prfaas_operator import drain, remote_backoff
+from prfaas_operator.adapters.cluster_caches import ADD_ON_KINDS, PRFAAS_OWNED_KINDS, ClusterCaches
+from prfaas_operator.adapters.informers import ClusterCache
+from prfaas_operator.adapters.kube import NOT_SERVED, Cluster, ClusterError, Clusters
+from prfaas_operator.adapters.metrics import OperatorMetrics
 from prfaas_operator.api import PrfaasDeploymentSpec, PrfaasDeploymentStatus
-from prfaas_operator.cache_pool import POOL_KINDS
-from prfaas_operator.cluster_caches import ADD_ON_KINDS, PRFAAS_OWNED_KINDS, ClusterCaches
-from prfaas_operator.drain import Drain
-from prfaas_operator.drift import Applied, manifest_hash, marker, needs_apply
-from prfaas_operator.informers import ClusterCache
-from prfaas_operator.kube import NOT_SERVED, Cluster, ClusterError, Clusters
-from prfaas_operator.manifests import (
+from prfaas_operator.planning import drain, remote_backoff
+from prfaas_operator.planning.cache_pool import POOL_KINDS
+from prfaas_operator.planning.drain import Drain
+from prfaas_operator.planning.drift import Applied, manifest_hash, marker, needs_apply
+from prfaas_operator.planning.manifests import (
     ENGINE_WORKLOAD_KINDS,
     Names,
     Owner,
@@ -60,8 +61,7 @@ from prfaas_operator.manifests import (
     revision_of,
     selector_labels,
 )
-from prfaas_operator.metrics import OperatorMetrics
-from prfaas_operator.reconcile_pass import (
+from prfaas_operator.planning.reconcile_pass import (
     Applies,
     PrefillClusterSeen,
     ReconcileOptions,
@@ -75,9 +75,9 @@ from prfaas_operator.reconcile_pass import (
     plan_router_and_prefill_cluster,
     stale_children,
 )
-from prfaas_operator.remote_backoff import RemoteBackoff
-from prfaas_operator.rollout import Slot, settled, slot_names
-from prfaas_operator.status import (
+from prfaas_operator.planning.remote_backoff import RemoteBackoff
+from prfaas_operator.planning.rollout import Slot, settled, slot_names
+from prfaas_operator.planning.status import (
     ClusterObservation,
     PodInfo,
     Problem,

@@ -30,8 +30,8 @@ from prfaas_core import metrics_contract as contract
 from prfaas_core.planning import DEFAULT_MIN_REQUESTS, NoData, Observation, Reason, observe_histograms
 from prfaas_core.vocabulary import ENGINE_ROLES
 
-from prfaas_operator.kube import redacted_server
-from prfaas_operator.manifests import Names
+from prfaas_operator.adapters.kube import redacted_server
+from prfaas_operator.planning.manifests import Names
 
 DEFAULT_MAX_STALENESS_SECONDS = 120.0
 """The router's newest sample may be at most this old; older means it is no longer scraped."""

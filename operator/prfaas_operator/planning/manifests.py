@@ -63,7 +63,7 @@ from prfaas_operator.api import (
     ResourceRequirements,
     TokenizerSource,
 )
-from prfaas_operator.rollout import SECOND_SLOT, RolePlan
+from prfaas_operator.planning.rollout import SECOND_SLOT, RolePlan
 
 Manifest = dict[str, Any]
 

@@ -28,7 +28,7 @@ from prfaas_operator.api import (
     CachePoolSpec,
     PrfaasDeploymentSpec,
 )
-from prfaas_operator.manifests import (
+from prfaas_operator.planning.manifests import (
     RESTRICTED_CONTAINER,
     RESTRICTED_POD,
     Manifest,
@@ -40,8 +40,8 @@ from prfaas_operator.manifests import (
     kv_master_address,
     selector_labels,
 )
-from prfaas_operator.router_config_builder import base_url
-from prfaas_operator.status import CachePoolSeen, ClusterObservation, PodInfo
+from prfaas_operator.planning.router_config_builder import base_url
+from prfaas_operator.planning.status import CachePoolSeen, ClusterObservation, PodInfo
 
 MASTER_CONTAINER = "mooncake-master"
 STORE_CONTAINER = "mooncake-store"

@@ -30,8 +30,6 @@ from prfaas_core.router_config import RouterConfig
 from prfaas_core.vocabulary import LABEL_ROLE, Pool, Role
 from pydantic import ValidationError
 
-from prfaas_operator import drain, rollout
-from prfaas_operator.allocation import AllocationChoice, effective_allocation
 from prfaas_operator.api import (
     Allocation,
     Condition,
@@ -40,15 +38,17 @@ from prfaas_operator.api import (
     PrfaasDeploymentStatus,
     first_problem,
 )
-from prfaas_operator.cache_pool import (
+from prfaas_operator.planning import drain, rollout
+from prfaas_operator.planning.allocation import AllocationChoice, effective_allocation
+from prfaas_operator.planning.cache_pool import (
     leftover_pool_objects,
     pool_manifests,
     pool_observations,
     router_cache_pools,
 )
-from prfaas_operator.drain import Drain
-from prfaas_operator.fingerprint import kv_fingerprint
-from prfaas_operator.manifests import (
+from prfaas_operator.planning.drain import Drain
+from prfaas_operator.planning.fingerprint import kv_fingerprint
+from prfaas_operator.planning.manifests import (
     ENGINE_WORKLOAD_KINDS,
     ROUTER_CONFIG_KEY,
     Names,
@@ -64,9 +64,9 @@ from prfaas_operator.manifests import (
     router_deployment,
     router_service,
 )
-from prfaas_operator.rollout import RolePlan, RoleSeen, RolloutDecision, Slot
-from prfaas_operator.router_config_builder import build_router_config, choose_pools, endpoint_counts
-from prfaas_operator.status import (
+from prfaas_operator.planning.rollout import RolePlan, RoleSeen, RolloutDecision, Slot
+from prfaas_operator.planning.router_config_builder import build_router_config, choose_pools, endpoint_counts
+from prfaas_operator.planning.status import (
     INVALID_PROFILE,
     INVALID_SPEC,
     ClusterObservation,
@@ -77,7 +77,7 @@ from prfaas_operator.status import (
     compute_status,
 )
 
-log = logging.getLogger("prfaas_operator.reconcile")
+log = logging.getLogger("prfaas_operator.loops.reconcile")
 
 Manifest = dict[str, Any]
 
