@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the pinned developer tools from the Go module proxy into a cache, once:
-# actionlint (lints .github/workflows; tests/unit/test_workflows.py runs it). Reused when
+# actionlint (lints .github/workflows; tests/unit/project/test_workflows.py runs it). Reused when
 # present; never committed. shellcheck (which actionlint uses for `run:` scripts) comes from
 # Debian's package when apt is there and we are root (PRFAAS_SKIP_APT=1: never); without it
 # actionlint skips that check. Prints the binary directory on its last line.

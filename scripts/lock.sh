@@ -10,7 +10,7 @@
 #                      (x86_64 only, glibc 2.34 or newer as the sglang wheel is; --sglang-cpu: only this one)
 # Resolved for CPython 3.11 on Linux x86_64 (glibc 2.28 or newer), wheels only, then checked to
 # resolve to the same pins on Linux aarch64 (the release's linux/arm64 images). A pin stays as it
-# is while the pyproject files allow it; tests/unit/test_lock.py fails when they no longer do.
+# is while the pyproject files allow it; tests/unit/project/test_lock.py fails when they no longer do.
 # Usage: scripts/lock.sh                       # after a pyproject change: keep what still fits
 #        scripts/lock.sh --upgrade             # every distribution to its newest allowed release
 #        scripts/lock.sh --upgrade-package NAME

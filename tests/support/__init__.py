@@ -1,0 +1,1 @@
+"""What tests of every tier share: sample objects, cases, strategies and waiting."""
