@@ -32,11 +32,8 @@ from prfaas_core.vocabulary import (
     ANNOTATION_CREATED_BY,
     LABEL_INSTANCE,
     LABEL_MANAGED_BY,
-    LABEL_NAME,
     LABEL_OWNER,
-    LWS_GROUP,
     LWS_KIND,
-    LWS_PLURAL,
     MANAGER,
     Role,
 )
@@ -47,22 +44,21 @@ from prfaas_operator.adapters.informers import ClusterCache
 from prfaas_operator.adapters.kube import NOT_SERVED, Cluster, ClusterError, Clusters
 from prfaas_operator.adapters.metrics import OperatorMetrics
 from prfaas_operator.api import PrfaasDeploymentSpec, PrfaasDeploymentStatus
-from prfaas_operator.planning import drain, remote_backoff
-from prfaas_operator.planning.cache_pool import POOL_KINDS
+from prfaas_operator.planning import observation, remote_backoff, workloads
 from prfaas_operator.planning.drain import Drain
-from prfaas_operator.planning.drift import Applied, manifest_hash, marker, needs_apply
+from prfaas_operator.planning.drift import Applied, manifest_hash, marker
 from prfaas_operator.planning.manifests import (
-    ENGINE_WORKLOAD_KINDS,
     Names,
     Owner,
     label_value,
     owner_selector,
     prefill_cluster_namespace,
-    revision_of,
     selector_labels,
 )
 from prfaas_operator.planning.reconcile_pass import (
     Applies,
+    Instant,
+    PassInput,
     PrefillClusterSeen,
     ReconcileOptions,
     StoredRouterConfig,
@@ -76,24 +72,20 @@ from prfaas_operator.planning.reconcile_pass import (
     stale_children,
 )
 from prfaas_operator.planning.remote_backoff import RemoteBackoff
-from prfaas_operator.planning.rollout import Slot, settled, slot_names
+from prfaas_operator.planning.rollout import Slot, slot_names
 from prfaas_operator.planning.status import (
     ClusterObservation,
-    PodInfo,
     Problem,
     read_status,
-    rfc3339,
     status_changed,
     status_patch,
     warning_events,
-    workload_rolling,
 )
+from prfaas_operator.planning.workloads import ENGINE_WORKLOAD_KINDS
 
 log = logging.getLogger(__name__)
 
 Manifest = dict[str, Any]
-LWS_MISSING = "LeaderWorkerSetMissing"
-LWS_CRD = f"{LWS_PLURAL}.{LWS_GROUP}"
 EVENT_DEBOUNCE_SECONDS = 0.1  # a burst of child events (pods of one StatefulSet) makes one pass
 
 
@@ -134,68 +126,6 @@ class DeleteOutcome:
     left_behind: Sequence[str] = ()
 
 
-def _ready_replicas(workload: Mapping[str, Any] | None) -> int:
-    """Ready replicas of a StatefulSet, LeaderWorkerSet (ready groups) or Deployment; 0 for one
-    that does not exist (yet)."""
-    return int(((workload or {}).get("status") or {}).get("readyReplicas") or 0)
-
-
-def _rolling_roles(workloads: Mapping[str, Sequence[Mapping[str, Any]]]) -> frozenset[str]:
-    return frozenset(role for role, found in workloads.items() if any(workload_rolling(w) for w in found))
-
-
-def _ready_by_role(workloads: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, int]:
-    """Ready instances of each role, both of its StatefulSets together."""
-    return {role: sum(_ready_replicas(w) for w in found) for role, found in workloads.items()}
-
-
-def _slot_workloads(cache: ClusterCache, namespace: str, workload: str) -> list[Mapping[str, Any]]:
-    """The live StatefulSets or LeaderWorkerSets of a role (its slots, rollout.slot_names)."""
-    found = (
-        cache[kind].get(namespace, name) for name in slot_names(workload) for kind in ENGINE_WORKLOAD_KINDS
-    )
-    return [workload for workload in found if workload is not None]
-
-
-def _cached_slots(
-    cache: ClusterCache,
-    namespace: str,
-    workload: str,
-    pods_of_role: Mapping[str, str],
-    min_ready_seconds: float,
-    wall_now: datetime,
-) -> list[Slot] | None:
-    """A role's slots from a synced cache, each with its pods of its own revision ready for
-    minReadySeconds (among the pods `pods_of_role` selects); None while the cache is still
-    listing or failing (not known)."""
-    if not cache.synced or cache.problem is not None:
-        return None
-    pods = [PodInfo.from_manifest(p) for p in cache["Pod"].select(namespace, pods_of_role)]
-    slots = []
-    for sts in _slot_workloads(cache, namespace, workload):
-        name, revision = sts["metadata"]["name"], revision_of(sts)
-        ready_since = [
-            pod.ready_since
-            for pod in pods
-            if pod.ready and not pod.deleting and pod.revision == revision
-            and drain.pod_ordinal(name, pod.name) is not None
-        ]  # fmt: skip
-        ready, settles_at = settled(ready_since, min_ready_seconds, wall_now)
-        slots.append(_slot(sts, ready, settles_at))
-    return slots
-
-
-def _slot(statefulset: Mapping[str, Any], ready: int, settles_at: datetime | None = None) -> Slot:
-    return Slot(
-        name=statefulset["metadata"]["name"],
-        revision=revision_of(statefulset),
-        replicas=drain.live_replicas(statefulset) or 0,
-        ready=ready,
-        settles_at=settles_at,
-        live=statefulset,
-    )
-
-
 async def _list_served(
     cluster: Cluster, kind: str, namespace: str | None, labels: Mapping[str, str]
 ) -> list[dict[str, Any]]:
@@ -206,26 +136,6 @@ async def _list_served(
         if kind in ADD_ON_KINDS and err.problem.reason == NOT_SERVED:
             return []
         raise
-
-
-def _available(workload: Mapping[str, Any]) -> int:
-    """A workload's instances that count, from its status (a StatefulSet's minReadySeconds governs
-    its availableReplicas; a LeaderWorkerSet counts groups whose every pod is ready)."""
-    status = workload.get("status") or {}
-    return int(status.get("readyReplicas" if workload.get("kind") == LWS_KIND else "availableReplicas") or 0)
-
-
-def _pool_objects(cache: ClusterCache, owner: Owner) -> list[tuple[str, str, str]]:
-    """This CR's cache-pool objects in the PD cluster (kind, namespace, name), from the cache; none
-    while it is still listing (nothing is pruned on what is not known)."""
-    if not cache.synced or cache.problem is not None:
-        return []
-    return [
-        (kind, obj["metadata"]["namespace"], obj["metadata"]["name"])
-        for role in (Role.PD_KV_MASTER, Role.PD_KV_STORE)
-        for kind in POOL_KINDS
-        for obj in cache[kind].select(owner.namespace, selector_labels(owner, role))
-    ]
 
 
 async def _delete_retired(cluster: Cluster, owner: Owner, retire: Sequence[tuple[str, str, str]]) -> None:
@@ -239,33 +149,15 @@ async def _delete_retired(cluster: Cluster, owner: Owner, retire: Sequence[tuple
 async def apply_drifted(
     cluster: Cluster, cache: ClusterCache, wanted: Sequence[Manifest], mem: _Memory, where: str
 ) -> None:
-    """Apply the children that are missing, changed by us, or changed by someone else; a
-    multi-node pool where the cluster serves no LeaderWorkerSet is refused (the rest is applied)."""
-    unserved = cache[LWS_KIND].served is False
-    refused, todo = [], []
-    for manifest in wanted:
-        kind, meta = manifest["kind"], manifest["metadata"]
-        if unserved and kind == LWS_KIND:
-            refused.append(meta["name"])
-            continue
-        key = (where, kind, meta.get("namespace") or "", meta["name"])
-        live = cache[kind].get(key[2], key[3]) if cache.synced else None
-        why = needs_apply(manifest, live, mem.applied.get(key))
-        if why is not None:
-            todo.append((key, manifest, why))
+    """Apply the children that drifted (observation.drifted); a multi-node pool where the cluster
+    serves no LeaderWorkerSet is refused (the rest is applied)."""
+    todo, refused = observation.drifted(cache, wanted, mem.applied, where)
     results = await asyncio.gather(*(cluster.apply(manifest) for _, manifest, _ in todo))
     for (key, manifest, why), obj in zip(todo, results, strict=True):
         mem.applied[key] = Applied(manifest_hash(manifest), marker(obj))
         log.debug("applied %s %s/%s to the %s: %s", key[1], key[2], key[3], cluster.name, why)
     if refused:
-        pools = ", ".join(sorted(refused))
-        raise ClusterError(
-            Problem(
-                LWS_MISSING,
-                f"the {cluster.name} serves no {LWS_KIND} ({LWS_CRD}): install LeaderWorkerSet "
-                f"(kubernetes-sigs/lws) there to run {pools} with nodesPerInstance > 1",
-            )
-        )
+        raise ClusterError(workloads.leader_worker_set_missing(cluster.name, refused))
 
 
 class Reconciler:
@@ -380,16 +272,18 @@ class Reconciler:
         previous = read_status(body.get("status"))
         if metadata.get("deletionTimestamp"):
             return ReconcileOutcome(None, (), self.options.resync_seconds, "progressing")
+        now = Instant(self._clock(), self._wall_clock())
         try:
             spec = PrfaasDeploymentSpec.model_validate(body.get("spec") or {})
         except ValidationError as err:
-            return await self._invalid_spec(owner, generation, previous, err)
+            return await self._invalid_spec(owner, generation, previous, err, now.wall)
         if generation != mem.generation:
             mem.generation = generation
             mem.converge_delay = self.options.converge_seconds
             mem.backoff = remote_backoff.try_now(mem.backoff)  # e.g. a fixed Secret name deserves a try now
         self._owners[f"remote:{label_value(owner.key)}"] = owner.uid
         self._owners[f"local:{owner.namespace}/{label_value(owner.name)}"] = owner.uid
+        pass_input = PassInput(spec, owner, generation, previous, now)
         names = Names.of(owner.name)
 
         # The local engines need nothing else: they go first, while the PrfaaS client is fetched
@@ -397,27 +291,22 @@ class Reconciler:
         # apply what drifted in the PrfaaS cluster and the router's objects at once.
         local_cache = self._caches.of(self.clusters.local)
         remote_cache = self._caches.prefill_cluster_cache(owner.uid)  # last pass's; no I/O
-        wall_now, settle = self._wall_clock(), spec.rollout.min_ready_seconds
+        settle = spec.rollout.min_ready_seconds
         slots: dict[str, Sequence[Slot] | None] = {
-            role: await self._slots(self.clusters.local, local_cache, owner, name, role, settle, wall_now)
+            role: await self._slots(local_cache, owner, name, role, settle, now.wall)
             for role, name in ((Role.PD_PREFILL, names.pd_prefill), (Role.PD_DECODE, names.pd_decode))
         }
         slots[Role.PRFAAS_PREFILL] = (
-            _cached_slots(
-                remote_cache,
-                spec.prefill_cluster.namespace,
-                names.prfaas_prefill,
-                selector_labels(owner, Role.PRFAAS_PREFILL),
-                settle,
-                wall_now,
+            observation.cached_slots(
+                remote_cache, spec.prefill_cluster.namespace, names.prfaas_prefill,
+                selector_labels(owner, Role.PRFAAS_PREFILL), settle, now.wall,
             )
             if remote_cache is not None
             else None
-        )
-        engines = plan_pd_engines(
-            spec, owner, previous, mem.drains, slots, self._clock(), wall_now, self.options,
-            _pool_objects(local_cache, owner),
         )  # fmt: skip
+        engines = plan_pd_engines(
+            pass_input, mem.drains, slots, self.options, observation.pool_objects(local_cache, owner)
+        )
         mem.drains = engines.drains
         _log_notes(engines.notes)
         engines_applied = asyncio.ensure_future(
@@ -426,19 +315,19 @@ class Reconciler:
         try:
             remote = await self._prefill_cluster(spec, owner, mem)
             same_cache = not isinstance(remote, Problem) and remote[1] is remote_cache
-            prefill_seen = self._observe_prefill_cluster(spec, owner, remote)
-            pd_seen = self._observe_pd_cluster(owner, local_cache)
+            prefill_seen = _observe_prefill_cluster(spec, owner, remote)
+            pd_seen = observation.pd_cluster(owner, local_cache)
             stored = None
             if needs_stored_router_config(mem.router_config, previous):
                 stored = await self._stored_router_config(owner)
+            seen_remote = PrefillClusterSeen(
+                prefill_seen,
+                not isinstance(remote, Problem),
+                slots[Role.PRFAAS_PREFILL] if same_cache else None,
+            )
             plan = plan_router_and_prefill_cluster(
-                spec, owner, previous, engines,
-                PrefillClusterSeen(
-                    prefill_seen, not isinstance(remote, Problem),
-                    slots[Role.PRFAAS_PREFILL] if same_cache else None,
-                ),
-                pd_seen, mem.router_config, stored, self._clock(), self.options,
-            )  # fmt: skip
+                pass_input, engines, seen_remote, pd_seen, mem.router_config, stored, self.options
+            )
             mem.drains = plan.drains
             _log_notes(plan.notes)
             if plan.router_config.action == "build" and plan.router_config.config is not None:
@@ -459,11 +348,12 @@ class Reconciler:
         finally:
             engines_problem = await engines_applied
         replaced, extra_problems = remote_result if remote_result is not None else (None, [])
+        applies = Applies(
+            engines_problem, router_problem, replaced, extra_problems, finished_at=self._clock()
+        )
         conclusion = conclude_pass(
-            spec, owner, generation, previous, engines, plan, prefill_seen, pd_seen,
-            Applies(engines_problem, router_problem, replaced, extra_problems),
-            mem.router_config, self._clock(), rfc3339(self._wall_clock()), self.options,
-        )  # fmt: skip
+            pass_input, engines, plan, (prefill_seen, pd_seen), applies, mem.router_config, self.options
+        )
         if conclusion.router_config_written:
             self.metrics.router_config_writes.inc()
         mem.router_config, mem.drains = conclusion.router_config, conclusion.drains
@@ -477,7 +367,6 @@ class Reconciler:
 
     async def _slots(
         self,
-        cluster: Cluster,
         cache: ClusterCache,
         owner: Owner,
         workload: str,
@@ -485,28 +374,22 @@ class Reconciler:
         min_ready_seconds: float,
         wall_now: datetime,
     ) -> list[Slot] | None:
-        """A role's live StatefulSets: from the cache, or asked for while it is still listing
-        (their counts then from their status's availableReplicas, which minReadySeconds governs
-        as it governs the pods counted from the cache); None when they cannot be read."""
+        """A role's live StatefulSets: from the cache, or asked for while it is still listing;
+        None when they cannot be read."""
         if cache.synced:
-            return _cached_slots(
+            return observation.cached_slots(
                 cache, owner.namespace, workload, selector_labels(owner, role), min_ready_seconds, wall_now
             )
         try:
             found = [
-                await cluster.get(kind, name, owner.namespace)
+                await self.clusters.local.get(kind, name, owner.namespace)
                 for name in slot_names(workload)
                 for kind in ENGINE_WORKLOAD_KINDS
                 if kind != LWS_KIND or cache[kind].served is not False
             ]
         except ClusterError:
             return None  # the apply that follows fails alike and says why
-        return [
-            _slot(live, _available(live))
-            for live in found
-            # a LeaderWorkerSet's own leader StatefulSet has its name, but not our label
-            if live is not None and (live["metadata"].get("labels") or {}).get(LABEL_MANAGED_BY) == MANAGER
-        ]
+        return observation.listed_slots(found)
 
     async def _stored_router_config(self, owner: Owner) -> StoredRouterConfig:
         """After a restart: the config the router runs, from its ConfigMap (its version goes on from there)."""
@@ -552,39 +435,6 @@ class Reconciler:
         log.warning("%s: PrfaaS cluster: %s", owner.key, problem.message)
         return problem
 
-    def _observe_prefill_cluster(
-        self, spec: PrfaasDeploymentSpec, owner: Owner, remote: tuple[Cluster, ClusterCache] | Problem
-    ) -> ClusterObservation:
-        if isinstance(remote, Problem):
-            return ClusterObservation(remote)
-        _, cache = remote
-        if not cache.synced:
-            return ClusterObservation(listing=True)
-        names = Names.of(owner.name)
-        namespace, name = spec.prefill_cluster.namespace, names.prfaas_prefill
-        workloads: dict[str, list[Mapping[str, Any]]] = {
-            Role.PRFAAS_PREFILL: _slot_workloads(cache, namespace, name)
-        }
-        pool_ready: dict[str, int] = {
-            role: _ready_replicas(cache["StatefulSet"].get(namespace, workload))
-            for role, workload in (
-                (Role.PRFAAS_KV_MASTER, names.prfaas_kv_master),
-                (Role.PRFAAS_KV_STORE, names.prfaas_kv_store),
-            )
-        }
-        pods = [
-            PodInfo.from_manifest(p)
-            for role in (Role.PRFAAS_PREFILL, Role.PRFAAS_KV_MASTER)
-            for p in cache["Pod"].select(
-                namespace, {**selector_labels(owner, role), LABEL_OWNER: label_value(owner.key)}
-            )
-        ]
-        return ClusterObservation(
-            ready={**_ready_by_role(workloads), **pool_ready},
-            rolling=_rolling_roles(workloads),
-            pods=pods,
-        )
-
     async def _apply_prefill_cluster(
         self,
         spec: PrfaasDeploymentSpec,
@@ -615,7 +465,7 @@ class Reconciler:
             return None
         problem = await self._prune_prefill_cluster(cluster, cache, owner, wanted)
         if problem is not None:
-            return self._observe_prefill_cluster(spec, owner, remote), [problem]
+            return _observe_prefill_cluster(spec, owner, remote), [problem]
         mem.pruned_for = prune_key
         return None
 
@@ -633,13 +483,7 @@ class Reconciler:
 
         Found in the cache, so the common case (nothing to prune) costs no request.
         """
-        owner_label = {LABEL_OWNER: label_value(owner.key)}
-        found = [
-            (kind, obj["metadata"]["namespace"], obj["metadata"]["name"])
-            for kind in PRFAAS_OWNED_KINDS
-            for obj in cache[kind].select_all(owner_label)
-        ]
-        stale = stale_children(found, wanted)
+        stale = stale_children(observation.owned_objects(cache, owner, PRFAAS_OWNED_KINDS), wanted)
         try:
             for kind, namespace, name in stale:
                 log.info("%s: pruning %s %s/%s", owner.key, kind, namespace, name)
@@ -667,26 +511,6 @@ class Reconciler:
         return True
 
     # ---- the PD cluster -------------------------------------------------------------------------
-
-    def _observe_pd_cluster(self, owner: Owner, cache: ClusterCache) -> ClusterObservation:
-        if cache.problem is not None:
-            return ClusterObservation(cache.problem)
-        if not cache.synced:
-            return ClusterObservation(listing=True)
-        names = Names.of(owner.name)
-        engines: dict[str, list[Mapping[str, Any]]] = {
-            Role.PD_PREFILL: _slot_workloads(cache, owner.namespace, names.pd_prefill),
-            Role.PD_DECODE: _slot_workloads(cache, owner.namespace, names.pd_decode),
-        }
-        ready: dict[str, int] = {
-            **_ready_by_role(engines),
-            Role.ROUTER: _ready_replicas(cache["Deployment"].get(owner.namespace, names.router)),
-            Role.PD_KV_MASTER: _ready_replicas(cache["StatefulSet"].get(owner.namespace, names.pd_kv_master)),
-            Role.PD_KV_STORE: _ready_replicas(cache["StatefulSet"].get(owner.namespace, names.pd_kv_store)),
-        }
-        selector = {LABEL_NAME: "prfaas", LABEL_INSTANCE: label_value(owner.name)}
-        pods = [PodInfo.from_manifest(p) for p in cache["Pod"].select(owner.namespace, selector)]
-        return ClusterObservation(ready=ready, rolling=_rolling_roles(engines), pods=pods)
 
     async def _apply_local(
         self,
@@ -742,9 +566,14 @@ class Reconciler:
         return ReconcileOutcome(status, warnings, paced.delay, paced.result)
 
     async def _invalid_spec(
-        self, owner: Owner, generation: int | None, previous: PrfaasDeploymentStatus, err: ValidationError
+        self,
+        owner: Owner,
+        generation: int | None,
+        previous: PrfaasDeploymentStatus,
+        err: ValidationError,
+        wall_now: datetime,
     ) -> ReconcileOutcome:
-        status, problem = invalid_spec_status(previous, generation, err, rfc3339(self._wall_clock()))
+        status, problem = invalid_spec_status(previous, generation, err, wall_now)
         self.metrics.record_conditions(owner.namespace, owner.name, status.conditions)
         document = status_patch(previous, status)
         try:
@@ -783,6 +612,14 @@ class Reconciler:
                 return DeleteOutcome(False, err.problem, left)
         self.forget(metadata)
         return DeleteOutcome(True)
+
+
+def _observe_prefill_cluster(
+    spec: PrfaasDeploymentSpec, owner: Owner, remote: tuple[Cluster, ClusterCache] | Problem
+) -> ClusterObservation:
+    if isinstance(remote, Problem):
+        return ClusterObservation(remote)
+    return observation.prefill_cluster(spec.prefill_cluster.namespace, owner, remote[1])
 
 
 def _log_notes(notes: Sequence[str]) -> None:

@@ -76,7 +76,6 @@ SHM_VOLUME = "dshm"
 ENGINE_CONTAINER = "sglang"
 TRANSFER_BACKEND = "mooncake_tcp"  # Mooncake over plain TCP: the link is Ethernet, not RDMA
 
-ENGINE_WORKLOAD_KINDS = ("StatefulSet", LWS_KIND)
 """What an engine pool's slot is: a StatefulSet (one node an instance) or a LeaderWorkerSet."""
 
 _LABEL_VALUE_MAX = 63

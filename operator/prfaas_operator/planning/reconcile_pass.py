@@ -49,7 +49,6 @@ from prfaas_operator.planning.cache_pool import (
 from prfaas_operator.planning.drain import Drain
 from prfaas_operator.planning.fingerprint import kv_fingerprint
 from prfaas_operator.planning.manifests import (
-    ENGINE_WORKLOAD_KINDS,
     ROUTER_CONFIG_KEY,
     Names,
     Owner,
@@ -75,7 +74,9 @@ from prfaas_operator.planning.status import (
     RouterConfigOutcome,
     StatusInputs,
     compute_status,
+    rfc3339,
 )
+from prfaas_operator.planning.workloads import ENGINE_WORKLOAD_KINDS
 
 log = logging.getLogger("prfaas_operator.loops.reconcile")
 
@@ -102,6 +103,26 @@ class ReconcileOptions:
     """The namespaces the operator watches (empty: all); the PD cluster's caches watch only these."""
 
 
+@dataclass(frozen=True)
+class Instant:
+    """The moment a pass decides at, read once: monotonic seconds for the drain clocks, wall time
+    for readiness, rollouts and status (formatted only when written into it)."""
+
+    monotonic: float
+    wall: datetime
+
+
+@dataclass(frozen=True)
+class PassInput:
+    """What one pass decides from: the CR as it was read, and the moment."""
+
+    spec: PrfaasDeploymentSpec
+    owner: Owner
+    generation: int | None
+    previous: PrfaasDeploymentStatus
+    now: Instant
+
+
 # ---- step 1: the allocation, the local drains and the PD cluster's children ----------------------
 
 
@@ -120,13 +141,9 @@ class EnginePlan:
 
 
 def plan_pd_engines(
-    spec: PrfaasDeploymentSpec,
-    owner: Owner,
-    previous: PrfaasDeploymentStatus,
+    pass_input: PassInput,
     drains: Mapping[str, Drain],
     slots: Mapping[str, Sequence[Slot] | None],
-    now: float,
-    wall_now: datetime,
     options: ReconcileOptions,
     pool_objects_found: Sequence[tuple[str, str, str]] = (),
 ) -> EnginePlan:
@@ -137,12 +154,15 @@ def plan_pd_engines(
     PrfaaS cluster's share is applied in step 2. The PD cluster's cache pool goes with the local
     engines (it never waits for them, nor they for it); a removed one is pruned.
     """
+    spec, owner, previous, now = pass_input.spec, pass_input.owner, pass_input.previous, pass_input.now
     choice = effective_allocation(spec, previous.allocation)
     fingerprint = kv_fingerprint(spec.model)
-    rolled = decide_rollout(spec, owner, choice.allocation, fingerprint, previous, slots, wall_now)
+    rolled = decide_rollout(spec, owner, choice.allocation, fingerprint, previous, slots, now.wall)
     drains, notes = dict(drains), []
     for role in (Role.PD_PREFILL, Role.PD_DECODE):
-        notes += drain_role(drains, owner, rolled.roles[role], slots.get(role), now, options.drain_seconds)
+        notes += drain_role(
+            drains, owner, rolled.roles[role], slots.get(role), now.monotonic, options.drain_seconds
+        )
     manifests = [
         *held(pd_cluster_engine_objects(spec, owner, choice.allocation, fingerprint, rolled.roles), drains),
         router_service(spec, owner),
@@ -355,23 +375,23 @@ class PassPlan:
 
 
 def plan_router_and_prefill_cluster(
-    spec: PrfaasDeploymentSpec,
-    owner: Owner,
-    previous: PrfaasDeploymentStatus,
+    pass_input: PassInput,
     engines: EnginePlan,
     prefill_seen: PrefillClusterSeen,
     pd_seen: ClusterObservation,
     last_config: RouterConfig | None,
     stored: StoredRouterConfig | None,
-    now: float,
     options: ReconcileOptions,
 ) -> PassPlan:
     """Step 2: the PrfaaS drain (when that cluster could be looked at), then the router config."""
+    spec, owner, previous = pass_input.spec, pass_input.owner, pass_input.previous
     allocation = engines.choice.allocation
     drains, notes = dict(engines.drains), []
     plan = engines.rollout.roles[Role.PRFAAS_PREFILL]
     if prefill_seen.reachable and prefill_seen.slots is not None:
-        notes += drain_role(drains, owner, plan, prefill_seen.slots, now, options.drain_seconds)
+        notes += drain_role(
+            drains, owner, plan, prefill_seen.slots, pass_input.now.monotonic, options.drain_seconds
+        )
     decision = decide_router_config(
         spec, owner, previous, engines, drains, prefill_seen.observation, pd_seen, last_config, stored
     )
@@ -437,6 +457,9 @@ class Applies:
     router_problem: Problem | None = None
     prefill_cluster_seen: ClusterObservation | None = None  # replaces the observation when its apply failed
     prefill_cluster_problems: Sequence[Problem] = ()  # e.g. PruneFailed
+    finished_at: float | None = None
+    """Monotonic seconds when the applies ended (None: the pass's instant): a drain's clock starts
+    once the config without its instances was written, not when the pass began."""
 
 
 @dataclass(frozen=True)
@@ -452,21 +475,24 @@ class Conclusion:
 
 
 def conclude_pass(
-    spec: PrfaasDeploymentSpec,
-    owner: Owner,
-    generation: int | None,
-    previous: PrfaasDeploymentStatus,
+    pass_input: PassInput,
     engines: EnginePlan,
     plan: PassPlan,
-    prefill_seen: ClusterObservation,
-    pd_seen: ClusterObservation,
+    seen: tuple[ClusterObservation, ClusterObservation],
     applies: Applies,
     last_config: RouterConfig | None,
-    now: float,
-    wall_now: str,
     options: ReconcileOptions,
 ) -> Conclusion:
-    """Step 3. `last_config`: the config memory held before this pass; `wall_now`: RFC 3339."""
+    """Step 3. `seen`: the PrfaaS and the PD cluster's observations; `last_config`: the config
+    memory held before this pass."""
+    spec, owner, previous, wall_now = (
+        pass_input.spec,
+        pass_input.owner,
+        pass_input.previous,
+        pass_input.now.wall,
+    )
+    prefill_seen, pd_seen = seen
+    now = applies.finished_at if applies.finished_at is not None else pass_input.now.monotonic
     written = plan.router_config.config if applies.router_problem is None else None
     new_version = written is not None and (last_config is None or last_config.version != written.version)
     notes = [f"{owner.key}: router config v{written.version}"] if new_version and written is not None else []
@@ -488,7 +514,7 @@ def conclude_pass(
         allocation = allocation.model_copy(update={"router_config_version": router_outcome.version})
     status = compute_status(
         StatusInputs(
-            generation=generation,
+            generation=pass_input.generation,
             allocation=allocation,
             fingerprint=engines.fingerprint,
             router_replicas=spec.router.replicas,
@@ -498,18 +524,14 @@ def conclude_pass(
             pd_cluster=pd_seen,
             router_config=router_outcome,
             previous=previous,
-            now=wall_now,
+            now=rfc3339(wall_now),
             extra_problems=applies.prefill_cluster_problems,
             rollout=engines.rollout.status,
             cache_pools=pool_observations(spec, owner, prefill_seen, pd_seen),
         )
     )
     settling = engines.rollout.come_back_at  # a new instance about to count for the rollout's step
-    settle_delay = (
-        max(1.0, (settling - datetime.fromisoformat(wall_now)).total_seconds())
-        if settling is not None
-        else None
-    )
+    settle_delay = max(1.0, (settling - wall_now).total_seconds()) if settling is not None else None
     soon = [
         delay
         for delay in (drain_delay, options.converge_seconds if listing else None, settle_delay)
@@ -580,13 +602,13 @@ def condition_true(conditions: Sequence[Condition], kind: ConditionType) -> bool
 
 
 def invalid_spec_status(
-    previous: PrfaasDeploymentStatus, generation: int | None, err: ValidationError, wall_now: str
+    previous: PrfaasDeploymentStatus, generation: int | None, err: ValidationError, wall_now: datetime
 ) -> tuple[PrfaasDeploymentStatus, Problem]:
     """The status that says why the spec cannot be reconciled (the rest of the last status stays)."""
     problem = Problem(INVALID_SPEC, f"{first_problem(err, 'spec')} ({err.error_count()} error(s))")
     conditions = [
         Condition(type=kind.value, status=value, reason=INVALID_SPEC, message=problem.message,
-                  last_transition_time=wall_now, observed_generation=generation)
+                  last_transition_time=rfc3339(wall_now), observed_generation=generation)
         for kind, value in ((ConditionType.READY, "False"), (ConditionType.DEGRADED, "True"))
     ]  # fmt: skip
     status = previous.model_copy(update={"observed_generation": generation, "conditions": conditions})

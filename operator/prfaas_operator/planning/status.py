@@ -28,7 +28,6 @@ from prfaas_core.vocabulary import (
     LABEL_FINGERPRINT,
     LABEL_REVISION,
     LABEL_ROLE,
-    LWS_KIND,
     LWS_WORKER_INDEX_LABEL,
     Role,
 )
@@ -228,22 +227,6 @@ def _counts(
         return RoleCounts(desired=desired, ready=previous.ready, rolling=previous.rolling)
     in_rollout = rollout is not None and any(r.role == role for r in rollout.roles)
     return RoleCounts(desired=desired, ready=ready, rolling=in_rollout or role in seen.rolling)
-
-
-def workload_rolling(workload: Mapping[str, Any] | None) -> bool:
-    """Whether a StatefulSet is mid-rollout: its controller has not seen its latest spec, or some of
-    its pods still run an older revision than its update revision; a LeaderWorkerSet while its
-    UpdateInProgress condition holds. One that does not exist is not."""
-    if workload is None:
-        return False
-    status = workload.get("status") or {}
-    if workload.get("kind") == LWS_KIND:
-        conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
-        return conditions.get("UpdateInProgress") == "True"
-    generation = int((workload.get("metadata") or {}).get("generation") or 0)
-    if int(status.get("observedGeneration") or 0) < generation:
-        return True
-    return bool(status.get("updateRevision", "") != status.get("currentRevision", ""))
 
 
 def scheduling_problem(pods: Iterable[PodInfo], what: str) -> Problem | None:

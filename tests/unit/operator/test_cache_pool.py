@@ -22,7 +22,7 @@ from prfaas_operator.planning.manifests import (
     engine_workload,
     revision_of,
 )
-from prfaas_operator.planning.reconcile_pass import plan_pd_engines
+from prfaas_operator.planning.reconcile_pass import Instant, PassInput, plan_pd_engines
 from prfaas_operator.planning.status import (
     CachePoolSeen,
     ClusterObservation,
@@ -477,9 +477,8 @@ def test_removing_a_pool_prunes_its_objects_and_its_router_config_entry() -> Non
     ]
     without = spec()
     slots = settled_slots(without, {Role.PD_PREFILL: 3, Role.PD_DECODE: 5, Role.PRFAAS_PREFILL: 4})
-    plan = plan_pd_engines(
-        without, OWNER, first.conclusion.status, {}, slots, 101.0, WALL_NOW, OPTIONS, found
-    )
+    pass_input = PassInput(without, OWNER, 1, first.conclusion.status, Instant(101.0, WALL_NOW))
+    plan = plan_pd_engines(pass_input, {}, slots, OPTIONS, found)
     assert sorted(plan.prune) == sorted(found)
     assert not any(m["metadata"]["name"].startswith(NAMES.pd_kv_master) for m in plan.manifests)
     second = run_pass(without, memory, 101.0, previous=first.conclusion.status)

@@ -186,7 +186,8 @@ class RecordingCluster:
 async def test_a_multi_node_pool_is_refused_where_leader_worker_set_is_not_served_and_the_rest_applied() -> (
     None
 ):
-    from prfaas_operator.loops.reconcile import LWS_MISSING, _Memory, apply_drifted
+    from prfaas_operator.loops.reconcile import _Memory, apply_drifted
+    from prfaas_operator.planning.workloads import LWS_MISSING
 
     cluster = RecordingCluster()
     cache = ClusterCache(

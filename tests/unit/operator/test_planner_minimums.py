@@ -27,7 +27,6 @@ from prfaas_operator.planning.planner_adapter import (
     planner_input,
     rollout_in_progress,
 )
-from prfaas_operator.planning.status import workload_rolling
 
 SAMPLE: dict[str, Any] = yaml.safe_load(
     (crd.repository_root() / "examples/prfaasdeployment.yaml").read_text()
@@ -270,26 +269,7 @@ def test_pending_instances_are_what_the_allocation_asks_beyond_the_ready_counts(
     assert never_seen == {Role.PRFAAS_PREFILL: 4, Role.PD_PREFILL: 3, Role.PD_DECODE: 5}
 
 
-def test_a_rollout_is_in_progress_while_any_engine_workload_is_mid_rollout() -> None:
-    def sts(generation: int, observed: int, current: str, update: str) -> dict[str, object]:
-        status = {"observedGeneration": observed, "currentRevision": current, "updateRevision": update}
-        return {"metadata": {"generation": generation}, "status": status}
-
-    assert not workload_rolling(None), "a StatefulSet not created yet rolls nothing"
-    assert not workload_rolling(sts(3, 3, "r1", "r1"))
-    assert workload_rolling(sts(3, 3, "r1", "r2")), "pods still at the old revision"
-    assert workload_rolling(sts(4, 3, "r1", "r1")), "the controller has not seen the new template yet"
-
-    def lws(update_in_progress: str) -> dict[str, object]:  # its status has no observedGeneration
-        condition = {"type": "UpdateInProgress", "status": update_in_progress}
-        return {
-            "kind": "LeaderWorkerSet",
-            "metadata": {"generation": 4},
-            "status": {"conditions": [condition]},
-        }
-
-    assert not workload_rolling(lws("False")), "a LeaderWorkerSet at rest"
-    assert workload_rolling(lws("True")), "a LeaderWorkerSet replacing its groups"
+def test_the_planner_holds_while_any_engine_role_is_mid_rollout() -> None:
     settled = api.PrfaasDeploymentStatus(pd_decode=api.RoleCounts(desired=2, ready=2))
     assert not rollout_in_progress(settled)
     decode_rolling = api.PrfaasDeploymentStatus(pd_decode=api.RoleCounts(desired=2, ready=1, rolling=True))

@@ -27,6 +27,8 @@ from prfaas_operator.planning.reconcile_pass import (
     Applies,
     Conclusion,
     EnginePlan,
+    Instant,
+    PassInput,
     PassPlan,
     PrefillClusterSeen,
     ReconcileOptions,
@@ -46,7 +48,6 @@ from support.sample_cr import spec
 OWNER = Owner(name="kimi-linear", namespace="prfaas-demo", uid="uid-1")
 NAMES = Names.of(OWNER.name)
 OPTIONS = ReconcileOptions()
-NOW = "2026-01-01T00:00:00Z"
 WALL_NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -131,15 +132,15 @@ def run_pass(
     pd = pd or default_pd
     live = live or {Role.PD_PREFILL: 3, Role.PD_DECODE: 5, Role.PRFAAS_PREFILL: 4}
     slots = settled_slots(running or s, live)
-    engines = plan_pd_engines(s, OWNER, previous, memory.drains, slots, now, WALL_NOW, OPTIONS)
+    pass_input = PassInput(s, OWNER, 1, previous, Instant(now, WALL_NOW))
+    engines = plan_pd_engines(pass_input, memory.drains, slots, OPTIONS)
     remote = PrefillClusterSeen(prefill, reachable, slots[Role.PRFAAS_PREFILL] if reachable else None)
     plan = plan_router_and_prefill_cluster(
-        s, OWNER, previous, engines, remote, pd, memory.router_config, stored, now, OPTIONS
+        pass_input, engines, remote, pd, memory.router_config, stored, OPTIONS
     )
     conclusion = conclude_pass(
-        s, OWNER, 1, previous, engines, plan, prefill, pd, applies or Applies(),
-        memory.router_config, now, NOW, OPTIONS,
-    )  # fmt: skip
+        pass_input, engines, plan, (prefill, pd), applies or Applies(), memory.router_config, OPTIONS
+    )
     memory.drains, memory.router_config = conclusion.drains, conclusion.router_config
     return Pass(engines, plan, conclusion)
 
@@ -450,12 +451,12 @@ def test_the_prfaas_cluster_is_left_alone_while_its_statefulsets_are_unknown() -
     s = spec()
     slots = settled_slots(s, {Role.PD_PREFILL: 3, Role.PD_DECODE: 5})
     slots[Role.PRFAAS_PREFILL] = None
-    engines = plan_pd_engines(s, OWNER, PrfaasDeploymentStatus(), {}, slots, 1.0, WALL_NOW, OPTIONS)
+    pass_input = PassInput(s, OWNER, 1, PrfaasDeploymentStatus(), Instant(1.0, WALL_NOW))
+    engines = plan_pd_engines(pass_input, {}, slots, OPTIONS)
     prefill, pd = everything_ready(s)
     plan = plan_router_and_prefill_cluster(
-        s, OWNER, PrfaasDeploymentStatus(), engines, PrefillClusterSeen(prefill, True, None), pd, None, None,
-        1.0, OPTIONS,
-    )  # fmt: skip
+        pass_input, engines, PrefillClusterSeen(prefill, True, None), pd, None, None, OPTIONS
+    )
     assert plan.prefill_cluster_manifests is None and plan.prefill_cluster_retire == ()
     assert plan.router_config.config is not None and listed(plan.router_config.config, Pool.PRFAAS_PREFILL)
 
