@@ -1,11 +1,12 @@
 """Level-based reconcile of one PrfaasDeployment across its two clusters: the executor.
 
-The decisions are pure functions in reconcile_pass.py; this module gathers what they need,
-calls them and carries out what they say, in this order: plan the PD cluster's engines and
-start applying them (a slow or dead PrfaaS cluster never holds up the local side) -> get the
-PrfaaS cluster's client and cache (with backoff, remote_backoff.py) -> read the pods from the
-watch-fed caches (and the router ConfigMap once after a restart) -> plan the router config and
-the PrfaaS cluster's children and apply both at once -> conclude: drains, status, next pass.
+The decisions are pure functions in planning/ (reconcile_pass.py decides, observation.py reads
+the caches); this module reads the clock once, calls them and carries out what they say, in
+this order: plan the PD cluster's engines and start applying them (a slow or dead PrfaaS
+cluster never holds up the local side) -> get the PrfaaS cluster's client and cache
+(prefill_cluster.py, with backoff) -> observe both caches (and the router ConfigMap once after
+a restart) -> plan the router config and the PrfaaS cluster's children and apply both at once
+-> conclude: drains, status, next pass.
 
 Level-based, but cheap: what exists is read from caches kept current by watches
 (informers.py, cluster_caches.py), and a child is applied when drift.needs_apply says it is
@@ -23,38 +24,23 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from prfaas_core.router_config import RouterConfig
-from prfaas_core.vocabulary import (
-    ANNOTATION_CREATED_BY,
-    LABEL_INSTANCE,
-    LABEL_MANAGED_BY,
-    LABEL_OWNER,
-    LWS_KIND,
-    MANAGER,
-    Role,
-)
+from prfaas_core.vocabulary import LABEL_INSTANCE, LABEL_OWNER, LWS_KIND, Role
 from pydantic import ValidationError
 
-from prfaas_operator.adapters.cluster_caches import ADD_ON_KINDS, PRFAAS_OWNED_KINDS, ClusterCaches
+from prfaas_operator.adapters.cluster_caches import PRFAAS_OWNED_KINDS, ClusterCaches
 from prfaas_operator.adapters.informers import ClusterCache
-from prfaas_operator.adapters.kube import NOT_SERVED, Cluster, ClusterError, Clusters
+from prfaas_operator.adapters.kube import ClusterError, Clusters
 from prfaas_operator.adapters.metrics import OperatorMetrics
 from prfaas_operator.api import PrfaasDeploymentSpec, PrfaasDeploymentStatus
-from prfaas_operator.planning import observation, remote_backoff, workloads
-from prfaas_operator.planning.drain import Drain
-from prfaas_operator.planning.drift import Applied, manifest_hash, marker
-from prfaas_operator.planning.manifests import (
-    Names,
-    Owner,
-    label_value,
-    owner_selector,
-    prefill_cluster_namespace,
-    selector_labels,
-)
+from prfaas_operator.loops import prefill_cluster
+from prfaas_operator.loops.children import Manifest, Memory, apply_drifted, delete_retired
+from prfaas_operator.loops.prefill_cluster import PrefillClusterSide
+from prfaas_operator.planning import observation, remote_backoff
+from prfaas_operator.planning.manifests import Names, Owner, label_value, selector_labels
 from prfaas_operator.planning.reconcile_pass import (
     Applies,
     Instant,
@@ -69,41 +55,14 @@ from prfaas_operator.planning.reconcile_pass import (
     parse_router_config,
     plan_pd_engines,
     plan_router_and_prefill_cluster,
-    stale_children,
 )
-from prfaas_operator.planning.remote_backoff import RemoteBackoff
 from prfaas_operator.planning.rollout import Slot, slot_names
-from prfaas_operator.planning.status import (
-    ClusterObservation,
-    Problem,
-    read_status,
-    status_changed,
-    status_patch,
-    warning_events,
-)
+from prfaas_operator.planning.status import Problem, read_status, status_changed, status_patch, warning_events
 from prfaas_operator.planning.workloads import ENGINE_WORKLOAD_KINDS
 
 log = logging.getLogger(__name__)
 
-Manifest = dict[str, Any]
 EVENT_DEBOUNCE_SECONDS = 0.1  # a burst of child events (pods of one StatefulSet) makes one pass
-
-
-@dataclass
-class _Memory:
-    """Per-CR state that only makes the loop cheaper or gentler; losing it on restart is harmless."""
-
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    due: float = 0.0
-    converge_delay: float = 0.0
-    generation: int | None = None
-    backoff: RemoteBackoff = field(default_factory=RemoteBackoff)
-    pruned_for: tuple[Any, ...] | None = None
-    namespace_ensured: str | None = None  # PrfaaS namespace known to exist (re-checked after a failure)
-    router_config: RouterConfig | None = None  # last written; the ConfigMap is read only when unknown
-    applied: dict[tuple[str, str, str, str], Applied] = field(default_factory=dict)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
-    drains: Mapping[str, Drain] = field(default_factory=dict)  # engine role -> its scale-down in progress
 
 
 @dataclass(frozen=True)
@@ -126,40 +85,6 @@ class DeleteOutcome:
     left_behind: Sequence[str] = ()
 
 
-async def _list_served(
-    cluster: Cluster, kind: str, namespace: str | None, labels: Mapping[str, str]
-) -> list[dict[str, Any]]:
-    """The objects of `kind`; none where the cluster does not serve an add-on's kind."""
-    try:
-        return await cluster.list(kind, namespace=namespace, labels=labels)
-    except ClusterError as err:
-        if kind in ADD_ON_KINDS and err.problem.reason == NOT_SERVED:
-            return []
-        raise
-
-
-async def _delete_retired(cluster: Cluster, owner: Owner, retire: Sequence[tuple[str, str, str]]) -> None:
-    """Delete the old workloads a finished rollout left at 0 replicas."""
-    for kind, namespace, name in retire:
-        log.info("%s: rollout done; deleting the old %s %s/%s in the %s", owner.key, kind, namespace, name,
-                 cluster.name)  # fmt: skip
-        await cluster.delete(kind, name, namespace)
-
-
-async def apply_drifted(
-    cluster: Cluster, cache: ClusterCache, wanted: Sequence[Manifest], mem: _Memory, where: str
-) -> None:
-    """Apply the children that drifted (observation.drifted); a multi-node pool where the cluster
-    serves no LeaderWorkerSet is refused (the rest is applied)."""
-    todo, refused = observation.drifted(cache, wanted, mem.applied, where)
-    results = await asyncio.gather(*(cluster.apply(manifest) for _, manifest, _ in todo))
-    for (key, manifest, why), obj in zip(todo, results, strict=True):
-        mem.applied[key] = Applied(manifest_hash(manifest), marker(obj))
-        log.debug("applied %s %s/%s to the %s: %s", key[1], key[2], key[3], cluster.name, why)
-    if refused:
-        raise ClusterError(workloads.leader_worker_set_missing(cluster.name, refused))
-
-
 class Reconciler:
     """Reconciles PrfaasDeployments; one instance per operator process."""
 
@@ -177,13 +102,14 @@ class Reconciler:
         self.metrics = metrics
         self._clock = clock
         self._wall_clock = wall_clock
-        self._memory: dict[str, _Memory] = {}
+        self._memory: dict[str, Memory] = {}
         self._caches = ClusterCaches(clusters.local, self._child_changed, options.watch_namespaces)
+        self._prefill = PrefillClusterSide(clusters, self._caches, options, metrics, clock)
         self._owners: dict[str, str] = {}  # wake key of a child -> uid of its CR
 
-    def _mem(self, uid: str) -> _Memory:
+    def _mem(self, uid: str) -> Memory:
         if uid not in self._memory:
-            self._memory[uid] = _Memory(converge_delay=self.options.converge_seconds)
+            self._memory[uid] = Memory(converge_delay=self.options.converge_seconds)
             self.metrics.deployments.set(len(self._memory))
         return self._memory[uid]
 
@@ -265,7 +191,7 @@ class Reconciler:
         self.metrics.reconcile_seconds.labels(trigger=trigger).observe(self._clock() - started)
         return outcome
 
-    async def _reconcile(self, body: Mapping[str, Any], mem: _Memory) -> ReconcileOutcome:
+    async def _reconcile(self, body: Mapping[str, Any], mem: Memory) -> ReconcileOutcome:
         metadata = body["metadata"]
         owner = Owner.of(metadata)
         generation = metadata.get("generation")
@@ -313,9 +239,9 @@ class Reconciler:
             self._apply_local(owner, engines.manifests, local_cache, mem, engines.retire, engines.prune)
         )
         try:
-            remote = await self._prefill_cluster(spec, owner, mem)
+            remote = await self._prefill.connect(spec, owner, mem)
             same_cache = not isinstance(remote, Problem) and remote[1] is remote_cache
-            prefill_seen = _observe_prefill_cluster(spec, owner, remote)
+            prefill_seen = prefill_cluster.observe(spec, owner, remote)
             pd_seen = observation.pd_cluster(owner, local_cache)
             stored = None
             if needs_stored_router_config(mem.router_config, previous):
@@ -334,7 +260,7 @@ class Reconciler:
                 budget = plan.router_config.config.link.budget_bytes_per_second
                 self.metrics.link_budget.labels(owner.namespace, owner.name).set(budget)
             remote_result, router_problem = await asyncio.gather(
-                self._apply_prefill_cluster(
+                self._prefill.apply(
                     spec,
                     owner,
                     plan.prefill_cluster_manifests,
@@ -401,115 +327,6 @@ class Reconciler:
             return StoredRouterConfig(problem=err.problem)
         return StoredRouterConfig(parse_router_config(found))
 
-    # ---- the PrfaaS cluster ---------------------------------------------------------------------
-
-    async def _prefill_cluster(
-        self, spec: PrfaasDeploymentSpec, owner: Owner, mem: _Memory
-    ) -> tuple[Cluster, ClusterCache] | Problem:
-        """The PrfaaS cluster's client and cache, or why it cannot be used now (with backoff)."""
-        waiting = remote_backoff.waiting(mem.backoff, self._clock())
-        if waiting is not None:
-            return waiting
-        try:
-            cluster = await self.clusters.prefill_cluster(
-                owner.namespace, spec.prefill_cluster.kubeconfig_secret_ref
-            )
-        except ClusterError as err:
-            return self._remote_failed(owner, mem, err.problem)
-        cache = self._caches.use_prefill_cluster(owner.uid, cluster)
-        if cache.problem is not None:  # its watches are failing: the cluster is not observable
-            return self._remote_failed(owner, mem, cache.problem)
-        return cluster, cache
-
-    def _remote_failed(self, owner: Owner, mem: _Memory, problem: Problem) -> Problem:
-        mem.namespace_ensured = None  # e.g. the namespace was deleted: check it again next time
-        options = self.options
-        mem.backoff = remote_backoff.failed(
-            mem.backoff,
-            problem,
-            self._clock(),
-            options.remote_backoff_seconds,
-            options.remote_backoff_max_seconds,
-        )
-        self.metrics.cluster_errors.labels(cluster="prfaas", reason=problem.reason).inc()
-        log.warning("%s: PrfaaS cluster: %s", owner.key, problem.message)
-        return problem
-
-    async def _apply_prefill_cluster(
-        self,
-        spec: PrfaasDeploymentSpec,
-        owner: Owner,
-        wanted: Sequence[Manifest] | None,
-        remote: tuple[Cluster, ClusterCache] | Problem,
-        mem: _Memory,
-        generation: int | None,
-        retire: Sequence[tuple[str, str, str]] = (),
-    ) -> tuple[ClusterObservation, list[Problem]] | None:
-        """Apply the PrfaaS cluster's drifted children, delete `retire`; a replacement observation
-        when that failed. `wanted` None: not known this pass (see PassPlan)."""
-        if isinstance(remote, Problem) or wanted is None:
-            return None
-        cluster, cache = remote
-        pc = spec.prefill_cluster
-        try:
-            if mem.namespace_ensured != pc.namespace:
-                await self._ensure_namespace(cluster, spec, owner)
-                mem.namespace_ensured = pc.namespace
-            await apply_drifted(cluster, cache, wanted, mem, "prfaas")
-            await _delete_retired(cluster, owner, retire)
-        except ClusterError as err:
-            return ClusterObservation(self._remote_failed(owner, mem, err.problem)), []
-        mem.backoff = remote_backoff.succeeded(mem.backoff)
-        prune_key = (generation, pc.namespace, pc.kubeconfig_secret_ref)
-        if mem.pruned_for == prune_key or not cache.synced:
-            return None
-        problem = await self._prune_prefill_cluster(cluster, cache, owner, wanted)
-        if problem is not None:
-            return _observe_prefill_cluster(spec, owner, remote), [problem]
-        mem.pruned_for = prune_key
-        return None
-
-    async def _ensure_namespace(self, cluster: Cluster, spec: PrfaasDeploymentSpec, owner: Owner) -> None:
-        """Create the PrfaaS namespace when missing (labelled as ours); an existing one is left alone."""
-        if await cluster.create_if_missing(prefill_cluster_namespace(spec, owner)):
-            log.info(
-                "%s: created namespace %s in the %s", owner.key, spec.prefill_cluster.namespace, cluster.name
-            )
-
-    async def _prune_prefill_cluster(
-        self, cluster: Cluster, cache: ClusterCache, owner: Owner, wanted: Sequence[Manifest]
-    ) -> Problem | None:
-        """Delete this CR's remote objects that are no longer desired (e.g. after a namespace move).
-
-        Found in the cache, so the common case (nothing to prune) costs no request.
-        """
-        stale = stale_children(observation.owned_objects(cache, owner, PRFAAS_OWNED_KINDS), wanted)
-        try:
-            for kind, namespace, name in stale:
-                log.info("%s: pruning %s %s/%s", owner.key, kind, namespace, name)
-                await cluster.delete(kind, name, namespace)
-            for namespace in {namespace for _, namespace, _ in stale}:
-                await self._delete_namespace_if_ours(cluster, owner, namespace)
-        except ClusterError as err:
-            return Problem(
-                "PruneFailed", f"could not prune old objects in the {cluster.name}: {err.problem.message}"
-            )
-        return None
-
-    async def _delete_namespace_if_ours(self, cluster: Cluster, owner: Owner, namespace: str) -> bool:
-        """Delete a namespace this CR created once no PrfaasDeployment keeps anything in it."""
-        found = await cluster.get("Namespace", namespace)
-        if (
-            found is None
-            or (found["metadata"].get("annotations") or {}).get(ANNOTATION_CREATED_BY) != owner.key
-        ):
-            return False
-        for kind in ENGINE_WORKLOAD_KINDS:
-            if await _list_served(cluster, kind, namespace, {LABEL_MANAGED_BY: MANAGER}):
-                return False
-        await cluster.delete("Namespace", namespace)
-        return True
-
     # ---- the PD cluster -------------------------------------------------------------------------
 
     async def _apply_local(
@@ -517,7 +334,7 @@ class Reconciler:
         owner: Owner,
         wanted: Sequence[Manifest],
         cache: ClusterCache,
-        mem: _Memory,
+        mem: Memory,
         retire: Sequence[tuple[str, str, str]] = (),
         prune: Sequence[tuple[str, str, str]] = (),
     ) -> Problem | None:
@@ -527,7 +344,7 @@ class Reconciler:
             if cache.problem is not None:
                 raise ClusterError(cache.problem)
             await apply_drifted(self.clusters.local, cache, wanted, mem, "pd")
-            await _delete_retired(self.clusters.local, owner, retire)
+            await delete_retired(self.clusters.local, owner, retire)
             for kind, namespace, name in prune:
                 log.info("%s: cachePool removed; deleting %s %s/%s", owner.key, kind, namespace, name)
                 await self.clusters.local.delete(kind, name, namespace)
@@ -545,7 +362,7 @@ class Reconciler:
         metadata: Mapping[str, Any],
         previous: PrfaasDeploymentStatus,
         status: PrfaasDeploymentStatus,
-        mem: _Memory,
+        mem: Memory,
     ) -> ReconcileOutcome:
         self.metrics.record_conditions(owner.namespace, owner.name, status.conditions)
         paced = pace(status, mem.converge_delay, self.options)
@@ -593,33 +410,15 @@ class Reconciler:
             spec = PrfaasDeploymentSpec.model_validate(body.get("spec") or {})
         except ValidationError:
             return DeleteOutcome(True)  # nothing was ever built from an invalid spec
-        names = Names.of(owner.name)
-        namespace = spec.prefill_cluster.namespace
-        left = [f"{kind} {namespace}/{names.prfaas_prefill}" for kind in PRFAAS_OWNED_KINDS]
+        namespace, workload = spec.prefill_cluster.namespace, Names.of(owner.name).prfaas_prefill
+        left = [f"{kind} {namespace}/{workload}" for kind in PRFAAS_OWNED_KINDS]
         async with mem.lock:  # no pass of the periodic loop may re-create what we delete
             try:
-                cluster = await self.clusters.prefill_cluster(
-                    owner.namespace, spec.prefill_cluster.kubeconfig_secret_ref, allow_cached=True
-                )
-                namespaces = {namespace}
-                for kind in PRFAAS_OWNED_KINDS:
-                    for found in await _list_served(cluster, kind, None, owner_selector(owner)):
-                        namespaces.add(found["metadata"]["namespace"])
-                        await cluster.delete(kind, found["metadata"]["name"], found["metadata"]["namespace"])
-                for candidate in sorted(namespaces):
-                    await self._delete_namespace_if_ours(cluster, owner, candidate)
+                await self._prefill.delete_all(spec, owner)
             except ClusterError as err:
                 return DeleteOutcome(False, err.problem, left)
         self.forget(metadata)
         return DeleteOutcome(True)
-
-
-def _observe_prefill_cluster(
-    spec: PrfaasDeploymentSpec, owner: Owner, remote: tuple[Cluster, ClusterCache] | Problem
-) -> ClusterObservation:
-    if isinstance(remote, Problem):
-        return ClusterObservation(remote)
-    return observation.prefill_cluster(spec.prefill_cluster.namespace, owner, remote[1])
 
 
 def _log_notes(notes: Sequence[str]) -> None:

@@ -186,7 +186,7 @@ class RecordingCluster:
 async def test_a_multi_node_pool_is_refused_where_leader_worker_set_is_not_served_and_the_rest_applied() -> (
     None
 ):
-    from prfaas_operator.loops.reconcile import _Memory, apply_drifted
+    from prfaas_operator.loops.children import Memory, apply_drifted
     from prfaas_operator.planning.workloads import LWS_MISSING
 
     cluster = RecordingCluster()
@@ -201,7 +201,7 @@ async def test_a_multi_node_pool_is_refused_where_leader_worker_set_is_not_serve
     }
     service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "p", "namespace": "n"}}
     try:
-        await apply_drifted(cluster, cache, [pool, service], _Memory(), "prfaas")  # type: ignore[arg-type]
+        await apply_drifted(cluster, cache, [pool, service], Memory(), "prfaas")  # type: ignore[arg-type]
     except ClusterError as err:
         refusal = err.problem
     else:
@@ -211,7 +211,7 @@ async def test_a_multi_node_pool_is_refused_where_leader_worker_set_is_not_serve
     assert "serves no LeaderWorkerSet" in refusal.message and "kubernetes-sigs/lws" in refusal.message
     assert "p with nodesPerInstance > 1" in refusal.message
     cache["LeaderWorkerSet"].served = True  # installed since: applied like any other child
-    await apply_drifted(cluster, cache, [pool, service], _Memory(), "prfaas")  # type: ignore[arg-type]
+    await apply_drifted(cluster, cache, [pool, service], Memory(), "prfaas")  # type: ignore[arg-type]
     assert "LeaderWorkerSet/p" in cluster.applied
 
 
