@@ -1,5 +1,6 @@
 """The router's process settings, defined once: each field carries its type, default and help,
-and the command line is made from the fields (`add_flags`, `from_flags`, `to_flags`).
+and the command line is made from the fields (`add_flags`, `from_flags`, `to_flags`, shared
+with the operator's settings in `prfaas_core.flags`).
 
 Routing settings come from the hot-reloaded config file (`prfaas_core.router_config`); these
 are what the process starts with. The operator writes some of them as flags into the router
@@ -10,14 +11,11 @@ name with dashes (`config_poll_seconds` -> `--config-poll-seconds`) unless it na
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import types
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from prfaas_core.flags import add_flags, check_at_least, flag_of, setting, settings_from, to_flags
 from prfaas_core.routing.link_estimate import LINK_POLL_SECONDS, SGLANG_CHUNK_TOKENS, LinkEstimateRules
 from prfaas_core.routing.workers import LOAD_POLL_SECONDS
 
@@ -26,25 +24,14 @@ from prfaas_router.listener import ClientLimits
 from prfaas_router.payloads import Limits
 from prfaas_router.upstream import MAX_ANSWER_BYTES
 
+# the command line made from the fields (prfaas_core.flags), where the router's callers find it
+__all__ = ["LOG_LEVELS", "RouterSettings", "add_flags", "flag_of", "from_flags", "to_flags"]
+
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # the defaults of the parts the flags fill in (slotted dataclasses keep them on instances only)
 _LINK = LinkEstimateRules()
 _CLIENTS = ClientLimits()
 _LIMITS = Limits()
-
-
-def setting(
-    default: Any = dataclasses.MISSING,
-    help: str | None = None,
-    *,
-    flag: str | None = None,
-    metavar: str | None = None,
-    choices: Sequence[str] | None = None,
-    at_least: int | None = None,
-) -> Any:
-    """A settings field: its default, its flag's help, and what the flag needs beyond its type."""
-    metadata = {"help": help, "flag": flag, "metavar": metavar, "choices": choices, "at_least": at_least}
-    return dataclasses.field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -165,10 +152,7 @@ class RouterSettings:
             raise ValueError(
                 "--shutdown-delay-seconds must be at least 0 and --drain-timeout-seconds above 0"
             )
-        for item in dataclasses.fields(self):
-            least, value = item.metadata["at_least"], getattr(self, item.name)
-            if least is not None and value < least:
-                raise ValueError(f"{flag_of(item)} must be at least {least}, got {value}")
+        check_at_least(self)
         try:
             _ = self.link_estimate
         except ValueError as err:
@@ -197,48 +181,10 @@ class RouterSettings:
         return Limits(self.max_n, self.max_batch, self.max_context_tokens)
 
 
-def flag_of(item: dataclasses.Field[Any]) -> str:
-    flag: str | None = item.metadata["flag"]
-    return flag if flag is not None else "--" + item.name.replace("_", "-")
-
-
-def add_flags(parser: argparse.ArgumentParser, settings: type[Any]) -> None:
-    """One flag per field: its type (the non-None one of an optional), default, help."""
-    hints = typing.get_type_hints(settings)
-    for item in dataclasses.fields(settings):
-        flag = flag_of(item)
-        meta = item.metadata
-        kind = hints[item.name]
-        if isinstance(kind, types.UnionType):
-            (kind,) = (arg for arg in typing.get_args(kind) if arg is not type(None))
-        required = item.default is dataclasses.MISSING
-        parser.add_argument(
-            flag,
-            dest=item.name,
-            type=kind,
-            required=required,
-            default=None if required else item.default,
-            help=meta["help"],
-            choices=meta["choices"],
-            # argparse's own metavar, from the flag rather than the field name
-            metavar=meta["metavar"] or (None if meta["choices"] else flag[2:].replace("-", "_").upper()),
-        )
-
-
 def from_flags(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> RouterSettings:
     """The settings the flags give (a parser made by `add_flags`); bad ones end in a usage error."""
     namespace = parser.parse_args(argv)
     try:
-        return RouterSettings(**vars(namespace))
+        return settings_from(namespace, RouterSettings)
     except ValueError as err:
         parser.error(str(err))
-
-
-def to_flags(settings: RouterSettings) -> list[str]:
-    """The flags that give `settings` back: one for each field not at its default."""
-    args: list[str] = []
-    for item in dataclasses.fields(settings):
-        value = getattr(settings, item.name)
-        if item.default is dataclasses.MISSING or value != item.default:
-            args += [flag_of(item), str(value)]
-    return args

@@ -21,8 +21,9 @@ import hashlib
 import importlib.util
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -167,6 +168,10 @@ class Cluster:
     def _failure(self, exc: BaseException, action: str) -> ClusterError:
         return ClusterError(describe_failure(exc, cluster=self.name, server=self.server, action=action))
 
+    def _request(self, action: str, *, answers: Collection[int] = ()) -> _Request:
+        """Where a request's failures become ClusterErrors naming `action` (see _Request)."""
+        return _Request(self, action, answers)
+
     async def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         """Server-side apply with our field manager, forcing ownership; returns the live object."""
         kind, metadata = manifest["kind"], manifest["metadata"]
@@ -174,7 +179,7 @@ class Cluster:
         namespace = metadata.get("namespace") if issubclass(resource, NamespacedResource) else None
         action = f"apply {kind} {_where(metadata.get('name'), namespace)}"
         started = time.monotonic()
-        try:
+        with self._request(action):
             applied = await self.client.patch(
                 resource,
                 metadata["name"],
@@ -184,8 +189,6 @@ class Cluster:
                 field_manager=FIELD_MANAGER,
                 force=True,
             )
-        except (ApiError, httpx2.TransportError, OSError) as exc:
-            raise self._failure(exc, action) from exc
         log.debug("%s: %s took %.3fs", self.name, action, time.monotonic() - started)
         return _as_dict(applied)
 
@@ -202,15 +205,10 @@ class Cluster:
         kind, metadata = manifest["kind"], manifest["metadata"]
         action = f"{verb} {kind} {_where(metadata.get('name'), metadata.get('namespace'))}"
         obj = _KINDS[kind].from_dict(dict(manifest))
-        try:
+        with self._request(action, answers=(409,)):
             await (self.client.create(obj) if verb == "create" else self.client.replace(obj))
-        except ApiError as exc:
-            if exc.status.code == 409:
-                return False
-            raise self._failure(exc, action) from exc
-        except (httpx2.TransportError, OSError) as exc:
-            raise self._failure(exc, action) from exc
-        return True
+            return True
+        return False
 
     async def probe(self) -> None:
         """One cheap request; raises ClusterError when the cluster does not answer properly."""
@@ -218,15 +216,9 @@ class Cluster:
 
     async def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
-        try:
-            found = await self.client.get(_KINDS[kind], name, namespace=namespace)
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return None
-            raise self._failure(exc, f"get {kind} {_where(name, namespace)}") from exc
-        except (httpx2.TransportError, OSError) as exc:
-            raise self._failure(exc, f"get {kind} {_where(name, namespace)}") from exc
-        return _as_dict(found)
+        with self._request(f"get {kind} {_where(name, namespace)}", answers=(404,)):
+            return _as_dict(await self.client.get(_KINDS[kind], name, namespace=namespace))
+        return None
 
     async def list(
         self, kind: str, *, namespace: str | None, labels: Mapping[str, str]
@@ -242,19 +234,15 @@ class Cluster:
         action = f"list {kind} in {f'namespace {namespace}' if namespace else 'all namespaces'}"
         resource = _KINDS[kind]
         selector: dict[str, Any] = dict(labels)
-        try:
+        with self._request(action, answers=(404,)) as request:
             if issubclass(resource, NamespacedResource):
                 listing = self.client.list(resource, namespace=namespace or "*", labels=selector)
             else:
                 listing = self.client.list(resource, labels=selector)
             objects = [_as_dict(item) async for item in listing]
             return objects, listing.resourceVersion
-        except ApiError as exc:
-            if exc.status.code == 404:  # a collection that is not there: the kind is not served
-                raise ClusterError(Problem(NOT_SERVED, f"the {self.name} serves no {kind}")) from exc
-            raise self._failure(exc, action) from exc
-        except (httpx2.TransportError, OSError) as exc:
-            raise self._failure(exc, action) from exc
+        # a collection that is not there: the kind is not served
+        raise ClusterError(Problem(NOT_SERVED, f"the {self.name} serves no {kind}")) from request.answer
 
     async def watch(
         self, kind: str, *, labels: Mapping[str, str], resource_version: str, namespace: str | None = None
@@ -264,7 +252,7 @@ class Cluster:
         Raises ClusterError; reason Expired when the version is too old (HTTP 410: list again).
         """
         selector: dict[str, Any] = dict(labels)
-        try:
+        with self._request(f"watch {kind}", answers=(410,)) as request:
             async for event, obj in self.watch_client.watch(
                 _KINDS[kind],
                 namespace=namespace or "*",
@@ -273,24 +261,15 @@ class Cluster:
                 server_timeout=300,
             ):
                 yield event, _as_dict(obj)
-        except ApiError as exc:
-            if exc.status.code == 410:
-                raise ClusterError(Problem(EXPIRED, f"{self.name}: watch of {kind} expired")) from exc
-            raise self._failure(exc, f"watch {kind}") from exc
-        except (httpx2.TransportError, OSError) as exc:
-            raise self._failure(exc, f"watch {kind}") from exc
+        if request.answer is not None:
+            raise ClusterError(Problem(EXPIRED, f"{self.name}: watch of {kind} expired")) from request.answer
 
     async def delete(self, kind: str, name: str, namespace: str | None = None) -> bool:
         """Delete (background propagation); False when it was already gone."""
-        try:
+        with self._request(f"delete {kind} {_where(name, namespace)}", answers=(404,)):
             await self.client.delete(_KINDS[kind], name, namespace=namespace)
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return False
-            raise self._failure(exc, f"delete {kind} {_where(name, namespace)}") from exc
-        except (httpx2.TransportError, OSError) as exc:
-            raise self._failure(exc, f"delete {kind} {_where(name, namespace)}") from exc
-        return True
+            return True
+        return False
 
     async def patch_status(
         self, name: str, namespace: str, status: Mapping[str, Any], resource_version: str | None
@@ -299,7 +278,7 @@ class Cluster:
         body: dict[str, Any] = {"status": dict(status)}
         if resource_version:
             body["metadata"] = {"resourceVersion": resource_version}
-        try:
+        with self._request(f"patch the status of {KIND} {namespace}/{name}", answers=(404, 409)):
             await self.client.patch(
                 PrfaasDeploymentResource.Status,
                 name,
@@ -308,17 +287,39 @@ class Cluster:
                 patch_type=PatchType.MERGE,
                 field_manager=FIELD_MANAGER,
             )
-        except ApiError as exc:
-            if exc.status.code in (404, 409):
-                return False
-            raise self._failure(exc, f"patch the status of {KIND} {namespace}/{name}") from exc
-        except (httpx2.TransportError, OSError) as exc:
-            raise self._failure(exc, f"patch the status of {KIND} {namespace}/{name}") from exc
-        return True
+            return True
+        return False
 
     async def close(self) -> None:
         await self.client.close()
         await self.watch_client.close()
+
+
+class _Request:
+    """A context for one request of `cluster`: the one place its failures are translated.
+
+    An ApiError whose code is in `answers` is the API's answer, not a failure: it is kept in
+    `answer` and the block ends (the code after it handles the answer). Any other ApiError, a
+    transport error or an OSError (an ssl.SSLError while connecting) leaves as a ClusterError
+    (describe_failure: reason and message, never the request's headers); anything else passes.
+    """
+
+    def __init__(self, cluster: Cluster, action: str, answers: Collection[int]) -> None:
+        self.cluster, self.action, self.answers = cluster, action, answers
+        self.answer: ApiError | None = None
+
+    def __enter__(self) -> _Request:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> bool:
+        if isinstance(exc, ApiError) and exc.status.code in self.answers:
+            self.answer = exc
+            return True
+        if isinstance(exc, (ApiError, httpx2.TransportError, OSError)):
+            raise self.cluster._failure(exc, self.action) from exc
+        return False
 
 
 def _where(name: str | None, namespace: str | None) -> str:
@@ -428,19 +429,16 @@ class Clusters:
         used = self._by_secret.get(key)
         if used is not None and time.monotonic() - used.checked_at < SECRET_RECHECK_SECONDS:
             return used.cluster
-        try:
+        secret: Secret | None = None
+        with self.local._request(f"get Secret {where}", answers=(404,)) as request:
             secret = await self.local.client.get(Secret, ref.name, namespace=namespace)
-        except ApiError as exc:
-            if exc.status.code == 404 and allow_cached and used is not None:
+        if secret is None:  # 404
+            if allow_cached and used is not None:
                 return used.cluster
-            if exc.status.code == 404:
-                self._by_secret.pop(key, None)
-                raise ClusterError(
-                    Problem(SECRET_NOT_FOUND, f"Secret {where} (the PrfaaS cluster's kubeconfig) not found")
-                ) from exc
-            raise self.local._failure(exc, f"get Secret {where}") from exc
-        except (httpx2.TransportError, OSError) as exc:
-            raise self.local._failure(exc, f"get Secret {where}") from exc
+            self._by_secret.pop(key, None)
+            raise ClusterError(
+                Problem(SECRET_NOT_FOUND, f"Secret {where} (the PrfaaS cluster's kubeconfig) not found")
+            ) from request.answer
         version = (secret.metadata.resourceVersion if secret.metadata else None) or ""
         if used is None or used.resource_version != version:
             used = _SecretUse(version, self._client_for(secret.data, ref, where), 0.0)
