@@ -14,7 +14,7 @@ from prometheus_client import disable_created_metrics
 
 from prfaas_router.app import RouterService, error_answer
 from prfaas_router.drain import DRAIN_SIGNAL, ShutdownDrain
-from prfaas_router.listener import Server
+from prfaas_router.http.server import Server
 from prfaas_router.settings import RouterSettings, add_flags, from_flags
 from prfaas_router.tokenizer import TokenizerError
 
@@ -42,7 +42,7 @@ async def serve(settings: RouterSettings) -> int:
     server = Server(
         service.routes(),
         settings.clients,
-        service.metrics,
+        on_refusal=service.metrics.client_refused,
         max_body_bytes=settings.max_body_bytes,
         body_timeout_seconds=settings.client_body_timeout_seconds,
         draining=lambda: drain.active,

@@ -24,15 +24,15 @@ from prfaas_router.config_watch import ConfigWatcher
 from prfaas_router.configmap_source import ConfigMapSource, InCluster, NotInCluster
 from prfaas_router.drain import ShutdownDrain
 from prfaas_router.health import HealthChecker
+from prfaas_router.http.client import Upstream
+from prfaas_router.http.server import Answer, HttpError, Request, Routes, json_answer
 from prfaas_router.link_probe import LinkProbe
-from prfaas_router.listener import Answer, Request, Routes, json_answer
 from prfaas_router.loads import LoadPoller
 from prfaas_router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
 from prfaas_router.payloads import ApiError, Kind, parse, prompt_keys, request_id
 from prfaas_router.proxy import REQUEST_ID_HEADER, Dispatcher, Exchange, Snapshot, error_response
 from prfaas_router.settings import RouterSettings
 from prfaas_router.tokenizer import PromptTokenizer
-from prfaas_router.upstream import Upstream
 
 log = logging.getLogger("prfaas_router")
 
@@ -241,7 +241,7 @@ class RouterService:
         return await self._generation(request, Kind.GENERATE)
 
     async def _generation(self, request: Request, kind: Kind) -> Answer | None:
-        """The body is whole here: the listener enforced its size limit and timeout."""
+        """The body is whole here: the HTTP server enforced its size limit and timeout."""
         started = time.monotonic()
         rid = request_id(request.header(REQUEST_ID_HEADER))
         snapshot, dispatcher = self.snapshot, self._dispatcher
@@ -372,7 +372,10 @@ class RouterService:
         return json_answer(body)
 
 
-def error_answer(error: ApiError, request: Request | None) -> Answer:
-    """The listener's own refusals (404, 405, 413, malformed HTTP, a router bug), in the shape of
-    every other error; the request's id when it had a head."""
-    return error_response(error, None if request is None else request_id(request.header(REQUEST_ID_HEADER)))
+def error_answer(error: HttpError, request: Request | None) -> Answer:
+    """The HTTP server's own refusals (404, 405, 413, malformed HTTP, a router bug), in the shape
+    of every other error; the request's id when it had a head."""
+    api_error = ApiError(error.status, error.message, type_=error.type, code=error.code)
+    return error_response(
+        api_error, None if request is None else request_id(request.header(REQUEST_ID_HEADER))
+    )

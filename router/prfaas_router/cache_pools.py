@@ -27,9 +27,9 @@ from collections.abc import Callable
 from prfaas_core.router_config import RouterConfig
 from prfaas_core.routing.prefix_index import ClusterIndexes
 
+from prfaas_router.http.client import Upstream, UpstreamError, target
 from prfaas_router.metrics import RouterMetrics
 from prfaas_router.periodic import Periodic
-from prfaas_router.upstream import Upstream, UpstreamError, target
 
 log = logging.getLogger("prfaas_router.cache_pools")
 

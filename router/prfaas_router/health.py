@@ -41,9 +41,9 @@ import time
 
 from prfaas_core.routing.workers import BreakerState, Fleet, Worker
 
+from prfaas_router.http.client import Upstream, UpstreamError, target
 from prfaas_router.metrics import RouterMetrics
 from prfaas_router.periodic import Periodic
-from prfaas_router.upstream import Upstream, UpstreamError, target
 
 log = logging.getLogger("prfaas_router.health")
 

@@ -40,8 +40,8 @@ from prfaas_core.routing.workers import Fleet, Worker
 from prfaas_core.vocabulary import Pool
 from prometheus_client.parser import text_string_to_metric_families
 
+from prfaas_router.http.client import AnswerTooLarge, Upstream, UpstreamError, target
 from prfaas_router.metrics import RouterMetrics
-from prfaas_router.upstream import AnswerTooLarge, Upstream, UpstreamError, target
 
 log = logging.getLogger("prfaas_router.link_probe")
 

@@ -28,8 +28,8 @@ import logging
 from prfaas_core.routing.workers import EngineLoad, Fleet, Worker
 from prfaas_core.vocabulary import Pool
 
+from prfaas_router.http.client import AnswerTooLarge, Upstream, UpstreamError, target
 from prfaas_router.metrics import RouterMetrics
-from prfaas_router.upstream import AnswerTooLarge, Upstream, UpstreamError, target
 
 log = logging.getLogger("prfaas_router.loads")
 

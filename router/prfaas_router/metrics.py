@@ -22,6 +22,8 @@ from prometheus_client.utils import floatToGoString
 
 OUTPUT_TOKEN_BUCKETS = contract.token_buckets(low=1, high=262144, ratio=2.0)
 METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
+CLIENT_REFUSALS = frozenset({"connection_limit", "malformed_http"})
+"""The HTTP server's refusals counted in `client_refusals_total`; the others are bad requests."""
 
 Metric = TypeVar("Metric", Counter, Gauge, Histogram)
 
@@ -270,6 +272,14 @@ class RouterMetrics:
         for route in vocabulary.ROUTES:
             self.uncached_tokens.labels(route)
             self.ttft.labels(route)
+
+    def client_refused(self, reason: str) -> None:
+        """The HTTP server's `on_refusal`: a refused connection or unreadable HTTP counts as a
+        client refusal, a request refused for its body or expectation as a bad request."""
+        if reason in CLIENT_REFUSALS:
+            self.client_refusals.labels(reason).inc()
+        else:
+            self.requests.labels("none", "bad_request").inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

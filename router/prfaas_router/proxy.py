@@ -60,8 +60,9 @@ from prfaas_core.routing.prefix_index import NO_HIT, ClusterIndexes, PromptKey
 from prfaas_core.routing.workers import Fleet, Worker
 from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS, Pool
 
+from prfaas_router.http.client import Reply, Target, Upstream, UpstreamError, target
+from prfaas_router.http.server import Answer, Request, json_answer
 from prfaas_router.link_probe import LinkProbe
-from prfaas_router.listener import Answer, Request, json_answer
 from prfaas_router.metrics import RouterMetrics
 from prfaas_router.payloads import (
     ApiError,
@@ -71,7 +72,6 @@ from prfaas_router.payloads import (
     last_completion_tokens,
     with_bootstrap,
 )
-from prfaas_router.upstream import Reply, Target, Upstream, UpstreamError, target
 
 log = logging.getLogger("prfaas_router.proxy")
 

@@ -20,9 +20,9 @@ from prfaas_core.routing.link_estimate import LINK_POLL_SECONDS, SGLANG_CHUNK_TO
 from prfaas_core.routing.workers import LOAD_POLL_SECONDS
 
 from prfaas_router.configmap_source import ConfigMapRef
-from prfaas_router.listener import ClientLimits
+from prfaas_router.http.client import MAX_ANSWER_BYTES
+from prfaas_router.http.server import ClientLimits
 from prfaas_router.payloads import Limits
-from prfaas_router.upstream import MAX_ANSWER_BYTES
 
 # the command line made from the fields (prfaas_core.flags), where the router's callers find it
 __all__ = ["LOG_LEVELS", "RouterSettings", "add_flags", "flag_of", "from_flags", "to_flags"]

@@ -12,19 +12,18 @@ import contextlib
 import gc
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
 from prfaas_core.router_config import Endpoint, Pools
 from prfaas_core.routing.workers import Fleet
 from prfaas_router.health import HealthChecker
+from prfaas_router.http.client import Reply, Upstream, UpstreamError, target
 from prfaas_router.metrics import RouterMetrics
-from prfaas_router.upstream import Reply, Upstream, UpstreamError, target
+from support.raw_http import raw_server
 
 pytestmark = pytest.mark.timeout(60)
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
 @pytest.fixture
@@ -68,12 +67,6 @@ async def engine() -> AsyncIterator[tuple[str, set[str]]]:
     port = runner.addresses[0][1]
     yield f"http://127.0.0.1:{port}", peers
     await runner.cleanup()
-
-
-async def raw_server(handler: Handler) -> tuple[asyncio.Server, str]:
-    server = await asyncio.start_server(handler, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    return server, f"http://127.0.0.1:{port}"
 
 
 async def test_a_post_is_answered_and_its_connection_reused(

@@ -1,14 +1,12 @@
 """The router's pure decisions under faults: whom a failure blames, when a slow check is forgiven,
-how clients are refused and how often that is logged."""
+and how an engine's report of a failure is read."""
 
 from __future__ import annotations
 
 import pytest
 from prfaas_router.health import busy
-from prfaas_router.listener import LogThrottle, Routes, connection_limit
-from prfaas_router.payloads import ApiError
+from prfaas_router.http.client import UpstreamError
 from prfaas_router.proxy import Culprit, at_fault, engine_fault, reports_handoff, stream_error
-from prfaas_router.upstream import UpstreamError
 
 
 @pytest.mark.parametrize(
@@ -78,40 +76,3 @@ def test_a_slow_health_check_is_forgiven_while_the_engine_works_for_us(
     inflight: int, heard: float, forgiven: bool
 ) -> None:
     assert busy(inflight, heard, window_seconds=1.0) is forgiven
-
-
-def test_the_log_throttle_says_once_per_client_per_period_and_counts_the_rest() -> None:
-    throttle = LogThrottle(every_seconds=60.0, most_keys=2)
-    assert throttle.allow("10.0.0.1", 0.0)
-    assert not throttle.allow("10.0.0.1", 59.0)
-    assert throttle.allow("10.0.0.2", 1.0)
-    assert not throttle.allow("10.0.0.3", 2.0)  # two clients logged this period already
-    assert throttle.take_held_back() == 2 and throttle.take_held_back() == 0
-    assert throttle.allow("10.0.0.1", 61.0)
-    assert throttle.allow("10.0.0.3", 61.5)  # the period of 10.0.0.2 ended: room again
-
-
-def test_the_connection_limit_fits_under_the_open_file_limit() -> None:
-    assert connection_limit(10_000, 1_048_576) == 10_000
-    assert connection_limit(10_000, 20_000) == (20_000 - 256) // 3
-    assert connection_limit(10_000, 100) == 1
-
-
-async def _answer(request: object) -> None:
-    return None
-
-
-def test_routes_answer_unknown_paths_404_and_other_methods_405_and_get_answers_head() -> None:
-    routes = Routes()
-    routes.add("GET", "/metrics", _answer)
-    routes.add("POST", "/generate", _answer)
-    assert routes.find("GET", "/metrics") is _answer
-    assert routes.find("HEAD", "/metrics") is _answer
-    missing = routes.find("GET", "/nope%20here")
-    assert isinstance(missing, ApiError)
-    assert (missing.status, missing.code) == (404, "not_found")
-    assert "GET /nope here" in missing.message
-    wrong = routes.find("GET", "/generate")
-    assert isinstance(wrong, ApiError)
-    assert (wrong.status, wrong.code) == (405, "method_not_allowed")
-    assert "allowed: POST" in wrong.message

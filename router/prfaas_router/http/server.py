@@ -1,5 +1,6 @@
 """The router's side facing clients: its own HTTP/1.1 server on httptools (llhttp, as SGLang's
-uvicorn and aiohttp parse), built for a proxy's hot path.
+uvicorn and aiohttp parse), built for a proxy's hot path. It knows nothing of routing: what it
+refuses is reported through `on_refusal`, and its error answers are shaped by `error_answer`.
 
 aiohttp's server took about a quarter of the router's CPU per request (its request and response
 objects, routing, middleware, signals); this one keeps only what the router uses, and what a
@@ -38,9 +39,6 @@ from typing import Any, cast
 from urllib.parse import unquote
 
 import httptools
-
-from prfaas_router.metrics import RouterMetrics
-from prfaas_router.payloads import ApiError
 
 log = logging.getLogger("prfaas_router.clients")
 
@@ -108,16 +106,28 @@ class LogThrottle:
         return held
 
 
-def head_too_large(detail: str) -> ApiError:
-    return ApiError(431, f"a request line or header is too long: {detail}", code="header_too_large")
+class HttpError(Exception):
+    """What the server answers by itself (404, 405, 413, malformed HTTP, a handler's bug); the
+    router's `error_answer` gives it the router's error shape."""
+
+    def __init__(self, status: int, message: str, *, type_: str = "invalid_request_error", code: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.code = code
 
 
-def malformed_request(detail: str) -> ApiError:
-    return ApiError(400, f"malformed HTTP request: {detail}", code="malformed_request")
+def head_too_large(detail: str) -> HttpError:
+    return HttpError(431, f"a request line or header is too long: {detail}", code="header_too_large")
 
 
-def body_too_large(limit: int) -> ApiError:
-    return ApiError(
+def malformed_request(detail: str) -> HttpError:
+    return HttpError(400, f"malformed HTTP request: {detail}", code="malformed_request")
+
+
+def body_too_large(limit: int) -> HttpError:
+    return HttpError(
         413,
         f"request body exceeds the {limit}-byte limit",
         type_="invalid_request_error",
@@ -208,14 +218,14 @@ class Routes:
     def add(self, method: str, path: str, handler: Handler) -> None:
         self._by_path.setdefault(path, {})[method] = handler
 
-    def find(self, method: str, path: str) -> Handler | ApiError:
+    def find(self, method: str, path: str) -> Handler | HttpError:
         methods = self._by_path.get(path)
         if methods is None:
-            return ApiError(404, f"Not Found: {method} {unquote(path)}", code="not_found")
+            return HttpError(404, f"Not Found: {method} {unquote(path)}", code="not_found")
         handler = methods.get("GET" if method == "HEAD" else method)
         if handler is None:
             allowed = ", ".join(sorted({*methods, *(("HEAD",) if "GET" in methods else ())}))
-            return ApiError(
+            return HttpError(
                 405,
                 f"Method Not Allowed: {method} {unquote(path)} (allowed: {allowed})",
                 code="method_not_allowed",
@@ -231,16 +241,18 @@ class Server:
         self,
         routes: Routes,
         limits: ClientLimits,
-        metrics: RouterMetrics,
         *,
+        on_refusal: Callable[[str], None],
         max_body_bytes: int,
         body_timeout_seconds: float,
         draining: Callable[[], bool],
-        error_answer: Callable[[ApiError, Request | None], Answer],
+        error_answer: Callable[[HttpError, Request | None], Answer],
     ) -> None:
         self.routes = routes
         self.limits = limits
-        self.metrics = metrics
+        self.on_refusal = on_refusal
+        """Called with why a client was refused: `connection_limit`, `malformed_http`, or the
+        code of a refused request (`body_too_large`, `body_timeout`, `expectation_failed`)."""
         self.max_body_bytes = max_body_bytes
         self.body_timeout_seconds = body_timeout_seconds
         self.draining = draining
@@ -263,6 +275,12 @@ class Server:
             self._protocol, host, port, backlog=backlog, reuse_address=True
         )
 
+    @property
+    def port(self) -> int:
+        """The port listened on (the one asked for, or the one given for port 0)."""
+        assert self._listener is not None, "not started"
+        return int(self._listener.sockets[0].getsockname()[1])
+
     async def shutdown(self, timeout_seconds: float) -> None:
         """Stops listening, closes idle connections, gives the requests in flight up to the
         timeout, then cancels what is left."""
@@ -278,7 +296,7 @@ class Server:
         await asyncio.sleep(0)
 
     def report(self, key: str, reason: str, line: str, *args: Any) -> None:
-        self.metrics.client_refusals.labels(reason).inc()
+        self.on_refusal(reason)
         if self.throttle.allow(key, time.monotonic()):
             held = self.throttle.take_held_back()
             more = f" ({held} more held back)" if held else ""
@@ -322,7 +340,7 @@ class _Connection(asyncio.Protocol):
         self._in_head = False
         self._in_body = False
         self._head_read = 0
-        self._refused: ApiError | None = None
+        self._refused: HttpError | None = None
         self._paused = False
         self._continue = False
         self._done = False  # refused or closing: nothing more is read
@@ -409,7 +427,7 @@ class _Connection(asyncio.Protocol):
         if expect is not None:
             if expect.lower() != "100-continue":
                 self._fail(
-                    ApiError(417, f"unsupported expectation {expect[:64]!r}", code="expectation_failed")
+                    HttpError(417, f"unsupported expectation {expect[:64]!r}", code="expectation_failed")
                 )
             self._continue = http11  # sent when its body is the next thing the router waits for
         request = Request(
@@ -502,7 +520,7 @@ class _Connection(asyncio.Protocol):
         server = self.server
         try:
             found = server.routes.find(request.method, request.path)
-            if isinstance(found, ApiError):
+            if isinstance(found, HttpError):
                 answer: Answer | None = server.error_answer(found, request)
             else:
                 try:
@@ -515,7 +533,7 @@ class _Connection(asyncio.Protocol):
                     log.exception(
                         "internal error in the router answering %s %s", request.method, request.path
                     )
-                    error = ApiError(
+                    error = HttpError(
                         500,
                         f"internal error in the router: {exc!r}",
                         type_="internal_error",
@@ -552,12 +570,12 @@ class _Connection(asyncio.Protocol):
         else:
             self._arm_idle()
 
-    def _fail(self, error: ApiError) -> None:
+    def _fail(self, error: HttpError) -> None:
         """From inside llhttp's callbacks: the refusal is answered once parsing has stopped."""
         self._refused = error
         raise ValueError(error.message)
 
-    def _refuse(self, error: ApiError) -> None:
+    def _refuse(self, error: HttpError) -> None:
         """The connection's last answer, after those before it; nothing more is read."""
         self._done = True
         if self._in_body:  # its head was read but its body refused: it is not answered itself
@@ -568,7 +586,7 @@ class _Connection(asyncio.Protocol):
                 self.remote, "malformed_http", "malformed HTTP from %s: %s", self.remote, error.message
             )
         else:
-            self.server.metrics.requests.labels("none", "bad_request").inc()
+            self.server.on_refusal(error.code)
         self._waiting.append(self.server.error_answer(error, None))
         self._disarm_body()
 
@@ -608,7 +626,7 @@ class _Connection(asyncio.Protocol):
         if self._in_body:
             seconds = self.server.body_timeout_seconds
             self._refuse(
-                ApiError(408, f"the request body did not arrive within {seconds} s", code="body_timeout")
+                HttpError(408, f"the request body did not arrive within {seconds} s", code="body_timeout")
             )
             self._next()
 
@@ -648,8 +666,8 @@ class _Refusal(asyncio.Protocol):
         pass
 
 
-def _refusal_answer(limit: int, error_answer: Callable[[ApiError, Request | None], Answer]) -> bytes:
-    error = ApiError(
+def _refusal_answer(limit: int, error_answer: Callable[[HttpError, Request | None], Answer]) -> bytes:
+    error = HttpError(
         503,
         f"the router holds its limit of {limit} client connections; retry later",
         type_="service_unavailable",
