@@ -15,11 +15,11 @@ from router_harness import (
     Process,
     Router,
     RouterFactory,
-    free_port,
     healthy_cluster,
     http_get,
-    wait_until,
 )
+from support.eventually import eventually
+from support.ports import free_port
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +46,18 @@ def start_router(tmp_path: Path) -> Iterator[RouterFactory]:
         )
         router.process.start()
         started.append(router)
-        wait_until(lambda: http_get(router.url, "/liveness")[0] == 200, f"router\n{router.process.log()}")
+        eventually(
+            lambda: http_get(router.url, "/liveness")[0] == 200,
+            timeout=30.0,
+            interval=0.05,
+            what=f"router\n{router.process.log()}",
+        )
         if wait_ready:
-            wait_until(
+            eventually(
                 lambda: http_get(router.url, "/readiness")[0] == 200,
-                f"router readiness\n{router.process.log()}",
+                timeout=30.0,
+                interval=0.05,
+                what=f"router readiness\n{router.process.log()}",
             )
         return router
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -21,12 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-
-def free_loopback_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+from support.ports import free_port
 
 
 @dataclass
@@ -96,7 +90,7 @@ def run_operator(
     Scoped on purpose: other tests on the shared testbed apply PrfaasDeployments of their own,
     which this operator must neither reconcile nor hold GPUs for.
     """
-    liveness, metrics = free_loopback_port(), free_loopback_port()
+    liveness, metrics = free_port(), free_port()
     command = [
         sys.executable, "-m", "prfaas_operator", "--namespace", namespaces, "--bind-address", "127.0.0.1",
         "--liveness-port", str(liveness), "--metrics-port", str(metrics), *extra_args,

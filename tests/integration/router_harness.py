@@ -12,10 +12,8 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +21,8 @@ from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
+from support.eventually import eventually
+from support.ports import free_port
 
 MODEL = "kimi-fake"
 THRESHOLD = 1000  # tokens; text counts 4 characters per token
@@ -36,12 +36,6 @@ def fresh_long(tag: str) -> str:
     return f"[{tag}] {LONG}"
 
 
-def free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 def http_get(url: str, path: str, timeout: float = 1.0) -> tuple[int, bytes]:
     host, port = url.removeprefix("http://").split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
@@ -51,16 +45,6 @@ def http_get(url: str, path: str, timeout: float = 1.0) -> tuple[int, bytes]:
         return response.status, response.read()
     finally:
         connection.close()
-
-
-def wait_until(ready: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        with contextlib.suppress(OSError):
-            if ready():
-                return
-        assert time.monotonic() < deadline, f"{what} not ready after {seconds} s"
-        time.sleep(0.05)
 
 
 @dataclass
@@ -154,8 +138,11 @@ def start_engine(
 
 def wait_healthy(engine: Engine) -> None:
     """Until the engine is ready: SGLang's /ready answers at once (its /health takes a second)."""
-    wait_until(
-        lambda: http_get(engine.url, "/ready")[0] == 200, f"engine {engine.name}\n{engine.process.log()}"
+    eventually(
+        lambda: http_get(engine.url, "/ready")[0] == 200,
+        timeout=30.0,
+        interval=0.05,
+        what=f"engine {engine.name}\n{engine.process.log()}",
     )
 
 

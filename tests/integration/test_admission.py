@@ -12,7 +12,6 @@ import copy
 import json
 import shutil
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from prfaas_operator import api, crd
 from prfaas_operator.planning import manifests, router_config_builder
 from prfaas_operator.planning.allocation import effective_allocation
 from prfaas_operator.planning.fingerprint import kv_fingerprint
+from support.eventually import eventually
 
 if TYPE_CHECKING:
     from prfaas_testbed.clusters import Testbed
@@ -58,14 +58,6 @@ class Kubectl:
         done = self.run(*args, stdin=stdin)
         assert done.returncode == 0, f"kubectl {' '.join(args)} failed: {done.stderr}"
         return done.stdout
-
-
-def wait_for(probe: Callable[[], bool], *, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not probe():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
@@ -470,8 +462,7 @@ def test_longest_allowed_name_is_accepted_and_its_children_are_valid(
     longest["spec"]["replicas"] = 1
     kubectl.ok("apply", "--server-side", "--field-manager=prfaas-tests", "-f", "-", stdin=json.dumps(longest))
     pod = f"{longest['metadata']['name']}-0"
-    wait_for(lambda: kubectl.run("get", "pod", pod, "-n", namespace).returncode == 0, timeout_s=60,
-             what=f"pod {pod} created by the StatefulSet controller")  # fmt: skip
+    eventually(lambda: kubectl.run("get", "pod", pod, "-n", namespace).returncode == 0, timeout=60, interval=0.5, what=f"pod {pod} created by the StatefulSet controller")  # fmt: skip
     labels = json.loads(kubectl.ok("get", "pod", pod, "-n", namespace, "-o", "json"))["metadata"]["labels"]
     assert labels["controller-revision-hash"].startswith(f"{longest['metadata']['name']}-")
     kubectl.ok("delete", "statefulset", longest["metadata"]["name"], "-n", namespace, "--wait=false")
@@ -512,8 +503,7 @@ def test_multi_node_pools_shorten_the_longest_name_and_their_groups_start(
     kubectl.ok("apply", "--server-side", "--field-manager=prfaas-tests", "-f", "-", stdin=json.dumps(lws))
     worker = f"{lws['metadata']['name']}-0-1"
     try:
-        wait_for(lambda: kubectl.run("get", "pod", worker, "-n", namespace).returncode == 0, timeout_s=90,
-                 what=f"worker pod {worker} created by LeaderWorkerSet")  # fmt: skip
+        eventually(lambda: kubectl.run("get", "pod", worker, "-n", namespace).returncode == 0, timeout=90, interval=0.5, what=f"worker pod {worker} created by LeaderWorkerSet")  # fmt: skip
         pod = json.loads(kubectl.ok("get", "pod", worker, "-n", namespace, "-o", "json"))
         assert pod["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/worker-index"] == "1"
         assert pod["metadata"]["labels"]["controller-revision-hash"].startswith(
@@ -541,7 +531,7 @@ def test_explain_shows_the_descriptions(kubectl: Kubectl, namespace: str) -> Non
     def explained() -> bool:
         return kubectl.run("explain", "prfaasdeployment.spec.prefillCluster").returncode == 0
 
-    wait_for(explained, timeout_s=60, what="kubectl explain to know the CRD")
+    eventually(explained, timeout=60, interval=0.5, what="kubectl explain to know the CRD")
     text = " ".join(kubectl.ok("explain", "prfaasdeployment.spec.prefillCluster").split())  # unwrapped
     assert "compute-dense GPUs that only prefill long prompts" in text
     assert "kubeconfigSecretRef" in text and "Secret with a kubeconfig for the PrfaaS cluster" in text

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,8 @@ from prfaas_engine_sim.server import FakeEngine
 from prfaas_engine_sim.settings import EngineSettings
 from prfaas_engine_sim.timing import kv_wire_bytes, load_profile
 from prometheus_client.parser import text_string_to_metric_families
+from support.eventually import eventually_async
+from support.ports import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -125,6 +126,11 @@ async def metrics(http: aiohttp.ClientSession, engine: FakeEngine) -> dict[str, 
                 continue
             samples[sample.name] = samples.get(sample.name, 0.0) + sample.value
     return samples
+
+
+async def kv_bytes_received(http: aiohttp.ClientSession, engine: FakeEngine) -> float:
+    """The KV bytes `engine` has received so far (0 until the first one)."""
+    return (await metrics(http, engine))["prfaas_fake_engine_kv_bytes_received_total"]
 
 
 def kv_bytes(prompt_tokens: int) -> int:
@@ -327,9 +333,7 @@ async def test_health_generates_one_token_and_never_answers_in_under_a_second_as
 async def test_the_engine_listens_only_once_its_model_is_loaded_as_sglang_does(
     http: aiohttp.ClientSession,
 ) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     engine = FakeEngine(decode_settings(mode="null", port=port, model_load_seconds=1.5))
     started = time.monotonic()
     starting = asyncio.create_task(engine.start())
@@ -533,10 +537,9 @@ async def test_prefill_started_from_sglang_args_killed_mid_transfer_fails_the_de
             )
             prefill_leg = asyncio.ensure_future(post(http, prefill_url + "/generate", body))
             decode_leg = asyncio.ensure_future(post(http, decode.url + "/generate", body))
-            deadline = time.monotonic() + 5
-            while (await metrics(http, decode))["prfaas_fake_engine_kv_bytes_received_total"] == 0:
-                assert time.monotonic() < deadline, "no KV byte arrived"
-                await asyncio.sleep(0.02)
+            await eventually_async(
+                lambda: kv_bytes_received(http, decode), timeout=5, interval=0.02, what="a KV byte to arrive"
+            )
             process.send_signal(signal.SIGKILL)
             killed_at = time.monotonic()
             decode_status, decode_error = await asyncio.wait_for(decode_leg, timeout=10)
@@ -571,10 +574,9 @@ async def test_a_decode_leaving_fails_its_prefill_leg_at_once_if_queued_or_when_
                 asyncio.ensure_future(post(http, decode.url + "/generate", body)),
             )
             await asyncio.sleep(0.05)
-        deadline = time.monotonic() + 5
-        while (await metrics(http, decode))["prfaas_fake_engine_kv_bytes_received_total"] == 0:
-            assert time.monotonic() < deadline, "no KV byte arrived"
-            await asyncio.sleep(0.01)
+        await eventually_async(
+            lambda: kv_bytes_received(http, decode), timeout=5, interval=0.01, what="a KV byte to arrive"
+        )
         for room in (9, 8):  # the router drops both decode legs: their clients went away
             legs[room][1].cancel()
         left_at = time.monotonic()
@@ -919,20 +921,9 @@ async def test_n_copies_go_out_after_a_warm_up_on_their_prompts_room_and_collide
 # ----------------------------------------------------------------------------- helpers
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 async def wait_healthy(http: aiohttp.ClientSession, url: str, seconds: float = 15.0) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            async with http.get(url + "/health") as response:
-                if response.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        assert time.monotonic() < deadline, f"{url} did not become healthy"
-        await asyncio.sleep(0.05)
+    async def healthy() -> bool:
+        async with http.get(url + "/health") as response:
+            return response.status == 200
+
+    await eventually_async(healthy, timeout=seconds, interval=0.05, what=f"{url} to become healthy")

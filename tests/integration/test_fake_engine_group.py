@@ -20,16 +20,12 @@ from pathlib import Path
 
 import pytest
 from prfaas_engine_sim.settings import EngineSettings
+from support.eventually import eventually
+from support.ports import free_port
 
 pytestmark = pytest.mark.timeout(90)
 
 NNODES = 3
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def get(port: int, path: str) -> tuple[int, bytes]:
@@ -43,15 +39,6 @@ def get(port: int, path: str) -> tuple[int, bytes]:
 def listening(port: int) -> bool:
     with socket.socket() as probe:
         return probe.connect_ex(("127.0.0.1", port)) == 0
-
-
-def wait_for(what: str, done: object, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if done():  # type: ignore[operator]
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout_s:.0f}s: {what}")
 
 
 class Group:
@@ -106,8 +93,13 @@ def complete(group: Group) -> None:
     assert not listening(group.ports[0]), "rank 0 serves before every rank has joined"
     assert group.procs[1].poll() is None and group.procs[0].poll() is None
     group.start(2)
-    wait_for("rank 0's API", lambda: listening(group.ports[0]))
-    wait_for("the ranks' dummy health servers", lambda: all(listening(p) for p in group.ports[1:]))
+    eventually(lambda: listening(group.ports[0]), timeout=20.0, interval=0.1, what="rank 0's API")
+    eventually(
+        lambda: all(listening(p) for p in group.ports[1:]),
+        timeout=20.0,
+        interval=0.1,
+        what="the ranks' dummy health servers",
+    )
 
 
 def test_rank_0_serves_the_api_once_all_ranks_joined_and_the_others_only_health(group: Group) -> None:

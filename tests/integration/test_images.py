@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_harness import free_loopback_port
-from polling import wait_until
+from support.eventually import eventually
+from support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "scripts" / "build-images.sh"
@@ -339,15 +339,16 @@ def test_the_router_serves_from_its_image_and_stops_on_sigterm(
     config_dir.mkdir(mode=0o755)
     (config_dir / "config.json").write_text(json.dumps(ROUTER_CONFIG))
     (config_dir / "config.json").chmod(0o644)
-    port = free_loopback_port()
+    port = free_port()
     images.podman(
         "run", "--detach", "--name", container_name, *LOCKED_DOWN, "--network", "host",
         "--volume", f"{config_dir}:/etc/prfaas/router:ro", images.product,
         "prfaas-router", "--config", "/etc/prfaas/router/config.json", "--host", "127.0.0.1", "--port", str(port),
     )  # fmt: skip
-    wait_until(
+    eventually(
         lambda: (_http_get(f"http://127.0.0.1:{port}/liveness") or (0, ""))[0] == 200,
-        timeout_s=60,
+        timeout=60,
+        interval=0.25,
         what="the router's /liveness",
         seen=lambda: _logs(images, container_name),
     )
@@ -364,7 +365,7 @@ def test_the_operator_starts_from_its_image_and_stops_on_sigterm(
     """Without a reachable cluster: it serves its metrics, keeps retrying, and stops on SIGTERM."""
     kube = tmp_path / "kube"
     kube.mkdir(mode=0o755)
-    dead = free_loopback_port()
+    dead = free_port()
     (kube / "config").write_text(
         json.dumps({
             "apiVersion": "v1", "kind": "Config", "current-context": "x",
@@ -374,24 +375,26 @@ def test_the_operator_starts_from_its_image_and_stops_on_sigterm(
         })
     )  # fmt: skip
     (kube / "config").chmod(0o644)
-    metrics = free_loopback_port()
+    metrics = free_port()
     images.podman(
         "run", "--detach", "--name", container_name, *LOCKED_DOWN, "--network", "host",
         "--volume", f"{kube}:/kube:ro", "--env", "KUBECONFIG=/kube/config", images.product,
         "python", "-m", "prfaas_operator", "--bind-address", "127.0.0.1", "--metrics-port", str(metrics),
-        "--liveness-port", str(free_loopback_port()),
+        "--liveness-port", str(free_port()),
     )  # fmt: skip
-    status_body = wait_until(
+    status_body = eventually(
         lambda: _http_get(f"http://127.0.0.1:{metrics}/metrics"),
-        timeout_s=60,
+        timeout=60,
+        interval=0.25,
         what="the operator's /metrics",
         seen=lambda: _logs(images, container_name),
     )
     assert status_body[0] == 200
     # /metrics answers before kopf's first login: wait for that login to fail and be retried
-    wait_until(
+    eventually(
         lambda: "cannot reach the PD cluster" in _logs(images, container_name),
-        timeout_s=60,
+        timeout=60,
+        interval=0.25,
         what="the operator's log to say the PD cluster is unreachable",
         seen=lambda: _logs(images, container_name),
     )
@@ -404,7 +407,7 @@ def test_the_operator_starts_from_its_image_and_stops_on_sigterm(
 def test_the_engine_sim_image_answers_sglangs_command(images: Images, container_name: str) -> None:
     help_text = images.run(images.engine_sim, "python3", "-m", "sglang.launch_server", "--help").stdout
     assert "fake SGLang engine" in help_text
-    port = free_loopback_port()
+    port = free_port()
     # the arguments the operator writes for a decode engine (manifests.sglang_args), host aside
     images.podman(
         "run", "--detach", "--name", container_name, *LOCKED_DOWN, "--network", "host",
@@ -418,9 +421,10 @@ def test_the_engine_sim_image_answers_sglangs_command(images: Images, container_
         "--tp-size", "8", "--disaggregation-mode", "null", "--page-size", "1",
         "--kv-cache-dtype", "auto", "--enable-metrics", "--kv-scale", "0.25",
     )  # fmt: skip
-    wait_until(
+    eventually(
         lambda: (_http_get(f"http://127.0.0.1:{port}/health") or (0, ""))[0] == 200,
-        timeout_s=60,
+        timeout=60,
+        interval=0.25,
         what="the fake engine's /health",
         seen=lambda: _logs(images, container_name),
     )

@@ -19,10 +19,11 @@ import yaml
 from lightkube import Client
 from lightkube.resources.coordination_v1 import Lease
 from operator_harness import OperatorProcess, install_crd, router_on_kwok, run_operator
-from polling import get_or_none, wait_until
+from polling import get_or_none
 from prfaas_operator.adapters.kube import PrfaasDeploymentResource
 from prfaas_operator.crd import repository_root
 from prfaas_operator.planning.lease import LeaseTiming
+from support.eventually import eventually
 
 if TYPE_CHECKING:
     from prfaas_testbed.clusters import Testbed
@@ -83,12 +84,13 @@ def test_one_replica_leads_and_another_takes_over_when_it_dies_or_stops(
 
     with contextlib.ExitStack() as stack:
         first = start("first")
-        wait_until(lambda: leading(first), timeout_s=30, what="the first replica leading")
+        eventually(lambda: leading(first), timeout=30, interval=0.25, what="the first replica leading")
         second = start("second")
         pd_client.create(PrfaasDeploymentResource.from_dict(document))
-        wait_until(
+        eventually(
             lambda: degraded_reason(pd_client, "elected", pd_namespace) == "SecretNotFound",
-            timeout_s=60,
+            timeout=60,
+            interval=0.25,
             what="the leader reconciling the CR",
         )
         time.sleep(2 * LeaseTiming().retry)  # the follower had time to act, were it to
@@ -98,16 +100,20 @@ def test_one_replica_leads_and_another_takes_over_when_it_dies_or_stops(
 
         first.process.kill()  # a crash: no release, the Lease must expire
         killed = time.monotonic()
-        wait_until(lambda: leading(second), timeout_s=TAKEOVER_LIMIT_S + 5, what="the follower leading")
+        eventually(
+            lambda: leading(second), timeout=TAKEOVER_LIMIT_S + 5, interval=0.25, what="the follower leading"
+        )
         crash_takeover = time.monotonic() - killed
-        wait_until(lambda: reconciles(second) > 0, timeout_s=30, what="the new leader reconciling")
+        eventually(
+            lambda: reconciles(second) > 0, timeout=30, interval=0.25, what="the new leader reconciling"
+        )
 
         third = start("third")
         time.sleep(LeaseTiming().retry)
         assert not leading(third)
         second.process.terminate()  # a rolling update: kopf stops, then the Lease is released
         stopped = time.monotonic()
-        wait_until(lambda: leading(third), timeout_s=30, what="the third replica leading")
+        eventually(lambda: leading(third), timeout=30, interval=0.25, what="the third replica leading")
         stop_takeover = time.monotonic() - stopped
         second.process.wait(timeout=20)
         transitions = lease_spec(pd_client, pd_namespace)["leaseTransitions"]
@@ -119,7 +125,6 @@ def test_one_replica_leads_and_another_takes_over_when_it_dies_or_stops(
         assert "released" in second.log_text(), second.log_tail()
         assert transitions >= 2
         pd_client.delete(PrfaasDeploymentResource, "elected", namespace=pd_namespace)
-        wait_until(lambda: get_or_none(pd_client, PrfaasDeploymentResource, "elected", pd_namespace) is None,
-                   timeout_s=60, what="the CR deleted by the leader")  # fmt: skip
+        eventually(lambda: get_or_none(pd_client, PrfaasDeploymentResource, "elected", pd_namespace) is None, timeout=60, interval=0.25, what="the CR deleted by the leader")  # fmt: skip
         for replica in (second, third):
             assert "Traceback" not in replica.log_text(), replica.log_tail()

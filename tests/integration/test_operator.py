@@ -31,11 +31,13 @@ from lightkube import Client, KubeConfig
 from lightkube.resources.apps_v1 import Deployment, StatefulSet
 from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Node, Pod, Service
 from lightkube.resources.policy_v1 import PodDisruptionBudget
-from operator_harness import OperatorProcess, free_loopback_port, install_crd, router_on_kwok, run_operator
-from polling import get_or_none, wait_until
+from operator_harness import OperatorProcess, install_crd, router_on_kwok, run_operator
+from polling import get_or_none
 from prfaas_core.router_config import RouterConfig
 from prfaas_operator.adapters.kube import PrfaasDeploymentResource
 from prfaas_operator.crd import repository_root
+from support.eventually import eventually
+from support.ports import free_port
 
 if TYPE_CHECKING:
     from prfaas_testbed.clusters import Testbed
@@ -188,8 +190,7 @@ def own_namespaces(
     yield local, remote
     for cr in pd_client.list(PrfaasDeploymentResource, namespace=local):
         pd_client.delete(PrfaasDeploymentResource, cr["metadata"]["name"], namespace=local)
-    wait_until(lambda: not list(pd_client.list(PrfaasDeploymentResource, namespace=local)), timeout_s=60,
-               what="the test's CRs deleted")  # fmt: skip
+    eventually(lambda: not list(pd_client.list(PrfaasDeploymentResource, namespace=local)), timeout=60, interval=0.25, what="the test's CRs deleted")  # fmt: skip
 
 
 def test_sample_deployment_lifecycle(
@@ -223,7 +224,7 @@ def test_sample_deployment_lifecycle(
             get_or_none(pd, kind, n, ns) for kind, n in local_children
         )
 
-    wait_until(all_children, timeout_s=30, what="the children in both clusters")
+    eventually(all_children, timeout=30, interval=0.25, what="the children in both clusters")
     print(f"children present {time.monotonic() - applied_at:.2f} s after apply")
     for kind, n in local_children:
         assert get_or_none(prfaas, kind, n, remote_ns) is None, (
@@ -244,17 +245,19 @@ def test_sample_deployment_lifecycle(
             assert int(limits[GPU]) == 8
         return pods
 
-    prfaas_pods = wait_until(
+    prfaas_pods = eventually(
         lambda: placed(prfaas, remote_ns, "prfaas-prefill", 2, "NVIDIA-H200"),
-        timeout_s=60,
+        timeout=60,
+        interval=0.25,
         what="2 PrfaaS prefill pods on H200",
     )
-    prefill_pods = wait_until(
+    prefill_pods = eventually(
         lambda: placed(pd, ns, "pd-prefill", 2, "NVIDIA-H20"),
-        timeout_s=60,
+        timeout=60,
+        interval=0.25,
         what="2 local prefill pods on H20",
     )
-    decode_pods = wait_until(lambda: placed(pd, ns, "pd-decode", 2, "NVIDIA-H20"), timeout_s=60, what="2 decode pods on H20")  # fmt: skip
+    decode_pods = eventually(lambda: placed(pd, ns, "pd-decode", 2, "NVIDIA-H20"), timeout=60, interval=0.25, what="2 decode pods on H20")  # fmt: skip
 
     # the router config lists the pod IPs of every pool
     def config_lists(expected: dict[str, set[str]]) -> RouterConfig | None:
@@ -271,11 +274,12 @@ def test_sample_deployment_lifecycle(
     def urls(pods: list[Any]) -> set[str]:
         return {f"http://{p.status.podIP}:30000" for p in pods}
 
-    config = wait_until(
+    config = eventually(
         lambda: config_lists(
             {"prfaas": urls(prfaas_pods), "local": urls(prefill_pods), "decode": urls(decode_pods)}
         ),
-        timeout_s=30,
+        timeout=30,
+        interval=0.25,
         what="the router config listing every pod IP",
     )
     assert {e.bootstrap_port for e in config.pools.prfaas_prefill + config.pools.local_prefill} == {8998}
@@ -283,9 +287,10 @@ def test_sample_deployment_lifecycle(
     assert config.fingerprint == cr_status(pd, name, ns)["fingerprint"]
 
     # Ready, and `kubectl get prfaas` shows it
-    wait_until(
+    eventually(
         lambda: condition(cr_status(pd, name, ns), "Ready").get("status") == "True",
-        timeout_s=60,
+        timeout=60,
+        interval=0.25,
         what="Ready",
     )
     print(f"Ready {time.monotonic() - applied_at:.2f} s after apply")
@@ -310,15 +315,21 @@ def test_sample_deployment_lifecycle(
         }
     }
     kubectl(testbed, "patch", "prfaas", name, "-n", ns, "--type=merge", "-p", yaml.safe_dump(patch))
-    wait_until(
+    eventually(
         lambda: placed(prfaas, remote_ns, "prfaas-prefill", 1, "NVIDIA-H200"),
-        timeout_s=60,
+        timeout=60,
+        interval=0.25,
         what="1 PrfaaS pod",
     )
-    wait_until(
-        lambda: placed(pd, ns, "pd-prefill", 1, "NVIDIA-H20"), timeout_s=60, what="1 local prefill pod"
+    eventually(
+        lambda: placed(pd, ns, "pd-prefill", 1, "NVIDIA-H20"),
+        timeout=60,
+        interval=0.25,
+        what="1 local prefill pod",
     )
-    wait_until(lambda: placed(pd, ns, "pd-decode", 3, "NVIDIA-H20"), timeout_s=60, what="3 decode pods")
+    eventually(
+        lambda: placed(pd, ns, "pd-decode", 3, "NVIDIA-H20"), timeout=60, interval=0.25, what="3 decode pods"
+    )
 
     def counts_are(prfaas_ready: int, local: int, decode: int) -> bool:
         status = cr_status(pd, name, ns)
@@ -329,15 +340,16 @@ def test_sample_deployment_lifecycle(
             and condition(status, "Ready").get("status") == "True"
         )
 
-    wait_until(lambda: counts_are(1, 1, 3), timeout_s=60, what="status counts 1/1/3 and Ready")
-    config = wait_until(
+    eventually(lambda: counts_are(1, 1, 3), timeout=60, interval=0.25, what="status counts 1/1/3 and Ready")
+    config = eventually(
         lambda: (
             (c := router_config(pd, name, ns))
             and len(c.pools.prfaas_prefill) == 1
             and len(c.pools.decode) == 3
             and c
         ),
-        timeout_s=30,
+        timeout=30,
+        interval=0.25,
         what="the router config following the change",
     )
     assert cr_status(pd, name, ns)["allocation"]["routerConfigVersion"] == config.version
@@ -354,8 +366,8 @@ def test_sample_deployment_lifecycle(
             found is not None and found.metadata.uid != old_uid and found.metadata.deletionTimestamp is None
         )
 
-    wait_until(lambda: recreated(prfaas, StatefulSet, f"{name}-prfaas-prefill", remote_ns, old_sts), timeout_s=30, what="the remote StatefulSet back")  # fmt: skip
-    wait_until(lambda: recreated(pd, Service, f"{name}-pd-decode", ns, old_svc), timeout_s=30, what="the local Service back")  # fmt: skip
+    eventually(lambda: recreated(prfaas, StatefulSet, f"{name}-prfaas-prefill", remote_ns, old_sts), timeout=30, interval=0.25, what="the remote StatefulSet back")  # fmt: skip
+    eventually(lambda: recreated(pd, Service, f"{name}-pd-decode", ns, old_svc), timeout=30, interval=0.25, what="the local Service back")  # fmt: skip
 
     # an edited child is restored: remote replicas scaled by hand, the router image changed
     kubectl_prfaas = ("--kubeconfig", str(testbed.prfaas_kubeconfig))
@@ -371,12 +383,15 @@ def test_sample_deployment_lifecycle(
             and router.spec.template.spec.containers[0].image == SAMPLE["spec"]["router"]["image"]
         )
 
-    wait_until(restored, timeout_s=30, what="edited children restored")
+    eventually(restored, timeout=30, interval=0.25, what="edited children restored")
 
     # deleting the CR empties both clusters (the remote side through the finalizer)
     kubectl(testbed, "delete", "prfaas", name, "-n", ns, "--wait=false")
-    wait_until(
-        lambda: get_or_none(pd, PrfaasDeploymentResource, name, ns) is None, timeout_s=60, what="the CR gone"
+    eventually(
+        lambda: get_or_none(pd, PrfaasDeploymentResource, name, ns) is None,
+        timeout=60,
+        interval=0.25,
+        what="the CR gone",
     )
 
     def emptied() -> bool:
@@ -390,7 +405,7 @@ def test_sample_deployment_lifecycle(
         ]  # fmt: skip
         return remote_gone and not remote_left and not local_left
 
-    wait_until(emptied, timeout_s=60, what="both clusters emptied of the deployment's objects")
+    eventually(emptied, timeout=60, interval=0.25, what="both clusters emptied of the deployment's objects")
     assert operator.alive()
 
 
@@ -409,8 +424,7 @@ def test_sample_image_change_rolls_both_clusters_together_and_back(
     name = "rolled"
     cr = small(deployment_manifest(name, ns, remote_ns, "prfaas-cluster-kubeconfig"))
     kubectl(testbed, "apply", "-f", "-", stdin=yaml.safe_dump(cr))
-    wait_until(lambda: condition(cr_status(pd_client, name, ns), "Ready").get("status") == "True",
-               timeout_s=60, what="Ready")  # fmt: skip
+    eventually(lambda: condition(cr_status(pd_client, name, ns), "Ready").get("status") == "True", timeout=60, interval=0.25, what="Ready")  # fmt: skip
     targets = {"prfaas-prefill": 1, "pd-prefill": 1, "pd-decode": 1}
     clusters = {
         "prfaas-prefill": (prfaas_client, remote_ns),
@@ -472,7 +486,7 @@ def test_bad_clusters_degrade_with_the_cause_while_others_are_served(
 
     ns, remote_ns = own_namespaces
     pd = pd_client
-    closed_port = free_loopback_port()  # bound once and released: nothing listens there
+    closed_port = free_port()  # bound once and released: nothing listens there
     dead = yaml.safe_load(testbed.prfaas_kubeconfig.read_text())
     for entry in dead["clusters"]:
         entry["cluster"]["server"] = f"https://127.0.0.1:{closed_port}"
@@ -495,10 +509,14 @@ def test_bad_clusters_degrade_with_the_cause_while_others_are_served(
         found = condition(status, "Degraded")
         return status if found.get("status") == "True" and found.get("reason") == reason else None
 
-    missing = wait_until(lambda: degraded("no-secret", "SecretNotFound"), timeout_s=30, what="SecretNotFound")
+    missing = eventually(
+        lambda: degraded("no-secret", "SecretNotFound"), timeout=30, interval=0.25, what="SecretNotFound"
+    )
     assert f"Secret {ns}/does-not-exist" in condition(missing, "PrefillClusterReady")["message"]
     assert condition(missing, "Ready")["status"] == "False"
-    dead_status = wait_until(lambda: degraded("unreachable", "Unreachable"), timeout_s=30, what="Unreachable")
+    dead_status = eventually(
+        lambda: degraded("unreachable", "Unreachable"), timeout=30, interval=0.25, what="Unreachable"
+    )
     message = condition(dead_status, "PrefillClusterReady")["message"]
     assert f"https://127.0.0.1:{closed_port}" in message and "connection refused" in message, message
 
@@ -506,12 +524,16 @@ def test_bad_clusters_degrade_with_the_cause_while_others_are_served(
     for cr in ("no-secret", "unreachable"):
         for role in ("pd-prefill", "pd-decode"):
             assert get_or_none(pd, StatefulSet, f"{cr}-{role}", ns) is not None
-        config = wait_until(partial(router_config, pd, cr, ns), timeout_s=30, what=f"{cr}'s router config")
+        config = eventually(
+            partial(router_config, pd, cr, ns), timeout=30, interval=0.25, what=f"{cr}'s router config"
+        )
         assert config.pools.prfaas_prefill == []
-    wait_until(lambda: condition(cr_status(pd, "healthy", ns), "Ready").get("status") == "True", timeout_s=60, what="the healthy CR Ready")  # fmt: skip
+    eventually(lambda: condition(cr_status(pd, "healthy", ns), "Ready").get("status") == "True", timeout=60, interval=0.25, what="the healthy CR Ready")  # fmt: skip
 
     # pods the scheduler cannot place for want of GPUs are named as such
-    too_big = wait_until(lambda: degraded("too-big", "InsufficientGPU"), timeout_s=60, what="InsufficientGPU")
+    too_big = eventually(
+        lambda: degraded("too-big", "InsufficientGPU"), timeout=60, interval=0.25, what="InsufficientGPU"
+    )
     pd_ready = condition(too_big, "PDClusterReady")
     assert pd_ready["reason"] == "InsufficientGPU" and "Insufficient nvidia.com/gpu" in pd_ready["message"]
 
@@ -528,9 +550,10 @@ def test_bad_clusters_degrade_with_the_cause_while_others_are_served(
     # deletion of CRs whose PrfaaS cluster cannot be reached is released after the bounded retry
     for cr in crs:
         kubectl(testbed, "delete", "prfaas", cr, "-n", ns, "--wait=false")
-    wait_until(
+    eventually(
         lambda: not list(pd.list(PrfaasDeploymentResource, namespace=ns)),
-        timeout_s=60,
+        timeout=60,
+        interval=0.25,
         what="all CRs released",
     )
     abandoned = {
@@ -587,9 +610,10 @@ def test_restart_keeps_the_prfaas_endpoints_in_the_router_config(
         with run_operator(testbed.pd_kubeconfig, tmp_path / "first.log", ns, *OPERATOR_OPTIONS):
             cr = small(deployment_manifest(name, ns, remote_ns, "prfaas-cluster-kubeconfig"))
             kubectl(testbed, "apply", "-f", "-", stdin=yaml.safe_dump(cr))
-            wait_until(
+            eventually(
                 lambda: condition(cr_status(pd_client, name, ns), "Ready").get("status") == "True",
-                timeout_s=60,
+                timeout=60,
+                interval=0.25,
                 what="Ready",
             )
             assert serving_remote(), "Ready without the PrfaaS endpoint in the router config"
@@ -597,18 +621,20 @@ def test_restart_keeps_the_prfaas_endpoints_in_the_router_config(
         with run_operator(testbed.pd_kubeconfig, tmp_path / "second.log", ns, *OPERATOR_OPTIONS) as second:
             started = time.monotonic()
             try:
-                wait_until(
+                eventually(
                     lambda: reconciles(second) >= 3 and time.monotonic() - started > 3,
-                    timeout_s=30,
+                    timeout=30,
+                    interval=0.25,
                     what="three passes of the restarted operator",
                 )
             finally:
                 stop.set()
                 sampler.join(timeout=10)
                 pd_client.delete(PrfaasDeploymentResource, name, namespace=ns)
-                wait_until(
+                eventually(
                     lambda: get_or_none(pd_client, PrfaasDeploymentResource, name, ns) is None,
-                    timeout_s=60,
+                    timeout=60,
+                    interval=0.25,
                     what="the CR deleted",
                 )
             assert "Traceback" not in second.log_text(), second.log_tail()

@@ -32,14 +32,16 @@ import yaml
 from lightkube import Client
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import ConfigMap, Event, Namespace
-from operator_harness import OperatorProcess, free_loopback_port, router_on_kwok, run_operator
-from polling import get_or_none, wait_until
+from operator_harness import OperatorProcess, router_on_kwok, run_operator
+from polling import get_or_none
 from prfaas_core import vocabulary
 from prfaas_core.router_config import RouterConfig
 from prfaas_operator import crd
 from prfaas_operator.adapters.kube import PrfaasDeploymentResource
 from prfaas_router.metrics import RouterMetrics
 from prometheus_client import start_http_server
+from support.eventually import eventually
+from support.ports import free_port
 
 if TYPE_CHECKING:
     from prfaas_testbed.clusters import Testbed
@@ -116,7 +118,7 @@ class Feeder:
 @pytest.fixture
 def router_exporter() -> Iterator[tuple[int, Feeder]]:
     metrics = RouterMetrics()
-    port = free_loopback_port()
+    port = free_port()
     server, thread = start_http_server(port, addr="127.0.0.1", registry=metrics.registry)
     feeder = Feeder(metrics, limit_s=300)
     feeder.start()
@@ -174,9 +176,10 @@ def deployments(
     for name in (AUTO, ADVISORY):
         if get_or_none(pd_client, PrfaasDeploymentResource, name, local) is not None:
             pd_client.delete(PrfaasDeploymentResource, name, namespace=local)
-    wait_until(
+    eventually(
         lambda: not list(pd_client.list(PrfaasDeploymentResource, namespace=local)),
-        timeout_s=60,
+        timeout=60,
+        interval=0.25,
         what="the deployments deleted by the operator",
     )
 
@@ -318,9 +321,10 @@ def test_the_loop_follows_a_workload_shift_advises_and_holds_without_prometheus(
     # --- Auto, short prompts: an applied allocation, rolled out to the router config and StatefulSets
     # status.planner holds the latest decision: read it when the allocation flips, because the
     # next tick (a Hold: "already optimal") may come before the rollout below has finished
-    applied = wait_until(
+    applied = eventually(
         lambda: (s := auto()).allocation.get("source") == "Planner" and s,
-        timeout_s=90,  # rounds every 10 s; the first may hold for data (a fresh Prometheus has little)
+        timeout=90,
+        interval=0.25,
         what="the planner's first allocation",
         seen=lambda: f"status.planner {auto().planner}\noperator log:\n{operator.log_tail()}",
     )
@@ -329,9 +333,10 @@ def test_the_loop_follows_a_workload_shift_advises_and_holds_without_prometheus(
         applied.planner["action"] == "Apply"
         and applied.planner["predictedThroughput"] > applied.planner["currentThroughput"]
     )
-    first = wait_until(
+    first = eventually(
         lambda: (s := auto()).operating_point() == applied.operating_point() and s.rolled_out() and s,
-        timeout_s=60,
+        timeout=60,
+        interval=0.25,
         what="the planner's first allocation rolled out",
     )
     assert first.allocation["thresholdTokens"] != SPEC_THRESHOLD or first.allocation_counts() != (1, 1, 3)
@@ -340,14 +345,18 @@ def test_the_loop_follows_a_workload_shift_advises_and_holds_without_prometheus(
     assert (
         applied.planner["inputs"]["meanUncachedTokens"] and int(applied.planner["inputs"]["requests"]) >= 50
     )
-    wait_until(
-        lambda: events(pd_client, ns, AUTO, "PlannerApplied"), timeout_s=20, what="a PlannerApplied Event"
+    eventually(
+        lambda: events(pd_client, ns, AUTO, "PlannerApplied"),
+        timeout=20,
+        interval=0.25,
+        what="a PlannerApplied Event",
     )
 
     # --- Advisory: reports the same kind of proposal, changes nothing
-    advice = wait_until(
+    advice = eventually(
         lambda: (s := advised()).planner.get("action") == "Advise" and s.rolled_out() and s,
-        timeout_s=40,
+        timeout=40,
+        interval=0.25,
         what="advice from the Advisory deployment",
     )
     print(f"{elapsed()} advised: {advice.planner['reason']}")
@@ -357,21 +366,25 @@ def test_the_loop_follows_a_workload_shift_advises_and_holds_without_prometheus(
         advice.planner["thresholdTokens"] is not None
         and advice.planner["predictedThroughput"] > advice.planner["currentThroughput"]
     )
-    wait_until(
-        lambda: events(pd_client, ns, ADVISORY, "PlannerAdvice"), timeout_s=20, what="a PlannerAdvice Event"
+    eventually(
+        lambda: events(pd_client, ns, ADVISORY, "PlannerAdvice"),
+        timeout=20,
+        interval=0.25,
+        what="a PlannerAdvice Event",
     )
     assert not events(pd_client, ns, ADVISORY, "PlannerApplied")
 
     # --- the shift to long prompts: Auto moves the threshold up and changes the split
     feeder.phase = LONG
-    shifted = wait_until(
+    shifted = eventually(
         lambda: (
             (s := auto()).allocation["thresholdTokens"] > first.allocation["thresholdTokens"]
             and s.allocation_counts()[1:] != first.allocation_counts()[1:]
             and s.rolled_out()
             and s
         ),
-        timeout_s=120,
+        timeout=120,
+        interval=0.25,
         what="the threshold and the split to follow the longer prompts",
     )
     print(f"{elapsed()} after the shift: {shifted.allocation} ({shifted.planner['reason']})")
@@ -391,17 +404,20 @@ def test_the_loop_follows_a_workload_shift_advises_and_holds_without_prometheus(
         planner = s.planner
         return s if planner.get("action") == "Hold" and "unreachable" in planner.get("reason", "") else None
 
-    held = wait_until(lambda: holding(auto), timeout_s=40, what="the Auto deployment to hold")
-    held_advised = wait_until(lambda: holding(advised), timeout_s=40, what="the Advisory deployment to hold")
+    held = eventually(lambda: holding(auto), timeout=40, interval=0.25, what="the Auto deployment to hold")
+    held_advised = eventually(
+        lambda: holding(advised), timeout=40, interval=0.25, what="the Advisory deployment to hold"
+    )
     print(
         f"{elapsed()} held {time.monotonic() - down_since:.1f}s after Prometheus stopped: {held.planner['reason']}"
     )
     assert prom.url in held.planner["reason"]
     assert held.planner.get("thresholdTokens") is None and held.planner.get("predictedThroughput") is None
     # a second Hold a full interval later: the loop keeps holding, the allocation stays put
-    again = wait_until(
+    again = eventually(
         lambda: (s := holding(auto)) is not None and s.planner["time"] != held.planner["time"] and s,
-        timeout_s=30,
+        timeout=30,
+        interval=0.25,
         what="a second hold",
     )
     for seen in (held, again):  # the router config version may move as pods come and go: not the planner's

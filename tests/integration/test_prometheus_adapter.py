@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pytest
-from operator_harness import free_loopback_port
 from prfaas_core import metrics_contract as contract
 from prfaas_core import vocabulary
 from prfaas_core.planning import NoData, Observation, Reason
 from prfaas_operator.adapters.prometheus import PrometheusObserver, SeriesSelector
+from support.ports import free_port
 
 if TYPE_CHECKING:
     from prfaas_testbed.prometheus import PrometheusServer
@@ -262,7 +262,7 @@ def test_unusable_series_are_no_data_with_the_cause(
 
 
 def test_an_unreachable_prometheus_is_no_data_naming_it() -> None:
-    url = f"http://127.0.0.1:{free_loopback_port()}"  # nothing listens there
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     observer = PrometheusObserver(url)
     try:
         seen = observer.observe(SeriesSelector.for_deployment(NAMESPACE, "steady", PREFILL_NAMESPACE), WINDOW)

@@ -16,8 +16,8 @@ import pytest
 from lightkube import Client
 from lightkube.codecs import from_dict
 from lightkube.resources.core_v1 import Pod
-from polling import wait_until
 from prfaas_testbed.clusters import Cluster, Testbed
+from support.eventually import eventually
 
 pytestmark = [pytest.mark.testbed, pytest.mark.timeout(240)]
 
@@ -103,7 +103,9 @@ def test_the_engine_sim_image_runs_under_the_kubelet_and_serves_sglangs_api(
         conditions = (pod.status.conditions or []) if pod.status else []
         return pod if any(c.type == "Ready" and c.status == "True" for c in conditions) else None
 
-    pod = wait_until(ready, timeout_s=120, what="the engine pod to be Ready (the kubelet's probe)")
+    pod = eventually(
+        ready, timeout=120, interval=0.25, what="the engine pod to be Ready (the kubelet's probe)"
+    )
     assert pod.spec is not None and pod.status is not None and pod.status.podIP is not None
     assert pod.spec.nodeName == node.name
     url = f"http://{pod.status.podIP}:30000"

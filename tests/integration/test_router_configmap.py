@@ -14,7 +14,6 @@ import json
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -30,6 +29,7 @@ from prfaas_router.config_watch import ConfigWatcher
 from prfaas_router.configmap_source import ConfigMapRef, ConfigMapSource, InCluster
 from prfaas_router.metrics import RouterMetrics
 from prfaas_testbed.clusters import Testbed
+from support.eventually import eventually_async
 
 pytestmark = [pytest.mark.testbed, pytest.mark.timeout(120)]
 
@@ -90,15 +90,6 @@ def put_config(client: Client, namespace: str, name: str, document: str) -> None
     )
 
 
-async def wait_for(what: str, check: Any, timeout_s: float = 20.0) -> float:
-    started = time.monotonic()
-    while not check():
-        if time.monotonic() - started > timeout_s:
-            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        await asyncio.sleep(0.05)
-    return time.monotonic() - started
-
-
 async def test_a_changed_configmap_reaches_the_router_in_seconds_and_nothing_else_is_readable(
     testbed: Testbed, pd_client: Client, namespace: str, tmp_path: Path
 ) -> None:
@@ -115,26 +106,40 @@ async def test_a_changed_configmap_reaches_the_router_in_seconds_and_nothing_els
     source = ConfigMapSource(ConfigMapRef(namespace, config_name, KEY), credentials, watcher.offer)
     task = asyncio.create_task(source.run())
     try:
-        await wait_for("the first config", lambda: watcher.current is not None)
+        await eventually_async(
+            lambda: watcher.current is not None, timeout=20.0, interval=0.05, what="the first config"
+        )
         assert watcher.current is not None and watcher.current.version == 1
         assert watcher.source == f"configmap {namespace}/{config_name}" and source.connected
 
         put_config(pd_client, namespace, config_name, config_document(2, threshold=4096))
-        delay = await wait_for(
-            "version 2", lambda: watcher.current is not None and watcher.current.version == 2
+        started = time.monotonic()
+        await eventually_async(
+            lambda: watcher.current is not None and watcher.current.version == 2,
+            timeout=20.0,
+            interval=0.05,
+            what="version 2",
         )
+        delay = time.monotonic() - started
         assert watcher.current.threshold_tokens == 4096
         print(f"ConfigMap change -> router config: {delay * 1000:.0f} ms")
 
         put_config(pd_client, namespace, config_name, "{not json")  # refused; version 2 stays
-        await wait_for("the refusal", lambda: watcher.last_error is not None)
+        await eventually_async(
+            lambda: watcher.last_error is not None, timeout=20.0, interval=0.05, what="the refusal"
+        )
         assert watcher.current.version == 2 and "refused (keeping version 2)" in str(watcher.last_error)
 
         pd_client.delete(ConfigMap, config_name, namespace=namespace)
         await asyncio.sleep(1.0)
         assert watcher.current.version == 2, "a deleted ConfigMap must not take the config away"
         put_config(pd_client, namespace, config_name, config_document(3))
-        await wait_for("version 3 after the re-creation", lambda: watcher.current.version == 3)
+        await eventually_async(
+            lambda: watcher.current.version == 3,
+            timeout=20.0,
+            interval=0.05,
+            what="version 3 after the re-creation",
+        )
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -145,7 +150,12 @@ async def test_a_changed_configmap_reaches_the_router_in_seconds_and_nothing_els
     other = ConfigMapSource(ConfigMapRef(namespace, "someone-else", KEY), credentials, watcher.offer)
     other_task = asyncio.create_task(other.run())
     try:
-        await wait_for("the refusal of another ConfigMap", lambda: other.last_error is not None)
+        await eventually_async(
+            lambda: other.last_error is not None,
+            timeout=20.0,
+            interval=0.05,
+            what="the refusal of another ConfigMap",
+        )
     finally:
         other_task.cancel()
         await asyncio.gather(other_task, return_exceptions=True)

@@ -28,8 +28,8 @@ from router_harness import (
     post,
     start_engine,
     wait_healthy,
-    wait_until,
 )
+from support.eventually import eventually
 
 CHAT_PATH = "/v1/chat/completions"
 TOKEN_SECONDS = 0.1  # the slow decode's step at the harness's time scale
@@ -85,7 +85,12 @@ async def test_the_prestop_hook_takes_the_router_out_of_rotation_and_sigterm_let
         [DRAIN_COMMAND, "--pid", str(popen.pid), "--seconds", "0"], capture_output=True, text=True, timeout=10
     )
     assert hook.returncode == 0, hook.stderr
-    wait_until(lambda: http_get(router.url, "/readiness")[0] == 503, "readiness to go false")
+    eventually(
+        lambda: http_get(router.url, "/readiness")[0] == 503,
+        timeout=30.0,
+        interval=0.05,
+        what="readiness to go false",
+    )
     assert b'"draining"' in http_get(router.url, "/readiness")[1]
     # still serving what arrives meanwhile, and each answer closes its connection
     late = await post(client, router.url + CHAT_PATH, chat(SHORT))

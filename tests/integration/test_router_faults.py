@@ -33,7 +33,6 @@ from router_harness import (
     RouterFactory,
     chat,
     config_doc,
-    free_port,
     healthy_cluster,
     http_get,
     metric_samples,
@@ -41,8 +40,9 @@ from router_harness import (
     sample,
     start_engine,
     wait_healthy,
-    wait_until,
 )
+from support.eventually import eventually, eventually_async
+from support.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -99,7 +99,12 @@ def start_faulty(
     if bootstrap is not None:
         args += ["--bootstrap-port", str(bootstrap)]
     engine = Engine(name, f"http://{host}:{port}", bootstrap, Process(args, logs / f"{name}.log").start())
-    wait_until(lambda: socket.create_connection((host, port), 1).close() is None, f"faulty engine {name}")
+    eventually(
+        lambda: socket.create_connection((host, port), 1).close() is None,
+        timeout=30.0,
+        interval=0.05,
+        what=f"faulty engine {name}",
+    )
     return engine
 
 
@@ -232,10 +237,11 @@ async def test_a_decode_cut_mid_stream_ends_the_stream_in_shape_and_its_drained_
         error = streamed.body[-1]["error"]
         assert error["code"] == "decode_failed" and error["type"] == "upstream_error"
         assert_error_shape(streamed.body[-1])
-        deadline = time.monotonic() + 10
-        while await prefill_gave_up(client, prefill) == given_up_before:
-            assert time.monotonic() < deadline, "the prefill leg never ended"
-            await asyncio.sleep(0.1)
+
+        async def prefill_leg_ended() -> bool:
+            return await prefill_gave_up(client, prefill) != given_up_before
+
+        await eventually_async(prefill_leg_ended, timeout=10, interval=0.1, what="the prefill leg to end")
         await asyncio.sleep(0.3)  # its answer reaches the router
         assert breakers(router)["d-cut"] == "open"
         await assert_unharmed(client, router, HEALTHY)
@@ -440,23 +446,27 @@ async def test_a_client_that_stops_reading_a_stream_is_cut_off_without_blaming_t
                 b"POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\n"
                 b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
             )
-            deadline = time.monotonic() + 20  # it never reads: cut off after 1 s without progress
-            while (
-                sample(
-                    await metric_samples(client, router.url),
-                    "prfaas_router_requests_total",
-                    outcome="client_stalled",
-                )
-                == 0
-            ):
-                assert time.monotonic() < deadline, router_log(router)[-2000:]
-                await asyncio.sleep(0.2)
+
+            async def stalled() -> float:
+                samples = await metric_samples(client, router.url)
+                return sample(samples, "prfaas_router_requests_total", outcome="client_stalled")
+
+            await eventually_async(  # it never reads: cut off after 1 s without progress
+                stalled,
+                timeout=20,
+                interval=0.2,
+                what="a client_stalled request",
+                seen=lambda: router_log(router)[-2000:],
+            )
         finally:
             reader.close()
-        deadline = time.monotonic() + 10  # 250000 tokens take it far longer than that
-        while sample(await metric_samples(client, decode.url), "sglang:num_aborted_requests_total") == 0:
-            assert time.monotonic() < deadline, "the decode never saw the request aborted"
-            await asyncio.sleep(0.1)
+
+        async def aborted() -> float:
+            return sample(await metric_samples(client, decode.url), "sglang:num_aborted_requests_total")
+
+        await eventually_async(  # 250000 tokens take it far longer than 10 s
+            aborted, timeout=10, interval=0.1, what="the decode to see the request aborted"
+        )
         await asyncio.sleep(3.5)  # past the read timeout: the paused leg was not failed by it
         await assert_unharmed(client, router, ["p0", "l0", "d-flood"])
         assert "read nothing" in router_log(router)
@@ -552,10 +562,12 @@ async def test_a_config_reusing_the_version_in_force_with_other_content_is_refus
     doc = config_doc(cluster.prfaas, cluster.local, cluster.decode)
     router = start_router(doc)
     router.write_config(doc | {"threshold_tokens": 5})
-    deadline = time.monotonic() + 5
-    while (page := router.config_page())["last_error"] is None:
-        assert time.monotonic() < deadline, page
-        await asyncio.sleep(0.05)
+    page = await eventually_async(
+        lambda: (page := router.config_page())["last_error"] is not None and page,
+        timeout=5,
+        interval=0.05,
+        what="a refusal on the config page",
+    )
     assert "version 1 is already in force with different content" in page["last_error"]
     assert page["threshold_tokens"] == doc["threshold_tokens"]
     streamed = await post(client, router.url + CHAT_PATH, chat(SHORT, stream=True))

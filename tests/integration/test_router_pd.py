@@ -29,7 +29,6 @@ from router_harness import (
     RouterFactory,
     chat,
     config_doc,
-    free_port,
     fresh_long,
     http_get,
     metric_samples,
@@ -40,6 +39,8 @@ from router_harness import (
     total,
     wait_healthy,
 )
+from support.eventually import eventually_async
+from support.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -337,18 +338,23 @@ async def test_a_client_that_goes_away_aborts_its_request_upstream(
         seen = b""
         while b'"content":" ' not in seen:  # a real token: the KV has arrived, the decode is generating
             seen += await asyncio.wait_for(reply.content.readany(), 5)
-    deadline = time.monotonic() + 5
-    while (
-        sample(await metric_samples(client, decode.url), "sglang:num_aborted_requests_total")
-        == aborted_before
-    ):
-        assert time.monotonic() < deadline, "the decode engine never saw the request aborted"
-        await asyncio.sleep(0.05)
-    while (
-        sample(await metric_samples(client, router.url), "prfaas_router_inflight_tokens", pool="decode") != 0
-    ):
-        assert time.monotonic() < deadline, "the router kept the aborted request's tokens"
-        await asyncio.sleep(0.05)
+
+    async def aborted_and_released() -> bool:
+        """The decode saw the request aborted and the router let go of its tokens (one 5 s budget for both)."""
+        if (
+            sample(await metric_samples(client, decode.url), "sglang:num_aborted_requests_total")
+            == aborted_before
+        ):
+            return False
+        samples = await metric_samples(client, router.url)
+        return sample(samples, "prfaas_router_inflight_tokens", pool="decode") == 0
+
+    await eventually_async(
+        aborted_and_released,
+        timeout=5,
+        interval=0.05,
+        what="the decode engine to see the request aborted and the router to release its tokens",
+    )
     samples = await metric_samples(client, router.url)
     assert sample(samples, "prfaas_router_requests_total", route="local", outcome="client_disconnected") == 1
 
@@ -362,11 +368,15 @@ async def test_hot_reload_applies_a_changed_config_and_refuses_an_invalid_one(
     assert (await post(client, url, chat(LONG))).headers["x-prfaas-route"] == "prfaas"
 
     async def wait_for(check: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
-        deadline = time.monotonic() + 5
-        while not check(page := router.config_page()):
-            assert time.monotonic() < deadline, page
-            await asyncio.sleep(0.05)
-        return page
+        """The config page once `check` holds for it."""
+
+        def page_if_checked() -> dict[str, Any] | None:
+            page = router.config_page()
+            return page if check(page) else None
+
+        return await eventually_async(
+            page_if_checked, timeout=5, interval=0.05, what="the config page", seen=router.config_page
+        )
 
     # a long-running stream started before the reload must finish afterwards
     slow = asyncio.create_task(post(client, url, chat(SHORT + " slow", stream=True, max_tokens=2000)))
@@ -479,10 +489,9 @@ async def test_a_decode_full_of_traffic_the_router_never_saw_turns_requests_away
         async def served() -> bool:
             return (await post(client, router.url + "/v1/chat/completions", chat(SHORT))).status == 200
 
-        deadline = time.monotonic() + 10
-        while not await served():
-            assert time.monotonic() < deadline, "the router kept refusing after the decode's slots freed"
-            await asyncio.sleep(0.2)
+        await eventually_async(
+            served, timeout=10, interval=0.2, what="the router to serve once the decode's slots freed"
+        )
     finally:
         for hog in hogs:
             hog.close()

@@ -9,9 +9,7 @@ egress counter counts only the KV past what the decode holds.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,6 @@ from router_harness import (
     RouterFactory,
     chat,
     config_doc,
-    free_port,
     fresh_long,
     http_get,
     metric_samples,
@@ -33,8 +30,9 @@ from router_harness import (
     running,
     sample,
     start_engine,
-    wait_until,
 )
+from support.eventually import eventually, eventually_async
+from support.ports import free_port
 
 _CANDIDATES = (
     Path("/tmp/mc/x/mooncake"),
@@ -72,7 +70,12 @@ def mooncake_master(tmp_path: Path) -> Iterator[tuple[str, Process]]:
     ).start()
     url = f"http://127.0.0.1:{admin}"
     try:
-        wait_until(lambda: http_get(url, "/health")[0] == 200, f"mooncake master\n{process.log()}")
+        eventually(
+            lambda: http_get(url, "/health")[0] == 200,
+            timeout=30.0,
+            interval=0.05,
+            what=f"mooncake master\n{process.log()}",
+        )
         yield url, process
     finally:
         process.stop()
@@ -95,8 +98,11 @@ def two_locals(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 def _pools_up(router: Router, wanted: list[str]) -> None:
-    wait_until(
-        lambda: router.config_page()["cache_pools_up"] == wanted, f"pools up {wanted}\n{router.process.log()}"
+    eventually(
+        lambda: router.config_page()["cache_pools_up"] == wanted,
+        timeout=30.0,
+        interval=0.05,
+        what=f"pools up {wanted}\n{router.process.log()}",
     )
 
 
@@ -120,18 +126,23 @@ async def _reload(router: Router, doc: dict[str, Any], client: aiohttp.ClientSes
     listed one takes no request before that)."""
     router.write_config(doc)
     listed = [(pool, e["name"]) for pool, endpoints in doc["pools"].items() for e in endpoints]
-    deadline = time.monotonic() + 30
-    while True:
-        if router.config_page()["version"] == doc["version"]:
-            samples = await metric_samples(client, router.url)
-            available = {
-                name: sample(samples, "prfaas_router_worker_available", pool=pool, worker=name)
-                for pool, name in listed
-            }
-            if all(up == 1 for up in available.values()):
-                return
-        assert time.monotonic() < deadline, router.process.log()
-        await asyncio.sleep(0.05)
+
+    async def running_and_checked() -> bool:
+        if router.config_page()["version"] != doc["version"]:
+            return False
+        samples = await metric_samples(client, router.url)
+        return all(
+            sample(samples, "prfaas_router_worker_available", pool=pool, worker=name) == 1
+            for pool, name in listed
+        )
+
+    await eventually_async(
+        running_and_checked,
+        timeout=30,
+        interval=0.05,
+        what=f"version {doc['version']} running with every endpoint checked",
+        seen=router.process.log,
+    )
 
 
 async def test_a_pool_hit_serves_a_non_holder_while_the_master_serves_and_nothing_after_it_dies(
@@ -182,12 +193,14 @@ async def test_a_pool_that_answers_wrong_counts_as_down(
     not_a_master = two_locals.decode[0].url
     pools = {"local": {"health_url": not_a_master, "fetch_bytes_per_second": 1e12}}
     router = start_router(_doc(two_locals, 0, 1, cache_pools=pools))
-    deadline = time.monotonic() + 30
-    samples = await metric_samples(client, router.url)
-    while ("prfaas_router_cache_pool_up", frozenset({("cluster", "local")})) not in samples:
-        assert time.monotonic() < deadline, router.process.log()
-        await asyncio.sleep(0.05)
+
+    async def pool_gauge() -> Any:
         samples = await metric_samples(client, router.url)
+        return ("prfaas_router_cache_pool_up", frozenset({("cluster", "local")})) in samples and samples
+
+    samples = await eventually_async(
+        pool_gauge, timeout=30, interval=0.05, what="the local pool's up gauge", seen=router.process.log
+    )
     assert sample(samples, "prfaas_router_cache_pool_up", cluster="local") == 0
     assert router.config_page()["cache_pools_up"] == []
     answer = await post(client, router.url + "/v1/chat/completions", chat(fresh_long("wrong")[:3600]))

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -28,8 +28,8 @@ from router_harness import (
     metric_samples,
     post,
     sample,
-    wait_until,
 )
+from support.eventually import eventually, eventually_async
 from test_router_faults import (
     CHAT_PATH,
     STRICT,
@@ -73,13 +73,23 @@ async def test_an_unusable_endpoint_url_is_refused_and_the_router_runs_on(
     assert page["version"] is None and "pools.decode.0.url" in page["last_error"], page
 
     router.write_config(config_doc(cluster.prfaas, cluster.local, cluster.decode, version=2))
-    wait_until(lambda: http_get(router.url, "/readiness")[0] == 200, "router ready on a good config")
+    eventually(
+        lambda: http_get(router.url, "/readiness")[0] == 200,
+        timeout=30.0,
+        interval=0.05,
+        what="router ready on a good config",
+    )
     for version, (later, why) in enumerate(UNUSABLE_AT_RELOAD.items(), start=3):
         doc = config_doc(
             cluster.prfaas, cluster.local, [*cluster.decode, {"name": "bad", "url": later}], version=version
         )
         router.write_config(doc)
-        wait_until(lambda why=why: why in str(router.config_page()["last_error"]), f"refusal of {later!r}", 5)
+        eventually(
+            lambda why=why: why in str(router.config_page()["last_error"]),
+            timeout=5,
+            interval=0.05,
+            what=f"refusal of {later!r}",
+        )
         page = router.config_page()
         assert "pools.decode.1.url" in page["last_error"], page
         assert page["version"] == 2 and "keeping version 2" in page["last_error"], page
@@ -107,15 +117,6 @@ async def refused_reports(client: aiohttp.ClientSession, router: Router, worker:
     return sample(samples, "prfaas_router_engine_reports_refused_total", worker=worker)
 
 
-async def until(what: str, value: Callable[[], Awaitable[float]], seconds: float = 10.0) -> float:
-    """Polls `value` until it is above zero; returns it."""
-    deadline = time.monotonic() + seconds
-    while (found := await value()) <= 0:
-        assert time.monotonic() < deadline, f"{what} not after {seconds} s"
-        await asyncio.sleep(0.1)
-    return found
-
-
 @pytest.mark.parametrize(
     "report",
     [
@@ -135,7 +136,12 @@ async def test_a_decode_whose_loads_lie_is_ignored_counted_and_the_others_serve(
         doc = config_doc(cluster.prfaas, cluster.local, [liar, *cluster.decode])
         doc["decode"] = DECODE_CAPACITY
         router = start_router(doc, *STRICT)
-        await until("a refused report", lambda: refused_reports(client, router, "d-liar"))
+        await eventually_async(
+            lambda: refused_reports(client, router, "d-liar"),
+            timeout=10.0,
+            interval=0.1,
+            what="a refused report",
+        )
         answers = [await post(client, router.url + CHAT_PATH, chat(f"{SHORT} {i}")) for i in range(4)]
         assert [a.status for a in answers] == [200] * 4, [a.body for a in answers]
         assert {a.headers.get("x-prfaas-route") for a in answers} <= {"local", "prfaas"}

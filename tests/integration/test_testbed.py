@@ -22,7 +22,6 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.operators import in_
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.core_v1 import Namespace, Node, Pod, Secret
-from polling import wait_until
 from prfaas_core.vocabulary import GPU_PRODUCT_LABEL as PRODUCT_LABEL
 from prfaas_core.vocabulary import GPU_RESOURCE as GPU
 from prfaas_testbed.clusters import (
@@ -39,9 +38,10 @@ from prfaas_testbed.prometheus import (
     ScrapeJob,
     TargetGroup,
     backfill_openmetrics,
-    free_loopback_port,
     render_config,
 )
+from support.eventually import eventually
+from support.ports import free_port
 
 TESTBED_POOL_LABEL = "prfaas.io/testbed-pool"
 
@@ -73,7 +73,9 @@ def make_namespace() -> Iterator[Callable[[Client], str]]:
         # GPUs for the next test without waiting out the namespace controller's 5 s delay.
         delete_namespace(client, name)
         client.deletecollection(Pod, namespace=name)
-        wait_until(partial(pods_gone, client, name), timeout_s=60, what=f"the pods of {name} to go")
+        eventually(
+            partial(pods_gone, client, name), timeout=60, interval=0.25, what=f"the pods of {name} to go"
+        )
 
 
 def pods_gone(client: Client, namespace: str) -> bool | None:
@@ -331,7 +333,7 @@ def test_whole_node_gpu_pod_runs_on_its_product_with_a_pod_ip_in_range(
         pods = pods_of(client, namespace, "engine")
         return pods[0] if pods and pods[0].status and pods[0].status.phase == "Running" else None
 
-    pod = wait_until(running_pod, timeout_s=60, what="the GPU pod to run")
+    pod = eventually(running_pod, timeout=60, interval=0.25, what="the GPU pod to run")
     assert pod.spec is not None and pod.status is not None and pod.spec.nodeName is not None
     node = client.get(Node, pod.spec.nodeName)
     assert node.metadata is not None and node.metadata.labels is not None and node.spec is not None
@@ -389,7 +391,7 @@ def private_gpu_nodes(testbed: Testbed, prfaas_client: Client) -> Iterator[tuple
         )
 
     try:
-        wait_until(all_ready, timeout_s=60, what="the private nodes to be Ready")
+        eventually(all_ready, timeout=60, interval=0.25, what="the private nodes to be Ready")
         yield product, names
     finally:
         for name in names:
@@ -414,7 +416,7 @@ def test_scheduler_counts_gpus_and_the_pod_that_does_not_fit_waits(
         waiting = [p for p in pods if (c := pod_scheduled_condition(p)) and c.reason == "Unschedulable"]
         return running if len(running) == 2 and len(waiting) == 1 else None
 
-    running = wait_until(settled, timeout_s=90, what="two running pods and one unschedulable")
+    running = eventually(settled, timeout=90, interval=0.25, what="two running pods and one unschedulable")
     assert sorted(str(p.spec.nodeName) for p in running if p.spec) == sorted(names)
     ips = {p.status.podIP for p in running if p.status}
     assert len(ips) == 2 and all(testbed.cluster_of_pod_ip(ip) is Cluster.PRFAAS for ip in ips if ip)
@@ -432,7 +434,7 @@ def test_pod_asking_for_more_gpus_than_any_node_stays_pending(
         pods = pods_of(prfaas_client, namespace, "too-big")
         return pods[0] if pods and (c := pod_scheduled_condition(pods[0])) and c.status == "False" else None
 
-    pod = wait_until(unschedulable, timeout_s=60, what="the scheduler to reject the pod")
+    pod = eventually(unschedulable, timeout=60, interval=0.25, what="the scheduler to reject the pod")
     condition = pod_scheduled_condition(pod)
     assert condition.reason == "Unschedulable"
     assert f"Insufficient {GPU}" in condition.message
@@ -457,9 +459,11 @@ def test_deleting_a_namespace_with_a_workload_completes(pd_client: Client) -> No
         pods = pods_of(pd_client, name, "router")
         return (len(pods) == 2 and all(p.status and p.status.phase == "Running" for p in pods)) or None
 
-    wait_until(both_running, timeout_s=60, what="two running pods")
+    eventually(both_running, timeout=60, interval=0.25, what="two running pods")
     delete_namespace(pd_client, name)
-    wait_until(lambda: namespace_deleted(pd_client, name), timeout_s=90, what=f"namespace {name} to go")
+    eventually(
+        lambda: namespace_deleted(pd_client, name), timeout=90, interval=0.25, what=f"namespace {name} to go"
+    )
 
 
 @pytest.mark.testbed
@@ -491,7 +495,7 @@ def exporter() -> Iterator[tuple[int, Any]]:
 
     registry = CollectorRegistry()
     gauge = Gauge("testbed_probe_value", "a value the test sets", ["pool"], registry=registry)
-    port = free_loopback_port()
+    port = free_port()
     server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
     yield port, gauge
     server.shutdown()
@@ -511,7 +515,7 @@ def test_prometheus_scrapes_file_sd_targets_and_answers_queries(
         result = prom.query("testbed_probe_value")
         return result if result and float(result[0]["value"][1]) == expected else None
 
-    (sample,) = wait_until(lambda: value_is(42), timeout_s=30, what="the first scrape")
+    (sample,) = eventually(lambda: value_is(42), timeout=30, interval=0.25, what="the first scrape")
     assert sample["metric"] == {
         "__name__": "testbed_probe_value",
         "pool": "decode",
@@ -520,11 +524,12 @@ def test_prometheus_scrapes_file_sd_targets_and_answers_queries(
         "instance": f"127.0.0.1:{port}",
     }
     gauge.labels("decode").set(7)  # a live scrape, not a cached answer
-    wait_until(lambda: value_is(7), timeout_s=30, what="the changed value")
+    eventually(lambda: value_is(7), timeout=30, interval=0.25, what="the changed value")
     prom.write_targets("engines", [])
-    wait_until(
+    eventually(
         lambda: prom.query('up{job="engines"}') == [] or None,
-        timeout_s=30,
+        timeout=30,
+        interval=0.25,
         what="the target to go",
     )
 

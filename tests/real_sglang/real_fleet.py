@@ -31,7 +31,9 @@ from prfaas_core.router_config import RouterConfig
 from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS, Role
 from prfaas_router.settings import RouterSettings, to_flags
 from prfaas_testbed import sglang_cpu
-from router_harness import Engine, Process, Router, free_port, http_get, wait_until
+from router_harness import Engine, Process, Router, http_get
+from support.eventually import eventually
+from support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 ADDRESSES = {Role.PRFAAS_PREFILL: "127.0.1.1", Role.PD_PREFILL: "127.0.2.1", Role.PD_DECODE: "127.0.2.11"}
@@ -140,7 +142,12 @@ def running_cache_fleet(logs: Path) -> Iterator[CacheFleet]:
             )
             started.append(process.start())
             if local is pool.master:
-                wait_until(lambda: _answers(pool.cache_pool.health_url), f"{name}\n{process.log()}", 60)
+                eventually(
+                    lambda: _answers(pool.cache_pool.health_url),
+                    timeout=60,
+                    interval=0.05,
+                    what=f"{name}\n{process.log()}",
+                )
         processes = sglang_cpu.instance_processes(cr, CACHE_ADDRESSES, services=pool.services)
         named: dict[Role, list[Engine]] = {}
         for role, instances in processes.items():
@@ -279,7 +286,12 @@ def start_router(
         Process(["-m", "prfaas_router", *to_flags(settings)], logs / "router.log"),
     )
     router.process.start()
-    wait_until(lambda: http_get(router.url, "/readiness")[0] == 200, f"router\n{router.process.log()}", 120)
+    eventually(
+        lambda: http_get(router.url, "/readiness")[0] == 200,
+        timeout=120,
+        interval=0.05,
+        what=f"router\n{router.process.log()}",
+    )
     return router
 
 
