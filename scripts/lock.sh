@@ -3,9 +3,9 @@
 # version with the sha256 of each of its wheels, so that the images and .venv install the same
 # bytes every time (pip --require-hashes), whatever PyPI publishes later.
 #   locks/product.txt  the product's dependencies (pyproject.toml): what both images install
-#   locks/dev.txt      .venv's (.[dev], engine-sim/, e2e/, sim/): the product's pins, plus the rest
+#   locks/dev.txt      .venv's (.[dev], engine-sim/, testbed/, sim/): the product's pins, plus the rest
 #   locks/build.txt    pip and the four distributions' build backend (setuptools, wheel)
-#   locks/sglang-cpu.txt  real SGLang on CPU (scripts/setup-sglang-cpu.sh): e2e/sglang-cpu/requirements.in
+#   locks/sglang-cpu.txt  real SGLang on CPU (scripts/setup-sglang-cpu.sh): testbed/sglang-cpu/requirements.in
 #                      and, without its dependencies, the sglang of tests/conformance/requirements-sglang.txt
 #                      (x86_64 only, glibc 2.34 or newer as the sglang wheel is; --sglang-cpu: only this one)
 # Resolved for CPython 3.11 on Linux x86_64 (glibc 2.28 or newer), wheels only, then checked to
@@ -54,7 +54,7 @@ lock() {
 lock_sglang_cpu() {
   local platform=x86_64-manylinux_2_34 pin
   pin=$(grep -E '^sglang==' tests/conformance/requirements-sglang.txt)
-  compile "$platform" e2e/sglang-cpu/requirements.in "$tools/sglang-deps.txt" --generate-hashes "${UPGRADE[@]}"
+  compile "$platform" testbed/sglang-cpu/requirements.in "$tools/sglang-deps.txt" --generate-hashes "${UPGRADE[@]}"
   echo "$pin" | compile "$platform" - "$tools/sglang.txt" --generate-hashes --no-deps --no-header
   cat "$tools/sglang-deps.txt" "$tools/sglang.txt" >locks/sglang-cpu.txt
   echo "locks/sglang-cpu.txt: $(grep -cE '^[a-z0-9]' locks/sglang-cpu.txt) distributions" >&2
@@ -68,14 +68,14 @@ UPGRADE=("$@")
 LOCAL=(prfaas prfaas-engine-sim prfaas-testbed prfaas-sim)  # ours: installed from the checkout, --no-deps
 
 lock product pyproject.toml
-printf -- '-e %s\n' '.[dev]' ./engine-sim ./e2e ./sim \
+printf -- '-e %s\n' '.[dev]' ./engine-sim ./testbed ./sim \
   | lock dev - -c locks/product.txt "${LOCAL[@]/#/--no-emit-package=}"
 # The build backend every pyproject names, and pip itself (the installer, not a dependency).
 {
   python3 -c 'import sys, tomllib
 for path in sys.argv[1:]:
     print(*tomllib.load(open(path, "rb"))["build-system"]["requires"], sep="\n")' \
-    pyproject.toml engine-sim/pyproject.toml e2e/pyproject.toml sim/pyproject.toml
+    pyproject.toml engine-sim/pyproject.toml testbed/pyproject.toml sim/pyproject.toml
   echo pip
 } | sort -u | lock build - -c locks/dev.txt
 lock_sglang_cpu

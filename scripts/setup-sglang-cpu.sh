@@ -2,7 +2,7 @@
 # Installs real SGLang for CPU (tests/real_sglang, `scripts/demo.sh --engines sglang`), idempotently:
 # a venv outside the checkout (about 6 GB; PRFAAS_SGLANG_CPU_VENV, default ~/.cache/prfaas/sglang-cpu)
 # from locks/sglang-cpu.txt (torch, Mooncake's non-CUDA transfer engine, sglang --no-deps, all hashed),
-# the CPU workarounds of e2e/sglang-cpu/prfaas_sglang_cpu copied in with a .pth file that installs
+# the CPU workarounds of testbed/sglang-cpu/prfaas_sglang_cpu copied in with a .pth file that installs
 # them in every interpreter there, and the tiny model built in it (models/tiny-gpt2). Redone when
 # the lock (the venv, from scratch) or the package (the copy and the model) changes. Checks at the
 # end that every workaround still holds against the installed SGLang (python -m prfaas_sglang_cpu check).
@@ -24,7 +24,7 @@ if [ "$(cat "$venv/.prfaas-lock" 2>/dev/null)" != "$lock_inputs" ]; then
   "$venv/bin/python" -m pip install -q --require-hashes --no-deps --no-compile -r "$lock"
   echo "$lock_inputs" >"$venv/.prfaas-lock"
 fi
-package=e2e/sglang-cpu/prfaas_sglang_cpu
+package=testbed/sglang-cpu/prfaas_sglang_cpu
 package_inputs=$(cat "$package"/*.py | sha256sum)
 if [ "$(cat "$venv/.prfaas-package" 2>/dev/null)" != "$package_inputs" ]; then
   site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

@@ -2,7 +2,7 @@
 # Installs everything the project needs on a fresh machine, idempotently:
 # the Python venv (.venv) from the lock files with the project's four distributions editable (the product
 # `prfaas` with its dev tools, the fake engine `prfaas-engine-sim` in engine-sim/, the testbed
-# `prfaas-testbed` in e2e/, the simulator `prfaas-sim` in sim/), Debian's Prometheus, and the
+# `prfaas-testbed` in testbed/, the simulator `prfaas-sim` in sim/), Debian's Prometheus, and the
 # testbed binaries (Kubernetes, etcd, kwok, helm) built from the Go module proxy into a cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,13 +12,13 @@ fi
 # .venv is the locks (locks/, made by scripts/lock.sh): pip and the build backend, then every
 # dependency, at their pinned versions with their hashes; then the four distributions editable,
 # with no dependencies of their own; what no lock holds any more is removed. Redone when a lock or
-# a pyproject changes.
+# a pyproject or a distribution's folder changes.
 stamp=.venv/.prfaas-installed
-inputs=$(cat locks/build.txt locks/dev.txt pyproject.toml {engine-sim,e2e,sim}/pyproject.toml | sha256sum)
+inputs=$( (echo engine-sim testbed sim; cat locks/build.txt locks/dev.txt pyproject.toml {engine-sim,testbed,sim}/pyproject.toml) | sha256sum)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$inputs" ]; then
   .venv/bin/python -m pip install -q --require-hashes --no-deps -r locks/build.txt
   .venv/bin/python -m pip install -q --require-hashes --no-deps -r locks/dev.txt
-  .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e '.[dev]' -e ./engine-sim -e ./e2e -e ./sim
+  .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e '.[dev]' -e ./engine-sim -e ./testbed -e ./sim
   unlocked=$(.venv/bin/python -m pip freeze --all --exclude-editable | sed -nE 's/^([^=]+)==.*/\1/p' \
     | tr 'A-Z_.' 'a-z--' | sort | comm -23 - <(sed -nE 's/^([a-z0-9-]+)==.*/\1/p' locks/build.txt locks/dev.txt | sort))
   [ -z "$unlocked" ] || .venv/bin/python -m pip uninstall -q -y $unlocked
@@ -40,8 +40,8 @@ if [ "$(cat "$sglang_stamp" 2>/dev/null)" != "$sglang_inputs" ]; then
   fi
   echo "$sglang_inputs" >"$sglang_stamp"
 fi
-bash e2e/testbed/install-deps.sh
+bash testbed/scripts/install-deps.sh
 # Real SGLang on CPU (tests/real_sglang, demo --engines sglang): its own 6 GB venv, cached outside the checkout
 bash scripts/setup-sglang-cpu.sh
-bash e2e/testbed/build-binaries.sh >/dev/null
+bash testbed/scripts/build-binaries.sh >/dev/null
 bash scripts/build-tools.sh >/dev/null

@@ -8,7 +8,7 @@ export PATH="$PWD/.venv/bin:$PATH"
 echo "== static checks"
 ruff check .
 ruff format --check .
-mypy core operator router engine-sim e2e sim
+mypy core operator router engine-sim testbed sim
 lint-imports
 python -m prfaas_operator.crd --check
 echo "== tests"

@@ -2,7 +2,7 @@
 
 A PrfaasDeployment whose two clusters name the real nodes' GPU products (each real node
 advertises `nvidia.com/gpu` and carries GPU feature discovery's labels, see
-e2e/testbed/real-node.sh): one PrfaaS prefill in the PrfaaS cluster, one local prefill and one
+testbed/scripts/real-node.sh): one PrfaaS prefill in the PrfaaS cluster, one local prefill and one
 decode in the PD cluster, each a container of the engine-sim image started from the operator's
 StatefulSet as it is (SGLang's command and arguments, the operator's env and the CR's, the /dev/shm
 volume, the GPU request, the startup, readiness and liveness probes). The engine loads its model

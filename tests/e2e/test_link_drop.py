@@ -13,9 +13,9 @@ One PrfaasDeployment (2 PrfaaS prefill instances, 2+2 PD instances, a 20 Gbit/s 
 Needs the testbed with network namespaces (the delay line and tc act on them); about 3 minutes:
 
     export PATH=$PWD/.venv/bin:$PATH
-    e2e/testbed/testbed.sh up   # imports this tree's images
+    testbed/scripts/testbed.sh up   # imports this tree's images
     python -m pytest -q -s tests/e2e/test_link_drop.py   # -s: the router's view, second by second
-    e2e/testbed/testbed.sh down
+    testbed/scripts/testbed.sh down
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.testbed, pytest.mark.prometheus, pyte
 
 CR_NAME = "e2e"
 TESTBED_POOL_LABEL = "prfaas.io/testbed-pool"
-"""The label of the testbed's node pools (gpu, cpu: e2e/testbed/testbed.sh NODE_LABEL)."""
+"""The label of the testbed's node pools (gpu, cpu: testbed/scripts/testbed.sh NODE_LABEL)."""
 
 
 def medium_traffic(

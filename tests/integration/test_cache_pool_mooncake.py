@@ -49,7 +49,7 @@ SAMPLE = yaml.safe_load(
 SEGMENT = 64 * 2**20
 OWNER = Owner("pool", "ns", "uid-pool")
 NODE = {"metadata": {"name": "node-1", "labels": {}}}
-# loopback pod IPs of a range no testbed cluster uses (theirs are in e2e/testbed's env files)
+# loopback pod IPs of a range no testbed cluster uses (theirs are in testbed/scripts's env files)
 MASTER_IP, STORE_IPS = "127.77.0.10", ("127.77.0.11", "127.77.0.12")
 
 

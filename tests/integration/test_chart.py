@@ -79,7 +79,7 @@ def helm() -> Path:
     from prfaas_testbed.clusters import describe_testbed
 
     built = describe_testbed().helm
-    assert built.is_file(), f"helm is not built at {built}: run e2e/testbed/build-binaries.sh"
+    assert built.is_file(), f"helm is not built at {built}: run testbed/scripts/build-binaries.sh"
     return built
 
 

@@ -309,7 +309,7 @@ def test_the_schema_check_catches_a_misspelt_or_mistyped_field(
 
 def promtool() -> str:
     found = shutil.which("promtool")
-    assert found, "promtool is missing: run e2e/testbed/install-deps.sh (Debian's prometheus package)"
+    assert found, "promtool is missing: run testbed/scripts/install-deps.sh (Debian's prometheus package)"
     return found
 
 

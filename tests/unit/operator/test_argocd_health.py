@@ -46,7 +46,7 @@ def lua_literal(value: Any) -> str:
 def health(check: Path, obj: dict[str, Any]) -> dict[str, str]:
     """What `check/health.lua` says of `obj`: {"status", "message"}."""
     lua = shutil.which("lua5.1")
-    assert lua, "lua5.1 is missing: run e2e/testbed/install-deps.sh (Debian's lua5.1)"
+    assert lua, "lua5.1 is missing: run testbed/scripts/install-deps.sh (Debian's lua5.1)"
     script = (
         f"obj = {lua_literal(obj)}\n"
         f"local function check()\n{(check / 'health.lua').read_text()}\nend\n"

@@ -4,7 +4,7 @@ Each install set is a lock of exact versions with hashes, installed with --requi
 then the project's own distributions with --no-deps, so the lock alone decides what is there:
 - locks/product.txt: the product's dependencies (both images; the engine-sim image adds only
   engine-sim/ with --no-deps, so its dependencies must be in the product's lock too);
-- locks/dev.txt: .venv's (the product with its dev extra, engine-sim/, e2e/, sim/);
+- locks/dev.txt: .venv's (the product with its dev extra, engine-sim/, testbed/, sim/);
 - locks/build.txt: the build backend the pyprojects name, and pip (the installer).
 A lock must satisfy every requirement its pyprojects declare (version specifier, extras and the
 markers that apply here), hold nothing that no requirement reaches, and hash every line.
@@ -75,13 +75,13 @@ def dependencies(path: str, *extras: str) -> list[Requirement]:
     return found
 
 
-PYPROJECTS = ("pyproject.toml", "engine-sim/pyproject.toml", "e2e/pyproject.toml", "sim/pyproject.toml")
+PYPROJECTS = ("pyproject.toml", "engine-sim/pyproject.toml", "testbed/pyproject.toml", "sim/pyproject.toml")
 PRODUCT = dependencies("pyproject.toml")
 ENGINE_SIM = dependencies("engine-sim/pyproject.toml")
 DEV = (
     dependencies("pyproject.toml", "dev")
     + ENGINE_SIM
-    + dependencies("e2e/pyproject.toml")
+    + dependencies("testbed/pyproject.toml")
     + dependencies("sim/pyproject.toml")
 )
 BUILD = [Requirement(r) for path in PYPROJECTS for r in project(path)["build-system"]["requires"]] + INSTALLER

@@ -1,7 +1,7 @@
 """The four distributions of the repository, and what each may depend on.
 
 `prfaas` (pyproject.toml: core, operator, router) is the product the image installs; the fake
-engine (engine-sim/pyproject.toml), the testbed (e2e/pyproject.toml, which runs the fake engine)
+engine (engine-sim/pyproject.toml), the testbed (testbed/pyproject.toml, which runs the fake engine)
 and the simulator (sim/pyproject.toml) are distributions of their own. Every third-party module a distribution's code imports must come
 from a dependency it declares (the product: its own list; the others: theirs or the product's
 they pin), and every product dependency must be used by product code at runtime.
@@ -31,7 +31,7 @@ FIRST_PARTY = (
     "prfaas_sglang_cpu",
     "sglang",
 )
-SGLANG_CPU = REPO / "e2e" / "sglang-cpu"
+SGLANG_CPU = REPO / "testbed" / "sglang-cpu"
 """Not a distribution: copied into the real engine's venv (scripts/setup-sglang-cpu.sh), whose
 requirements are its own (requirements.in, locked in locks/sglang-cpu.txt)."""
 USED_WITHOUT_IMPORT = {"h2": "HTTP/2 to the API servers: kube.py looks it up with find_spec"}
@@ -85,7 +85,7 @@ def imported_distributions(directories: list[Path]) -> dict[str, set[str]]:
 
 PRODUCT = project("pyproject.toml")
 ENGINE_SIM = project("engine-sim/pyproject.toml")
-TESTBED = project("e2e/pyproject.toml")
+TESTBED = project("testbed/pyproject.toml")
 SIM = project("sim/pyproject.toml")
 
 
@@ -110,7 +110,7 @@ def test_the_product_declares_what_it_imports_and_nothing_else() -> None:
     assert not declared & {canonical(n) for n in NOT_IN_PRODUCT}
 
 
-@pytest.mark.parametrize(("meta", "directory"), [(ENGINE_SIM, "engine-sim"), (TESTBED, "e2e"), (SIM, "sim")])
+@pytest.mark.parametrize(("meta", "directory"), [(ENGINE_SIM, "engine-sim"), (TESTBED, "testbed"), (SIM, "sim")])
 def test_the_fake_engine_the_testbed_and_the_simulator_declare_what_they_import(
     meta: dict[str, Any], directory: str
 ) -> None:

@@ -18,7 +18,7 @@ the CPU workarounds the real engine's venv installs (prfaas_sglang_cpu.hicache, 
 (docs/sglang.md, "HiCache on a storage backend shared by two prefills").
 
   flock /tmp/real-engines.lock ~/.cache/prfaas/sglang-cpu/bin/python \
-      e2e/sglang-cpu/experiments/hicache_shared_storage.py [--backend file|mooncake]
+      testbed/sglang-cpu/experiments/hicache_shared_storage.py [--backend file|mooncake]
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The two testbed clusters, from Python: a thin wrapper around ``e2e/testbed/testbed.sh``.
+"""The two testbed clusters, from Python: a thin wrapper around ``testbed/scripts/testbed.sh``.
 
 The shell script is the single source of the testbed's shape (node pools, address ranges,
 file paths); this module runs it and reads its ``env`` output, so fixtures, the runner and the
@@ -24,7 +24,7 @@ from prfaas_core.vocabulary import LABEL_PART_OF
 if TYPE_CHECKING:
     import lightkube
 
-TESTBED_SCRIPT = Path(__file__).resolve().parents[1] / "testbed" / "testbed.sh"
+TESTBED_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "testbed.sh"
 BUILD_SCRIPT = TESTBED_SCRIPT.with_name("build-binaries.sh")
 KUBECONFIG_SECRET_KEY = "kubeconfig"
 

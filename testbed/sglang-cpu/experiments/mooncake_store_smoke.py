@@ -7,7 +7,7 @@ A master (no metadata server: the clients' transfer engines handshake peer to pe
 `mooncake.store.MooncakeDistributedStore`, what SGLang's mooncake HiCache backend uses
 (srt/mem_cache/storage/mooncake_store/mooncake_store.py `MooncakeStore.__init__`: `setup(...)`).
 
-  ~/.cache/prfaas/sglang-cpu/bin/python e2e/sglang-cpu/experiments/mooncake_store_smoke.py
+  ~/.cache/prfaas/sglang-cpu/bin/python testbed/sglang-cpu/experiments/mooncake_store_smoke.py
 """
 
 from __future__ import annotations

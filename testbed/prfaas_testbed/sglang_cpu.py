@@ -2,7 +2,7 @@
 and each engine pod's process exactly as the operator writes it.
 
 scripts/setup-sglang-cpu.sh installs the venv (``ENGINE_VENV``) with SGLang, torch, Mooncake's
-non-CUDA transfer engine, the CPU workarounds (e2e/sglang-cpu/prfaas_sglang_cpu/workarounds.py,
+non-CUDA transfer engine, the CPU workarounds (testbed/sglang-cpu/prfaas_sglang_cpu/workarounds.py,
 the one place they live) and the tiny model. The CR is the sample's with the tiny model, its KV
 size, and the workarounds' engine arguments in ``spec.model.extraArgs``; an engine pod is built
 from the operator's own StatefulSet template and translated by ``pod_workloads.local_process``

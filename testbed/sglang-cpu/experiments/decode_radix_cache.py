@@ -11,7 +11,7 @@ what the prefill computed, `kv_transfer_total_mb`: what crossed), and the KV a w
 would be (whole pages x 16 x 512 B).
 
   flock /tmp/real-engines.lock ~/.cache/prfaas/sglang-cpu/bin/python \
-      e2e/sglang-cpu/experiments/decode_radix_cache.py [--only on|off]
+      testbed/sglang-cpu/experiments/decode_radix_cache.py [--only on|off]
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-INSTALL_HINT = "install it with e2e/testbed/install-deps.sh (Debian package 'prometheus')"
+INSTALL_HINT = "install it with testbed/scripts/install-deps.sh (Debian package 'prometheus')"
 TESTBED_PRIVATE_NETWORKS = tuple(
     ipaddress.IPv4Network(network)
     for network in (
