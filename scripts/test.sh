@@ -12,4 +12,4 @@ mypy core operator router engine-sim testbed sim
 lint-imports
 python -m prfaas_operator.crd --check
 echo "== tests"
-python -m pytest -q -p no:cacheprovider "$@"
+python -m pytest -q -p no:cacheprovider --durations=25 "$@"

@@ -5,6 +5,7 @@ Fixtures for one area belong in a conftest.py under that area's folder.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,10 +26,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """
     if session.config.option.collectonly:
         return
-    if any("testbed" in getattr(item, "fixturenames", ()) for item in session.items):
+    users = [item for item in session.items if "testbed" in getattr(item, "fixturenames", ())]
+    if users:
         from prfaas_testbed.clusters import build_binaries
 
         build_binaries()
+        session.stash[_LAST_TESTBED_USER] = users[-1]
 
 
 @pytest.fixture(scope="session")
@@ -41,10 +44,24 @@ def testbed() -> Iterator[Testbed]:
     from prfaas_testbed.clusters import ensure_testbed, is_testbed_up, teardown_testbed
 
     was_up = is_testbed_up()
-    bed = ensure_testbed()
-    yield bed
-    if not was_up and os.environ.get("PRFAAS_KEEP_TESTBED") != "1":
-        teardown_testbed()
+    with _testbed_stop:
+        bed = ensure_testbed()
+        if not was_up and os.environ.get("PRFAAS_KEEP_TESTBED") != "1":
+            _testbed_stop.callback(teardown_testbed)
+        yield bed
+
+
+_LAST_TESTBED_USER = pytest.StashKey[pytest.Item]()
+_testbed_stop = contextlib.ExitStack()
+"""The testbed's teardown: after the module of the last test that uses it, not at the session's end, so that
+the tiers after it (real SGLang, unit) do not share the 2 cores with two idle control planes."""
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own teardown of the module's fixtures
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    last = item.session.stash.get(_LAST_TESTBED_USER, None)
+    if last is not None and item.path == last.path and (nextitem is None or nextitem.path != item.path):
+        _testbed_stop.close()
 
 
 def _client(kubeconfig: Path) -> lightkube.Client:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -28,10 +29,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         items[place] = item
 
 
-@pytest.fixture(scope="package")
+_tier_fleet = contextlib.ExitStack()
+"""The fleet's stop: called after this tier's last test, not at the session's end. A "package"
+fixture in a folder without __init__.py lives as long as the session, and four idle engines
+spinning through the tiers after this one slowed CI by minutes."""
+
+
+@pytest.fixture(scope="session")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    with running_fleet(tmp_path_factory.mktemp("real-sglang")) as started:
-        yield started
+    with _tier_fleet:
+        yield _tier_fleet.enter_context(running_fleet(tmp_path_factory.mktemp("real-sglang")))
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own teardown of the module's fixtures
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if nextitem is None or nextitem.path.parent != HERE:
+        _tier_fleet.close()
 
 
 @pytest.fixture
