@@ -110,7 +110,9 @@ def test_the_product_declares_what_it_imports_and_nothing_else() -> None:
     assert not declared & {canonical(n) for n in NOT_IN_PRODUCT}
 
 
-@pytest.mark.parametrize(("meta", "directory"), [(ENGINE_SIM, "engine-sim"), (TESTBED, "testbed"), (SIM, "sim")])
+@pytest.mark.parametrize(
+    ("meta", "directory"), [(ENGINE_SIM, "engine-sim"), (TESTBED, "testbed"), (SIM, "sim")]
+)
 def test_the_fake_engine_the_testbed_and_the_simulator_declare_what_they_import(
     meta: dict[str, Any], directory: str
 ) -> None:
