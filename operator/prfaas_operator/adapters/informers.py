@@ -152,8 +152,12 @@ class Informer:
                     self._apply(event, obj)
             except ClusterError as err:
                 if err.problem.reason != EXPIRED:
-                    log.info("%s watch of the %s ended (%s); listing again", self.kind, self.cluster.name,
-                             err.problem.message)  # fmt: skip
+                    log.info(
+                        "%s watch of the %s ended (%s); listing again",
+                        self.kind,
+                        self.cluster.name,
+                        err.problem.message,
+                    )
             if asyncio.get_running_loop().time() - started < RETRY_SECONDS:
                 await asyncio.sleep(RETRY_SECONDS)  # a watch that breaks at once must not spin the lists
 

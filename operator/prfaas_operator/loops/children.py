@@ -64,8 +64,14 @@ async def apply_drifted(
 async def delete_retired(cluster: Cluster, owner: Owner, retire: Sequence[tuple[str, str, str]]) -> None:
     """Delete the old workloads a finished rollout left at 0 replicas."""
     for kind, namespace, name in retire:
-        log.info("%s: rollout done; deleting the old %s %s/%s in the %s", owner.key, kind, namespace, name,
-                 cluster.name)  # fmt: skip
+        log.info(
+            "%s: rollout done; deleting the old %s %s/%s in the %s",
+            owner.key,
+            kind,
+            namespace,
+            name,
+            cluster.name,
+        )
         await cluster.delete(kind, name, namespace)
 
 

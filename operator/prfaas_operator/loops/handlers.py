@@ -125,9 +125,12 @@ async def release(
         return
     options = reconciler.options
     delay = remote_backoff.cleanup_retry_delay(
-        runtime.total_seconds(), retry, options.remote_backoff_seconds,
-        options.remote_backoff_max_seconds, options.remote_cleanup_timeout_seconds,
-    )  # fmt: skip
+        runtime.total_seconds(),
+        retry,
+        options.remote_backoff_seconds,
+        options.remote_backoff_max_seconds,
+        options.remote_cleanup_timeout_seconds,
+    )
     if delay is not None:
         raise kopf.TemporaryError(f"PrfaaS cluster cleanup: {outcome.problem.message}", delay=delay)
     reconciler.abandon_cleanup(body["metadata"])

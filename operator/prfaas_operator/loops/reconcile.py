@@ -224,12 +224,16 @@ class Reconciler:
         }
         slots[Role.PRFAAS_PREFILL] = (
             observation.cached_slots(
-                remote_cache, spec.prefill_cluster.namespace, names.prfaas_prefill,
-                selector_labels(owner, Role.PRFAAS_PREFILL), settle, now.wall,
+                remote_cache,
+                spec.prefill_cluster.namespace,
+                names.prfaas_prefill,
+                selector_labels(owner, Role.PRFAAS_PREFILL),
+                settle,
+                now.wall,
             )
             if remote_cache is not None
             else None
-        )  # fmt: skip
+        )
         engines = plan_pd_engines(
             pass_input, mem.drains, slots, self.options, observation.pool_objects(local_cache, owner)
         )
