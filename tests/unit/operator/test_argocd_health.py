@@ -114,6 +114,11 @@ def test_the_operators_own_statuses_read_as_healthy_progressing_and_degraded() -
 
 def test_lua_literals_keep_quotes_backslashes_and_newlines() -> None:
     text = 'a "quoted" \\ back\nslash, ü'
-    obj = {"metadata": {"generation": 1}, "status": {"observedGeneration": 1, "conditions": [
-        {"type": "Degraded", "status": "True", "reason": "X", "message": text}]}}  # fmt: skip
+    obj = {
+        "metadata": {"generation": 1},
+        "status": {
+            "observedGeneration": 1,
+            "conditions": [{"type": "Degraded", "status": "True", "reason": "X", "message": text}],
+        },
+    }
     assert health(CHECK, obj) == {"status": "Degraded", "message": text}

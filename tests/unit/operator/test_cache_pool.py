@@ -358,9 +358,14 @@ def test_a_pool_whose_master_has_no_address_or_cluster_cannot_be_seen_is_left_ou
 
 def pool_seen(master_ready: int | None, stores_ready: int | None, **more: Any) -> CachePoolSeen:
     return CachePoolSeen(
-        cluster="PD cluster", namespace="prfaas-demo", stores=2, segment_bytes=16 * 2**30,
-        master_ready=master_ready, stores_ready=stores_ready, **more,
-    )  # fmt: skip
+        cluster="PD cluster",
+        namespace="prfaas-demo",
+        stores=2,
+        segment_bytes=16 * 2**30,
+        master_ready=master_ready,
+        stores_ready=stores_ready,
+        **more,
+    )
 
 
 def pool_condition(*pools: CachePoolSeen) -> tuple[str, str, str] | None:
@@ -457,13 +462,10 @@ def test_a_pass_applies_both_pools_and_writes_them_into_the_router_config() -> N
 
 def test_removing_a_pool_prunes_its_objects_and_its_router_config_entry() -> None:
     with_pool, memory = with_pools(local=POOL), Memory({})
-    first = run_pass(
-        with_pool, memory, 100.0,
-        pd=ClusterObservation(
-            ready={**everything_ready(with_pool)[1].ready},
-            pods=[*everything_ready(with_pool)[1].pods, master(f"{NAMES.pd_kv_master}-0", Role.PD_KV_MASTER, "10.2.7.7")],
-        ),
-    )  # fmt: skip
+    ready_pd = everything_ready(with_pool)[1]
+    master_pod = master(f"{NAMES.pd_kv_master}-0", Role.PD_KV_MASTER, "10.2.7.7")
+    pd = ClusterObservation(ready={**ready_pd.ready}, pods=[*ready_pd.pods, master_pod])
+    first = run_pass(with_pool, memory, 100.0, pd=pd)
     assert (
         first.plan.router_config.config is not None and "local" in first.plan.router_config.config.cache_pools
     )

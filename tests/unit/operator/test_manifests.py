@@ -231,10 +231,19 @@ class TestPdClusterObjects:
         (router,) = template["spec"]["containers"]
         assert router["command"] == ["prfaas-router"]
         assert router["args"] == [
-            "--config", "/etc/prfaas/router-config.json", "--config-map", "prfaas-demo/kimi-linear-router-config",
-            "--host", "0.0.0.0", "--port", "8000",
-            "--shutdown-delay-seconds", "5", "--drain-timeout-seconds", "133",
-        ]  # fmt: skip
+            "--config",
+            "/etc/prfaas/router-config.json",
+            "--config-map",
+            "prfaas-demo/kimi-linear-router-config",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "8000",
+            "--shutdown-delay-seconds",
+            "5",
+            "--drain-timeout-seconds",
+            "133",
+        ]
         volume = next(v for v in template["spec"]["volumes"] if v["name"] == "config")
         assert volume["configMap"]["name"] == "kimi-linear-router-config"
         assert router["volumeMounts"][0]["mountPath"] == "/etc/prfaas"

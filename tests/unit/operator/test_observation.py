@@ -52,8 +52,12 @@ class Snapshot:
 def workload(kind: str, name: str, *, ready: int, replicas: int = 3, rolling: bool = False) -> dict[str, Any]:
     labels = {LABEL_MANAGED_BY: MANAGER, LABEL_REVISION: "r1"}
     status = {"readyReplicas": ready, "currentRevision": "a", "updateRevision": "b" if rolling else "a"}
-    return {"kind": kind, "metadata": {"name": name, "namespace": OWNER.namespace, "labels": labels},
-            "spec": {"replicas": replicas}, "status": status}  # fmt: skip
+    return {
+        "kind": kind,
+        "metadata": {"name": name, "namespace": OWNER.namespace, "labels": labels},
+        "spec": {"replicas": replicas},
+        "status": status,
+    }
 
 
 def test_a_cache_not_known_yet_gives_no_observation_and_nothing_to_prune() -> None:
@@ -87,8 +91,11 @@ def test_slots_fetched_one_by_one_keep_only_ours_and_count_available() -> None:
 def test_drifted_children_are_applied_and_multi_node_pools_refused_where_unserved() -> None:
     cache = Snapshot()
     cache["LeaderWorkerSet"].served = False
-    pool = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
-            "metadata": {"name": "p", "namespace": "n"}}  # fmt: skip
+    pool = {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": "p", "namespace": "n"},
+    }
     service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "namespace": "n"}}
     todo, refused = observation.drifted(cache, [pool, service], {}, "pd")
     assert [(key, why != "") for key, _, why in todo] == [(("pd", "Service", "n", "s"), True)]

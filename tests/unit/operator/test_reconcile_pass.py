@@ -362,9 +362,14 @@ def test_after_a_restart_the_version_never_goes_backwards() -> None:
 def test_after_a_restart_a_listing_cache_keeps_the_config_in_force() -> None:
     s, previous, stored = _restarted(7)
     done = run_pass(
-        s, Memory({}), 5.0, previous=previous, stored=StoredRouterConfig(stored),
-        prefill=ClusterObservation(listing=True), pd=ClusterObservation(listing=True),
-    )  # fmt: skip
+        s,
+        Memory({}),
+        5.0,
+        previous=previous,
+        stored=StoredRouterConfig(stored),
+        prefill=ClusterObservation(listing=True),
+        pd=ClusterObservation(listing=True),
+    )
     decision = done.plan.router_config
     assert (decision.action, decision.config) == ("keep", stored), "not one built from an empty cache"
     assert done.conclusion.come_back_within == OPTIONS.converge_seconds
@@ -467,9 +472,13 @@ def test_the_prfaas_cluster_is_left_alone_while_its_statefulsets_are_unknown() -
 def test_the_planners_allocation_in_auto_is_what_gets_applied() -> None:
     s = spec(**{"planner.mode": "Auto", "planner.prometheusUrl": "http://prometheus:9090"})
     planned = Allocation(
-        threshold_tokens=19456, prefill_cluster_replicas=4, pd_prefill_instances=2, pd_decode_instances=6,
-        source="Planner", router_config_version=3,
-    )  # fmt: skip
+        threshold_tokens=19456,
+        prefill_cluster_replicas=4,
+        pd_prefill_instances=2,
+        pd_decode_instances=6,
+        source="Planner",
+        router_config_version=3,
+    )
     done = run_pass(s, Memory({}), 100.0, previous=PrfaasDeploymentStatus(allocation=planned))
     assert done.engines.choice.allocation.source == "Planner"
     assert statefulset(done.engines.manifests, NAMES.pd_decode)["spec"]["replicas"] == 6

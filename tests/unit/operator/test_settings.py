@@ -14,10 +14,16 @@ from prfaas_operator.settings import OperatorSettings, parser
 
 # what the Helm chart passes (charts/prfaas-operator/templates/deployment.yaml, leader election on)
 CHART_ARGS = [
-    "--namespace=prfaas-demo", "--liveness=http://0.0.0.0:8080/healthz", "--metrics-port=9090",
-    "--log-level=info", "--leader-elect", "--leader-elect-lease=prfaas-prfaas-operator",
-    "--leader-elect-lease-duration=10", "--leader-elect-renew-deadline=7", "--leader-elect-retry-period=2",
-]  # fmt: skip
+    "--namespace=prfaas-demo",
+    "--liveness=http://0.0.0.0:8080/healthz",
+    "--metrics-port=9090",
+    "--log-level=info",
+    "--leader-elect",
+    "--leader-elect-lease=prfaas-prfaas-operator",
+    "--leader-elect-lease-duration=10",
+    "--leader-elect-renew-deadline=7",
+    "--leader-elect-retry-period=2",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -120,9 +126,17 @@ def test_settings_written_as_flags_parse_back_to_themselves() -> None:
     )
     flags = to_flags(settings)
     assert flags == [
-        "--namespace", "a", "--namespace", "b", "--metrics-port", "9191",
-        "--leader-elect", "--leader-elect-namespace", "ns", "--verbose",
-    ]  # fmt: skip
+        "--namespace",
+        "a",
+        "--namespace",
+        "b",
+        "--metrics-port",
+        "9191",
+        "--leader-elect",
+        "--leader-elect-namespace",
+        "ns",
+        "--verbose",
+    ]
     assert parse_args(flags) == settings
 
 

@@ -38,6 +38,17 @@ CONFIG = RouterConfigOutcome(
     version=3, endpoint_counts={"prfaas_prefill": 4, "local_prefill": 3, "decode": 5}
 )
 GPU_SHORT = "0/7 nodes are available: 2 node(s) didn't match Pod's node affinity/selector, 5 Insufficient nvidia.com/gpu."
+# a rollout's first step on pd-decode: one new instance, not ready yet; the old five still serving
+DECODE_SURGE = RoleRollout(
+    role="pd-decode",
+    target=5,
+    revision="r2",
+    replicas=1,
+    ready=0,
+    old_revision="r1",
+    old_replicas=5,
+    old_ready=5,
+)
 
 
 def inputs(**changes: Any) -> StatusInputs:
@@ -105,8 +116,14 @@ def test_unreachable_prefill_cluster_is_degraded_and_keeps_the_last_counts() -> 
 
 
 def test_pods_short_of_gpus_say_insufficient_gpu() -> None:
-    stuck = PodInfo(name="x-pd-decode-4", role="pd-decode", fingerprint="abc123", ip=None, ready=False,
-                    unschedulable=GPU_SHORT)  # fmt: skip
+    stuck = PodInfo(
+        name="x-pd-decode-4",
+        role="pd-decode",
+        fingerprint="abc123",
+        ip=None,
+        ready=False,
+        unschedulable=GPU_SHORT,
+    )
     pd = ClusterObservation(ready={"pd-prefill": 3, "pd-decode": 4, "router": 1}, pods=[stuck])
     status = compute_status(inputs(pd_cluster=pd))
     pd_ready = condition(status, "PDClusterReady")
@@ -215,11 +232,10 @@ def test_a_stalled_rollout_says_which_role_it_waits_for_and_why_and_degrades() -
             ],
         },
     }
+    at = "2026-11-21T09:00:00Z"
     rollout = RolloutStatus(
-        phase="Stalled", step=0, steps=1, started_at="2026-11-21T09:00:00Z", last_progress_at="2026-11-21T09:00:00Z",
-        roles=[RoleRollout(role="pd-decode", target=5, revision="r2", replicas=1, ready=0, old_revision="r1",
-                           old_replicas=5, old_ready=5)],
-    )  # fmt: skip
+        phase="Stalled", step=0, steps=1, started_at=at, last_progress_at=at, roles=[DECODE_SURGE]
+    )
     pd = ClusterObservation(ready=ALL_READY_PD.ready, pods=[PodInfo.from_manifest(pulled)])
     status = compute_status(inputs(pd_cluster=pd, rollout=rollout))
     rolling = condition(status, "RolloutProgressing")
@@ -235,11 +251,10 @@ def test_a_rollout_whose_surge_cannot_be_placed_says_so() -> None:
     pending = PodInfo(
         "demo-pd-decode-b-0", "pd-decode", "fp2", None, False, unschedulable=GPU_SHORT, revision="r2"
     )
+    at = "2026-11-21T09:59:00Z"
     rollout = RolloutStatus(
-        phase="Progressing", step=0, steps=5, started_at="2026-11-21T09:59:00Z", last_progress_at="2026-11-21T09:59:00Z",
-        roles=[RoleRollout(role="pd-decode", target=5, revision="r2", replicas=1, ready=0, old_revision="r1",
-                           old_replicas=5, old_ready=5)],
-    )  # fmt: skip
+        phase="Progressing", step=0, steps=5, started_at=at, last_progress_at=at, roles=[DECODE_SURGE]
+    )
     pd = ClusterObservation(ready=ALL_READY_PD.ready, pods=[pending])
     rolling = condition(compute_status(inputs(pd_cluster=pd, rollout=rollout)), "RolloutProgressing")
     assert (rolling.status, rolling.reason) == ("True", "RolloutInProgress")
