@@ -12,11 +12,21 @@ from prfaas_router.settings import RouterSettings, add_flags, flag_of, to_flags
 
 # what the operator writes into the router Deployment's args (tests/unit/operator/test_manifests.py)
 OPERATOR_ARGS = [
-    "--config", "/etc/prfaas/router-config.json", "--config-map", "prfaas-demo/kimi-linear-router-config",
-    "--host", "0.0.0.0", "--port", "8000",
-    "--shutdown-delay-seconds", "5", "--drain-timeout-seconds", "133",
-    "--tokenizer", "/etc/prfaas-tokenizer/kimi/tokenizer.json",
-]  # fmt: skip
+    "--config",
+    "/etc/prfaas/router-config.json",
+    "--config-map",
+    "prfaas-demo/kimi-linear-router-config",
+    "--host",
+    "0.0.0.0",
+    "--port",
+    "8000",
+    "--shutdown-delay-seconds",
+    "5",
+    "--drain-timeout-seconds",
+    "133",
+    "--tokenizer",
+    "/etc/prfaas-tokenizer/kimi/tokenizer.json",
+]
 
 
 def test_every_field_is_a_flag_named_after_it() -> None:
@@ -56,9 +66,17 @@ def test_settings_written_as_flags_parse_back_to_themselves() -> None:
     )
     flags = to_flags(settings)
     assert flags == [
-        "--config", "/c.json", "--port", "9000", "--link-floor-fraction", "0.2",
-        "--max-n", "4", "--log-level", "WARNING",
-    ]  # fmt: skip
+        "--config",
+        "/c.json",
+        "--port",
+        "9000",
+        "--link-floor-fraction",
+        "0.2",
+        "--max-n",
+        "4",
+        "--log-level",
+        "WARNING",
+    ]
     assert parse_args(flags) == settings
     assert settings.limits.max_n == 4 and settings.link_estimate.floor_fraction == 0.2
 
