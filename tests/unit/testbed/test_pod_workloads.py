@@ -42,9 +42,13 @@ def pool_pods() -> tuple[dict[str, Any], dict[str, Any]]:
 
 def translate(pod: dict[str, Any], hosts: dict[str, str], programs: Programs = PROGRAMS):
     return local_process(
-        PodFacts.of(pod, NODE), programs=programs, scales=Scales(), pod_dir=Path("/tmp/pod"),
-        base_env={}, hosts=hosts,
-    )  # fmt: skip
+        PodFacts.of(pod, NODE),
+        programs=programs,
+        scales=Scales(),
+        pod_dir=Path("/tmp/pod"),
+        base_env={},
+        hosts=hosts,
+    )
 
 
 def test_pool_containers_are_known_by_their_command() -> None:
