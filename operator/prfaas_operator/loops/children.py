@@ -15,6 +15,7 @@ from typing import Any
 from prfaas_core.router_config import RouterConfig
 from prfaas_core.vocabulary import ANNOTATION_CREATED_BY, LABEL_MANAGED_BY, MANAGER
 
+from prfaas_operator import RECONCILE_LOGGER
 from prfaas_operator.adapters.cluster_caches import ADD_ON_KINDS
 from prfaas_operator.adapters.informers import ClusterCache
 from prfaas_operator.adapters.kube import NOT_SERVED, Cluster, ClusterError
@@ -25,7 +26,7 @@ from prfaas_operator.planning.manifests import Owner
 from prfaas_operator.planning.remote_backoff import RemoteBackoff
 from prfaas_operator.planning.workloads import ENGINE_WORKLOAD_KINDS
 
-log = logging.getLogger("prfaas_operator.loops.reconcile")
+log = logging.getLogger(RECONCILE_LOGGER)
 
 Manifest = dict[str, Any]
 

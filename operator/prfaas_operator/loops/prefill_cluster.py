@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+from prfaas_operator import RECONCILE_LOGGER
 from prfaas_operator.adapters.cluster_caches import PRFAAS_OWNED_KINDS, ClusterCaches
 from prfaas_operator.adapters.informers import ClusterCache
 from prfaas_operator.adapters.kube import Cluster, ClusterError, Clusters
@@ -28,7 +29,7 @@ from prfaas_operator.planning.manifests import Owner, owner_selector, prefill_cl
 from prfaas_operator.planning.reconcile_pass import ReconcileOptions, stale_children
 from prfaas_operator.planning.status import ClusterObservation, Problem
 
-log = logging.getLogger("prfaas_operator.loops.reconcile")
+log = logging.getLogger(RECONCILE_LOGGER)
 
 Remote = tuple[Cluster, ClusterCache] | Problem  # the PrfaaS cluster's client and cache, or why not
 

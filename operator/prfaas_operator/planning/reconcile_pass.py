@@ -30,6 +30,7 @@ from prfaas_core.router_config import RouterConfig
 from prfaas_core.vocabulary import LABEL_ROLE, Pool, Role
 from pydantic import ValidationError
 
+from prfaas_operator import RECONCILE_LOGGER
 from prfaas_operator.api import (
     Allocation,
     Condition,
@@ -78,7 +79,7 @@ from prfaas_operator.planning.status import (
 )
 from prfaas_operator.planning.workloads import ENGINE_WORKLOAD_KINDS
 
-log = logging.getLogger("prfaas_operator.loops.reconcile")
+log = logging.getLogger(RECONCILE_LOGGER)
 
 Manifest = dict[str, Any]
 
