@@ -89,9 +89,11 @@ def cached_slots(
         ready_since = [
             pod.ready_since
             for pod in pods
-            if pod.ready and not pod.deleting and pod.revision == revision
+            if pod.ready
+            and not pod.deleting
+            and pod.revision == revision
             and drain.pod_ordinal(name, pod.name) is not None
-        ]  # fmt: skip
+        ]
         ready, settles_at = settled(ready_since, min_ready_seconds, wall_now)
         slots.append(slot(live, ready, settles_at))
     return slots

@@ -215,8 +215,9 @@ def drain_role(
 ) -> list[str]:
     """The drain of one role: of its old slot while it rolls, else of its one StatefulSet."""
     if plan.old is not None:
-        return step_drain(drains, owner, plan.role, plan.old.name, plan.old_replicas, plan.old.replicas, now,
-                          drain_seconds)  # fmt: skip
+        return step_drain(
+            drains, owner, plan.role, plan.old.name, plan.old_replicas, plan.old.replicas, now, drain_seconds
+        )
     live = next((slot.replicas for slot in slots or () if slot.name == plan.slot), None)
     return step_drain(drains, owner, plan.role, plan.slot, plan.replicas, live, now, drain_seconds)
 
@@ -347,11 +348,15 @@ def decide_router_config(
     cache_pools = router_cache_pools(spec, owner, remote_pods, pd_seen.pods)
     try:
         config = build_router_config(
-            spec, engines.choice.allocation, choice, last, min_version=min_version,
+            spec,
+            engines.choice.allocation,
+            choice,
+            last,
+            min_version=min_version,
             measured_output_tokens=planner_input(previous, "meanOutputTokens"),
             measured_output_cv=planner_input(previous, "outputTokensCv"),
             cache_pools=cache_pools,
-        )  # fmt: skip
+        )
     except ProfileError as err:
         keeps = f"the router keeps config v{last.version}" if last is not None else "no router config yet"
         problem = Problem(INVALID_PROFILE, f"prefill profile refused ({err}); {keeps}")
@@ -608,10 +613,16 @@ def invalid_spec_status(
     """The status that says why the spec cannot be reconciled (the rest of the last status stays)."""
     problem = Problem(INVALID_SPEC, f"{first_problem(err, 'spec')} ({err.error_count()} error(s))")
     conditions = [
-        Condition(type=kind.value, status=value, reason=INVALID_SPEC, message=problem.message,
-                  last_transition_time=rfc3339(wall_now), observed_generation=generation)
+        Condition(
+            type=kind.value,
+            status=value,
+            reason=INVALID_SPEC,
+            message=problem.message,
+            last_transition_time=rfc3339(wall_now),
+            observed_generation=generation,
+        )
         for kind, value in ((ConditionType.READY, "False"), (ConditionType.DEGRADED, "True"))
-    ]  # fmt: skip
+    ]
     status = previous.model_copy(update={"observed_generation": generation, "conditions": conditions})
     return status, problem
 

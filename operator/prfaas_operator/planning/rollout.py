@@ -231,8 +231,11 @@ def _step(
     return replicas, min(old.replicas, max(target - _level(target, step, steps), keep_one))
 
 
-def _score(rolling: Sequence[RoleSeen], placed: Mapping[str, tuple[str, Slot | None, Slot | None]],
-           new_ready: Mapping[str, int]) -> int:  # fmt: skip
+def _score(
+    rolling: Sequence[RoleSeen],
+    placed: Mapping[str, tuple[str, Slot | None, Slot | None]],
+    new_ready: Mapping[str, int],
+) -> int:
     """Grows with every new instance ready and every old one gone: the measure of progress."""
     return sum(new_ready[r.role] - (old.replicas if (old := placed[r.role][2]) else 0) for r in rolling)
 
