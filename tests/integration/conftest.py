@@ -10,6 +10,8 @@ from typing import Any
 import aiohttp
 import pytest
 from prfaas_router.settings import RouterSettings, to_flags
+from prfaas_testbed.polling import eventually
+from prfaas_testbed.ports import free_port
 from router_harness import (
     Cluster,
     Process,
@@ -18,8 +20,6 @@ from router_harness import (
     healthy_cluster,
     http_get,
 )
-from support.eventually import eventually
-from support.ports import free_port
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from support.ports import free_port
+from prfaas_testbed.ports import free_port
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Reads against real apiservers for the integration tests' polls (the polling itself: support.eventually)."""
+"""Reads against real apiservers for the integration tests' polls (the polling itself: prfaas_testbed.polling)."""
 
 from __future__ import annotations
 

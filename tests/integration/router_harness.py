@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from prfaas_testbed.polling import eventually
+from prfaas_testbed.ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
-from support.eventually import eventually
-from support.ports import free_port
 
 MODEL = "kimi-fake"
 THRESHOLD = 1000  # tokens; text counts 4 characters per token

@@ -24,7 +24,7 @@ from prfaas_operator import api, crd
 from prfaas_operator.planning import manifests, router_config_builder
 from prfaas_operator.planning.allocation import effective_allocation
 from prfaas_operator.planning.fingerprint import kv_fingerprint
-from support.eventually import eventually
+from prfaas_testbed.polling import eventually
 
 if TYPE_CHECKING:
     from prfaas_testbed.clusters import Testbed

@@ -23,9 +23,9 @@ from prfaas_engine_sim.protocol import output_text
 from prfaas_engine_sim.server import FakeEngine
 from prfaas_engine_sim.settings import EngineSettings
 from prfaas_engine_sim.timing import kv_wire_bytes, load_profile
+from prfaas_testbed.polling import eventually_async
+from prfaas_testbed.ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
-from support.eventually import eventually_async
-from support.ports import free_port
 
 pytestmark = pytest.mark.timeout(60)
 

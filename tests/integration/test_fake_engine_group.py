@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 from prfaas_engine_sim.settings import EngineSettings
-from support.eventually import eventually
-from support.ports import free_port
+from prfaas_testbed.polling import eventually
+from prfaas_testbed.ports import free_port
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.eventually import eventually
-from support.ports import free_port
+from prfaas_testbed.polling import eventually
+from prfaas_testbed.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "scripts" / "build-images.sh"

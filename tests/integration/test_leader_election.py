@@ -23,7 +23,7 @@ from polling import get_or_none
 from prfaas_operator.adapters.kube import PrfaasDeploymentResource
 from prfaas_operator.crd import repository_root
 from prfaas_operator.planning.lease import LeaseTiming
-from support.eventually import eventually
+from prfaas_testbed.polling import eventually
 
 if TYPE_CHECKING:
     from prfaas_testbed.clusters import Testbed

@@ -36,8 +36,8 @@ from polling import get_or_none
 from prfaas_core.router_config import RouterConfig
 from prfaas_operator.adapters.kube import PrfaasDeploymentResource
 from prfaas_operator.crd import repository_root
-from support.eventually import eventually
-from support.ports import free_port
+from prfaas_testbed.polling import eventually
+from prfaas_testbed.ports import free_port
 
 if TYPE_CHECKING:
     from prfaas_testbed.clusters import Testbed

@@ -39,9 +39,9 @@ from prfaas_core.router_config import RouterConfig
 from prfaas_operator import crd
 from prfaas_operator.adapters.kube import PrfaasDeploymentResource
 from prfaas_router.metrics import RouterMetrics
+from prfaas_testbed.polling import eventually
+from prfaas_testbed.ports import free_port
 from prometheus_client import start_http_server
-from support.eventually import eventually
-from support.ports import free_port
 
 if TYPE_CHECKING:
     from prfaas_testbed.clusters import Testbed

@@ -20,7 +20,7 @@ from prfaas_core import metrics_contract as contract
 from prfaas_core import vocabulary
 from prfaas_core.planning import NoData, Observation, Reason
 from prfaas_operator.adapters.prometheus import PrometheusObserver, SeriesSelector
-from support.ports import free_port
+from prfaas_testbed.ports import free_port
 
 if TYPE_CHECKING:
     from prfaas_testbed.prometheus import PrometheusServer

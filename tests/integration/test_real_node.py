@@ -17,7 +17,7 @@ from lightkube import Client
 from lightkube.codecs import from_dict
 from lightkube.resources.core_v1 import Pod
 from prfaas_testbed.clusters import Cluster, Testbed
-from support.eventually import eventually
+from prfaas_testbed.polling import eventually
 
 pytestmark = [pytest.mark.testbed, pytest.mark.timeout(240)]
 

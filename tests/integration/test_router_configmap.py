@@ -29,7 +29,7 @@ from prfaas_router.config_watch import ConfigWatcher
 from prfaas_router.configmap_source import ConfigMapRef, ConfigMapSource, InCluster
 from prfaas_router.metrics import RouterMetrics
 from prfaas_testbed.clusters import Testbed
-from support.eventually import eventually_async
+from prfaas_testbed.polling import eventually_async
 
 pytestmark = [pytest.mark.testbed, pytest.mark.timeout(120)]
 

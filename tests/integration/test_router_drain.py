@@ -16,6 +16,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from prfaas_testbed.polling import eventually
 from router_harness import (
     SHORT,
     Cluster,
@@ -29,7 +30,6 @@ from router_harness import (
     start_engine,
     wait_healthy,
 )
-from support.eventually import eventually
 
 CHAT_PATH = "/v1/chat/completions"
 TOKEN_SECONDS = 0.1  # the slow decode's step at the harness's time scale

@@ -23,6 +23,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prfaas_testbed.polling import eventually, eventually_async
+from prfaas_testbed.ports import free_port
 from router_harness import (
     LONG,
     SHORT,
@@ -41,8 +43,6 @@ from router_harness import (
     start_engine,
     wait_healthy,
 )
-from support.eventually import eventually, eventually_async
-from support.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
 

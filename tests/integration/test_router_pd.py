@@ -19,6 +19,8 @@ import aiohttp
 import pytest
 from prfaas_engine_sim.protocol import output_text
 from prfaas_router.link_probe import parse_engine_transfers
+from prfaas_testbed.polling import eventually_async
+from prfaas_testbed.ports import free_port
 from router_harness import (
     LONG,
     MODEL,
@@ -39,8 +41,6 @@ from router_harness import (
     total,
     wait_healthy,
 )
-from support.eventually import eventually_async
-from support.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+from prfaas_testbed.polling import eventually, eventually_async
+from prfaas_testbed.ports import free_port
 from router_harness import (
     Cluster,
     Process,
@@ -31,8 +33,6 @@ from router_harness import (
     sample,
     start_engine,
 )
-from support.eventually import eventually, eventually_async
-from support.ports import free_port
 
 _CANDIDATES = (
     Path("/tmp/mc/x/mooncake"),

@@ -17,6 +17,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from prfaas_router.proxy import STREAM_EVENT_MARGIN
+from prfaas_testbed.polling import eventually, eventually_async
 from router_harness import (
     SHORT,
     Cluster,
@@ -29,7 +30,6 @@ from router_harness import (
     post,
     sample,
 )
-from support.eventually import eventually, eventually_async
 from test_router_faults import (
     CHAT_PATH,
     STRICT,

@@ -32,6 +32,8 @@ from prfaas_testbed.clusters import (
     parse_testbed_env,
     store_kubeconfig_secret,
 )
+from prfaas_testbed.polling import eventually
+from prfaas_testbed.ports import free_port
 from prfaas_testbed.prometheus import (
     PrometheusError,
     PrometheusServer,
@@ -40,8 +42,6 @@ from prfaas_testbed.prometheus import (
     backfill_openmetrics,
     render_config,
 )
-from support.eventually import eventually
-from support.ports import free_port
 
 TESTBED_POOL_LABEL = "prfaas.io/testbed-pool"
 

@@ -31,9 +31,9 @@ from prfaas_core.router_config import RouterConfig
 from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS, Role
 from prfaas_router.settings import RouterSettings, to_flags
 from prfaas_testbed import sglang_cpu
+from prfaas_testbed.polling import eventually
+from prfaas_testbed.ports import free_port
 from router_harness import Engine, Process, Router, http_get
-from support.eventually import eventually
-from support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 ADDRESSES = {Role.PRFAAS_PREFILL: "127.0.1.1", Role.PD_PREFILL: "127.0.2.1", Role.PD_DECODE: "127.0.2.11"}

@@ -1,4 +1,4 @@
-"""The one way tests pick a port nothing listens on."""
+"""The one way the testbed, the demo and the tests pick a port nothing listens on."""
 
 from __future__ import annotations
 
