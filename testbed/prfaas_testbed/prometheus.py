@@ -12,10 +12,8 @@ import ipaddress
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -26,6 +24,9 @@ from types import TracebackType
 from typing import Any
 
 import yaml
+
+from prfaas_testbed.polling import eventually
+from prfaas_testbed.ports import free_port
 
 INSTALL_HINT = "install it with testbed/scripts/install-deps.sh (Debian package 'prometheus')"
 TESTBED_PRIVATE_NETWORKS = tuple(
@@ -86,13 +87,6 @@ def find_binary(name: str) -> Path:
     if found is None:
         raise PrometheusError(f"{name} not found on PATH; {INSTALL_HINT}")
     return Path(found)
-
-
-def free_loopback_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def write_file_sd(path: Path, groups: Sequence[TargetGroup]) -> None:
@@ -207,14 +201,20 @@ class PrometheusServer:
             return False
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def ready() -> bool:
             if self.process.poll() is not None:
                 raise PrometheusError(f"prometheus exited with {self.process.returncode}: {self.log_tail()}")
-            if self.is_ready():
-                return
-            time.sleep(0.2)
-        raise PrometheusError(f"prometheus not ready after {timeout_s:.0f} s: {self.log_tail()}")
+            return self.is_ready()
+
+        eventually(
+            ready,
+            timeout=timeout_s,
+            interval=0.2,
+            what="prometheus to be ready",
+            seen=self.log_tail,
+            retry_on=(),
+            error=PrometheusError,
+        )
 
     def query(self, promql: str, *, at: float | None = None) -> list[dict[str, Any]]:
         """An instant query; returns the result vector (``[{"metric": {...}, "value": [t, "v"]}]``)."""
@@ -237,16 +237,15 @@ class PrometheusServer:
         poll_s: float = 0.5,
     ) -> list[dict[str, Any]]:
         """Poll a query until ``until(result)`` holds (by default: a non-empty result)."""
-        deadline = time.monotonic() + timeout_s
-        result = self.query(promql)
-        while not until(result):
-            if time.monotonic() >= deadline:
-                raise PrometheusError(
-                    f"{promql!r} did not reach the expected state in {timeout_s:.0f} s: {result}"
-                )
-            time.sleep(poll_s)
-            result = self.query(promql)
-        return result
+        return eventually(
+            lambda: self.query(promql),
+            timeout=timeout_s,
+            interval=poll_s,
+            what=f"{promql!r} to reach the expected state",
+            until=until,
+            retry_on=(),
+            error=PrometheusError,
+        )
 
     def log_tail(self, chars: int = 2000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
@@ -297,7 +296,7 @@ def start_prometheus(
     attempt = 0
     while True:
         attempt += 1
-        port = free_loopback_port()
+        port = free_port()
         with open(workdir / "prometheus.log", "ab") as log:
             process = subprocess.Popen(
                 [

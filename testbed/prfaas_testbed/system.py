@@ -39,6 +39,7 @@ from prfaas_testbed.clusters import KUBECONFIG_SECRET_KEY, Cluster, GpuPool, Tes
 from prfaas_testbed.link import LinkMode
 from prfaas_testbed.link_emulation import resolve_link_mode
 from prfaas_testbed.pod_workloads import Scales, WorkloadKind
+from prfaas_testbed.polling import eventually
 from prfaas_testbed.prometheus import PrometheusServer, start_prometheus
 from prfaas_testbed.runner import scrape_jobs
 from prfaas_testbed.runner_state import CONTROL_FILE, STATUS_FILE
@@ -186,15 +187,12 @@ def _copy_if_grown(source: str, target: str) -> None:
 
 
 def wait_until(what: str, check: Callable[[], Any], timeout_s: float, poll_s: float = 0.5) -> Any:
-    """Poll ``check`` until it returns something truthy; LiveSystemError naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise LiveSystemError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(poll_s)
+    """Poll ``check`` until it returns something truthy; LiveSystemError naming ``what`` on timeout.
+
+    An exception from ``check`` goes through at once (the demo and the e2e tests stop on it)."""
+    return eventually(
+        check, timeout=timeout_s, interval=poll_s, what=what, retry_on=(), error=LiveSystemError
+    )
 
 
 class LiveSystem:
