@@ -347,9 +347,20 @@ def hicache_env() -> list[dict[str, Any]]:
     ]
 
 
-def engine_workload(model: ModelSpec, engine: EngineRole, owner: Owner, fingerprint: str) -> Manifest:
-    """The SGLang engines of one role, stamped with the KV fingerprint: a StatefulSet of one pod
-    per instance, or a LeaderWorkerSet of one group of nodesPerInstance pods per instance."""
+@dataclass(frozen=True)
+class DesiredRevision:
+    """An engine role as the spec asks for it now: its pod template, stamped with the KV fingerprint,
+    and the template's revision (its hash, which a rollout compares with each live slot's). A pass
+    builds it once per role. Neither depends on the role's slot or replica count, so the same
+    template goes into whichever slot the rollout picks (placed_workload)."""
+
+    engine: EngineRole
+    template: Manifest
+    revision: str
+
+
+def desired_revision(model: ModelSpec, engine: EngineRole, owner: Owner, fingerprint: str) -> DesiredRevision:
+    """`engine`'s pod template, labelled with its revision."""
     placement = engine.placement
     template_labels = {
         **child_labels(owner, engine.role, remote=engine.remote),
@@ -416,15 +427,37 @@ def engine_workload(model: ModelSpec, engine: EngineRole, owner: Owner, fingerpr
     }
     revision = template_revision(template)
     template_labels[LABEL_REVISION] = revision
+    return DesiredRevision(engine, template, revision)
+
+
+def desired_revisions(
+    spec: PrfaasDeploymentSpec, owner: Owner, allocation: Allocation, fingerprint: str
+) -> dict[str, DesiredRevision]:
+    """Each engine role's desired revision, by role (in engine_roles' order)."""
+    return {
+        engine.role: desired_revision(spec.model, engine, owner, fingerprint)
+        for engine in engine_roles(spec, owner, allocation)
+    }
+
+
+def engine_workload(model: ModelSpec, engine: EngineRole, owner: Owner, fingerprint: str) -> Manifest:
+    """The SGLang engines of one role, stamped with the KV fingerprint: a StatefulSet of one pod
+    per instance, or a LeaderWorkerSet of one group of nodesPerInstance pods per instance."""
+    return placed_workload(desired_revision(model, engine, owner, fingerprint), owner)
+
+
+def placed_workload(desired: DesiredRevision, owner: Owner) -> Manifest:
+    """The StatefulSet or LeaderWorkerSet of `desired`: its template in its engine's slot, at its
+    engine's replicas."""
+    engine, template = desired.engine, desired.template
     selector = selector_labels(owner, engine.role)
-    if engine.slot not in (
-        None,
-        engine.name,
-    ):  # the second slot: its selector must not match the first's pods
-        selector[LABEL_SLOT] = template_labels[LABEL_SLOT] = SECOND_SLOT
+    if engine.slot not in (None, engine.name):  # the second slot: must not select the first's pods
+        selector[LABEL_SLOT] = SECOND_SLOT
+        labels = {**template["metadata"]["labels"], LABEL_SLOT: SECOND_SLOT}
+        template = {**template, "metadata": {**template["metadata"], "labels": labels}}
     metadata = _metadata(engine.workload, engine.namespace, owner, engine.role, remote=engine.remote)
-    metadata["labels"][LABEL_REVISION] = revision
-    if placement.multi_node:
+    metadata["labels"][LABEL_REVISION] = desired.revision
+    if engine.placement.multi_node:
         return _leader_worker_set(metadata, engine, template)
     return {
         "apiVersion": "apps/v1",
@@ -560,12 +593,11 @@ def disruption_budget(
     }
 
 
-def engine_objects(
-    spec: PrfaasDeploymentSpec, engine: EngineRole, owner: Owner, fingerprint: str
-) -> list[Manifest]:
+def engine_objects(spec: PrfaasDeploymentSpec, desired: DesiredRevision, owner: Owner) -> list[Manifest]:
     """One engine pool: its StatefulSet or LeaderWorkerSet, headless Service and PodDisruptionBudget."""
+    engine = desired.engine
     return [
-        engine_workload(spec.model, engine, owner, fingerprint),
+        placed_workload(desired, owner),
         engine_service(engine, owner),
         disruption_budget(spec, owner, engine.name, engine.namespace, engine.role, remote=engine.remote),
     ]
@@ -585,44 +617,31 @@ def prefill_cluster_namespace(spec: PrfaasDeploymentSpec, owner: Owner) -> Manif
 
 
 def prefill_cluster_objects(
-    spec: PrfaasDeploymentSpec,
-    owner: Owner,
-    allocation: Allocation,
-    fingerprint: str,
-    plans: Mapping[str, RolePlan] | None = None,
+    spec: PrfaasDeploymentSpec, owner: Owner, allocation: Allocation, fingerprint: str
 ) -> list[Manifest]:
-    """Everything in the PrfaaS cluster except the namespace: the PrfaaS prefill pool."""
-    return rolled_engine_objects(spec, engine_roles(spec, owner, allocation)[0], owner, fingerprint, plans)
+    """Everything in the PrfaaS cluster except the namespace, no rollout in progress: the PrfaaS
+    prefill pool at the allocation's count (a pass places it as its rollout says: rolled_engine_objects)."""
+    prfaas_prefill = engine_roles(spec, owner, allocation)[0]
+    return engine_objects(spec, desired_revision(spec.model, prfaas_prefill, owner, fingerprint), owner)
 
 
 def pd_cluster_engine_objects(
-    spec: PrfaasDeploymentSpec,
-    owner: Owner,
-    allocation: Allocation,
-    fingerprint: str,
-    plans: Mapping[str, RolePlan] | None = None,
+    spec: PrfaasDeploymentSpec, owner: Owner, allocation: Allocation, fingerprint: str
 ) -> list[Manifest]:
-    """The local prefill and decode pools."""
+    """The local prefill and decode pools, no rollout in progress (as prefill_cluster_objects)."""
     objects: list[Manifest] = []
     for engine in engine_roles(spec, owner, allocation)[1:]:
-        objects += rolled_engine_objects(spec, engine, owner, fingerprint, plans)
+        objects += engine_objects(spec, desired_revision(spec.model, engine, owner, fingerprint), owner)
     return objects
 
 
 def rolled_engine_objects(
-    spec: PrfaasDeploymentSpec,
-    engine: EngineRole,
-    owner: Owner,
-    fingerprint: str,
-    plans: Mapping[str, RolePlan] | None,
+    spec: PrfaasDeploymentSpec, desired: DesiredRevision, owner: Owner, plan: RolePlan
 ) -> list[Manifest]:
-    """One pool as its rollout plan says (none: one StatefulSet at the allocation's count): the
-    desired template in its slot, and the old slot kept as it runs while it still has replicas."""
-    plan = (plans or {}).get(engine.role)
-    if plan is None:
-        return engine_objects(spec, engine, owner, fingerprint)
-    placed = dataclasses.replace(engine, slot=plan.slot, replicas=plan.replicas)
-    objects = engine_objects(spec, placed, owner, fingerprint)
+    """One pool as its rollout plan says: the desired template in the plan's slot at its replicas,
+    and the old slot kept as it runs while it still has replicas."""
+    placed = dataclasses.replace(desired.engine, slot=plan.slot, replicas=plan.replicas)
+    objects = engine_objects(spec, dataclasses.replace(desired, engine=placed), owner)
     if plan.old is not None and not plan.retire:
         objects.append(kept_workload(plan.old.live, plan.old_replicas))
     return objects

@@ -32,7 +32,6 @@ from pydantic import ValidationError
 
 from prfaas_operator import RECONCILE_LOGGER
 from prfaas_operator.api import (
-    Allocation,
     Condition,
     ConditionType,
     PrfaasDeploymentSpec,
@@ -51,14 +50,12 @@ from prfaas_operator.planning.drain import Drain
 from prfaas_operator.planning.fingerprint import kv_fingerprint
 from prfaas_operator.planning.manifests import (
     ROUTER_CONFIG_KEY,
+    DesiredRevision,
     Names,
     Owner,
+    desired_revisions,
     disruption_budget,
-    engine_roles,
-    engine_workload,
-    pd_cluster_engine_objects,
-    prefill_cluster_objects,
-    revision_of,
+    rolled_engine_objects,
     router_access,
     router_configmap,
     router_deployment,
@@ -133,6 +130,9 @@ class EnginePlan:
 
     choice: AllocationChoice
     fingerprint: str
+    revisions: Mapping[str, DesiredRevision]
+    """Each engine role's pod template and its revision, built once a pass: the rollout decides on
+    them and the engine workloads of both steps carry them."""
     drains: Mapping[str, Drain]  # engine role -> its scale-down in progress
     manifests: Sequence[Manifest]  # local engines (held while draining), router Service, PDB, access
     rollout: RolloutDecision
@@ -158,14 +158,21 @@ def plan_pd_engines(
     spec, owner, previous, now = pass_input.spec, pass_input.owner, pass_input.previous, pass_input.now
     choice = effective_allocation(spec, previous.allocation)
     fingerprint = kv_fingerprint(spec.model)
-    rolled = decide_rollout(spec, owner, choice.allocation, fingerprint, previous, slots, now.wall)
+    revisions = desired_revisions(spec, owner, choice.allocation, fingerprint)
+    rolled = decide_rollout(spec, revisions, previous, slots, now.wall)
     drains, notes = dict(drains), []
-    for role in (Role.PD_PREFILL, Role.PD_DECODE):
+    local_roles = (Role.PD_PREFILL, Role.PD_DECODE)
+    for role in local_roles:
         notes += drain_role(
             drains, owner, rolled.roles[role], slots.get(role), now.monotonic, options.drain_seconds
         )
+    local_engines = [
+        manifest
+        for role in local_roles
+        for manifest in rolled_engine_objects(spec, revisions[role], owner, rolled.roles[role])
+    ]
     manifests = [
-        *held(pd_cluster_engine_objects(spec, owner, choice.allocation, fingerprint, rolled.roles), drains),
+        *held(local_engines, drains),
         router_service(spec, owner),
         disruption_budget(
             spec, owner, Names.of(owner.name).router, owner.namespace, Role.ROUTER, remote=False
@@ -175,17 +182,15 @@ def plan_pd_engines(
     pool = pool_manifests(spec, owner, remote=False)
     manifests += pool
     prune = leftover_pool_objects(pool_objects_found, pool)
-    retire = retired(rolled, (Role.PD_PREFILL, Role.PD_DECODE), owner.namespace)
+    retire = retired(rolled, local_roles, owner.namespace)
     if rolled.event is not None:
         notes.append(f"{owner.key}: {rolled.event[0]}: {rolled.event[1]}")
-    return EnginePlan(choice, fingerprint, drains, manifests, rolled, retire, notes, prune)
+    return EnginePlan(choice, fingerprint, revisions, drains, manifests, rolled, retire, notes, prune)
 
 
 def decide_rollout(
     spec: PrfaasDeploymentSpec,
-    owner: Owner,
-    allocation: Allocation,
-    fingerprint: str,
+    revisions: Mapping[str, DesiredRevision],
     previous: PrfaasDeploymentStatus,
     slots: Mapping[str, Sequence[Slot] | None],
     wall_now: datetime,
@@ -193,14 +198,14 @@ def decide_rollout(
     """Each engine role's desired revision against its live slots: rollout.decide for all three."""
     seen = [
         RoleSeen(
-            role=engine.role,
-            workload=engine.name,
-            target=engine.replicas,
-            revision=revision_of(engine_workload(spec.model, engine, owner, fingerprint)),
-            slots=tuple(slots.get(engine.role) or ()),
-            known=slots.get(engine.role) is not None,
+            role=role,
+            workload=desired.engine.name,
+            target=desired.engine.replicas,
+            revision=desired.revision,
+            slots=tuple(slots.get(role) or ()),
+            known=slots.get(role) is not None,
         )
-        for engine in engine_roles(spec, owner, allocation)
+        for role, desired in revisions.items()
     ]
     return rollout.decide(seen, spec.rollout, previous.rollout, wall_now)
 
@@ -391,7 +396,6 @@ def plan_router_and_prefill_cluster(
 ) -> PassPlan:
     """Step 2: the PrfaaS drain (when that cluster could be looked at), then the router config."""
     spec, owner, previous = pass_input.spec, pass_input.owner, pass_input.previous
-    allocation = engines.choice.allocation
     drains, notes = dict(engines.drains), []
     plan = engines.rollout.roles[Role.PRFAAS_PREFILL]
     if prefill_seen.reachable and prefill_seen.slots is not None:
@@ -406,8 +410,7 @@ def plan_router_and_prefill_cluster(
     router += [router_configmap(owner, config)] if config is not None else []
     if prefill_seen.slots is None:  # step 1 could not see its StatefulSets: nothing there this pass
         return PassPlan(drains, decision, router, None, (), notes)
-    plans = engines.rollout.roles
-    remote = held(prefill_cluster_objects(spec, owner, allocation, engines.fingerprint, plans), drains)
+    remote = held(rolled_engine_objects(spec, engines.revisions[Role.PRFAAS_PREFILL], owner, plan), drains)
     remote += pool_manifests(spec, owner, remote=True)  # pruned with the rest when its cachePool goes
     retire = retired(engines.rollout, (Role.PRFAAS_PREFILL,), spec.prefill_cluster.namespace)
     return PassPlan(drains, decision, router, remote, retire, notes)
