@@ -28,6 +28,7 @@ import pytest
 from lightkube.resources.apps_v1 import StatefulSet
 from live_traffic import E2E_TIME_SCALE, BackgroundTraffic, logs_hint
 from prfaas_testbed.pod_workloads import WorkloadKind
+from prfaas_testbed.polling import eventually
 from prfaas_testbed.system import LiveSystem, customise_cr, load_sample_cr
 from prfaas_testbed.traffic import PlannedRequest, RequestResult
 
@@ -120,13 +121,8 @@ class Watcher:
     def until(self, what: str, done: Any, timeout_s: float) -> float:
         """Sample every second until `done(status)`; the seconds it took."""
         started = time.monotonic()
-        while time.monotonic() - started < timeout_s:
-            if done(self.sample()):
-                return time.monotonic() - started
-            time.sleep(1.0)
-        raise AssertionError(
-            f"{what}: not within {timeout_s:.0f}s; status {(self.system.cr() or {}).get('status')}"
-        )
+        eventually(self.sample, timeout=timeout_s, interval=1.0, what=what, until=done, retry_on=())
+        return time.monotonic() - started
 
 
 def decode_handoffs(ip: str) -> tuple[float, float] | None:

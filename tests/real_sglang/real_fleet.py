@@ -20,7 +20,6 @@ import contextlib
 import json
 import random
 import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,8 +243,8 @@ def _ready_state(url: str) -> str | None:
 def wait_ready(engines: list[Engine], seconds: float) -> dict[str, list[str]]:
     """Until every engine's /ready answers 200, polling all of them together; what each said."""
     states: dict[str, list[str]] = {engine.name: [] for engine in engines}
-    deadline = time.monotonic() + seconds
-    while any(seen[-1:] != ["200"] for seen in states.values()):
+
+    def all_ready() -> bool:
         for engine in engines:
             assert engine.process.popen is not None and engine.process.popen.poll() is None, (
                 f"{engine.name} exited\n{engine.process.log()}"
@@ -255,8 +254,16 @@ def wait_ready(engines: list[Engine], seconds: float) -> dict[str, list[str]]:
                 state = _ready_state(engine.url)
                 if state is not None and seen[-1:] != [state]:
                     seen.append(state)
-        assert time.monotonic() < deadline, f"not ready after {seconds} s: {states}"
-        time.sleep(0.1)
+        return all(seen[-1:] == ["200"] for seen in states.values())
+
+    eventually(
+        all_ready,
+        timeout=seconds,
+        interval=0.1,
+        retry_on=(),
+        what="every engine's /ready to answer 200",
+        seen=lambda: states,
+    )
     return states
 
 

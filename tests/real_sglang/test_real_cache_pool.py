@@ -17,11 +17,9 @@ fleet exists (conftest.py runs this module first).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import random
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -31,6 +29,7 @@ import pytest
 from prfaas_core import metrics_contract
 from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS
 from prfaas_testbed import sglang_cpu
+from prfaas_testbed.polling import eventually_async
 from real_fleet import CacheFleet, running_cache_fleet
 from router_harness import Engine, metric_samples, post, total
 
@@ -111,19 +110,29 @@ async def send(
     body = {"input_ids": prompt, "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0}}
     answer = await post(client, fleet.router.url + "/generate", body)
     assert answer.status == 200, answer.body
-    deadline = time.monotonic() + 60
-    while True:
+    served: list[str] = []
+
+    async def counted() -> dict[str, Counters] | None:
         after = await _counters(client, prefills)
-        served = _served_by(before, after)
+        served[:] = _served_by(before, after)
         if served:
             (name,) = served
-            counted = total(after[name], "sglang:realtime_tokens_total") - total(
+            counted_tokens = total(after[name], "sglang:realtime_tokens_total") - total(
                 before[name], "sglang:realtime_tokens_total"
             )
-            if counted >= len(prompt):
-                break
-        assert time.monotonic() < deadline, f"turn {turn}: no prefill counted it: {served}"
-        await asyncio.sleep(0.2)
+            if counted_tokens >= len(prompt):
+                return after
+        return None
+
+    after = await eventually_async(
+        counted,
+        timeout=60,
+        interval=0.2,
+        retry_on=(),
+        what=f"turn {turn}: a prefill to count it",
+        seen=lambda: f"served by {served}",
+    )
+    (name,) = served
     router_after = await metric_samples(client, fleet.router.url)
 
     def moved(name: str, **labels: str) -> float:
@@ -175,13 +184,17 @@ def list_local_prefills(fleet: CacheFleet, names: set[str]) -> None:
 
 
 async def wait_listed(client: aiohttp.ClientSession, fleet: CacheFleet) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        samples = await metric_samples(client, fleet.router.url)
-        if total(samples, metrics_contract.CONFIG_VERSION) == fleet.config.version:
-            return
-        assert time.monotonic() < deadline, "the router did not load the new config"
-        await asyncio.sleep(0.2)
+    async def loaded() -> float:
+        return total(await metric_samples(client, fleet.router.url), metrics_contract.CONFIG_VERSION)
+
+    await eventually_async(
+        loaded,
+        timeout=30,
+        interval=0.2,
+        until=lambda version: version == fleet.config.version,
+        retry_on=(),
+        what="the router to load the new config",
+    )
 
 
 async def pool_up(client: aiohttp.ClientSession, fleet: CacheFleet) -> float:
@@ -201,10 +214,14 @@ async def test_five_turns_reuse_what_the_router_assumed_and_cross_only_what_the_
     cache_fleet: CacheFleet, session: aiohttp.ClientSession
 ) -> None:
     fleet = cache_fleet
-    deadline = time.monotonic() + 30
-    while await pool_up(session, fleet) != 1:
-        assert time.monotonic() < deadline, "the router never saw the pool up"
-        await asyncio.sleep(0.2)
+    await eventually_async(
+        lambda: pool_up(session, fleet),
+        timeout=30,
+        interval=0.2,
+        until=lambda up: up == 1,
+        retry_on=(),
+        what="the router to see the pool up",
+    )
     turns: list[Turn] = []
     prompt, answer = tokens(1, 200), []
     for turn, new in ((1, 0), (2, 100), (3, 100), (4, 400), (5, 50)):
@@ -247,10 +264,14 @@ async def test_with_the_pool_down_the_router_counts_no_pool_and_the_engines_stil
     first, answer = await send(fleet, session, 1, prompt)
     assert first.route == ROUTE_LOCAL, first
     fleet.pool[0].stop()  # the master
-    deadline = time.monotonic() + 30
-    while await pool_up(session, fleet) != 0:
-        assert time.monotonic() < deadline, "the router never saw the pool down"
-        await asyncio.sleep(0.2)
+    await eventually_async(
+        lambda: pool_up(session, fleet),
+        timeout=30,
+        interval=0.2,
+        until=lambda up: up == 0,
+        retry_on=(),
+        what="the router to see the pool down",
+    )
     # the prefill that computed it leaves the list, the other one is listed: with the pool up the
     # router would count a pool hit there and keep the follow-up local
     list_local_prefills(fleet, all_local_but(fleet, first.prefill))

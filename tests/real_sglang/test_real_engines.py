@@ -17,6 +17,7 @@ from prfaas_core.vocabulary import Pool, Role
 from prfaas_operator.adapters.prometheus import PrometheusObserver, SeriesSelector
 from prfaas_operator.planning.manifests import Names
 from prfaas_testbed import sglang_cpu
+from prfaas_testbed.polling import eventually_async
 from prfaas_testbed.prometheus import ScrapeJob, TargetGroup, start_prometheus
 from real_fleet import ADDRESSES, Fleet
 from router_harness import metric_samples, post, sample, total
@@ -138,13 +139,21 @@ async def test_every_loads_report_is_accepted_and_the_link_estimate_follows_real
     for i in range(4):
         answer = await post(client, fleet.router.url + "/generate", generate(f"[link {i}] {LONG}"))
         assert answer.status == 200
-    deadline = time.monotonic() + 30
-    while True:
+    samples: dict[tuple[str, frozenset[Any]], float] = {}
+
+    async def link_measured() -> float:
+        nonlocal samples
         samples = await metric_samples(client, fleet.router.url)
-        measured = sample(samples, contract.LINK_MEASURED_BYTES_PER_SECOND)
-        if measured > 0 or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(1)
+        return sample(samples, contract.LINK_MEASURED_BYTES_PER_SECOND)
+
+    measured = await eventually_async(
+        link_measured,
+        timeout=30,
+        interval=1,
+        until=lambda value: value > 0,
+        retry_on=(),
+        what="the link estimate to see a real transfer",
+    )
     assert measured > 0 and not math.isnan(measured), "the link estimate never saw a real transfer"
     assert sample(samples, contract.LINK_ESTIMATE_BYTES_PER_SECOND) <= 12.5e9  # never above the configured
     assert total(samples, contract.PREFIX + "engine_reports_refused_total") == 0
@@ -200,22 +209,34 @@ async def test_prometheus_scrapes_the_real_engines_and_the_planner_reads_every_q
             ).status == 200
         observer = PrometheusObserver(prometheus.url, min_requests=1)
         selector = SeriesSelector.for_deployment(namespace, fleet.cr["metadata"]["name"], namespace)
-        deadline = time.monotonic() + 45
-        while True:
-            observation = observer.observe(selector, 60)
-            complete = (
+
+        def complete(observation: Any) -> bool:
+            return (
                 isinstance(observation, Observation)
                 and len(observation.queue_depths) == 3
                 and observation.measured_link_bytes_per_second is not None
             )
-            if complete or time.monotonic() > deadline:
-                break
-            # more offloads, so the link estimate has recent transfers to measure
-            await post(
-                client, fleet.router.url + "/v1/completions", completion(f"[prom {time.time()}] {LONG}")
+
+        async def observed() -> Any:
+            observation = observer.observe(selector, 60)
+            if not complete(observation):
+                # more offloads, so the link estimate has recent transfers to measure
+                await post(
+                    client, fleet.router.url + "/v1/completions", completion(f"[prom {time.time()}] {LONG}")
+                )
+            return observation
+
+        try:
+            observation = await eventually_async(
+                observed,
+                timeout=45,
+                interval=1,
+                until=complete,
+                retry_on=(),
+                what="an observation with three queue depths and a measured link",
             )
-            await asyncio.sleep(1)
-        observer.close()
+        finally:
+            observer.close()
     assert isinstance(observation, Observation), observation
     assert set(observation.queue_depths) == {r.value for r in ADDRESSES}, observation
     # increase() extrapolates over the window: six requests read as 5.3 in one CI run

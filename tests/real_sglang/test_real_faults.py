@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 from prfaas_core import metrics_contract as contract
 from prfaas_core.vocabulary import Pool, Role
+from prfaas_testbed.polling import eventually_async
 from real_fleet import Fleet
 from router_harness import metric_samples, post, sample, total
 from test_real_engines import LONG, SHORT, generate
@@ -24,12 +25,21 @@ ENGINE_FAILURES = contract.PREFIX + "engine_failures_total"
 async def until_unavailable(client: aiohttp.ClientSession, fleet: Fleet, pool: Pool, worker: str) -> float:
     """Seconds until the router takes the worker out of its routable set (at most 15)."""
     began = time.monotonic()
-    while time.monotonic() - began < 15:
-        samples = await metric_samples(client, fleet.router.url)
-        if sample(samples, WORKER_AVAILABLE, pool=pool.value, worker=worker) == 0.0:
-            return time.monotonic() - began
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"{pool}/{worker} still available 15 s after its engine died")
+
+    async def available() -> float:
+        return sample(
+            await metric_samples(client, fleet.router.url), WORKER_AVAILABLE, pool=pool.value, worker=worker
+        )
+
+    await eventually_async(
+        available,
+        timeout=15,
+        interval=0.2,
+        until=lambda value: value == 0.0,
+        retry_on=(),
+        what=f"{pool}/{worker} to go unavailable after its engine died",
+    )
+    return time.monotonic() - began
 
 
 async def test_a_prfaas_prefill_killed_with_a_request_in_flight_is_blamed_and_ejected(

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -22,6 +21,7 @@ import aiohttp
 import pytest
 from prfaas_core.vocabulary import Role
 from prfaas_testbed import sglang_cpu
+from prfaas_testbed.polling import eventually_async
 from real_fleet import Fleet, pd_body
 from router_harness import metric_samples, post, total
 
@@ -61,14 +61,16 @@ async def _counters(client: aiohttp.ClientSession, url: str) -> tuple[float, flo
 async def _prefill_cached(client: aiohttp.ClientSession, url: str, before: tuple[float, float]) -> int:
     """The prefill's cached tokens of the one request it finished since `before` (its metrics
     are counted when its drained answer ends, which may come just after the decode's)."""
-    deadline = time.monotonic() + 30
-    while True:
-        requests, cached = await _counters(client, url)
-        if requests > before[0]:
-            assert requests == before[0] + 1, "one request at a time on this fleet"
-            return int(cached - before[1])
-        assert time.monotonic() < deadline, f"{url} finished no request"
-        await asyncio.sleep(0.1)
+    requests, cached = await eventually_async(
+        lambda: _counters(client, url),
+        timeout=30,
+        interval=0.1,
+        until=lambda counters: counters[0] > before[0],
+        retry_on=(),
+        what=f"{url} to finish a request",
+    )
+    assert requests == before[0] + 1, "one request at a time on this fleet"
+    return int(cached - before[1])
 
 
 async def via_router(fleet: Fleet, client: aiohttp.ClientSession, text: str) -> Served:
