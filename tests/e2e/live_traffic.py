@@ -1,4 +1,4 @@
-"""Helpers of the e2e scenarios: traffic in a background thread, the link, the real node, kubectl."""
+"""Helpers of the e2e scenarios: traffic in a background thread, the link, the real node, kubectl, rollouts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -141,6 +141,38 @@ def complete(router: str, prompt_words: int, word: str = "hello") -> dict[str, A
         assert reply.status == 200
         answer: dict[str, Any] = json.loads(reply.read())
     return answer
+
+
+def cr_status(system: LiveSystem) -> dict[str, Any]:
+    """The CR's status (empty while it has none or the CR is gone)."""
+    return (system.cr() or {}).get("status") or {}
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The status condition of this type (empty when there is none)."""
+    return next((c for c in status.get("conditions") or [] if c["type"] == kind), {})
+
+
+def rollout_over(status: dict[str, Any]) -> bool:
+    """No rollout left and RolloutProgressing RevisionAvailable."""
+    return (
+        "rollout" not in status
+        and condition(status, "RolloutProgressing").get("reason") == "RevisionAvailable"
+    )
+
+
+def patched(
+    system: LiveSystem, spec: dict[str, Any], done: Callable[[dict[str, Any]], bool] = rollout_over
+) -> Callable[[dict[str, Any]], bool]:
+    """Patch the spec; a check on a status that it is of the patch's generation (or later) and
+    `done` holds (by default: the rollout the patch starts is over)."""
+    system.patch_spec(spec)
+    generation = int(((system.cr() or {}).get("metadata") or {}).get("generation") or 0)
+
+    def reached(status: dict[str, Any]) -> bool:
+        return int(status.get("observedGeneration") or 0) >= generation and done(status)
+
+    return reached
 
 
 def status_of(router: str, prompt_words: int, word: str) -> tuple[int, str]:

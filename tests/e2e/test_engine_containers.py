@@ -22,9 +22,19 @@ from typing import Any
 
 import pytest
 from lightkube.resources.core_v1 import Event, Pod
-from live_traffic import E2E_TIME_SCALE, complete, logs_hint, pd_real_node, status_of
+from live_traffic import (
+    E2E_TIME_SCALE,
+    complete,
+    cr_status,
+    logs_hint,
+    patched,
+    pd_real_node,
+    rollout_over,
+    status_of,
+)
 from prfaas_core.vocabulary import LABEL_INSTANCE, LABEL_ROLE, Role
 from prfaas_testbed.clusters import Cluster, RealNode
+from prfaas_testbed.polling import eventually
 from prfaas_testbed.system import LiveSystem, customise_cr, load_sample_cr, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -161,30 +171,29 @@ def test_an_image_change_rolls_the_containers_and_an_unpullable_image_stalls_und
 
     def rollout_state(spec_patch: dict[str, Any], done: Any, timeout_s: float) -> dict[str, Any]:
         """Patch, then send a request a second (every fourth one long) until `done(status)`."""
-        system.patch_spec(spec_patch)
-        generation = int(((system.cr() or {}).get("metadata") or {}).get("generation") or 0)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        reached = patched(system, spec_patch, done)
+
+        def request_and_look() -> dict[str, Any]:
             # a prompt of its own each (no cached prefix keeps a long one local), none of the later test's
             words = 30000 if len(answered) % 4 == 3 else 200
             code, error = status_of(router, words, f"rollout{len(answered)}")
             answered.append(code)
-            status = (system.cr() or {}).get("status") or {}
+            status = cr_status(system)
             if code != 200:
                 refused.append(f"{code} {error} during {spec_patch} at rollout {status.get('rollout')}")
-            if int(status.get("observedGeneration") or 0) >= generation and done(status):
-                return status
-            time.sleep(1.0)
-        raise AssertionError(f"not within {timeout_s:.0f}s: {(system.cr() or {}).get('status')}")
+            return status
 
-    def over(status: dict[str, Any]) -> bool:
-        rolling: dict[str, Any] = next(
-            (c for c in status.get("conditions") or [] if c["type"] == "RolloutProgressing"), {}
+        return eventually(
+            request_and_look,
+            timeout=timeout_s,
+            interval=1.0,
+            what=f"the rollout after {spec_patch}",
+            until=reached,
+            retry_on=(),
         )
-        return "rollout" not in status and rolling.get("reason") == "RevisionAvailable"
 
     started = time.monotonic()
-    rollout_state({"model": {"image": rolled}}, over, 240)
+    rollout_state({"model": {"image": rolled}}, rollout_over, 240)
     print(
         f"containers rolled to {rolled} in {time.monotonic() - started:.0f} s (model load {MODEL_LOAD_SECONDS} s)"
     )
@@ -198,7 +207,7 @@ def test_an_image_change_rolls_the_containers_and_an_unpullable_image_stalls_und
     message = next(c["message"] for c in stalled["conditions"] if c["type"] == "RolloutProgressing")
     assert "ErrImagePull" in message or "ImagePullBackOff" in message, message
     started = time.monotonic()
-    rollout_state({"model": {"image": rolled}}, over, 180)
+    rollout_state({"model": {"image": rolled}}, rollout_over, 180)
     print(
         f"rolled back in {time.monotonic() - started:.0f} s; {len(answered)} requests, statuses {set(answered)}"
     )

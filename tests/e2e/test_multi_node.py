@@ -20,10 +20,20 @@ from typing import Any
 import pytest
 from lightkube import ApiError, Client
 from lightkube.resources.core_v1 import Pod
-from live_traffic import E2E_TIME_SCALE, BackgroundTraffic, complete, logs_hint, quick_planner, status_of
+from live_traffic import (
+    E2E_TIME_SCALE,
+    BackgroundTraffic,
+    complete,
+    cr_status,
+    logs_hint,
+    patched,
+    quick_planner,
+    status_of,
+)
 from prfaas_core.vocabulary import LABEL_INSTANCE, LABEL_ROLE, LWS_WORKER_INDEX_LABEL, Role
 from prfaas_operator.adapters.kube import LeaderWorkerSetResource
 from prfaas_testbed.clusters import Cluster
+from prfaas_testbed.polling import eventually
 from prfaas_testbed.system import LiveSystem, customise_cr, load_sample_cr, wait_until
 from prfaas_testbed.traffic import lognormal_requests
 from prometheus_client.parser import text_string_to_metric_families
@@ -262,26 +272,24 @@ def test_an_image_change_rolls_the_groups_of_both_clusters_in_the_second_slot(de
             180,
         )
     image = "lmsysorg/sglang:v0.5.24"  # the next release the runner's stand-in registry holds
-    system.patch_spec({"model": {"image": image}})
-    generation = int(((system.cr() or {}).get("metadata") or {}).get("generation") or 0)
+    rolled = patched(system, {"model": {"image": image}})
     statuses: list[int] = []
 
-    def rolled() -> bool:
-        status = (system.cr() or {}).get("status") or {}
-        rolling = next((c for c in status.get("conditions") or [] if c["type"] == "RolloutProgressing"), {})
-        return (
-            int(status.get("observedGeneration") or 0) >= generation
-            and "rollout" not in status
-            and rolling.get("reason") == "RevisionAvailable"
-        )
+    def rolled_meanwhile() -> bool:
+        if rolled(cr_status(system)):
+            return True
+        statuses.append(status_of(router, 30000 if len(statuses) % 2 else 200, f"roll{len(statuses)}")[0])
+        return False
 
     started = time.monotonic()
-    while not rolled():
-        assert time.monotonic() - started < 300, (
-            f"not rolled: {(system.cr() or {}).get('status')} {logs_hint(system)}"
-        )
-        statuses.append(status_of(router, 30000 if len(statuses) % 2 else 200, f"roll{len(statuses)}")[0])
-        time.sleep(0.5)
+    eventually(
+        rolled_meanwhile,
+        timeout=300,
+        interval=0.5,
+        retry_on=(),
+        what="the pools to roll to the new image",
+        seen=lambda: f"{cr_status(system)} {logs_hint(system)}",
+    )
     print(
         f"multi-node pools rolled in {time.monotonic() - started:.0f} s; {len(statuses)} requests, {sorted(set(statuses))}"
     )

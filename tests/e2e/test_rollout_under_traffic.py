@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from lightkube.resources.apps_v1 import StatefulSet
-from live_traffic import E2E_TIME_SCALE, BackgroundTraffic, logs_hint
+from live_traffic import E2E_TIME_SCALE, BackgroundTraffic, condition, logs_hint, patched
 from prfaas_testbed.pod_workloads import WorkloadKind
 from prfaas_testbed.polling import eventually
 from prfaas_testbed.system import LiveSystem, customise_cr, load_sample_cr
@@ -139,26 +139,6 @@ def decode_handoffs(ip: str) -> tuple[float, float] | None:
     return value("prfaas_fake_engine_kv_handoffs_total"), value(
         "prfaas_fake_engine_kv_mismatched_handoffs_total"
     )
-
-
-def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
-    return next((c for c in status.get("conditions") or [] if c["type"] == kind), {})
-
-
-def patched(system: LiveSystem, spec: dict[str, Any]) -> Any:
-    """Patch the spec; a check that the rollout it starts is over (status of its generation,
-    no rollout left, RolloutProgressing RevisionAvailable)."""
-    system.patch_spec(spec)
-    generation = int(((system.cr() or {}).get("metadata") or {}).get("generation") or 0)
-
-    def over(status: dict[str, Any]) -> bool:
-        return (
-            int(status.get("observedGeneration") or 0) >= generation
-            and "rollout" not in status
-            and condition(status, "RolloutProgressing").get("reason") == "RevisionAvailable"
-        )
-
-    return over
 
 
 def test_an_image_change_rolls_both_clusters_without_loss_and_a_bad_one_stalls_and_rolls_back(

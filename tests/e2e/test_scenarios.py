@@ -40,9 +40,11 @@ from live_traffic import (
     E2E_TIME_SCALE,
     BackgroundTraffic,
     container_pods,
+    cr_status,
     kubectl,
     link_counters,
     logs_hint,
+    patched,
     pd_real_node,
     quick_planner,
 )
@@ -630,19 +632,7 @@ def test_a_cache_pool_runs_and_its_master_outage_is_reported_not_felt(deployment
             {"key": TESTBED_POOL_LABEL, "operator": "Equal", "value": "cpu", "effect": "NoSchedule"}
         ],
     }
-    system.patch_spec({"pdCluster": {"cachePool": pool}})
-    generation = int(((system.cr() or {}).get("metadata") or {}).get("generation") or 0)
-
-    def rolled() -> bool:  # the PD prefills roll onto HiCache's flags
-        status = (system.cr() or {}).get("status") or {}
-        progressing = next(
-            (c for c in status.get("conditions") or [] if c["type"] == "RolloutProgressing"), {}
-        )
-        return (
-            int(status.get("observedGeneration") or 0) >= generation
-            and "rollout" not in status
-            and progressing.get("reason") == "RevisionAvailable"
-        )
+    rolled = patched(system, {"pdCluster": {"cachePool": pool}})  # the PD prefills roll onto HiCache's flags
 
     def pool_reported(status: str) -> dict[str, Any] | None:
         condition = system.condition("CachePoolReady")
@@ -652,7 +642,7 @@ def test_a_cache_pool_runs_and_its_master_outage_is_reported_not_felt(deployment
     assert "1/1 stores ready, capacity 64 MiB" in ready["message"], ready
     assert ((system.router_config() or {}).get("cache_pools") or {}).get("local"), system.router_config()
     wait_until("the router to see the pool up", lambda: router_pool_up(system) == 1, 60)
-    wait_until("the PD prefills to roll onto the pool", rolled, 180, poll_s=1.0)
+    wait_until("the PD prefills to roll onto the pool", lambda: rolled(cr_status(system)), 180, poll_s=1.0)
     system.wait_ready(60)
     pool_pods = system.runner_pods(cluster=Cluster.PD.value, kind=WorkloadKind.KV_POOL)
     assert sorted(p["pod"] for p in pool_pods if p["ready"]) == [
