@@ -165,21 +165,36 @@ def instance_processes(
             }
         }
         for index, address in enumerate(addresses[Role(engine.role)]):
-            pod = pod_from(workload, pod_name(engine.workload, index), address, node)
-            process = local_process(
-                PodFacts.of(pod, node),
-                programs=programs,
-                scales=Scales(),
-                pod_dir=Path("/nonexistent"),
-                base_env=os.environ,
-            )
-            assert process is not None, f"the {engine.role} pod is no engine the testbed knows"
+            _, process = _pod_process(workload, pod_name(engine.workload, index), address, node, programs)
             if services:
                 process = dataclasses.replace(
                     process, argv=tuple(_resolved(a, services) for a in process.argv)
                 )
             processes.setdefault(Role(engine.role), []).append(process)
     return processes
+
+
+def _pod_process(
+    workload: Mapping[str, Any],
+    name: str,
+    ip: str,
+    node: Mapping[str, Any],
+    programs: Programs,
+    hosts: Mapping[str, str] | None = None,
+) -> tuple[dict[str, Any], LocalProcess]:
+    """Pod `name` of `workload` at `ip` on `node`, and the local process the testbed's kubelet runs
+    for it (engines and cache pools alike)."""
+    pod = pod_from(workload, name, ip, node)
+    made = local_process(
+        PodFacts.of(pod, node),
+        programs=programs,
+        scales=Scales(),
+        pod_dir=Path("/nonexistent"),
+        base_env=os.environ,
+        hosts=hosts,
+    )
+    assert made is not None, f"pod {name} is no workload the testbed knows"
+    return pod, made
 
 
 def _resolved(arg: str, services: Mapping[str, str]) -> str:
@@ -217,25 +232,17 @@ def pool_processes(
         )
     programs = Programs(python="python3", router="prfaas-router", mooncake=str(bin_dir))
     node = {"metadata": {"name": f"node-{pool.master_role}", "labels": {}}}
-
-    def process(
-        workload: Mapping[str, Any], name: str, ip: str, hosts: Mapping[str, str]
-    ) -> tuple[dict[str, Any], LocalProcess]:
-        pod = pod_from(workload, name, ip, node)
-        made = local_process(
-            PodFacts.of(pod, node), programs=programs, scales=Scales(), pod_dir=Path("/nonexistent"),
-            base_env=os.environ, hosts=hosts,
-        )  # fmt: skip
-        assert made is not None, f"pod {name} is no workload the testbed knows"
-        return pod, made
-
-    master_pod, master = process(
-        cache_pool.master_statefulset(pool, derived.owner), pod_name(pool.master_name), master_ip, {}
+    master_pod, master = _pod_process(
+        cache_pool.master_statefulset(pool, derived.owner),
+        pod_name(pool.master_name),
+        master_ip,
+        node,
+        programs,
     )
     services = dict.fromkeys(service_dns_names(master_pod), master_ip)
     store_workload = cache_pool.store_statefulset(pool, derived.owner)
     stores = [
-        process(store_workload, pod_name(pool.store_name, index), ip, services)[1]
+        _pod_process(store_workload, pod_name(pool.store_name, index), ip, node, programs, services)[1]
         for index, ip in enumerate(store_ips)
     ]
     entry = CachePool(
