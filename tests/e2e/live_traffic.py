@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from support.kubectl import Kubectl
 
 if TYPE_CHECKING:
     from prfaas_testbed.clusters import LinkNamespace, RealNode
@@ -91,11 +92,9 @@ def link_counters(link: LinkNamespace) -> dict[str, Any]:
     return dict(root)
 
 
-def kubectl(system: LiveSystem, *args: str, timeout_s: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["kubectl", "--kubeconfig", str(system.testbed.pd_kubeconfig), *args],
-        capture_output=True, text=True, timeout=timeout_s, check=False,
-    )  # fmt: skip
+def pd_kubectl(system: LiveSystem) -> Kubectl:
+    """kubectl against the PD cluster, 30 s a run."""
+    return Kubectl(system.testbed.pd_kubeconfig, timeout_s=30)
 
 
 def container_pods(system: LiveSystem, kind: str, count: int) -> list[dict[str, Any]]:

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
-from live_traffic import E2E_TIME_SCALE, BackgroundTraffic, kubectl, logs_hint
+from live_traffic import E2E_TIME_SCALE, BackgroundTraffic, logs_hint, pd_kubectl
 from prfaas_core.planning import NoData, Observation
 from prfaas_core.vocabulary import ROUTE_PRFAAS, Pool
 from prfaas_operator.adapters.prometheus import PrometheusObserver, SeriesSelector
@@ -142,7 +142,9 @@ def operator_log_tail(system: LiveSystem) -> str:
     """The planner's last lines in the operators' logs, to tell why it did not decide."""
     lines = []
     for pod in system.runner_pods(kind="operator"):
-        shown = kubectl(system, "-n", system.layout.system_namespace, "logs", pod["pod"], "--tail", "400")
+        shown = pd_kubectl(system).run(
+            "-n", system.layout.system_namespace, "logs", pod["pod"], "--tail", "400"
+        )
         lines += [f"{pod['pod']}: {line}" for line in shown.stdout.splitlines() if "planner" in line][-8:]
     return "operator logs:\n" + "\n".join(lines)
 

@@ -27,8 +27,8 @@ from live_traffic import (
     E2E_TIME_SCALE,
     BackgroundTraffic,
     container_pods,
-    kubectl,
     link_counters,
+    pd_kubectl,
     pd_real_node,
 )
 from prfaas_core.trace import TRACE_BLOCK_TOKENS
@@ -253,8 +253,8 @@ def test_a_router_rolling_update_during_traffic_loses_no_request(replicated: Liv
     during = [r for r in results if rolled_at <= r.sent_at <= rolled_at + rolled_in]
     assert not lost, lost
     assert len(during) >= 10, f"only {len(during)} requests were sent during the {rolled_in:.0f} s rollout"
-    hooks = kubectl(
-        system, "-n", system.layout.deployment_namespace, "get", "events",
+    hooks = pd_kubectl(system).run(
+        "-n", system.layout.deployment_namespace, "get", "events",
         "--field-selector", "reason=FailedPreStopHook", "-o", "name",
     )  # fmt: skip
     assert hooks.returncode == 0 and not hooks.stdout.strip(), hooks.stdout

@@ -41,10 +41,10 @@ from live_traffic import (
     BackgroundTraffic,
     container_pods,
     cr_status,
-    kubectl,
     link_counters,
     logs_hint,
     patched,
+    pd_kubectl,
     pd_real_node,
     quick_planner,
 )
@@ -228,7 +228,7 @@ def test_an_idle_system_keeps_every_engine_healthy(deployment: LiveSystem) -> No
     assert readiness["healthy_workers"] == readiness["total_workers"], readiness
     assert all(readiness["total_workers"][pool] > 0 for pool in Pool), readiness
     namespace = system.layout.deployment_namespace
-    logs = kubectl(system, "-n", namespace, "logs", router["pod"], f"--since={IDLE_SECONDS + 5:.0f}s")
+    logs = pd_kubectl(system).run("-n", namespace, "logs", router["pod"], f"--since={IDLE_SECONDS + 5:.0f}s")
     assert logs.returncode == 0, logs
     assert "is unhealthy" not in logs.stdout + logs.stderr, logs.stdout[-2000:]
 
@@ -247,10 +247,10 @@ def operator_lease_holder(system: LiveSystem) -> str | None:
 def operator_logs(system: LiveSystem) -> str:
     """The Lease and the last lines of each operator container (and of its previous run), to tell why."""
     namespace = system.layout.system_namespace
-    parts = [kubectl(system, "-n", namespace, "get", "lease", "-o", "yaml").stdout]
+    parts = [pd_kubectl(system).run("-n", namespace, "get", "lease", "-o", "yaml").stdout]
     for pod in system.runner_pods(kind="operator"):
         for previous in ((), ("--previous",)):
-            shown = kubectl(system, "-n", namespace, "logs", pod["pod"], "--tail", "25", *previous)
+            shown = pd_kubectl(system).run("-n", namespace, "logs", pod["pod"], "--tail", "25", *previous)
             parts.append(f"--- {pod['pod']} {' '.join(previous)}\n{shown.stdout}{shown.stderr}")
     return "\n".join(parts)
 
@@ -279,19 +279,19 @@ def test_operator_and_router_are_containers_of_the_product_image_on_the_real_nod
         assert status.image == "ghcr.io/prfaas/prfaas:0.1.0" and status.containerID.startswith(
             "containerd://"
         )
-        identity = kubectl(system, "-n", namespace, "exec", pod["pod"], "--", "id", "-u")
+        identity = pd_kubectl(system).run("-n", namespace, "exec", pod["pod"], "--", "id", "-u")
         assert identity.returncode == 0 and identity.stdout.strip() == "65532", identity
-        write = kubectl(system, "-n", namespace, "exec", pod["pod"], "--", "touch", "/opt/written")
+        write = pd_kubectl(system).run("-n", namespace, "exec", pod["pod"], "--", "touch", "/opt/written")
         assert write.returncode != 0 and "Read-only file system" in write.stderr, write
-        scratch = kubectl(system, "-n", namespace, "exec", pod["pod"], "--", "touch", "/tmp/written")
+        scratch = pd_kubectl(system).run("-n", namespace, "exec", pod["pod"], "--", "touch", "/tmp/written")
         assert scratch.returncode == 0, scratch
-        logs = kubectl(system, "-n", namespace, "logs", pod["pod"], "--tail", "200")
+        logs = pd_kubectl(system).run("-n", namespace, "logs", pod["pod"], "--tail", "200")
         assert logs.returncode == 0 and logs.stdout.strip(), logs
         if kind == "router":
             assert "watching through the API" in logs.stdout, logs.stdout[-2000:]
         # the router's token reads its config ConfigMap; the operator's is the chart's RBAC
-        token = kubectl(
-            system, "-n", namespace, "exec", pod["pod"], "--", "cat",
+        token = pd_kubectl(system).run(
+            "-n", namespace, "exec", pod["pod"], "--", "cat",
             "/var/run/secrets/kubernetes.io/serviceaccount/token",
         )  # fmt: skip
         assert token.returncode == 0 and token.stdout.count(".") == 2, "no projected token"
@@ -341,8 +341,8 @@ def test_a_config_change_reaches_the_router_in_seconds_not_at_the_kubelets_pace(
     assert page["config_map"] == {"watching": True, "last_error": None}, page
 
     def mounted_version() -> int | None:
-        shown = kubectl(
-            system, "-n", namespace, "exec", router["pod"], "--", "cat", "/etc/prfaas/router-config.json"
+        shown = pd_kubectl(system).run(
+            "-n", namespace, "exec", router["pod"], "--", "cat", "/etc/prfaas/router-config.json"
         )
         return json.loads(shown.stdout)["version"] if shown.returncode == 0 else None
 

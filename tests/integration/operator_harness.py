@@ -8,7 +8,6 @@ that always ends the process.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from prfaas_testbed.ports import free_port
+from support.kubectl import Kubectl
 
 
 @dataclass
@@ -61,16 +61,16 @@ def install_crd(kubeconfig: Path) -> None:
     """The generated PrfaasDeployment CRD applied to a cluster and Established."""
     from prfaas_operator.crd import CRD_NAME, CRD_OUTPUTS, repository_root
 
-    kubectl = shutil.which("kubectl")
-    assert kubectl, "kubectl is not on PATH"
-    for args in (
-        ["apply", "--server-side", "--force-conflicts", "--field-manager=prfaas-tests",
-         "-f", str(repository_root() / CRD_OUTPUTS[0])],
-        ["wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s"],
-    ):  # fmt: skip
-        done = subprocess.run([kubectl, f"--kubeconfig={kubeconfig}", *args], capture_output=True, text=True,
-                              timeout=90, check=False)  # fmt: skip
-        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+    kubectl = Kubectl(kubeconfig, timeout_s=90)
+    kubectl.ok(
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--field-manager=prfaas-tests",
+        "-f",
+        str(repository_root() / CRD_OUTPUTS[0]),
+    )
+    kubectl.ok("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
 
 
 def _healthy(url: str) -> bool:

@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
-import subprocess
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -25,6 +21,7 @@ from prfaas_operator.planning import manifests, router_config_builder
 from prfaas_operator.planning.allocation import effective_allocation
 from prfaas_operator.planning.fingerprint import kv_fingerprint
 from prfaas_testbed.polling import eventually
+from support.kubectl import Kubectl
 
 if TYPE_CHECKING:
     from prfaas_testbed.clusters import Testbed
@@ -35,36 +32,9 @@ ROOT = crd.repository_root()
 SAMPLE: dict[str, Any] = yaml.safe_load((ROOT / "examples/prfaasdeployment.yaml").read_text())
 
 
-@dataclass(frozen=True)
-class Kubectl:
-    """kubectl against one cluster, with a bounded run time."""
-
-    binary: str
-    kubeconfig: Path
-
-    def run(
-        self, *args: str, stdin: str | None = None, timeout_s: float = 60
-    ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [self.binary, f"--kubeconfig={self.kubeconfig}", *args],
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            check=False,
-        )
-
-    def ok(self, *args: str, stdin: str | None = None) -> str:
-        done = self.run(*args, stdin=stdin)
-        assert done.returncode == 0, f"kubectl {' '.join(args)} failed: {done.stderr}"
-        return done.stdout
-
-
 @pytest.fixture(scope="module")
 def kubectl(testbed: Testbed) -> Kubectl:
-    binary = shutil.which("kubectl")
-    assert binary, "kubectl is not on PATH (the testbed expects the machine's kubectl)"
-    return Kubectl(binary, testbed.pd_kubeconfig)
+    return Kubectl(testbed.pd_kubeconfig)
 
 
 @pytest.fixture(scope="module")

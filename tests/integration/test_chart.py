@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 from prfaas_operator import crd, crd_apply
+from support.kubectl import Kubectl
 
 if TYPE_CHECKING:
     from prfaas_testbed.clusters import Testbed
@@ -538,19 +539,6 @@ def test_crd_upgrade_hook_values_reach_the_job(helm: Path) -> None:
 # ---- against the real apiserver -----------------------------------------------------------------
 
 
-def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    binary = shutil.which("kubectl")
-    assert binary, "kubectl is not on PATH"
-    return subprocess.run(
-        [binary, f"--kubeconfig={kubeconfig}", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 def can_i(
     kubeconfig: Path,
     verb: str,
@@ -566,7 +554,7 @@ def can_i(
     args += ["-n", namespace] if namespace else ["--all-namespaces"]
     if user:
         args.append(f"--as={user}")
-    done = kubectl(kubeconfig, *args)
+    done = Kubectl(kubeconfig).run(*args)
     assert done.stdout.strip() in {"yes", "no"}, done.stderr
     return done.stdout.strip() == "yes"
 
@@ -591,14 +579,13 @@ def rbac_release(helm: Path, testbed: Testbed) -> Iterator[tuple[str, str]]:
     assert done.returncode == 0, done.stderr
     objects = [o for o in yaml.safe_load_all(done.stdout) if o and o["kind"] in RBAC_KINDS]
     for name in (namespace, watched):
-        assert kubectl(kubeconfig, "create", "namespace", name).returncode == 0
+        assert Kubectl(kubeconfig).run("create", "namespace", name).returncode == 0
     try:
         # can-i resolves resource names through discovery: the CRD must be served
         apply_served_crd_and(kubeconfig, objects)
         yield f"system:serviceaccount:{namespace}:{release}-prfaas-operator", watched
     finally:
-        kubectl(
-            kubeconfig,
+        Kubectl(kubeconfig).run(
             "delete",
             "--ignore-not-found",
             "--wait=false",
@@ -607,7 +594,7 @@ def rbac_release(helm: Path, testbed: Testbed) -> Iterator[tuple[str, str]]:
             stdin=yaml.safe_dump_all(objects),
         )
         for name in (namespace, watched):
-            kubectl(kubeconfig, "delete", "namespace", name, "--wait=false")
+            Kubectl(kubeconfig).run("delete", "namespace", name, "--wait=false")
 
 
 @pytest.mark.testbed
@@ -669,10 +656,14 @@ def test_apiserver_grants_the_operator_what_it_needs_and_nothing_more(
 
 def apply_served_crd_and(kubeconfig: Path, objects: list[dict[str, Any]]) -> None:
     """The repository's CRD, applied and Established, then ``objects``."""
-    crd_applied = kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+    crd_applied = Kubectl(kubeconfig).run(
+        "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds")
+    )
     assert crd_applied.returncode == 0, crd_applied.stderr
-    assert kubectl(kubeconfig, "wait", "--for=condition=Established", "crd/" + crd.CRD_NAME).returncode == 0
-    applied = kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump_all(objects))
+    assert (
+        Kubectl(kubeconfig).run("wait", "--for=condition=Established", "crd/" + crd.CRD_NAME).returncode == 0
+    )
+    applied = Kubectl(kubeconfig).run("apply", "-f", "-", stdin=yaml.safe_dump_all(objects))
     assert applied.returncode == 0, applied.stderr
 
 
@@ -719,7 +710,7 @@ def test_notes_build_a_working_least_privilege_kubeconfig_for_the_prefill_cluste
         assert set(user["user"]) == {"token"}, "the kubeconfig must carry only the ServiceAccount's token"
         assert "certificate-authority-data" in document["clusters"][0]["cluster"], "not self-contained"
 
-        assert kubectl(kubeconfig, "get", "statefulsets", "-A").returncode == 0
+        assert Kubectl(kubeconfig).run("get", "statefulsets", "-A").returncode == 0
         for verb, resource in [("create", "namespaces"), ("get", "namespaces")]:
             assert can_i(kubeconfig, verb, resource, namespace=None), f"may not {verb} {resource}"
         for verb in WRITE:
@@ -754,7 +745,7 @@ def test_notes_build_a_working_least_privilege_kubeconfig_for_the_prefill_cluste
             "60s",
             kubeconfig=admin,
         )
-        kubectl(admin, "delete", "namespace", namespace, "--wait=false")
+        Kubectl(admin).run("delete", "namespace", namespace, "--wait=false")
 
 
 # ---- the CRD-upgrade hook's command against the real apiserver, with the hook's own identity ------
@@ -762,7 +753,7 @@ def test_notes_build_a_working_least_privilege_kubeconfig_for_the_prefill_cluste
 
 def token_kubeconfig(admin: Path, token: str, target: Path) -> Path:
     """A kubeconfig for `admin`'s cluster that authenticates with `token` only."""
-    done = kubectl(admin, "config", "view", "--minify", "--flatten", "--raw", "-o", "json")
+    done = Kubectl(admin).run("config", "view", "--minify", "--flatten", "--raw", "-o", "json")
     assert done.returncode == 0, done.stderr
     cluster = json.loads(done.stdout)["clusters"][0]["cluster"]
     document = {
@@ -799,18 +790,17 @@ def crd_upgrade_identity(helm: Path, testbed: Testbed, tmp_path: Path) -> Iterat
     objects = [o for o in yaml.safe_load_all(done.stdout) if o and o["kind"] in RBAC_KINDS]
     assert sorted(o["kind"] for o in objects) == ["ClusterRole", "ClusterRoleBinding", "ServiceAccount"]
     account = only(objects, "ServiceAccount")["metadata"]["name"]
-    assert kubectl(admin, "create", "namespace", namespace).returncode == 0
+    assert Kubectl(admin).run("create", "namespace", namespace).returncode == 0
     try:
         # the CRD must be there and served (as Helm's crds/ leaves it on a first install)
         apply_served_crd_and(admin, objects)
-        token = kubectl(admin, "-n", namespace, "create", "token", account, "--duration=10m")
+        token = Kubectl(admin).run("-n", namespace, "create", "token", account, "--duration=10m")
         assert token.returncode == 0, token.stderr
         user = f"system:serviceaccount:{namespace}:{account}"
         wait_for_grant(admin, "patch", f"customresourcedefinitions/{crd.CRD_NAME}", user)
         yield token_kubeconfig(admin, token.stdout.strip(), tmp_path / "hook.kubeconfig"), user
     finally:
-        kubectl(
-            admin,
+        Kubectl(admin).run(
             "delete",
             "--ignore-not-found",
             "--wait=false",
@@ -818,7 +808,7 @@ def crd_upgrade_identity(helm: Path, testbed: Testbed, tmp_path: Path) -> Iterat
             "-",
             stdin=yaml.safe_dump_all(objects),
         )
-        kubectl(admin, "delete", "namespace", namespace, "--wait=false")
+        Kubectl(admin).run("delete", "namespace", namespace, "--wait=false")
 
 
 def run_crd_apply(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -834,7 +824,7 @@ def run_crd_apply(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[s
 
 
 def live_crd(admin: Path) -> dict[str, Any]:
-    done = kubectl(admin, "get", "crd", crd.CRD_NAME, "--show-managed-fields", "-o", "json")
+    done = Kubectl(admin).run("get", "crd", crd.CRD_NAME, "--show-managed-fields", "-o", "json")
     assert done.returncode == 0, done.stderr
     found: dict[str, Any] = json.loads(done.stdout)
     return found
@@ -855,8 +845,8 @@ def test_crd_upgrade_hook_brings_an_older_crd_to_the_models_with_only_its_rights
     version["additionalPrinterColumns"] = [
         c for c in version["additionalPrinterColumns"] if c["name"] != "Reason"
     ]
-    written = kubectl(
-        admin, "apply", "--server-side", "--force-conflicts", "--field-manager=older-chart", "-f", "-",
+    written = Kubectl(admin).run(
+        "apply", "--server-side", "--force-conflicts", "--field-manager=older-chart", "-f", "-",
         stdin=json.dumps(older),
     )  # fmt: skip
     assert written.returncode == 0, written.stderr
@@ -888,7 +878,7 @@ def test_crd_upgrade_hook_brings_an_older_crd_to_the_models_with_only_its_rights
         assert again.returncode == 0, again.stderr
         assert f"{crd.CRD_NAME}: unchanged" in again.stdout and not again.stderr
     finally:
-        kubectl(admin, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+        Kubectl(admin).run("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
 
 
 @pytest.mark.testbed
@@ -969,13 +959,12 @@ def test_a_create_limited_by_resource_names_works_through_server_side_apply_only
             "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
         },
     ]
-    assert kubectl(admin, "apply", "-f", "-", stdin=yaml.safe_dump_all(grant)).returncode == 0
+    assert Kubectl(admin).run("apply", "-f", "-", stdin=yaml.safe_dump_all(grant)).returncode == 0
     try:
         wait_for_grant(admin, "patch", f"customresourcedefinitions/{name}", user)
-        posted = kubectl(kubeconfig, "create", "-f", "-", stdin=json.dumps(scratch))
+        posted = Kubectl(kubeconfig).run("create", "-f", "-", stdin=json.dumps(scratch))
         assert posted.returncode != 0 and "forbidden" in posted.stderr.lower(), posted.stdout + posted.stderr
-        applied = kubectl(
-            kubeconfig,
+        applied = Kubectl(kubeconfig).run(
             "apply",
             "--server-side",
             "--field-manager=scratch",
@@ -986,8 +975,8 @@ def test_a_create_limited_by_resource_names_works_through_server_side_apply_only
         assert applied.returncode == 0, applied.stderr
         assert "serverside-applied" in applied.stdout
     finally:
-        kubectl(admin, "delete", "crd", name, "--ignore-not-found", "--wait=false")
-        kubectl(admin, "delete", "--ignore-not-found", "-f", "-", stdin=yaml.safe_dump_all(grant))
+        Kubectl(admin).run("delete", "crd", name, "--ignore-not-found", "--wait=false")
+        Kubectl(admin).run("delete", "--ignore-not-found", "-f", "-", stdin=yaml.safe_dump_all(grant))
 
 
 @pytest.mark.testbed
@@ -1012,8 +1001,8 @@ def test_helm_install_and_upgrade_bring_the_crd_to_the_image_models_and_uninstal
         older = json.loads(json.dumps(desired))
         schema = older["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
         schema["properties"]["obsoleteField"] = {"type": "string", "description": "an older chart's"}
-        written = kubectl(
-            admin, "apply", "--server-side", "--force-conflicts", "--field-manager=older-chart", "-f", "-",
+        written = Kubectl(admin).run(
+            "apply", "--server-side", "--force-conflicts", "--field-manager=older-chart", "-f", "-",
             stdin=json.dumps(older),
         )  # fmt: skip
         assert written.returncode == 0, written.stderr
@@ -1024,7 +1013,7 @@ def test_helm_install_and_upgrade_bring_the_crd_to_the_image_models_and_uninstal
         managers = {entry["manager"]: entry["operation"] for entry in live["metadata"]["managedFields"]}
         assert managers.get(crd_apply.FIELD_MANAGER) == "Apply", managers
         for name in hook_objects:  # hook-succeeded: nothing of the hook is left
-            found = kubectl(admin, "-n", namespace, "get", name, "--ignore-not-found", "-o", "name")
+            found = Kubectl(admin).run("-n", namespace, "get", name, "--ignore-not-found", "-o", "name")
             assert found.stdout.strip() == "", f"{name} was left behind"
 
     values = [
@@ -1058,6 +1047,6 @@ def test_helm_install_and_upgrade_bring_the_crd_to_the_image_models_and_uninstal
         assert live_crd(admin)["metadata"]["name"] == crd.CRD_NAME  # Helm never deletes crds/
     finally:
         run_helm(helm, "uninstall", release, "-n", namespace, "--ignore-not-found", kubeconfig=admin)
-        kubectl(admin, "delete", "--ignore-not-found", *hook_objects[2:])  # the cluster-scoped ones
-        kubectl(admin, "delete", "namespace", namespace, "--wait=false")
-        kubectl(admin, "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+        Kubectl(admin).run("delete", "--ignore-not-found", *hook_objects[2:])  # the cluster-scoped ones
+        Kubectl(admin).run("delete", "namespace", namespace, "--wait=false")
+        Kubectl(admin).run("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))

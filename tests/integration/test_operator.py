@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import copy
 import re
-import shutil
-import subprocess
 import threading
 import time
 import uuid
@@ -38,6 +36,7 @@ from prfaas_operator.adapters.kube import PrfaasDeploymentResource
 from prfaas_operator.crd import repository_root
 from prfaas_testbed.polling import eventually
 from prfaas_testbed.ports import free_port
+from support.kubectl import Kubectl
 
 if TYPE_CHECKING:
     from prfaas_testbed.clusters import Testbed
@@ -67,21 +66,6 @@ OPERATOR_OPTIONS = (
 def must(client: Client, resource: Any, name: str, namespace: str | None = None) -> Any:
     """The object (untyped: lightkube's models make every field optional)."""
     return client.get(resource, name, namespace=namespace)
-
-
-def kubectl(testbed: Testbed, *args: str, stdin: str | None = None) -> str:
-    binary = shutil.which("kubectl")
-    assert binary, "kubectl is not on PATH"
-    done = subprocess.run(
-        [binary, f"--kubeconfig={testbed.pd_kubeconfig}", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
-    return done.stdout
 
 
 def deployment_manifest(
@@ -204,7 +188,7 @@ def test_sample_deployment_lifecycle(
     name = "kimi-linear"
     pd, prfaas = pd_client, prfaas_client
     applied_at = time.monotonic()
-    kubectl(testbed, "apply", "-f", "-",
+    Kubectl(testbed.pd_kubeconfig).ok("apply", "-f", "-",
             stdin=yaml.safe_dump(half(deployment_manifest(name, ns, remote_ns, "prfaas-cluster-kubeconfig"))))  # fmt: skip
 
     # every child, in the right cluster
@@ -299,7 +283,7 @@ def test_sample_deployment_lifecycle(
         assert pod.metadata.labels["prfaas.io/fingerprint"] == status["fingerprint"]
     assert "Not verified" in condition(status, "Ready")["message"]
     assert condition(status, "Degraded")["status"] == "False"
-    header, row = kubectl(testbed, "get", "prfaas", name, "-n", ns).splitlines()
+    header, row = Kubectl(testbed.pd_kubeconfig).ok("get", "prfaas", name, "-n", ns).splitlines()
     starts = [match.start() for match in re.finditer(r"\S+", header)]  # cells by position: some are empty
     columns = {
         header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)
@@ -314,7 +298,9 @@ def test_sample_deployment_lifecycle(
             "pdCluster": {"prefillInstances": 1, "decodeInstances": 3},
         }
     }
-    kubectl(testbed, "patch", "prfaas", name, "-n", ns, "--type=merge", "-p", yaml.safe_dump(patch))
+    Kubectl(testbed.pd_kubeconfig).ok(
+        "patch", "prfaas", name, "-n", ns, "--type=merge", "-p", yaml.safe_dump(patch)
+    )
     eventually(
         lambda: placed(prfaas, remote_ns, "prfaas-prefill", 1, "NVIDIA-H200"),
         timeout=60,
@@ -370,10 +356,12 @@ def test_sample_deployment_lifecycle(
     eventually(lambda: recreated(pd, Service, f"{name}-pd-decode", ns, old_svc), timeout=30, interval=0.25, what="the local Service back")  # fmt: skip
 
     # an edited child is restored: remote replicas scaled by hand, the router image changed
-    kubectl_prfaas = ("--kubeconfig", str(testbed.prfaas_kubeconfig))
-    subprocess.run(["kubectl", *kubectl_prfaas, "scale", "statefulset", f"{name}-prfaas-prefill", "-n", remote_ns,
-                    "--replicas=0"], check=True, capture_output=True, timeout=30)  # fmt: skip
-    kubectl(testbed, "set", "image", f"deployment/{name}-router", "router=example.invalid/other:1", "-n", ns)
+    Kubectl(testbed.prfaas_kubeconfig, timeout_s=30).ok(
+        "scale", "statefulset", f"{name}-prfaas-prefill", "-n", remote_ns, "--replicas=0"
+    )
+    Kubectl(testbed.pd_kubeconfig).ok(
+        "set", "image", f"deployment/{name}-router", "router=example.invalid/other:1", "-n", ns
+    )
 
     def restored() -> bool:
         sts = must(prfaas, StatefulSet, f"{name}-prfaas-prefill", remote_ns)
@@ -386,7 +374,7 @@ def test_sample_deployment_lifecycle(
     eventually(restored, timeout=30, interval=0.25, what="edited children restored")
 
     # deleting the CR empties both clusters (the remote side through the finalizer)
-    kubectl(testbed, "delete", "prfaas", name, "-n", ns, "--wait=false")
+    Kubectl(testbed.pd_kubeconfig).ok("delete", "prfaas", name, "-n", ns, "--wait=false")
     eventually(
         lambda: get_or_none(pd, PrfaasDeploymentResource, name, ns) is None,
         timeout=60,
@@ -423,7 +411,7 @@ def test_sample_image_change_rolls_both_clusters_together_and_back(
     ns, remote_ns = own_namespaces
     name = "rolled"
     cr = small(deployment_manifest(name, ns, remote_ns, "prfaas-cluster-kubeconfig"))
-    kubectl(testbed, "apply", "-f", "-", stdin=yaml.safe_dump(cr))
+    Kubectl(testbed.pd_kubeconfig).ok("apply", "-f", "-", stdin=yaml.safe_dump(cr))
     eventually(lambda: condition(cr_status(pd_client, name, ns), "Ready").get("status") == "True", timeout=60, interval=0.25, what="Ready")  # fmt: skip
     targets = {"prfaas-prefill": 1, "pd-prefill": 1, "pd-decode": 1}
     clusters = {
@@ -443,7 +431,7 @@ def test_sample_image_change_rolls_both_clusters_together_and_back(
 
     def roll_to(image: str, slot_suffix: str) -> set[str]:
         """Patch the image, sample until only the new slot is left; the phases seen."""
-        kubectl(testbed, "patch", "prfaas", name, "-n", ns, "--type=merge",
+        Kubectl(testbed.pd_kubeconfig).ok("patch", "prfaas", name, "-n", ns, "--type=merge",
                 "-p", yaml.safe_dump({"spec": {"model": {"image": image}}}))  # fmt: skip
         phases: set[str] = set()
         deadline = time.monotonic() + 180  # each step waits spec.rollout.minReadySeconds (10 s)
@@ -502,7 +490,7 @@ def test_bad_clusters_degrade_with_the_cause_while_others_are_served(
     }
     # the spec says 16 GPUs a node (admission cannot know better); the H20 nodes have 8 each
     crs["too-big"]["spec"]["pdCluster"].update(gpusPerInstance=16, gpusPerNode=16)
-    kubectl(testbed, "apply", "-f", "-", stdin=yaml.safe_dump_all(crs.values()))
+    Kubectl(testbed.pd_kubeconfig).ok("apply", "-f", "-", stdin=yaml.safe_dump_all(crs.values()))
 
     def degraded(cr: str, reason: str) -> dict[str, Any] | None:
         status = cr_status(pd, cr, ns)
@@ -549,7 +537,7 @@ def test_bad_clusters_degrade_with_the_cause_while_others_are_served(
 
     # deletion of CRs whose PrfaaS cluster cannot be reached is released after the bounded retry
     for cr in crs:
-        kubectl(testbed, "delete", "prfaas", cr, "-n", ns, "--wait=false")
+        Kubectl(testbed.pd_kubeconfig).ok("delete", "prfaas", cr, "-n", ns, "--wait=false")
     eventually(
         lambda: not list(pd.list(PrfaasDeploymentResource, namespace=ns)),
         timeout=60,
@@ -609,7 +597,7 @@ def test_restart_keeps_the_prfaas_endpoints_in_the_router_config(
     try:
         with run_operator(testbed.pd_kubeconfig, tmp_path / "first.log", ns, *OPERATOR_OPTIONS):
             cr = small(deployment_manifest(name, ns, remote_ns, "prfaas-cluster-kubeconfig"))
-            kubectl(testbed, "apply", "-f", "-", stdin=yaml.safe_dump(cr))
+            Kubectl(testbed.pd_kubeconfig).ok("apply", "-f", "-", stdin=yaml.safe_dump(cr))
             eventually(
                 lambda: condition(cr_status(pd_client, name, ns), "Ready").get("status") == "True",
                 timeout=60,

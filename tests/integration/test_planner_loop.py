@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import copy
 import math
-import shutil
-import subprocess
 import threading
 import time
 import uuid
@@ -32,7 +30,7 @@ import yaml
 from lightkube import Client
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import ConfigMap, Event, Namespace
-from operator_harness import OperatorProcess, router_on_kwok, run_operator
+from operator_harness import OperatorProcess, install_crd, router_on_kwok, run_operator
 from polling import get_or_none
 from prfaas_core import vocabulary
 from prfaas_core.router_config import RouterConfig
@@ -42,6 +40,7 @@ from prfaas_router.metrics import RouterMetrics
 from prfaas_testbed.polling import eventually
 from prfaas_testbed.ports import free_port
 from prometheus_client import start_http_server
+from support.kubectl import Kubectl
 
 if TYPE_CHECKING:
     from prfaas_testbed.clusters import Testbed
@@ -53,17 +52,6 @@ ROOT = crd.repository_root()
 SAMPLE: dict[str, Any] = yaml.safe_load((ROOT / "examples/prfaasdeployment.yaml").read_text())
 SPEC_THRESHOLD = 19456
 AUTO, ADVISORY = "planned", "advised"
-
-
-def kubectl(testbed: Testbed, *args: str, stdin: str | None = None) -> str:
-    binary = shutil.which("kubectl")
-    assert binary, "kubectl is not on PATH"
-    done = subprocess.run(
-        [binary, f"--kubeconfig={testbed.pd_kubeconfig}", *args],
-        input=stdin, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
-    return done.stdout
 
 
 # ---- the stand-in router: contract metrics on loopback, fed with a bounded synthetic load ---------
@@ -141,9 +129,7 @@ def operator(
     kopf (1.45) lists namespaces, then starts a namespace watch whose own first list it ignores:
     a namespace created between the two is not served until a restart (docs/limitations.md).
     """
-    kubectl(testbed, "apply", "--server-side", "--force-conflicts", "--field-manager=prfaas-tests",
-            "-f", str(ROOT / crd.CRD_OUTPUTS[0]))  # fmt: skip
-    kubectl(testbed, "wait", "--for=condition=Established", f"crd/{crd.CRD_NAME}", "--timeout=60s")
+    install_crd(testbed.pd_kubeconfig)
     log = tmp_path_factory.mktemp("planner-operator") / "operator.log"
     with run_operator(testbed.pd_kubeconfig, log, "plan-*", "--resync-seconds", "2") as running:
         yield running
@@ -308,8 +294,8 @@ def test_the_loop_follows_a_workload_shift_advises_and_holds_without_prometheus(
     print(f"{elapsed()} Prometheus has short-prompt traffic")
 
     for name, mode, prefill_ns in ((AUTO, "Auto", remote), (ADVISORY, "Advisory", remote_advised)):
-        kubectl(
-            testbed, "apply", "-f", "-", stdin=yaml.safe_dump(manifest(name, ns, prefill_ns, mode, prom.url))
+        Kubectl(testbed.pd_kubeconfig).ok(
+            "apply", "-f", "-", stdin=yaml.safe_dump(manifest(name, ns, prefill_ns, mode, prom.url))
         )
 
     def auto() -> Seen:
