@@ -23,6 +23,7 @@ import aiohttp
 from prfaas_testbed.polling import eventually
 from prfaas_testbed.ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
+from support.sse import sse_events
 
 MODEL = "kimi-fake"
 THRESHOLD = 1000  # tokens; text counts 4 characters per token
@@ -244,15 +245,6 @@ async def post(client: aiohttp.ClientSession, url: str, body: Any, **headers: st
         text = await reply.text()
         parsed: Any = sse_events(text) if reply.content_type == "text/event-stream" else json.loads(text)
         return Answer(reply.status, {k.lower(): v for k, v in reply.headers.items()}, parsed)
-
-
-def sse_events(text: str) -> list[Any]:
-    events = []
-    for block in text.split("\n\n"):
-        if block:
-            data = block.removeprefix("data: ")
-            events.append(data if data == "[DONE]" else json.loads(data))
-    return events
 
 
 def chat(content: str, **extra: Any) -> dict[str, Any]:

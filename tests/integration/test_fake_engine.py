@@ -26,6 +26,7 @@ from prfaas_engine_sim.timing import kv_wire_bytes, load_profile
 from prfaas_testbed.polling import eventually_async
 from prfaas_testbed.ports import free_port
 from prometheus_client.parser import text_string_to_metric_families
+from support.sse import sse_events
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -91,17 +92,6 @@ async def post(http: aiohttp.ClientSession, url: str, body: Any) -> tuple[int, A
         if response.content_type == "text/event-stream":
             return response.status, sse_events(text)
         return response.status, json.loads(text)
-
-
-def sse_events(text: str) -> list[Any]:
-    events: list[Any] = []
-    for block in text.split("\n\n"):
-        if not block:
-            continue
-        assert block.startswith("data: "), block
-        data = block.removeprefix("data: ")
-        events.append(data if data == "[DONE]" else json.loads(data))
-    return events
 
 
 async def both_legs(

@@ -36,11 +36,11 @@ from router_harness import (
     metric_samples,
     post,
     sample,
-    sse_events,
     start_engine,
     total,
     wait_healthy,
 )
+from support.sse import sse_events
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -25,6 +25,7 @@ from prfaas_core import metrics_contract as contract
 from prfaas_core.vocabulary import Role
 from prometheus_client.parser import text_string_to_metric_families
 from real_fleet import Fleet, pd_body, running_fleet
+from support.sse import sse_event
 from test_real_engines import LONG, SHORT, chat, completion, generate
 
 pytestmark = pytest.mark.timeout(600)
@@ -87,11 +88,10 @@ async def stream_timing(
         events: list[Any] = []
         first_at = None
         async for line in reply.content:
-            text = line.decode().strip()
-            if text.startswith("data: "):
+            event = sse_event(line.decode().strip())
+            if event is not None:
                 first_at = first_at if first_at is not None else time.monotonic() - began
-                data = text.removeprefix("data: ")
-                events.append(data if data == "[DONE]" else json.loads(data))
+                events.append(event)
     if before is not None:
         await before
     return {"status": reply.status, "headers_at": headers_at, "first_at": first_at, "events": events}
