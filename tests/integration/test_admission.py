@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
+from operator_harness import install_crd
 from prfaas_operator import api, crd
 from prfaas_operator.planning import manifests, router_config_builder
 from prfaas_operator.planning.allocation import effective_allocation
@@ -44,15 +45,7 @@ def namespace(kubectl: Kubectl) -> Iterator[str]:
     The CRD stays installed: other tests of the session (and helm, which skips existing CRDs)
     share it. The namespace and every CR in it go at the end.
     """
-    kubectl.ok(
-        "apply",
-        "--server-side",
-        "--force-conflicts",
-        "--field-manager=prfaas-tests",
-        "-f",
-        str(ROOT / crd.CRD_OUTPUTS[0]),
-    )
-    kubectl.ok("wait", "--for=condition=Established", f"crd/{crd.CRD_NAME}", "--timeout=60s")
+    install_crd(kubectl.kubeconfig)
     name = f"prfaas-admission-{uuid.uuid4().hex[:8]}"
     kubectl.ok("create", "namespace", name)
     yield name

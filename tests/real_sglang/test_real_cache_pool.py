@@ -202,6 +202,18 @@ async def pool_up(client: aiohttp.ClientSession, fleet: CacheFleet) -> float:
     return total(samples, metrics_contract.CACHE_POOL_UP, cluster=ROUTE_LOCAL)
 
 
+async def until_pool(client: aiohttp.ClientSession, fleet: CacheFleet, up: int, seen_as: str) -> None:
+    """Until the router's pool gauge reads `up` (30 s at most)."""
+    await eventually_async(
+        lambda: pool_up(client, fleet),
+        timeout=30,
+        interval=0.2,
+        until=lambda value: value == up,
+        retry_on=(),
+        what=f"the router to see the pool {seen_as}",
+    )
+
+
 def all_local_but(fleet: CacheFleet, engine_name: str) -> set[str]:
     """The router config's names of the local prefills but the one the fleet calls `engine_name`
     (the fleet's engines and the config's endpoints are in the same order)."""
@@ -214,14 +226,7 @@ async def test_five_turns_reuse_what_the_router_assumed_and_cross_only_what_the_
     cache_fleet: CacheFleet, session: aiohttp.ClientSession
 ) -> None:
     fleet = cache_fleet
-    await eventually_async(
-        lambda: pool_up(session, fleet),
-        timeout=30,
-        interval=0.2,
-        until=lambda up: up == 1,
-        retry_on=(),
-        what="the router to see the pool up",
-    )
+    await until_pool(session, fleet, 1, "up")
     turns: list[Turn] = []
     prompt, answer = tokens(1, 200), []
     for turn, new in ((1, 0), (2, 100), (3, 100), (4, 400), (5, 50)):
@@ -264,14 +269,7 @@ async def test_with_the_pool_down_the_router_counts_no_pool_and_the_engines_stil
     first, answer = await send(fleet, session, 1, prompt)
     assert first.route == ROUTE_LOCAL, first
     fleet.pool[0].stop()  # the master
-    await eventually_async(
-        lambda: pool_up(session, fleet),
-        timeout=30,
-        interval=0.2,
-        until=lambda up: up == 0,
-        retry_on=(),
-        what="the router to see the pool down",
-    )
+    await until_pool(session, fleet, 0, "down")
     # the prefill that computed it leaves the list, the other one is listed: with the pool up the
     # router would count a pool hit there and keep the follow-up local
     list_local_prefills(fleet, all_local_but(fleet, first.prefill))
