@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import io
 import json
 import os
 import signal
@@ -240,7 +241,9 @@ class Answer:
 
 
 async def post(client: aiohttp.ClientSession, url: str, body: Any, **headers: str) -> Answer:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    data: bytes | io.BytesIO = body if isinstance(body, bytes) else json.dumps(body).encode()
+    if len(data) > aiohttp.payload.TOO_LARGE_BYTES_BODY:  # aiohttp warns of raw bytes past 1 MiB
+        data = io.BytesIO(data)  # sent in chunks, its Content-Length still known
     async with client.post(url, data=data, headers={"Content-Type": "application/json", **headers}) as reply:
         text = await reply.text()
         parsed: Any = sse_events(text) if reply.content_type == "text/event-stream" else json.loads(text)

@@ -143,10 +143,13 @@ def relay(link: Link) -> Iterator[subprocess.Popen[str]]:
         text=True,
     )  # fmt: skip
     assert process.stdout is not None
-    assert process.stdout.readline().strip() == "ready"
-    yield process
-    process.terminate()
-    process.wait(timeout=10)
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        yield process
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        process.stdout.close()
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")

@@ -59,8 +59,8 @@ class Group:
             "--dist-init-addr", f"127.0.0.1:{self.dist_port}", "--nnodes", str(NNODES), "--node-rank", str(rank),
             "--model-load-seconds", "0.5", "--time-scale", "0",
         ]  # fmt: skip
-        log = (self.logs / f"rank{rank}.log").open("wb")
-        self.procs[rank] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        with (self.logs / f"rank{rank}.log").open("wb") as log:  # the child holds its own copy
+            self.procs[rank] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
 
     def log(self, rank: int) -> str:
         return (self.logs / f"rank{rank}.log").read_text(errors="replace")

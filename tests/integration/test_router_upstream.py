@@ -115,8 +115,7 @@ async def test_connection_close_from_the_engine_is_honoured(
 async def test_nobody_listening_is_unreachable() -> None:
     client = Upstream(connect_timeout_seconds=1.0, read_timeout_seconds=1.0)
     server, url = await raw_server(lambda r, w: asyncio.sleep(0))
-    server.close()
-    await server.wait_closed()
+    await server.close()
     with pytest.raises(UpstreamError) as failure:
         await client.request("POST", target(url, "/x"), body=b"{}")
     assert failure.value.unreachable and "cannot connect" in str(failure.value)
@@ -140,14 +139,14 @@ async def test_a_connection_dropped_before_the_answer_is_unreachable_after_it_is
     with pytest.raises(UpstreamError) as before:
         await upstream.request("GET", target(url, "/"))
     assert before.value.unreachable and "before answering" in str(before.value)
-    server.close()
+    await server.close()
 
     server, url = await raw_server(cut_body)
     reply = await upstream.request("GET", target(url, "/"))
     with pytest.raises(UpstreamError) as after:  # "hello" came, but no event and no end
         await reply.first_event(bytes)
     assert not after.value.unreachable and "while answering" in str(after.value)
-    server.close()
+    await server.close()
 
 
 async def test_invalid_http_and_silence_fail_the_reply(upstream: Upstream) -> None:
@@ -166,7 +165,7 @@ async def test_invalid_http_and_silence_fail_the_reply(upstream: Upstream) -> No
     server, url = await raw_server(garbage)
     with pytest.raises(UpstreamError, match="invalid HTTP"):
         await upstream.request("GET", target(url, "/"))
-    server.close()
+    await server.close()
 
     server, url = await raw_server(silent)
     reply = await upstream.request("GET", target(url, "/"))
@@ -174,7 +173,7 @@ async def test_invalid_http_and_silence_fail_the_reply(upstream: Upstream) -> No
     with pytest.raises(UpstreamError, match="no data from the engine"):
         await reply.read()
     assert time.monotonic() - started < 2.5  # read timeout 0.3 s, swept every second
-    server.close()
+    await server.close()
 
 
 async def test_a_relayed_reply_and_what_relays_it_go_without_the_cycle_collector(
@@ -226,7 +225,7 @@ async def test_an_idle_connection_the_engine_closed_is_not_reused(upstream: Upst
         assert await reply.read() == b"ok"
         await asyncio.sleep(0.2)
     assert connections == 3
-    server.close()
+    await server.close()
 
 
 async def test_health_get_times_out_and_closes(upstream: Upstream) -> None:
@@ -238,7 +237,7 @@ async def test_health_get_times_out_and_closes(upstream: Upstream) -> None:
     with pytest.raises(TimeoutError):
         await upstream.get(target(url, "/health"), 0.2)
     assert time.monotonic() - started < 1.0
-    server.close()
+    await server.close()
 
 
 async def test_a_body_late_past_the_timeout_is_a_timeout_and_leaves_no_error_behind(
@@ -263,7 +262,7 @@ async def test_a_body_late_past_the_timeout_is_a_timeout_and_leaves_no_error_beh
             await upstream.get(target(url, "/metrics"), 0.2)
     await asyncio.sleep(0.6)  # the engine closes its side: the connection's end is handled cleanly
     assert loop_errors == []
-    server.close()
+    await server.close()
 
 
 def test_targets_are_parsed_once_and_checked() -> None:
@@ -324,8 +323,8 @@ async def test_a_late_health_answer_ejects_a_silent_engine_but_not_one_that_stre
     state = {worker.name: worker.healthy for worker in fleet.workers()}
     assert state == {"streaming": True, "silent": False}
     await relayed
-    streaming_server.close()
-    silent_server.close()
+    await streaming_server.close()
+    await silent_server.close()
 
 
 async def test_a_paused_reply_gets_nothing_until_resumed(
@@ -369,4 +368,4 @@ async def test_a_reply_that_ends_paused_leaves_its_connection_awake_for_the_next
         await asyncio.wait_for(reply.relay(pause_on_each), 2.0)
         reply.release()
     assert connections == 1
-    server.close()
+    await server.close()

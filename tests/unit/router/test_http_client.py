@@ -52,7 +52,7 @@ async def test_a_request_is_one_write_of_its_line_headers_and_body(client: Upstr
     assert lines[0] == b"POST /generate HTTP/1.1" and body == b"hello"
     assert {b"X-Request-Id: r1", b"Content-Length: 5"} <= set(lines)
     assert any(line.lower() == f"host: {url.removeprefix('http://')}".encode() for line in lines)
-    server.close()
+    await server.close()
 
 
 async def test_a_chunked_answer_cut_byte_by_byte_is_read_whole(client: Upstream) -> None:
@@ -74,7 +74,7 @@ async def test_a_chunked_answer_cut_byte_by_byte_is_read_whole(client: Upstream)
         assert (reply.status, reply.content_type) == (200, "text/plain")
         assert await reply.read() == b"hello world" and reply.complete
     assert accepted == [0]  # ended in its framing: the connection was kept for the second
-    server.close()
+    await server.close()
 
 
 async def test_an_answer_past_max_bytes_fails_and_its_connection_is_closed(client: Upstream) -> None:
@@ -90,4 +90,4 @@ async def test_an_answer_past_max_bytes_fails_and_its_connection_is_closed(clien
         with pytest.raises(AnswerTooLarge):
             await reply.read()
     assert accepted == [0, 1]  # the first connection, with 90 bytes unread, was not put back
-    server.close()
+    await server.close()
