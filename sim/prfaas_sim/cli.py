@@ -18,8 +18,16 @@ from prfaas_sim import replicas, report
 from prfaas_sim.engine import DEFAULT_POOL_FETCH_BYTES_PER_SECOND, SimulationSettings
 from prfaas_sim.planner_loop import PlannerSettings
 from prfaas_sim.scenarios import LinkDropSetup, burst, link_drop, rate_sweep, trace_caches, trace_prefix
-from prfaas_sim.sources import RateSchedule, SourceError
-from prfaas_sim.study import FULL, QUICK, model_checks, overload_study, run_study
+from prfaas_sim.sources import (
+    CONVERSATION_SAMPLE_RATE,
+    CONVERSATION_SAMPLE_SECONDS,
+    ConversationShape,
+    RateSchedule,
+    SourceError,
+    conversation_requests,
+    trace_lines,
+)
+from prfaas_sim.study import FULL, QUICK, conversation_overload, model_checks, overload_study, run_study
 from prfaas_sim.systems import default_slo, deployments, load_profile
 
 BAD_INPUT = 2
@@ -84,6 +92,18 @@ def _parser() -> argparse.ArgumentParser:
     past.add_argument("--factors", type=float, nargs="+", default=list(FULL.overload_factors))
     past.add_argument("--duration", type=float, default=FULL.overload_seconds)
     past.add_argument("--warmup", type=float, default=FULL.overload_warmup)
+    past.add_argument(
+        "--conversations",
+        action="store_true",
+        help="instead of the profile's workloads: generated multi-turn conversations with prefix reuse "
+        "(long contexts, heavy-tailed prompts, outputs of a few hundred tokens; seeded by --seed)",
+    )
+    past.add_argument(
+        "--write-trace",
+        type=Path,
+        metavar="PATH",
+        help="with --conversations: also write an hour of them at 4 req/s as a Mooncake-style JSONL trace",
+    )
 
     check = _command(
         commands,
@@ -241,6 +261,16 @@ def _run_burst(args: argparse.Namespace) -> int:
 
 def _run_overload(args: argparse.Namespace) -> int:
     document = load_profile(args.profile)
+    if args.write_trace is not None and not args.conversations:
+        raise ValueError("--write-trace needs --conversations")
+    shape = ConversationShape()
+    if args.write_trace is not None:
+        sample = conversation_requests(
+            shape, CONVERSATION_SAMPLE_RATE, CONVERSATION_SAMPLE_SECONDS, args.seed
+        )
+        with args.write_trace.open("w", encoding="utf-8") as out:
+            out.writelines(f"{line}\n" for line in trace_lines(sample))
+        print(args.write_trace)
     runs = overload_study(
         document,
         factors=args.factors,
@@ -248,6 +278,7 @@ def _run_overload(args: argparse.Namespace) -> int:
         duration=args.duration,
         warmup=args.warmup,
         seed=args.seed,
+        loads=[conversation_overload(shape, args.seed)] if args.conversations else None,
     )
     print("\n".join(report.overload_table(runs)))
     return 0

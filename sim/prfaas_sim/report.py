@@ -208,8 +208,9 @@ PHASE_HEADER = (
 
 OVERLOAD_HEADER = (
     "| workload | system | binds (model) | saturation req/s | offered | goodput req/s | goodput / saturation "
-    "| SLO met | rejected early (429) | decode-blind router: goodput / saturation | its SLO met |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|"
+    "| SLO met | rejected early (429) | admitted, missed SLO | decode-blind router: goodput / saturation "
+    "| its SLO met |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -225,7 +226,7 @@ def overload_table(runs: Sequence[OverloadRuns]) -> list[str]:
                     f"| {scenario.load.label} | {strategy.label} | {scenario.binds[strategy]} | {ceiling:.2f} "
                     f"| {factor:g}x | {run.goodput_rps:.2f} | **{run.goodput_rps / ceiling:.2f}** "
                     f"| {_percent(run.slo_attainment)} | {run.rejected / run.requests:.0%} "
-                    f"| {blind.goodput_rps / ceiling:.2f} | {_percent(blind.slo_attainment)} |"
+                    f"| {_percent(run.admitted_missed or 0.0)} | {blind.goodput_rps / ceiling:.2f} | {_percent(blind.slo_attainment)} |"
                 )
     return lines
 

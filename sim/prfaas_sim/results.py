@@ -44,6 +44,8 @@ class RunResult:
     throughput_rps: float
     """Completions per second while requests were arriving after the warm-up (any request's)."""
     decisions: dict[str, int] = field(default_factory=dict)
+    good: int = 0
+    """Requests that met both SLOs."""
     planner_log: tuple[str, ...] = ()
     series: TimeSeries | None = None
     link_bytes: float = 0.0
@@ -61,6 +63,11 @@ class RunResult:
         """The share of the cluster's prefilled prompt tokens that came from its pool."""
         prompt, _, pooled = self.cache_tokens.get(route, (0, 0, 0))
         return pooled / prompt if prompt else None
+
+    @property
+    def admitted_missed(self) -> float | None:
+        """The share of completed (admitted) requests that missed an SLO: what admission let through wrongly."""
+        return (self.completed - self.good) / self.completed if self.completed else None
 
     def meets(self, attainment: float) -> bool:
         return self.requests > 0 and self.slo_attainment >= attainment
@@ -179,6 +186,7 @@ class RunStats:
             simulated_seconds=simulated_seconds,
             throughput_rps=self.completions_at_last_arrival / span if span > 0 else 0.0,
             decisions=dict(sorted(self.decisions.items())),
+            good=self.good,
             planner_log=planner_log,
             series=self.series,
         )

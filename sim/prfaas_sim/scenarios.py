@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +20,15 @@ from prfaas_sim.engine import LinkChange, SimulationSettings, run_system
 from prfaas_sim.planner_loop import PlannerSettings
 from prfaas_sim.results import RunResult
 from prfaas_sim.routing import LinkCheck
-from prfaas_sim.sources import RateSchedule, poisson_requests, scan_trace, trace_requests
+from prfaas_sim.sources import (
+    ConversationShape,
+    RateSchedule,
+    RequestSpec,
+    conversation_requests,
+    poisson_requests,
+    scan_trace,
+    trace_requests,
+)
 from prfaas_sim.systems import Deployments, deployments, with_bandwidth
 
 
@@ -283,11 +291,13 @@ def saturation(
     seed: int,
     output_sigma: float = 0.0,
     systems: Deployments | None = None,
+    load: OverloadWorkload | None = None,
 ) -> dict[Strategy, tuple[float, RunResult]]:
     """Each system driven at `overload` x its Λ_max on an unlimited link, without admission control.
 
     Returns (analytical Λ_max, run); the run's `throughput_rps` is the simulated saturation
-    throughput, the quantity eq. 6 predicts. `systems`: `saturation_deployments` when already planned.
+    throughput, the quantity eq. 6 predicts. `systems`: `saturation_deployments` when already planned;
+    `load`: its requests instead of `workload`'s Poisson arrivals.
     """
     if not overload > 1:
         raise ValueError(f"saturation needs an overload factor above 1, got {overload}")
@@ -299,11 +309,13 @@ def saturation(
             spec, link=spec.link.model_copy(update={"bandwidth_bytes_per_second": float("inf")})
         )
         analytical = systems.analytical_rps(strategy)
-        schedule = RateSchedule.constant(overload * analytical, duration)
-        results[strategy] = (
-            analytical,
-            run_system(unlimited, poisson_requests(workload, schedule, seed, output_sigma), engine),
+        rate = overload * analytical
+        requests = (
+            poisson_requests(workload, RateSchedule.constant(rate, duration), seed, output_sigma)
+            if load is None
+            else load.requests(rate, duration, seed)
         )
+        results[strategy] = (analytical, run_system(unlimited, requests, engine))
     return results
 
 
@@ -359,6 +371,15 @@ class OverloadWorkload:
     workload: Workload
     output_sigma: float = 0.0
     """0: every output is the mean; > 0: log-normal outputs around it (see `poisson_requests`)."""
+    conversations: ConversationShape | None = None
+    """Multi-turn conversations with prefix reuse instead of `workload`'s independent prompts
+    (`workload` is then the planner's design point: their uncached lengths, `conversation_workload`)."""
+
+    def requests(self, rate: float, duration: float, seed: int) -> Iterator[RequestSpec]:
+        """This workload's arrivals at `rate` req/s for `duration` seconds."""
+        if self.conversations is not None:
+            return conversation_requests(self.conversations, rate, duration, seed)
+        return poisson_requests(self.workload, RateSchedule.constant(rate, duration), seed, self.output_sigma)
 
 
 @dataclass(frozen=True)
@@ -392,13 +413,7 @@ def overload(
     times that throughput, with the same seed; and again with a router blind to decode.
     """
     saturated = saturation(
-        document,
-        load.workload,
-        overload=1.3,
-        duration=duration,
-        warmup=warmup,
-        seed=seed,
-        output_sigma=load.output_sigma,
+        document, load.workload, overload=1.3, duration=duration, warmup=warmup, seed=seed, load=load
     )
     systems = deployments(document, load.workload, slo=slo)
     engine = SimulationSettings(warmup_seconds=warmup)
@@ -408,16 +423,7 @@ def overload(
         ceiling = saturated[strategy][1].throughput_rps
         for variant, results in ((spec, runs), (dataclasses.replace(spec, mean_output_tokens=None), blind)):
             results[strategy] = {
-                factor: run_system(
-                    variant,
-                    poisson_requests(
-                        load.workload,
-                        RateSchedule.constant(factor * ceiling, duration),
-                        seed,
-                        load.output_sigma,
-                    ),
-                    engine,
-                )
+                factor: run_system(variant, load.requests(factor * ceiling, duration, seed), engine)
                 for factor in factors
             }
     return OverloadRuns(

@@ -8,16 +8,19 @@ its timestamps scaled to a target rate.
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import json
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 from prfaas_core.throughput import Workload
-from prfaas_core.trace import TraceError, TraceRecord, read_trace
+from prfaas_core.trace import TRACE_BLOCK_TOKENS, TraceError, TraceRecord, read_trace
 
 LENGTH_CHUNK = 4096
 """Lengths are drawn from numpy this many at a time (one call per request would dominate the run)."""
@@ -216,3 +219,140 @@ def _records(path: Path) -> Iterator[tuple[float, TraceRecord]]:
                 yield record.timestamp_ms, record
         except TraceError as err:
             raise SourceError(str(err)) from None
+
+
+@dataclass(frozen=True)
+class ConversationShape:
+    """Multi-turn conversations as chat traffic has them (Mooncake's conversation trace, in shape).
+
+    A conversation opens with a heavy-tailed first prompt (a system prompt and documents); each
+    later turn sends the whole context again (the earlier prompts and answers) plus a short user
+    message, so its prompt's blocks extend the previous turn's and a prefix cache holds most of
+    it. Answers are a few hundred tokens (log-normal around `output_mean`); prompt parts are
+    log-normal with the given median and sigma. On the case study's profile, planned on the full
+    prompt lengths, decode binds: the caches make the prefills cheaper than the plan.
+    """
+
+    mean_turns: float = 8.0
+    first_prompt_median: float = 6000.0
+    first_prompt_sigma: float = 1.3
+    message_median: float = 400.0
+    message_sigma: float = 1.0
+    output_mean: float = 500.0
+    output_sigma: float = 0.8
+    think_seconds: float = 45.0
+    """Mean gap between a turn and the next (exponential: reading, typing, the answer itself)."""
+    max_context_tokens: int = 131072
+    """A conversation ends before its prompt would pass this."""
+
+    def __post_init__(self) -> None:
+        if not (
+            self.mean_turns >= 1
+            and min(self.first_prompt_median, self.message_median, self.output_mean, self.think_seconds) > 0
+            and min(self.first_prompt_sigma, self.message_sigma, self.output_sigma) >= 0
+            and self.max_context_tokens > self.first_prompt_median
+        ):
+            raise SourceError(f"conversation shape out of range: {self}")
+
+
+def conversation_requests(
+    shape: ConversationShape, rate: float, duration: float, seed: int
+) -> Iterator[RequestSpec]:
+    """About `rate` requests per second of `shape`'s conversations, arriving until `duration`, in time order.
+
+    Conversations start as a Poisson process at `rate / mean_turns`; each is drawn whole when it
+    starts (turns geometric with that mean), from its own stream, so a seed gives the same
+    conversations at any rate, only more of them overlap. Block ids (`TRACE_BLOCK_TOKENS` tokens
+    each, the last block partial) are prefix-chained: a turn keeps the ids of the previous turn's
+    full blocks and numbers the rest afresh, as Mooncake's hashing would. Deterministic.
+    """
+    if not (rate > 0 and duration > 0):
+        raise SourceError(f"conversations need rate > 0 and duration > 0, got {rate}, {duration}")
+    starts = random.Random(seed)
+    block_ids = itertools.count()
+    order = itertools.count()
+    pending: list[tuple[float, int, list[RequestSpec], int]] = []
+    opened = 0
+    start = starts.expovariate(rate / shape.mean_turns)
+    while pending or start < duration:
+        if start < duration and (not pending or start <= pending[0][0]):
+            turns = _conversation(shape, start, random.Random(f"{seed}/{opened}"), block_ids)
+            if turns:  # a first prompt past the context limit opens nothing
+                heapq.heappush(pending, (start, next(order), turns, 0))
+            opened += 1
+            start += starts.expovariate(rate / shape.mean_turns)
+            continue
+        _, _, turns, index = heapq.heappop(pending)
+        yield turns[index]
+        if index + 1 < len(turns) and turns[index + 1].arrival < duration:
+            heapq.heappush(pending, (turns[index + 1].arrival, next(order), turns, index + 1))
+
+
+def _conversation(
+    shape: ConversationShape, start: float, draws: random.Random, block_ids: Iterator[int]
+) -> list[RequestSpec]:
+    """One conversation's turns: each prompt is the whole context so far plus a new message."""
+    turns = 1 + _geometric(draws, 1.0 / shape.mean_turns)
+    context = 0
+    blocks: list[int] = []
+    arrival = start
+    specs: list[RequestSpec] = []
+    for turn in range(turns):
+        median, sigma = (
+            (shape.first_prompt_median, shape.first_prompt_sigma)
+            if turn == 0
+            else (shape.message_median, shape.message_sigma)
+        )
+        prompt = context + max(1, round(draws.lognormvariate(math.log(median), sigma)))
+        if prompt > shape.max_context_tokens:
+            break
+        kept = specs[-1].input_tokens // TRACE_BLOCK_TOKENS if specs else 0  # the last prompt's full blocks
+        del blocks[kept:]
+        blocks.extend(next(block_ids) for _ in range(kept, -(-prompt // TRACE_BLOCK_TOKENS)))
+        output = max(
+            1,
+            round(
+                draws.lognormvariate(
+                    math.log(shape.output_mean) - shape.output_sigma**2 / 2, shape.output_sigma
+                )
+            ),
+        )
+        specs.append(RequestSpec(arrival, prompt, output, tuple(blocks)))
+        context = prompt + output
+        arrival += draws.expovariate(1.0 / shape.think_seconds)
+    return specs
+
+
+def _geometric(draws: random.Random, success: float) -> int:
+    """Failures before the first success (mean (1 - p) / p)."""
+    if success >= 1:
+        return 0
+    return int(math.log(1.0 - draws.random()) / math.log(1.0 - success))
+
+
+CONVERSATION_SAMPLE_SECONDS = 3600.0
+CONVERSATION_SAMPLE_RATE = 4.0
+
+
+def conversation_workload(shape: ConversationShape, seed: int) -> Workload:
+    """The planner's design point for `shape`: an hour of its prompts at their full lengths, as if
+    nothing were cached (as `scenarios.trace_prefix` plans a trace), with its outputs' mean and spread."""
+    specs = list(conversation_requests(shape, CONVERSATION_SAMPLE_RATE, CONVERSATION_SAMPLE_SECONDS, seed))
+    return Workload.from_samples(
+        [spec.input_tokens for spec in specs],
+        [spec.output_tokens for spec in specs],
+        source=f"conversations (seed {seed})",
+    )
+
+
+def trace_lines(requests: Iterable[RequestSpec]) -> Iterator[str]:
+    """`requests` as a Mooncake-style JSONL trace (data/traces/mooncake-synthetic.jsonl's format)."""
+    for spec in requests:
+        yield json.dumps(
+            {
+                "timestamp": round(spec.arrival * 1000),
+                "input_length": spec.input_tokens,
+                "output_length": spec.output_tokens,
+                "hash_ids": list(spec.block_hashes or ()),
+            }
+        )

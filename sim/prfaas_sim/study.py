@@ -32,7 +32,13 @@ from prfaas_sim.scenarios import (
     saturation,
     trace_prefix,
 )
-from prfaas_sim.sources import RateSchedule, lognormal_cv, lognormal_sample
+from prfaas_sim.sources import (
+    ConversationShape,
+    RateSchedule,
+    conversation_workload,
+    lognormal_cv,
+    lognormal_sample,
+)
 from prfaas_sim.systems import default_slo, deployments
 
 
@@ -159,6 +165,15 @@ def overload_workloads(document: ProfileDocument) -> tuple[OverloadWorkload, ...
     )
 
 
+def conversation_overload(shape: ConversationShape, seed: int) -> OverloadWorkload:
+    """Multi-turn conversations (`ConversationShape`), planned on their full prompt lengths."""
+    return OverloadWorkload(
+        "multi-turn conversations, outputs of a few hundred tokens",
+        conversation_workload(shape, seed),
+        conversations=shape,
+    )
+
+
 def lognormal_outputs(label: str, workload: Workload, *, sigma: float) -> OverloadWorkload:
     """`workload`'s prompts with log-normal outputs around its mean; its planner and router know their spread."""
     told = dataclasses.replace(workload, output_tokens_cv=lognormal_cv(sigma))
@@ -173,11 +188,12 @@ def overload_study(
     duration: float,
     warmup: float,
     seed: int,
+    loads: Sequence[OverloadWorkload] | None = None,
 ) -> tuple[OverloadRuns, ...]:
-    """`overload` on each of `overload_workloads`."""
+    """`overload` on each of `loads` (default `overload_workloads`)."""
     return tuple(
         overload(document, load, factors=factors, slo=slo, duration=duration, warmup=warmup, seed=seed)
-        for load in overload_workloads(document)
+        for load in (overload_workloads(document) if loads is None else loads)
     )
 
 

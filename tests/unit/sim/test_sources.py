@@ -7,7 +7,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 from prfaas_core.throughput import Workload
-from prfaas_sim.sources import RateSchedule, SourceError, poisson_requests, scan_trace, trace_requests
+from prfaas_core.trace import TRACE_BLOCK_TOKENS, read_trace
+from prfaas_sim.sources import (
+    ConversationShape,
+    RateSchedule,
+    RequestSpec,
+    SourceError,
+    conversation_requests,
+    poisson_requests,
+    scan_trace,
+    trace_lines,
+    trace_requests,
+)
 
 CASE_STUDY = Workload.truncated_lognormal(
     mu=9.9, sigma=1.0, min_tokens=128, max_tokens=131072, output_tokens=1024
@@ -100,3 +111,37 @@ def test_a_bad_trace_line_is_refused_with_its_number(tmp_path, line, cause):
 def test_a_missing_trace_is_named(tmp_path):
     with pytest.raises(SourceError, match="cannot read trace"):
         scan_trace(tmp_path / "absent.jsonl")
+
+
+def test_conversations_are_seeded_and_their_turns_extend_the_previous_prompt() -> None:
+    shape = ConversationShape()
+    first = list(conversation_requests(shape, 2.0, 2000.0, seed=3))
+    assert first == list(conversation_requests(shape, 2.0, 2000.0, seed=3))
+    assert first != list(conversation_requests(shape, 2.0, 2000.0, seed=4))
+    assert all(a.arrival <= b.arrival < 2000.0 for a, b in itertools.pairwise(first))
+    steady = [spec for spec in first if spec.arrival >= 1000.0]  # once conversations overlap as they will
+    assert len(steady) / 1000.0 == pytest.approx(2.0, rel=0.25)
+    by_first_block: dict[int, list[RequestSpec]] = {}
+    for spec in first:
+        assert spec.block_hashes is not None
+        assert len(spec.block_hashes) == -(-spec.input_tokens // TRACE_BLOCK_TOKENS)
+        by_first_block.setdefault(spec.block_hashes[0], []).append(spec)
+    conversations = [turns for turns in by_first_block.values() if len(turns) > 1]
+    assert conversations, "some conversations have several turns"
+    for turns in conversations:
+        for earlier, later in itertools.pairwise(turns):
+            full = earlier.input_tokens // TRACE_BLOCK_TOKENS
+            assert later.input_tokens > earlier.input_tokens + earlier.output_tokens
+            assert later.block_hashes[:full] == earlier.block_hashes[:full]  # type: ignore[index]
+            assert later.block_hashes[full] not in earlier.block_hashes  # type: ignore[index,operator]
+
+
+def test_generated_conversations_read_back_as_a_trace(tmp_path: Path) -> None:
+    specs = list(conversation_requests(ConversationShape(), 2.0, 300.0, seed=1))
+    path = tmp_path / "conversations.jsonl"
+    path.write_text("".join(f"{line}\n" for line in trace_lines(specs)), encoding="utf-8")
+    records = list(read_trace(path.read_text(encoding="utf-8").splitlines(), str(path), timed=True))
+    assert [(r.input_length, r.output_length, r.hash_ids) for r in records] == [
+        (s.input_tokens, s.output_tokens, s.block_hashes) for s in specs
+    ]
+    assert [r.timestamp_ms for r in records] == [round(s.arrival * 1000) for s in specs]
