@@ -24,13 +24,20 @@ from prfaas_router.config_watch import ConfigWatcher
 from prfaas_router.configmap_source import ConfigMapSource, InCluster, NotInCluster
 from prfaas_router.drain import ShutdownDrain
 from prfaas_router.health import HealthChecker
-from prfaas_router.http.client import Upstream
+from prfaas_router.http.client import AnswerBudget, Upstream
 from prfaas_router.http.server import Answer, HttpError, Request, Routes, json_answer
 from prfaas_router.link_probe import LinkProbe
 from prfaas_router.loads import LoadPoller
 from prfaas_router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
-from prfaas_router.payloads import ApiError, Kind, parse, prompt_keys, request_id
-from prfaas_router.proxy import REQUEST_ID_HEADER, Dispatcher, Exchange, Snapshot, error_response
+from prfaas_router.payloads import ANSWER_FLOOR_BYTES, ApiError, Kind, parse, prompt_keys, request_id
+from prfaas_router.proxy import (
+    REQUEST_ID_HEADER,
+    AnswerBounds,
+    Dispatcher,
+    Exchange,
+    Snapshot,
+    error_response,
+)
 from prfaas_router.settings import RouterSettings
 from prfaas_router.tokenizer import PromptTokenizer
 
@@ -82,6 +89,18 @@ class RouterService:
                 self.config_map = ConfigMapSource(ref, credentials, self.watcher.offer)
                 self.watcher.api_source = True
 
+    def _answer_budget(self) -> AnswerBudget:
+        """The bytes of all requests' answers held at once (`--answer-budget-bytes`); an answer's
+        first `ANSWER_FLOOR_BYTES`, what any request may hold, always fit."""
+        metrics = self.metrics
+        budget = AnswerBudget(
+            self.settings.answer_budget_bytes,
+            free_bytes=ANSWER_FLOOR_BYTES,
+            on_cut=lambda reason: metrics.answers_cut.labels(reason).inc(),
+        )
+        metrics.answer_bytes_held.set_function(lambda: budget.held)
+        return budget
+
     async def start(self) -> None:
         settings = self.settings
         self._upstream = Upstream(
@@ -108,7 +127,7 @@ class RouterService:
             settings.max_attempts,
             settings.client_stall_seconds,
             self._link,
-            settings.max_answer_bytes,
+            AnswerBounds(settings.max_answer_bytes, settings.answer_bytes_per_token, self._answer_budget()),
             settings.max_stream_seconds,
             lambda: self._cache_pools.up if self._cache_pools is not None else frozenset(),
         )

@@ -24,6 +24,8 @@ OUTPUT_TOKEN_BUCKETS = contract.token_buckets(low=1, high=262144, ratio=2.0)
 METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
 CLIENT_REFUSALS = frozenset({"connection_limit", "malformed_http"})
 """The HTTP server's refusals counted in `client_refusals_total`; the others are bad requests."""
+ANSWER_CUTS = ("request_limit", "budget")
+"""The reasons of `answers_cut_total` (`http.client.CUT_REQUEST_LIMIT`, `CUT_BUDGET`)."""
 
 Metric = TypeVar("Metric", Counter, Gauge, Histogram)
 
@@ -267,6 +269,24 @@ class RouterMetrics:
                 registry=r,
             )
         )
+        self.answer_bytes_held = Gauge(
+            contract.PREFIX + "answer_bytes_held",
+            "Bytes of engines' answers the router holds now (whole answers and streams' first events "
+            "being read), within --answer-budget-bytes",
+            registry=r,
+        )
+        self.answers_cut = _Cached(
+            Counter(
+                contract.PREFIX + "answers_cut_total",
+                "Engines' answers the router stopped reading: past what the request may produce "
+                "(request_limit, the engine is blamed) or past the budget of all answers held (budget, "
+                "the client gets 503)",
+                ["reason"],
+                registry=r,
+            )
+        )
+        for reason in ANSWER_CUTS:
+            self.answers_cut.labels(reason)
         for pool in Pool:
             self.inflight_tokens.labels(pool.value)
         for route in vocabulary.ROUTES:

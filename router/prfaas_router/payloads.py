@@ -280,6 +280,82 @@ def last_completion_tokens(data: bytes) -> int | None:
     return int(found[-1]) if found else None
 
 
+ANSWER_FLOOR_BYTES = 64 * 1024
+"""The least a request's answer may hold: an error body, an answer's wrapping and usage."""
+ANSWER_BYTES_PER_SAMPLE = 4 * 1024
+"""Per generated item: its choice or `meta_info` (ids, finish reason, counts, timings)."""
+ANSWER_BYTES_PER_TOP_LOGPROB = 256
+"""Per token and per alternative asked for (`top_logprobs`, `logprobs`, `top_logprobs_num`,
+`token_ids_logprob`): an OpenAI entry with its escaped token, logprob and byte list is under 100."""
+_BOUNDED_RETURNS = frozenset({"return_logprob", "return_text_in_logprobs"})
+"""SGLang's `return_*` fields whose extra output `answer_limit` accounts for; any other one asked
+for (hidden states, routed experts, ...) may add more per token than an allowance covers."""
+
+
+def answer_limit(
+    request: ParsedRequest,
+    body: dict[str, Any],
+    prompt_tokens: int,
+    *,
+    bytes_per_token: int,
+    cap_bytes: int,
+) -> int:
+    """The most bytes of an engine's answer to this request the router holds (a whole answer, or
+    a stream's first event): what the request can legitimately produce, never above `cap_bytes`.
+
+    Each token it may generate (`max_output_tokens` per sample: its limit, else the context
+    length) gets `bytes_per_token` plus `ANSWER_BYTES_PER_TOP_LOGPROB` per alternative asked for;
+    so does each prompt token (`prompt_tokens`, all samples' prompts together) when the answer
+    may repeat the prompt (`echo`, or prompt logprobs from `logprob_start_len` >= 0), and each
+    sample `ANSWER_BYTES_PER_SAMPLE`; at least `ANSWER_FLOOR_BYTES`. A request that asks for an
+    output the router cannot bound per token (another truthy SGLang `return_*` field), or
+    `bytes_per_token` 0, gets `cap_bytes`. An answer past its limit is the engine's lie.
+    """
+    if bytes_per_token <= 0 or any(
+        name.startswith("return_") and name not in _BOUNDED_RETURNS and _truthy(value)
+        for name, value in body.items()
+    ):
+        return cap_bytes
+    per_token = bytes_per_token + ANSWER_BYTES_PER_TOP_LOGPROB * _alternatives(request.kind, body)
+    tokens = request.max_output_tokens * request.samples
+    if _echoes_prompt(request.kind, body):
+        tokens += prompt_tokens
+    legitimate = tokens * per_token + request.samples * ANSWER_BYTES_PER_SAMPLE
+    return min(cap_bytes, max(ANSWER_FLOOR_BYTES, legitimate))
+
+
+def _alternatives(kind: Kind, body: dict[str, Any]) -> int:
+    """Logprob alternatives asked for per token (SGLang's and OpenAI's fields; non-integers are
+    the engine's to refuse and count as none)."""
+    if kind is Kind.GENERATE:
+        ids = body.get("token_ids_logprob")
+        return _count(body.get("top_logprobs_num")) + (len(ids) if isinstance(ids, list) else 0)
+    field = "top_logprobs" if kind is Kind.CHAT else "logprobs"
+    return _count(body.get(field))
+
+
+def _echoes_prompt(kind: Kind, body: dict[str, Any]) -> bool:
+    """Whether the answer may carry the prompt again: `echo` (text and logprobs of the prompt on
+    /v1/completions), or /generate's prompt logprobs from `logprob_start_len` >= 0 (SGLang's -1,
+    the default, gives the output's only)."""
+    if body.get("echo"):
+        return True
+    if kind is not Kind.GENERATE or not _truthy(body.get("return_logprob")):
+        return False
+    start = body.get("logprob_start_len")
+    starts = start if isinstance(start, list) else [start]
+    return any(isinstance(one, int) and not isinstance(one, bool) and one >= 0 for one in starts)
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _truthy(value: object) -> bool:
+    """A flag, or a batch's list of flags with any set."""
+    return any(bool(one) for one in value) if isinstance(value, list) else bool(value)
+
+
 def _decode(raw: bytes, token_field: str | None, max_batch: int) -> Any:
     """The body as plain Python values, but the token id arrays of `token_field` as uint64 buffers.
 

@@ -60,13 +60,22 @@ from prfaas_core.routing.prefix_index import NO_HIT, ClusterIndexes, PromptKey
 from prfaas_core.routing.workers import Fleet, Worker
 from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS, Pool
 
-from prfaas_router.http.client import Reply, Target, Upstream, UpstreamError, target
+from prfaas_router.http.client import (
+    AnswerBudget,
+    AnswerBudgetExceeded,
+    Reply,
+    Target,
+    Upstream,
+    UpstreamError,
+    target,
+)
 from prfaas_router.http.server import Answer, Request, json_answer
 from prfaas_router.link_probe import LinkProbe
 from prfaas_router.metrics import RouterMetrics
 from prfaas_router.payloads import (
     ApiError,
     ParsedRequest,
+    answer_limit,
     completion_tokens,
     engine_error,
     last_completion_tokens,
@@ -136,11 +145,43 @@ class LegFailure(Exception):
 
 
 class _Refused(Exception):
-    """An engine refused the request itself (4xx): the client gets that answer, nobody is retried."""
+    """An engine refused the request itself (4xx), or the router will not hold its answer
+    (`over_budget`): the client gets that answer, counted as `outcome`, nobody is retried."""
 
-    def __init__(self, error: ApiError) -> None:
+    def __init__(self, error: ApiError, outcome: str = "bad_request") -> None:
         super().__init__(error.message)
         self.error = error
+        self.outcome = outcome
+
+
+OUTCOME_ANSWER_BUDGET = "answer_budget"
+
+
+def over_budget(error: AnswerBudgetExceeded) -> _Refused:
+    """The router's answer when holding an engine's answer would pass `--answer-budget-bytes`:
+    503 with Retry-After, as for any capacity the router lacks for a while (the engines are
+    fine, the request is fine, other answers hold the memory), in OpenAI's error shape. Not
+    retried on another engine: its answer would meet the same budget."""
+    return _Refused(
+        ApiError(
+            503,
+            f"the router is holding all it may of engines' answers ({error.budget_bytes} bytes at once); "
+            "try again shortly",
+            type_="service_unavailable",
+            code="answer_budget_exceeded",
+        ),
+        OUTCOME_ANSWER_BUDGET,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerBounds:
+    """What the router holds of engines' answers: each request's at most `answer_limit` of it
+    (`bytes_per_token`, never above `cap_bytes`), all of them within `budget`."""
+
+    cap_bytes: int
+    bytes_per_token: int
+    budget: AnswerBudget
 
 
 class Culprit(enum.Enum):
@@ -283,13 +324,13 @@ class Dispatcher:
         max_attempts: int,
         client_stall_seconds: float,
         link: LinkProbe,
-        max_answer_bytes: int,
+        answers: AnswerBounds,
         max_stream_seconds: float,
         pools_up: Callable[[], frozenset[str]] = frozenset,
     ) -> None:
         self._upstream = upstream
         self._pools_up = pools_up
-        self._max_answer_bytes = max_answer_bytes
+        self._answers = answers
         self._max_stream_seconds = max_stream_seconds
         self._link = link
         self._client_stall_seconds = client_stall_seconds
@@ -384,10 +425,18 @@ class Dispatcher:
         )
         headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: exchange.request_id}
         path = parsed.kind.value
+        answers = self._answers
+        limit = answer_limit(
+            parsed,
+            exchange.body,
+            decision.total_tokens,
+            bytes_per_token=answers.bytes_per_token,
+            cap_bytes=answers.cap_bytes,
+        )
         lease = _Lease(self, decision, time.monotonic())
-        prefill_leg = self._prefill_leg(target(prefill.url, path), payload, headers)
+        prefill_leg = self._prefill_leg(target(prefill.url, path), payload, headers, limit)
         prefill_leg.add_done_callback(lambda task: self._prefill_done(task, exchange, snapshot, lease))
-        decode_task = self._decode_leg(target(decode.url, path), payload, headers, parsed.stream)
+        decode_task = self._decode_leg(target(decode.url, path), payload, headers, parsed.stream, limit)
         response: Reply | None = None
         delivered = False
         try:
@@ -412,7 +461,7 @@ class Dispatcher:
             delivered = True
             return self._complete(exchange, decision, response, first)
         except _Refused as refused:
-            self._metrics.requests.labels(decision.route, "bad_request").inc()
+            self._metrics.requests.labels(decision.route, refused.outcome).inc()
             return error_response(
                 refused.error, exchange.request_id, route=decision.route, reason=decision.reason.value
             )
@@ -491,38 +540,41 @@ class Dispatcher:
         self._metrics.engine_failures.labels(worker.pool.value, worker.name).inc()
 
     def _prefill_leg(
-        self, where: Target, payload: bytes, headers: dict[str, str]
+        self, where: Target, payload: bytes, headers: dict[str, str], limit: int
     ) -> asyncio.Future[tuple[int, bytes, str]]:
         """The prefill's status, whole body (drained whether streamed or not) and content type
-        (`Reply.outcome`); a task only when no idle connection is at hand."""
-        reply = self._upstream.send_pooled("POST", where, headers, payload, max_bytes=self._max_answer_bytes)
+        (`Reply.outcome`), at most `limit` bytes of it held; a task only when no idle connection
+        is at hand."""
+        budget = self._answers.budget
+        reply = self._upstream.send_pooled("POST", where, headers, payload, limit, budget)
         if reply is None:
-            return asyncio.create_task(self._prefill_leg_connecting(where, payload, headers))
+            return asyncio.create_task(self._prefill_leg_connecting(where, payload, headers, limit))
         return reply.outcome()
 
     async def _prefill_leg_connecting(
-        self, where: Target, payload: bytes, headers: dict[str, str]
+        self, where: Target, payload: bytes, headers: dict[str, str], limit: int
     ) -> tuple[int, bytes, str]:
         reply = await self._upstream.request(
-            "POST", where, headers, payload, max_bytes=self._max_answer_bytes
+            "POST", where, headers, payload, max_bytes=limit, budget=self._answers.budget
         )
         return await reply.outcome()  # cancelled there, it closes the reply
 
     def _decode_leg(
-        self, where: Target, payload: bytes, headers: dict[str, str], stream: bool
+        self, where: Target, payload: bytes, headers: dict[str, str], stream: bool, limit: int
     ) -> asyncio.Future[tuple[Reply, bytes]]:
-        """The decode's reply and its first bytes (`_decode_answer`); a task only when no idle
-        connection is at hand."""
-        reply = self._upstream.send_pooled("POST", where, headers, payload, max_bytes=self._max_answer_bytes)
+        """The decode's reply and its first bytes (`_decode_answer`), at most `limit` bytes held;
+        a task only when no idle connection is at hand."""
+        budget = self._answers.budget
+        reply = self._upstream.send_pooled("POST", where, headers, payload, limit, budget, stream=stream)
         if reply is None:
-            return asyncio.create_task(self._open_decode(where, payload, headers, stream))
+            return asyncio.create_task(self._open_decode(where, payload, headers, stream, limit))
         return _decode_answer(reply, stream)
 
     async def _open_decode(
-        self, where: Target, payload: bytes, headers: dict[str, str], stream: bool
+        self, where: Target, payload: bytes, headers: dict[str, str], stream: bool, limit: int
     ) -> tuple[Reply, bytes]:
         reply = await self._upstream.request(
-            "POST", where, headers, payload, max_bytes=self._max_answer_bytes
+            "POST", where, headers, payload, max_bytes=limit, budget=self._answers.budget, stream=stream
         )
         return await _decode_answer(reply, stream)  # cancelled there, it closes the reply
 
@@ -540,6 +592,8 @@ class Dispatcher:
             return
         error = task.exception()
         _drop_leg_frames(task)
+        if isinstance(error, AnswerBudgetExceeded):  # the router's limit: no engine's doing
+            return
         if error is not None and not engine_fault(error):
             log.error("request %s: prefill leg failed inside the router", exchange.request_id, exc_info=error)
             return
@@ -880,6 +934,8 @@ def _prefill_failure(task: asyncio.Future[tuple[int, bytes, str]], worker: Worke
         return None
     error = task.exception()
     if error is not None:
+        if isinstance(error, AnswerBudgetExceeded):
+            raise over_budget(error)
         if not engine_fault(error):
             raise error  # answered 500, no engine blamed
         return LegFailure(worker, f"prefill leg failed: {error}", unreachable=_unreachable(error))
@@ -896,6 +952,8 @@ def _prefill_failure(task: asyncio.Future[tuple[int, bytes, str]], worker: Worke
 def _decode_result(task: asyncio.Future[tuple[Reply, bytes]], worker: Worker) -> tuple[Reply, bytes]:
     error = task.exception()
     if error is not None:
+        if isinstance(error, AnswerBudgetExceeded):
+            raise over_budget(error)
         if not engine_fault(error):
             raise error
         raise LegFailure(worker, f"decode leg failed: {error}", unreachable=_unreachable(error)) from error

@@ -32,6 +32,8 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _LINK = LinkEstimateRules()
 _CLIENTS = ClientLimits()
 _LIMITS = Limits()
+ANSWER_BUDGET_BYTES = 512 * 1024 * 1024
+"""All answers held at once by default: eight answers at the 64 MiB cap."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,6 +87,21 @@ class RouterSettings:
         MAX_ANSWER_BYTES,
         "the most of an engine's answer the router holds (a whole answer, or a stream's first event); "
         "past it the engine failed",
+        at_least=1,
+    )
+    answer_bytes_per_token: int = setting(
+        1024,
+        "a request's answer is held up to this per token it may generate (max tokens x n, plus "
+        "256 per logprob alternative asked and the prompt when echoed; at least 64 KiB, at most "
+        "--max-answer-bytes): past it the engine is lying and failed; 0: every answer up to "
+        "--max-answer-bytes",
+        at_least=0,
+    )
+    answer_budget_bytes: int = setting(
+        ANSWER_BUDGET_BYTES,
+        "the most of all engines' answers held at once; an answer that would pass it (beyond its "
+        "first 64 KiB) is dropped and its client answered 503 with Retry-After (at least "
+        "--max-answer-bytes)",
         at_least=1,
     )
     shutdown_delay_seconds: float = setting(
@@ -153,6 +170,8 @@ class RouterSettings:
                 "--shutdown-delay-seconds must be at least 0 and --drain-timeout-seconds above 0"
             )
         check_at_least(self)
+        if self.answer_budget_bytes < self.max_answer_bytes:
+            raise ValueError("--answer-budget-bytes must be at least --max-answer-bytes (one whole answer)")
         try:
             _ = self.link_estimate
         except ValueError as err:

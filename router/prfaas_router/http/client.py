@@ -15,7 +15,12 @@ unless the router itself paused reading it for a slow client.
 
 What an engine sends is bounded: a body that the router holds (read whole, or its first
 event) fails past the request's `max_bytes` and its connection is closed, so an endless or
-huge answer costs at most that much memory. A relayed body goes to the client as it comes.
+huge answer costs at most that much memory. Many such answers at once are bounded together by
+an `AnswerBudget` shared by the requests' replies: the bytes held are reserved as they arrive
+and given back when the reader takes the body (or the first event), or the reply is dropped; a
+chunk that would pass the budget fails its reply (`AnswerBudgetExceeded`, no fault of the
+engine's), except within a reply's first `free_bytes`, so small answers are never refused. A
+relayed body goes to the client as it comes.
 """
 
 from __future__ import annotations
@@ -55,6 +60,49 @@ class AnswerTooLarge(UpstreamError):
         super().__init__(f"the engine's answer exceeds {max_bytes} bytes", unreachable=False)
 
 
+class AnswerBudgetExceeded(Exception):
+    """Holding more of this answer would pass the bytes held for all answers together: the
+    router's limit, not the engine's failure (an `UpstreamError` would blame the engine)."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        super().__init__(f"the router holds at most {budget_bytes} bytes of engines' answers at once")
+        self.budget_bytes = budget_bytes
+
+
+CUT_REQUEST_LIMIT = "request_limit"
+CUT_BUDGET = "budget"
+
+
+class AnswerBudget:
+    """The bytes of engines' answers held by all replies together, at most `limit_bytes` beyond
+    each reply's first `free_bytes` (so `held` <= `limit_bytes` + replies x `free_bytes`).
+
+    `on_cut(reason)` hears of every reply cut: `CUT_REQUEST_LIMIT` past its own `max_bytes`,
+    `CUT_BUDGET` for the budget. Only the event loop's thread touches it.
+    """
+
+    __slots__ = ("free_bytes", "held", "limit_bytes", "on_cut")
+
+    def __init__(
+        self, limit_bytes: int, *, free_bytes: int = 0, on_cut: Callable[[str], None] | None = None
+    ) -> None:
+        self.limit_bytes = limit_bytes
+        self.free_bytes = free_bytes
+        self.held = 0
+        self.on_cut: Callable[[str], None] = on_cut or (lambda reason: None)
+
+    def take(self, amount: int, reply_total: int) -> bool:
+        """Reserves `amount` more bytes of a reply that will then hold `reply_total`; False (nothing
+        reserved) when that would pass the budget and the reply is past its free bytes."""
+        if self.held + amount > self.limit_bytes and reply_total > self.free_bytes:
+            return False
+        self.held += amount
+        return True
+
+    def give(self, amount: int) -> None:
+        self.held -= amount
+
+
 @dataclass(frozen=True, slots=True)
 class Target:
     """Where one request goes: parsed once per worker URL and path."""
@@ -90,8 +138,10 @@ class Reply:
     """An engine's answer: status and headers first, then the body, read whole or relayed."""
 
     __slots__ = (
+        "_budget",
         "_connection",
         "_ended",
+        "_event_ended",
         "_first",
         "_header_list",
         "_headers",
@@ -99,11 +149,21 @@ class Reply:
         "_limit",
         "_pieces",
         "_received",
+        "_reserved",
         "_sink",
+        "_stream",
+        "_tail",
         "status",
     )
 
-    def __init__(self, connection: _Connection, max_bytes: int) -> None:
+    def __init__(
+        self,
+        connection: _Connection,
+        max_bytes: int,
+        budget: AnswerBudget | None = None,
+        *,
+        stream: bool = False,
+    ) -> None:
         loop = asyncio.get_running_loop()
         self._connection: _Connection | None = connection
         self._headers_ready: asyncio.Future[None] = loop.create_future()
@@ -113,7 +173,12 @@ class Reply:
         self._pieces: list[bytes] = []
         self._sink: Sink | None = None
         self._limit = max_bytes
-        self._received = 0  # body bytes held for a reader (not relayed)
+        self._received = 0  # body bytes held for a reader (not relayed), as `max_bytes` counts them
+        self._stream = stream  # a 2xx body is an SSE stream: `max_bytes` bounds its first event
+        self._event_ended = False
+        self._tail = b""
+        self._budget = budget
+        self._reserved = 0  # of the pieces held now, bytes reserved in the budget
         self.status = 0
         self._headers: dict[str, str] | None = None
 
@@ -174,7 +239,10 @@ class Reply:
             if first_event and self.status < 400:
                 data = b"".join(self._pieces)
                 if b"\n\n" in data:
-                    self._pieces = []
+                    self._drop_pieces()
+                    # what comes next is the stream, relayed once the reader calls `relay` (in the
+                    # next pass of the loop); `proxy._Relay` bounds its events
+                    self._budget = None
                     outcome.set_result(result(data))
                     return
             ended = self._ended
@@ -203,15 +271,23 @@ class Reply:
 
     def _whole_body(self) -> bytes:
         body = b"".join(self._pieces)
-        self._pieces = []
         self.release()
         return body
+
+    def _drop_pieces(self) -> None:
+        """The held body is handed over or dropped: its bytes leave the budget."""
+        self._pieces = []
+        if self._reserved:
+            assert self._budget is not None
+            self._budget.give(self._reserved)
+            self._reserved = 0
 
     def relay(self, sink: Sink) -> asyncio.Future[None]:
         """From now on each body chunk goes to `sink` as it arrives; the future ends with the body."""
         self._sink = sink
         if self._pieces:
-            pieces, self._pieces = self._pieces, []
+            pieces = self._pieces
+            self._drop_pieces()
             for piece in pieces:
                 sink(piece)
         return self._ended
@@ -233,6 +309,7 @@ class Reply:
         a full collection: 60 objects per streamed request, gc a third of the CPU under streams.
         """
         self._sink = None
+        self._drop_pieces()
         connection, self._connection = self._connection, None
         if connection is not None:
             connection.finished(self, reusable=self.complete)
@@ -241,6 +318,7 @@ class Reply:
         """Drop the connection now: the engine sees the client go and aborts the request. A
         reader still waiting gets `error` (default: closed by the router)."""
         self._sink = None
+        self._drop_pieces()
         connection, self._connection = self._connection, None
         if connection is not None:
             connection.finished(self, reusable=False)
@@ -261,25 +339,57 @@ class Reply:
         if sink is not None:
             sink(data)
             return
-        self._received += len(data)
+        self._received += self._limited(data)
         if self._received > self._limit:
-            if not self._ended.done():
-                self._pieces = []
-                self._fail(AnswerTooLarge(self._limit))
-                connection, self._connection = self._connection, None
-                if connection is not None:
-                    connection.finished(self, reusable=False)
+            self._cut(AnswerTooLarge(self._limit), CUT_REQUEST_LIMIT)
             return
+        budget = self._budget
+        if budget is not None:
+            if not budget.take(len(data), self._reserved + len(data)):
+                self._cut(AnswerBudgetExceeded(budget.limit_bytes), CUT_BUDGET)
+                return
+            self._reserved += len(data)
         self._pieces.append(data)
         first = self._first
         if first is not None and not first.done():
             first.set_result(None)
 
+    def _limited(self, data: bytes) -> int:
+        """The bytes of a body chunk that count against `max_bytes`: all of them, but of a 2xx
+        stream only those up to the end of its first event. What follows it is the stream,
+        which the reader relays and bounds by its events; a fast engine may have sent some
+        before the reader looked, which is no lie."""
+        if not self._stream or self.status >= 400:
+            return len(data)
+        if self._event_ended:
+            return 0
+        tail = self._tail
+        end = (tail + data).find(b"\n\n")
+        if end < 0:
+            self._tail = data[-1:]
+            return len(data)
+        self._event_ended = True
+        return max(0, end + 2 - len(tail))
+
+    def _cut(self, error: Exception, reason: str) -> None:
+        """Stops holding an answer the router will not hold: the reader gets `error`, the
+        connection is closed (the engine aborts the request)."""
+        if self._ended.done():
+            return
+        self._fail(error)
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.finished(self, reusable=False)
+        if self._budget is not None:
+            self._budget.on_cut(reason)
+
     def _complete(self) -> None:
         if not self._ended.done():
             self._ended.set_result(None)
 
-    def _fail(self, error: UpstreamError) -> None:
+    def _fail(self, error: Exception) -> None:
+        if not self._ended.done():  # a failed body is read by nobody
+            self._drop_pieces()
         for future in (self._headers_ready, self._ended):
             if not future.done():
                 future.set_exception(error)
@@ -418,11 +528,14 @@ class Upstream:
         *,
         max_bytes: int = MAX_ANSWER_BYTES,
         probe: bool = False,
+        budget: AnswerBudget | None = None,
+        stream: bool = False,
     ) -> Reply:
         """Sends the request and returns once the status and headers are in; the router holds at
-        most `max_bytes` of its body."""
+        most `max_bytes` of its body (of a `stream`, of its first event), and within `budget`
+        with the other replies that share it."""
         connection = self._take(where.pool_key) or await self._connect(where)
-        reply = self._send(connection, method, where, headers, body, max_bytes, probe)
+        reply = self._send(connection, method, where, headers, body, max_bytes, probe, budget, stream)
         try:
             await reply._headers_ready
         except BaseException:
@@ -431,14 +544,22 @@ class Upstream:
         return reply
 
     def send_pooled(
-        self, method: str, where: Target, headers: dict[str, str], body: bytes, max_bytes: int
+        self,
+        method: str,
+        where: Target,
+        headers: dict[str, str],
+        body: bytes,
+        max_bytes: int,
+        budget: AnswerBudget | None = None,
+        *,
+        stream: bool = False,
     ) -> Reply | None:
         """The request sent at once on an idle kept-alive connection, its reply still to come;
         None when no connection is idle (`request` opens one)."""
         connection = self._take(where.pool_key)
         if connection is None:
             return None
-        return self._send(connection, method, where, headers, body, max_bytes, False)
+        return self._send(connection, method, where, headers, body, max_bytes, False, budget, stream)
 
     def _send(
         self,
@@ -449,6 +570,8 @@ class Upstream:
         body: bytes,
         max_bytes: int,
         probe: bool,
+        budget: AnswerBudget | None = None,
+        stream: bool = False,
     ) -> Reply:
         if self._sweeper is None:
             self._sweeper = asyncio.create_task(self._sweep(), name="upstream-sweeper")
@@ -458,7 +581,7 @@ class Upstream:
         if headers:
             lines.extend(f"{name}: {value}\r\n".encode("latin-1") for name, value in headers.items())
         lines.append(b"\r\n")
-        reply = Reply(connection, max_bytes)
+        reply = Reply(connection, max_bytes, budget, stream=stream)
         connection.send(reply, b"".join(lines), body, probe)
         return reply
 
