@@ -71,15 +71,17 @@ def _client(kubeconfig: Path) -> lightkube.Client:
 
 
 @pytest.fixture(scope="session")
-def prfaas_client(testbed: Testbed) -> lightkube.Client:
+def prfaas_client(testbed: Testbed) -> Iterator[lightkube.Client]:
     """A client of the PrfaaS cluster (H200 nodes)."""
-    return _client(testbed.prfaas_kubeconfig)
+    with _client(testbed.prfaas_kubeconfig) as client:  # closed: no socket left to the garbage collector
+        yield client
 
 
 @pytest.fixture(scope="session")
-def pd_client(testbed: Testbed) -> lightkube.Client:
+def pd_client(testbed: Testbed) -> Iterator[lightkube.Client]:
     """A client of the local PD cluster (H20 nodes; the operator and the router run here)."""
-    return _client(testbed.pd_kubeconfig)
+    with _client(testbed.pd_kubeconfig) as client:  # closed: no socket left to the garbage collector
+        yield client
 
 
 @pytest.fixture

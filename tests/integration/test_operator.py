@@ -628,6 +628,9 @@ def test_restart_keeps_the_prfaas_endpoints_in_the_router_config(
             assert "Traceback" not in second.log_text(), second.log_tail()
     finally:
         stop.set()
+        if sampler.is_alive():
+            sampler.join(timeout=10)
+        reader.close()  # its connection, else an unclosed SSL socket at the next collection
         for client, namespace in ((pd_client, ns), (prfaas_client, remote_ns)):
             if get_or_none(client, Namespace, namespace) is not None:
                 client.delete(Namespace, namespace)
