@@ -11,6 +11,22 @@ from prfaas_operator.api import PrfaasDeploymentSpec
 
 SAMPLE_PATH = Path(__file__).resolve().parents[2] / "examples" / "prfaasdeployment.yaml"
 SAMPLE: dict[str, Any] = yaml.safe_load(SAMPLE_PATH.read_text())
+SAMPLE_ROUTER_ARGS = [
+    "--config",
+    "/etc/prfaas/router-config.json",
+    "--config-map",
+    "prfaas-demo/kimi-linear-router-config",
+    "--host",
+    "0.0.0.0",
+    "--port",
+    "8000",
+    "--shutdown-delay-seconds",
+    "5",
+    "--drain-timeout-seconds",
+    "133",
+]
+"""What the operator writes into the sample's router Deployment (operator/test_manifests), which the
+router must parse into the settings it means (router/test_settings): one list for both sides."""
 
 
 def spec(**changes: Any) -> PrfaasDeploymentSpec:

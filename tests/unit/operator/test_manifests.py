@@ -27,7 +27,7 @@ from prfaas_operator.planning.router_config_builder import (
     ready_endpoints,
 )
 from prfaas_operator.planning.status import PodInfo
-from support.sample_cr import spec
+from support.sample_cr import SAMPLE_ROUTER_ARGS, spec
 
 OWNER = Owner(name="kimi-linear", namespace="prfaas-demo", uid="0f6c7c2e-1111-2222-3333-444455556666")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -230,20 +230,7 @@ class TestPdClusterObjects:
         assert ANNOTATION_CONFIG_CHECKSUM not in (template["metadata"].get("annotations") or {})
         (router,) = template["spec"]["containers"]
         assert router["command"] == ["prfaas-router"]
-        assert router["args"] == [
-            "--config",
-            "/etc/prfaas/router-config.json",
-            "--config-map",
-            "prfaas-demo/kimi-linear-router-config",
-            "--host",
-            "0.0.0.0",
-            "--port",
-            "8000",
-            "--shutdown-delay-seconds",
-            "5",
-            "--drain-timeout-seconds",
-            "133",
-        ]
+        assert router["args"] == SAMPLE_ROUTER_ARGS
         volume = next(v for v in template["spec"]["volumes"] if v["name"] == "config")
         assert volume["configMap"]["name"] == "kimi-linear-router-config"
         assert router["volumeMounts"][0]["mountPath"] == "/etc/prfaas"

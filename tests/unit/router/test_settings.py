@@ -9,24 +9,10 @@ from pathlib import Path
 import pytest
 from prfaas_router.__main__ import parse_args
 from prfaas_router.settings import RouterSettings, add_flags, flag_of, to_flags
+from support.sample_cr import SAMPLE_ROUTER_ARGS
 
-# what the operator writes into the router Deployment's args (tests/unit/operator/test_manifests.py)
-OPERATOR_ARGS = [
-    "--config",
-    "/etc/prfaas/router-config.json",
-    "--config-map",
-    "prfaas-demo/kimi-linear-router-config",
-    "--host",
-    "0.0.0.0",
-    "--port",
-    "8000",
-    "--shutdown-delay-seconds",
-    "5",
-    "--drain-timeout-seconds",
-    "133",
-    "--tokenizer",
-    "/etc/prfaas-tokenizer/kimi/tokenizer.json",
-]
+# what the operator writes into the router Deployment's args, with a tokenizer mounted
+OPERATOR_ARGS = [*SAMPLE_ROUTER_ARGS, "--tokenizer", "/etc/prfaas-tokenizer/kimi/tokenizer.json"]
 
 
 def test_every_field_is_a_flag_named_after_it() -> None:
