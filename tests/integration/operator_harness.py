@@ -92,9 +92,19 @@ def run_operator(
     """
     liveness, metrics = free_port(), free_port()
     command = [
-        sys.executable, "-m", "prfaas_operator", "--namespace", namespaces, "--bind-address", "127.0.0.1",
-        "--liveness-port", str(liveness), "--metrics-port", str(metrics), *extra_args,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "prfaas_operator",
+        "--namespace",
+        namespaces,
+        "--bind-address",
+        "127.0.0.1",
+        "--liveness-port",
+        str(liveness),
+        "--metrics-port",
+        str(metrics),
+        *extra_args,
+    ]
     env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
     log: IO[bytes] = log_path.open("wb")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)

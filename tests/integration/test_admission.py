@@ -414,8 +414,15 @@ def test_longest_allowed_name_is_accepted_and_its_children_are_valid(
     ]
     # JSON, not YAML: a revision label such as 4812345e12 or 0912345678 is a string to PyYAML,
     # which leaves it unquoted, and a number to kubectl's YAML reader (the operator sends JSON)
-    kubectl.ok("apply", "--server-side", "--dry-run=server", "--field-manager=prfaas-tests", "-f", "-",
-               stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": children}))  # fmt: skip
+    kubectl.ok(
+        "apply",
+        "--server-side",
+        "--dry-run=server",
+        "--field-manager=prfaas-tests",
+        "-f",
+        "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": children}),
+    )
     # What admission cannot check: the StatefulSet controller creates pods labelled
     # controller-revision-hash=<statefulset>-<hash>. The longest StatefulSet gets its first pod.
     longest = max(
@@ -425,7 +432,12 @@ def test_longest_allowed_name_is_accepted_and_its_children_are_valid(
     longest["spec"]["replicas"] = 1
     kubectl.ok("apply", "--server-side", "--field-manager=prfaas-tests", "-f", "-", stdin=json.dumps(longest))
     pod = f"{longest['metadata']['name']}-0"
-    eventually(lambda: kubectl.run("get", "pod", pod, "-n", namespace).returncode == 0, timeout=60, interval=0.5, what=f"pod {pod} created by the StatefulSet controller")  # fmt: skip
+    eventually(
+        lambda: kubectl.run("get", "pod", pod, "-n", namespace).returncode == 0,
+        timeout=60,
+        interval=0.5,
+        what=f"pod {pod} created by the StatefulSet controller",
+    )
     labels = json.loads(kubectl.ok("get", "pod", pod, "-n", namespace, "-o", "json"))["metadata"]["labels"]
     assert labels["controller-revision-hash"].startswith(f"{longest['metadata']['name']}-")
     kubectl.ok("delete", "statefulset", longest["metadata"]["name"], "-n", namespace, "--wait=false")
@@ -466,7 +478,12 @@ def test_multi_node_pools_shorten_the_longest_name_and_their_groups_start(
     kubectl.ok("apply", "--server-side", "--field-manager=prfaas-tests", "-f", "-", stdin=json.dumps(lws))
     worker = f"{lws['metadata']['name']}-0-1"
     try:
-        eventually(lambda: kubectl.run("get", "pod", worker, "-n", namespace).returncode == 0, timeout=90, interval=0.5, what=f"worker pod {worker} created by LeaderWorkerSet")  # fmt: skip
+        eventually(
+            lambda: kubectl.run("get", "pod", worker, "-n", namespace).returncode == 0,
+            timeout=90,
+            interval=0.5,
+            what=f"worker pod {worker} created by LeaderWorkerSet",
+        )
         pod = json.loads(kubectl.ok("get", "pod", worker, "-n", namespace, "-o", "json"))
         assert pod["metadata"]["labels"]["leaderworkerset.sigs.k8s.io/worker-index"] == "1"
         assert pod["metadata"]["labels"]["controller-revision-hash"].startswith(
@@ -539,9 +556,16 @@ def test_status_the_operator_writes_is_kept_and_shown_in_printer_columns(
     # As the operator would send it: the full dump, None included (the apiserver prunes nulls).
     written = status.model_dump(mode="json", by_alias=True)
     kubectl.ok(
-        "patch", "prfaasdeployment", "with-status", "-n", namespace,
-        "--subresource=status", "--type=merge", "-p", json.dumps({"status": written}),
-    )  # fmt: skip
+        "patch",
+        "prfaasdeployment",
+        "with-status",
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": written}),
+    )
     stored = json.loads(kubectl.ok("get", "prfaasdeployment", "with-status", "-n", namespace, "-o", "json"))
     assert api.PrfaasDeploymentStatus.model_validate(stored["status"]) == status
     table = kubectl.ok("get", "prfaas", "with-status", "-n", namespace, "-o", "wide")
@@ -563,8 +587,15 @@ def test_status_the_operator_writes_is_kept_and_shown_in_printer_columns(
 def test_status_with_an_undeclared_field_is_refused(kubectl: Kubectl, namespace: str) -> None:
     kubectl.ok("apply", "-f", "-", stdin=yaml.safe_dump(manifest(namespace, "bad-status")))
     done = kubectl.run(
-        "patch", "prfaasdeployment", "bad-status", "-n", namespace, "--subresource=status", "--type=merge",
-        "-p", json.dumps({"status": {"conditions": [{"type": "Ready", "status": "Maybe", "reason": "X"}]}}),
-    )  # fmt: skip
+        "patch",
+        "prfaasdeployment",
+        "bad-status",
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"conditions": [{"type": "Ready", "status": "Maybe", "reason": "X"}]}}),
+    )
     assert done.returncode != 0
     assert "status.conditions[0].status: Unsupported value" in done.stderr

@@ -101,9 +101,13 @@ class Pool:
 
         def translate(pod: dict[str, Any]) -> LocalProcess:
             process = local_process(
-                PodFacts.of(pod, NODE), programs=programs, scales=Scales(), pod_dir=work,
-                base_env={"PATH": os.environ.get("PATH", "")}, hosts=hosts,
-            )  # fmt: skip
+                PodFacts.of(pod, NODE),
+                programs=programs,
+                scales=Scales(),
+                pod_dir=work,
+                base_env={"PATH": os.environ.get("PATH", "")},
+                hosts=hosts,
+            )
             assert process is not None
             return process
 
@@ -117,9 +121,12 @@ class Pool:
     def start(self, name: str, process: LocalProcess) -> None:
         log = (self.work / f"{name}.log").open("ab")
         self.running[name] = subprocess.Popen(
-            list(process.argv), env=dict(process.env), stdout=log, stderr=subprocess.STDOUT,
+            list(process.argv),
+            env=dict(process.env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
 
     def stop(self, name: str) -> None:
         running = self.running.pop(name, None)

@@ -683,11 +683,25 @@ def test_notes_build_a_working_least_privilege_kubeconfig_for_the_prefill_cluste
     release, namespace, account = f"access-{suffix}", f"prfaas-access-{suffix}", f"prefill-access-{suffix}"
     admin = testbed.prfaas_kubeconfig
     installed = run_helm(
-        helm, "install", release, str(CHART), "--namespace", namespace, "--create-namespace", "--skip-crds",
-        "--set", "operator.enabled=false", "--set", "prefillClusterAccess.enabled=true",
-        "--set", f"prefillClusterAccess.serviceAccount.name={account}", "--wait", "--timeout", "60s",
+        helm,
+        "install",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--create-namespace",
+        "--skip-crds",
+        "--set",
+        "operator.enabled=false",
+        "--set",
+        "prefillClusterAccess.enabled=true",
+        "--set",
+        f"prefillClusterAccess.serviceAccount.name={account}",
+        "--wait",
+        "--timeout",
+        "60s",
         kubeconfig=admin,
-    )  # fmt: skip
+    )
     try:
         assert installed.returncode == 0, installed.stderr
         notes = run_helm(helm, "get", "notes", release, "--namespace", namespace, kubeconfig=admin)
@@ -783,9 +797,15 @@ def crd_upgrade_identity(helm: Path, testbed: Testbed, tmp_path: Path) -> Iterat
     release, namespace = f"crd-{suffix}", f"prfaas-crd-{suffix}"
     admin = testbed.pd_kubeconfig
     done = run_helm(
-        helm, "template", release, str(CHART), "--namespace", namespace,
-        "--show-only", "templates/crd-upgrade-job.yaml",
-    )  # fmt: skip
+        helm,
+        "template",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--show-only",
+        "templates/crd-upgrade-job.yaml",
+    )
     assert done.returncode == 0, done.stderr
     objects = [o for o in yaml.safe_load_all(done.stdout) if o and o["kind"] in RBAC_KINDS]
     assert sorted(o["kind"] for o in objects) == ["ClusterRole", "ClusterRoleBinding", "ServiceAccount"]
@@ -846,9 +866,14 @@ def test_crd_upgrade_hook_brings_an_older_crd_to_the_models_with_only_its_rights
         c for c in version["additionalPrinterColumns"] if c["name"] != "Reason"
     ]
     written = Kubectl(admin).run(
-        "apply", "--server-side", "--force-conflicts", "--field-manager=older-chart", "-f", "-",
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--field-manager=older-chart",
+        "-f",
+        "-",
         stdin=json.dumps(older),
-    )  # fmt: skip
+    )
     assert written.returncode == 0, written.stderr
     try:
         dry = run_crd_apply(kubeconfig, "--dry-run")
@@ -1002,9 +1027,14 @@ def test_helm_install_and_upgrade_bring_the_crd_to_the_image_models_and_uninstal
         schema = older["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
         schema["properties"]["obsoleteField"] = {"type": "string", "description": "an older chart's"}
         written = Kubectl(admin).run(
-            "apply", "--server-side", "--force-conflicts", "--field-manager=older-chart", "-f", "-",
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=older-chart",
+            "-f",
+            "-",
             stdin=json.dumps(older),
-        )  # fmt: skip
+        )
         assert written.returncode == 0, written.stderr
 
     def assert_the_hook_applied_the_models() -> None:

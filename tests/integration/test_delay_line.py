@@ -136,12 +136,30 @@ def download_seconds(link: Link) -> float:
 def relay(link: Link) -> Iterator[subprocess.Popen[str]]:
     host_device, netns_device = delay_line_devices(link.veth_inner)
     process = subprocess.Popen(
-        ["ip", "netns", "exec", link.outer, sys.executable, "-m", "prfaas_testbed.delay_line",
-         "--netns", link.inner, "--pod-cidr", POD_CIDR, "--src", OUTER_IP,
-         "--host-device", host_device, "--netns-device", netns_device, "--delay-ms", f"{ONE_WAY_MS:g}"],
+        [
+            "ip",
+            "netns",
+            "exec",
+            link.outer,
+            sys.executable,
+            "-m",
+            "prfaas_testbed.delay_line",
+            "--netns",
+            link.inner,
+            "--pod-cidr",
+            POD_CIDR,
+            "--src",
+            OUTER_IP,
+            "--host-device",
+            host_device,
+            "--netns-device",
+            netns_device,
+            "--delay-ms",
+            f"{ONE_WAY_MS:g}",
+        ],
         stdout=subprocess.PIPE,
         text=True,
-    )  # fmt: skip
+    )
     assert process.stdout is not None
     try:
         assert process.stdout.readline().strip() == "ready"
@@ -163,8 +181,23 @@ def test_the_delay_line_adds_the_round_trip_keeps_the_rate_and_steps_aside(
 
     # the rate: 1 MB at 4 Mbit/s is 2 s, less the burst (one 64 KB packet of the TUN's MTU goes at once)
     _, netns_device = delay_line_devices(link.veth_inner)
-    sh("tc", "-n", link.inner, "qdisc", "replace", "dev", netns_device, "root", "tbf",
-       "rate", "4000000bit", "burst", "70000", "limit", "2070000")  # fmt: skip
+    sh(
+        "tc",
+        "-n",
+        link.inner,
+        "qdisc",
+        "replace",
+        "dev",
+        netns_device,
+        "root",
+        "tbf",
+        "rate",
+        "4000000bit",
+        "burst",
+        "70000",
+        "limit",
+        "2070000",
+    )
     seconds = download_seconds(link)
     assert 1.8 <= seconds <= 2.8, f"1 MB at 4 Mbit/s took {seconds:.2f} s"
     loaded = rtt_ms(link)

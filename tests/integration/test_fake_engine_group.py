@@ -52,13 +52,32 @@ class Group:
 
     def start(self, rank: int) -> None:
         args = [
-            sys.executable, "-m", "prfaas_engine_sim",
-            "--model-path", "moonshotai/Kimi-Linear-48B-A3B-Instruct",
-            "--host", "127.0.0.1", "--port", str(self.ports[rank]),
-            "--tp-size", "16", "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", "0",
-            "--dist-init-addr", f"127.0.0.1:{self.dist_port}", "--nnodes", str(NNODES), "--node-rank", str(rank),
-            "--model-load-seconds", "0.5", "--time-scale", "0",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "prfaas_engine_sim",
+            "--model-path",
+            "moonshotai/Kimi-Linear-48B-A3B-Instruct",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.ports[rank]),
+            "--tp-size",
+            "16",
+            "--disaggregation-mode",
+            "prefill",
+            "--disaggregation-bootstrap-port",
+            "0",
+            "--dist-init-addr",
+            f"127.0.0.1:{self.dist_port}",
+            "--nnodes",
+            str(NNODES),
+            "--node-rank",
+            str(rank),
+            "--model-load-seconds",
+            "0.5",
+            "--time-scale",
+            "0",
+        ]
         with (self.logs / f"rank{rank}.log").open("wb") as log:  # the child holds its own copy
             self.procs[rank] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
 

@@ -341,10 +341,24 @@ def test_the_router_serves_from_its_image_and_stops_on_sigterm(
     (config_dir / "config.json").chmod(0o644)
     port = free_port()
     images.podman(
-        "run", "--detach", "--name", container_name, *LOCKED_DOWN, "--network", "host",
-        "--volume", f"{config_dir}:/etc/prfaas/router:ro", images.product,
-        "prfaas-router", "--config", "/etc/prfaas/router/config.json", "--host", "127.0.0.1", "--port", str(port),
-    )  # fmt: skip
+        "run",
+        "--detach",
+        "--name",
+        container_name,
+        *LOCKED_DOWN,
+        "--network",
+        "host",
+        "--volume",
+        f"{config_dir}:/etc/prfaas/router:ro",
+        images.product,
+        "prfaas-router",
+        "--config",
+        "/etc/prfaas/router/config.json",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    )
     eventually(
         lambda: (_http_get(f"http://127.0.0.1:{port}/liveness") or (0, ""))[0] == 200,
         timeout=60,
@@ -367,21 +381,42 @@ def test_the_operator_starts_from_its_image_and_stops_on_sigterm(
     kube.mkdir(mode=0o755)
     dead = free_port()
     (kube / "config").write_text(
-        json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "x",
-            "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{dead}"}}],
-            "users": [{"name": "u", "user": {"token": "t"}}],
-            "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-        })
-    )  # fmt: skip
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "x",
+                "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{dead}"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+            }
+        )
+    )
     (kube / "config").chmod(0o644)
     metrics = free_port()
     images.podman(
-        "run", "--detach", "--name", container_name, *LOCKED_DOWN, "--network", "host",
-        "--volume", f"{kube}:/kube:ro", "--env", "KUBECONFIG=/kube/config", images.product,
-        "python", "-m", "prfaas_operator", "--bind-address", "127.0.0.1", "--metrics-port", str(metrics),
-        "--liveness-port", str(free_port()),
-    )  # fmt: skip
+        "run",
+        "--detach",
+        "--name",
+        container_name,
+        *LOCKED_DOWN,
+        "--network",
+        "host",
+        "--volume",
+        f"{kube}:/kube:ro",
+        "--env",
+        "KUBECONFIG=/kube/config",
+        images.product,
+        "python",
+        "-m",
+        "prfaas_operator",
+        "--bind-address",
+        "127.0.0.1",
+        "--metrics-port",
+        str(metrics),
+        "--liveness-port",
+        str(free_port()),
+    )
     status_body = eventually(
         lambda: _http_get(f"http://127.0.0.1:{metrics}/metrics"),
         timeout=60,
@@ -410,17 +445,50 @@ def test_the_engine_sim_image_answers_sglangs_command(images: Images, container_
     port = free_port()
     # the arguments the operator writes for a decode engine (manifests.sglang_args), host aside
     images.podman(
-        "run", "--detach", "--name", container_name, *LOCKED_DOWN, "--network", "host",
-        "--env", "PRFAAS_FAKE_ENGINE_PROFILE=h200", "--env", "PRFAAS_FAKE_ENGINE_TIME_SCALE=0",
-        "--env", "PRFAAS_FAKE_ENGINE_KV_SCALE=0.5", "--env", "PRFAAS_FAKE_ENGINE_MODEL_LOAD_SECONDS=2",
+        "run",
+        "--detach",
+        "--name",
+        container_name,
+        *LOCKED_DOWN,
+        "--network",
+        "host",
+        "--env",
+        "PRFAAS_FAKE_ENGINE_PROFILE=h200",
+        "--env",
+        "PRFAAS_FAKE_ENGINE_TIME_SCALE=0",
+        "--env",
+        "PRFAAS_FAKE_ENGINE_KV_SCALE=0.5",
+        "--env",
+        "PRFAAS_FAKE_ENGINE_MODEL_LOAD_SECONDS=2",
         # h200 times prefill only: a null (prefill and decode) engine needs decode settings
-        "--env", "PRFAAS_FAKE_ENGINE_ARGS=--max-decode-batch 7 --decode-step-seconds 0.01", images.engine_sim,
-        "python3", "-m", "sglang.launch_server",
-        "--model-path", "moonshotai/Kimi-Linear-48B-A3B-Instruct", "--revision", "main",
-        "--served-model-name", "kimi-linear", "--host", "127.0.0.1", "--port", str(port),
-        "--tp-size", "8", "--disaggregation-mode", "null", "--page-size", "1",
-        "--kv-cache-dtype", "auto", "--enable-metrics", "--kv-scale", "0.25",
-    )  # fmt: skip
+        "--env",
+        "PRFAAS_FAKE_ENGINE_ARGS=--max-decode-batch 7 --decode-step-seconds 0.01",
+        images.engine_sim,
+        "python3",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "moonshotai/Kimi-Linear-48B-A3B-Instruct",
+        "--revision",
+        "main",
+        "--served-model-name",
+        "kimi-linear",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--tp-size",
+        "8",
+        "--disaggregation-mode",
+        "null",
+        "--page-size",
+        "1",
+        "--kv-cache-dtype",
+        "auto",
+        "--enable-metrics",
+        "--kv-scale",
+        "0.25",
+    )
     eventually(
         lambda: (_http_get(f"http://127.0.0.1:{port}/health") or (0, ""))[0] == 200,
         timeout=60,

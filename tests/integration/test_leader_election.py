@@ -65,8 +65,15 @@ def test_one_replica_leads_and_another_takes_over_when_it_dies_or_stops(
     testbed: Testbed, pd_client: Client, pd_namespace: str, tmp_path: Path
 ) -> None:
     install_crd(testbed.pd_kubeconfig)
-    args = ("--leader-elect", "--leader-elect-namespace", pd_namespace, "--resync-seconds", "2",
-            "--remote-cleanup-timeout-seconds", "5")  # fmt: skip
+    args = (
+        "--leader-elect",
+        "--leader-elect-namespace",
+        pd_namespace,
+        "--resync-seconds",
+        "2",
+        "--remote-cleanup-timeout-seconds",
+        "5",
+    )
     sample: dict[str, Any] = yaml.safe_load(
         (repository_root() / "examples/prfaasdeployment.yaml").read_text()
     )
@@ -125,6 +132,11 @@ def test_one_replica_leads_and_another_takes_over_when_it_dies_or_stops(
         assert "released" in second.log_text(), second.log_tail()
         assert transitions >= 2
         pd_client.delete(PrfaasDeploymentResource, "elected", namespace=pd_namespace)
-        eventually(lambda: get_or_none(pd_client, PrfaasDeploymentResource, "elected", pd_namespace) is None, timeout=60, interval=0.25, what="the CR deleted by the leader")  # fmt: skip
+        eventually(
+            lambda: get_or_none(pd_client, PrfaasDeploymentResource, "elected", pd_namespace) is None,
+            timeout=60,
+            interval=0.25,
+            what="the CR deleted by the leader",
+        )
         for replica in (second, third):
             assert "Traceback" not in replica.log_text(), replica.log_tail()

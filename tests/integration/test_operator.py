@@ -59,8 +59,13 @@ HALF = {
 
 
 OPERATOR_OPTIONS = (
-    "--resync-seconds", "2", "--remote-backoff-max-seconds", "4", "--remote-cleanup-timeout-seconds", "10",
-)  # fmt: skip
+    "--resync-seconds",
+    "2",
+    "--remote-backoff-max-seconds",
+    "4",
+    "--remote-cleanup-timeout-seconds",
+    "10",
+)
 
 
 def must(client: Client, resource: Any, name: str, namespace: str | None = None) -> Any:
@@ -174,7 +179,12 @@ def own_namespaces(
     yield local, remote
     for cr in pd_client.list(PrfaasDeploymentResource, namespace=local):
         pd_client.delete(PrfaasDeploymentResource, cr["metadata"]["name"], namespace=local)
-    eventually(lambda: not list(pd_client.list(PrfaasDeploymentResource, namespace=local)), timeout=60, interval=0.25, what="the test's CRs deleted")  # fmt: skip
+    eventually(
+        lambda: not list(pd_client.list(PrfaasDeploymentResource, namespace=local)),
+        timeout=60,
+        interval=0.25,
+        what="the test's CRs deleted",
+    )
 
 
 def test_sample_deployment_lifecycle(
@@ -188,20 +198,29 @@ def test_sample_deployment_lifecycle(
     name = "kimi-linear"
     pd, prfaas = pd_client, prfaas_client
     applied_at = time.monotonic()
-    Kubectl(testbed.pd_kubeconfig).ok("apply", "-f", "-",
-            stdin=yaml.safe_dump(half(deployment_manifest(name, ns, remote_ns, "prfaas-cluster-kubeconfig"))))  # fmt: skip
+    Kubectl(testbed.pd_kubeconfig).ok(
+        "apply",
+        "-f",
+        "-",
+        stdin=yaml.safe_dump(half(deployment_manifest(name, ns, remote_ns, "prfaas-cluster-kubeconfig"))),
+    )
 
     # every child, in the right cluster
     remote_children = [
         (kind, f"{name}-prfaas-prefill") for kind in (StatefulSet, Service, PodDisruptionBudget)
     ]
     local_children = [
-        (StatefulSet, f"{name}-pd-prefill"), (StatefulSet, f"{name}-pd-decode"),
-        (Service, f"{name}-pd-prefill"), (Service, f"{name}-pd-decode"), (Service, f"{name}-router"),
-        (Deployment, f"{name}-router"), (ConfigMap, f"{name}-router-config"),
-        (PodDisruptionBudget, f"{name}-pd-prefill"), (PodDisruptionBudget, f"{name}-pd-decode"),
+        (StatefulSet, f"{name}-pd-prefill"),
+        (StatefulSet, f"{name}-pd-decode"),
+        (Service, f"{name}-pd-prefill"),
+        (Service, f"{name}-pd-decode"),
+        (Service, f"{name}-router"),
+        (Deployment, f"{name}-router"),
+        (ConfigMap, f"{name}-router-config"),
+        (PodDisruptionBudget, f"{name}-pd-prefill"),
+        (PodDisruptionBudget, f"{name}-pd-decode"),
         (PodDisruptionBudget, f"{name}-router"),
-    ]  # fmt: skip
+    ]
 
     def all_children() -> bool:
         return all(get_or_none(prfaas, kind, n, remote_ns) for kind, n in remote_children) and all(
@@ -241,7 +260,12 @@ def test_sample_deployment_lifecycle(
         interval=0.25,
         what="2 local prefill pods on H20",
     )
-    decode_pods = eventually(lambda: placed(pd, ns, "pd-decode", 2, "NVIDIA-H20"), timeout=60, interval=0.25, what="2 decode pods on H20")  # fmt: skip
+    decode_pods = eventually(
+        lambda: placed(pd, ns, "pd-decode", 2, "NVIDIA-H20"),
+        timeout=60,
+        interval=0.25,
+        what="2 decode pods on H20",
+    )
 
     # the router config lists the pod IPs of every pool
     def config_lists(expected: dict[str, set[str]]) -> RouterConfig | None:
@@ -288,8 +312,16 @@ def test_sample_deployment_lifecycle(
     columns = {
         header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)
     }
-    assert columns == {"NAME": name, "READY": "True", "THRESHOLD": "19456", "PRFAAS": "2",
-                       "LOCAL-PREFILL": "2", "DECODE": "2", "ROLLOUT": "", "AGE": columns["AGE"]}  # fmt: skip
+    assert columns == {
+        "NAME": name,
+        "READY": "True",
+        "THRESHOLD": "19456",
+        "PRFAAS": "2",
+        "LOCAL-PREFILL": "2",
+        "DECODE": "2",
+        "ROLLOUT": "",
+        "AGE": columns["AGE"],
+    }
 
     # a replica change: PrfaaS replicas and the PD split
     patch = {
@@ -352,8 +384,18 @@ def test_sample_deployment_lifecycle(
             found is not None and found.metadata.uid != old_uid and found.metadata.deletionTimestamp is None
         )
 
-    eventually(lambda: recreated(prfaas, StatefulSet, f"{name}-prfaas-prefill", remote_ns, old_sts), timeout=30, interval=0.25, what="the remote StatefulSet back")  # fmt: skip
-    eventually(lambda: recreated(pd, Service, f"{name}-pd-decode", ns, old_svc), timeout=30, interval=0.25, what="the local Service back")  # fmt: skip
+    eventually(
+        lambda: recreated(prfaas, StatefulSet, f"{name}-prfaas-prefill", remote_ns, old_sts),
+        timeout=30,
+        interval=0.25,
+        what="the remote StatefulSet back",
+    )
+    eventually(
+        lambda: recreated(pd, Service, f"{name}-pd-decode", ns, old_svc),
+        timeout=30,
+        interval=0.25,
+        what="the local Service back",
+    )
 
     # an edited child is restored: remote replicas scaled by hand, the router image changed
     Kubectl(testbed.prfaas_kubeconfig, timeout_s=30).ok(
@@ -385,12 +427,17 @@ def test_sample_deployment_lifecycle(
     def emptied() -> bool:
         namespace = get_or_none(prfaas, Namespace, remote_ns)
         remote_gone = namespace is None or namespace.metadata.deletionTimestamp is not None
-        remote_left = [found for kind in (StatefulSet, Service, PodDisruptionBudget)
-                       for found in prfaas.list(kind, namespace="*", labels={"prfaas.io/owner": f"{ns}.{name}"})]  # fmt: skip
+        remote_left = [
+            found
+            for kind in (StatefulSet, Service, PodDisruptionBudget)
+            for found in prfaas.list(kind, namespace="*", labels={"prfaas.io/owner": f"{ns}.{name}"})
+        ]
         local_left = [
-            found for kind, n in local_children if (found := get_or_none(pd, kind, n, ns)) is not None
+            found
+            for kind, n in local_children
+            if (found := get_or_none(pd, kind, n, ns)) is not None
             and found.metadata.deletionTimestamp is None
-        ]  # fmt: skip
+        ]
         return remote_gone and not remote_left and not local_left
 
     eventually(emptied, timeout=60, interval=0.25, what="both clusters emptied of the deployment's objects")
@@ -412,7 +459,12 @@ def test_sample_image_change_rolls_both_clusters_together_and_back(
     name = "rolled"
     cr = small(deployment_manifest(name, ns, remote_ns, "prfaas-cluster-kubeconfig"))
     Kubectl(testbed.pd_kubeconfig).ok("apply", "-f", "-", stdin=yaml.safe_dump(cr))
-    eventually(lambda: condition(cr_status(pd_client, name, ns), "Ready").get("status") == "True", timeout=60, interval=0.25, what="Ready")  # fmt: skip
+    eventually(
+        lambda: condition(cr_status(pd_client, name, ns), "Ready").get("status") == "True",
+        timeout=60,
+        interval=0.25,
+        what="Ready",
+    )
     targets = {"prfaas-prefill": 1, "pd-prefill": 1, "pd-decode": 1}
     clusters = {
         "prfaas-prefill": (prfaas_client, remote_ns),
@@ -431,8 +483,16 @@ def test_sample_image_change_rolls_both_clusters_together_and_back(
 
     def roll_to(image: str, slot_suffix: str) -> set[str]:
         """Patch the image, sample until only the new slot is left; the phases seen."""
-        Kubectl(testbed.pd_kubeconfig).ok("patch", "prfaas", name, "-n", ns, "--type=merge",
-                "-p", yaml.safe_dump({"spec": {"model": {"image": image}}}))  # fmt: skip
+        Kubectl(testbed.pd_kubeconfig).ok(
+            "patch",
+            "prfaas",
+            name,
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            yaml.safe_dump({"spec": {"model": {"image": image}}}),
+        )
         phases: set[str] = set()
         deadline = time.monotonic() + 180  # each step waits spec.rollout.minReadySeconds (10 s)
         while time.monotonic() < deadline:
@@ -449,8 +509,10 @@ def test_sample_image_change_rolls_both_clusters_together_and_back(
             if done and "rollout" not in status and condition(status, "Ready").get("status") == "True":
                 return phases
             time.sleep(0.5)
-        raise AssertionError(f"no rollout to {image}: {cr_status(pd_client, name, ns).get('rollout')}, "
-                             f"{ {role: statefulsets(role) for role in targets} }")  # fmt: skip
+        raise AssertionError(
+            f"no rollout to {image}: {cr_status(pd_client, name, ns).get('rollout')}, "
+            f"{ {role: statefulsets(role) for role in targets} }"
+        )
 
     assert "Progressing" in roll_to("lmsysorg/sglang:v0.5.24", "-b")
     status = cr_status(pd_client, name, ns)
@@ -516,7 +578,12 @@ def test_bad_clusters_degrade_with_the_cause_while_others_are_served(
             partial(router_config, pd, cr, ns), timeout=30, interval=0.25, what=f"{cr}'s router config"
         )
         assert config.pools.prfaas_prefill == []
-    eventually(lambda: condition(cr_status(pd, "healthy", ns), "Ready").get("status") == "True", timeout=60, interval=0.25, what="the healthy CR Ready")  # fmt: skip
+    eventually(
+        lambda: condition(cr_status(pd, "healthy", ns), "Ready").get("status") == "True",
+        timeout=60,
+        interval=0.25,
+        what="the healthy CR Ready",
+    )
 
     # pods the scheduler cannot place for want of GPUs are named as such
     too_big = eventually(

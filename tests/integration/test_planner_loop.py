@@ -176,14 +176,22 @@ def manifest(name: str, namespace: str, remote: str, mode: str, prometheus_url: 
     document["metadata"] = {"name": name, "namespace": namespace}
     spec = document["spec"]
     spec["prefillCluster"].update(
-        namespace=remote, gpusPerInstance=1, replicas=1, minReplicas=1, maxReplicas=2,
+        namespace=remote,
+        gpusPerInstance=1,
+        replicas=1,
+        minReplicas=1,
+        maxReplicas=2,
         kubeconfigSecretRef={"name": "prfaas-cluster-kubeconfig", "key": "kubeconfig"},
-    )  # fmt: skip
+    )
     # the split's whole range (minimums 0 and 1): this test follows the planner, not its minimums
     spec["pdCluster"].update(
-        gpusPerInstance=1, instances=4, prefillInstances=1, decodeInstances=3, minPrefillInstances=0,
+        gpusPerInstance=1,
+        instances=4,
+        prefillInstances=1,
+        decodeInstances=3,
+        minPrefillInstances=0,
         minDecodeInstances=1,
-    )  # fmt: skip
+    )
     spec["routing"].update(mode="Auto", thresholdTokens=SPEC_THRESHOLD)
     spec["planner"] = {
         "mode": mode,

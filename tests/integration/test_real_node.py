@@ -23,9 +23,18 @@ pytestmark = [pytest.mark.testbed, pytest.mark.timeout(240)]
 
 ENGINE_SIM = "ghcr.io/prfaas/prfaas-engine-sim:0.1.0"
 ENGINE_ARGS = [
-    "--model-path", "moonshotai/Kimi-Linear-48B-A3B-Instruct", "--served-model-name", "kimi-linear",
-    "--host", "0.0.0.0", "--port", "30000", "--disaggregation-mode", "null", "--enable-metrics",
-]  # fmt: skip
+    "--model-path",
+    "moonshotai/Kimi-Linear-48B-A3B-Instruct",
+    "--served-model-name",
+    "kimi-linear",
+    "--host",
+    "0.0.0.0",
+    "--port",
+    "30000",
+    "--disaggregation-mode",
+    "null",
+    "--enable-metrics",
+]
 
 
 @pytest.fixture
@@ -121,6 +130,9 @@ def test_the_engine_sim_image_runs_under_the_kubelet_and_serves_sglangs_api(
         assert "sglang:" in reply.read().decode()
     logs = subprocess.run(
         ["kubectl", "--kubeconfig", str(testbed.pd_kubeconfig), "-n", namespace, "logs", "engine"],
-        capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert logs.returncode == 0 and logs.stdout.strip(), logs.stderr

@@ -128,14 +128,23 @@ def shaped_link(
         Cluster(
             prfaas=[
                 start_engine(
-                    "p0", "prefill", "127.0.1.1", "h200", logs, "--tp-size", "2", *chunked,
-                    "--link-rate-bytes-per-second", f"{wire_rate:g}", time_scale=scale,
+                    "p0",
+                    "prefill",
+                    "127.0.1.1",
+                    "h200",
+                    logs,
+                    "--tp-size",
+                    "2",
+                    *chunked,
+                    "--link-rate-bytes-per-second",
+                    f"{wire_rate:g}",
+                    time_scale=scale,
                 )
             ],
             local=[start_engine("l0", "prefill", "127.0.2.1", "h20", logs, *chunked, time_scale=scale)],
             decode=[start_engine("d0", "decode", "127.0.2.11", "h20", logs, time_scale=scale)],
         )
-    ) as engines:  # fmt: skip
+    ) as engines:
         yield engines
 
 
