@@ -86,8 +86,11 @@ def link_counters(link: LinkNamespace) -> dict[str, Any]:
     """The KV direction's qdisc, as `tc -j -s` shows it: kind, options (rate in bytes/s), bytes sent."""
     shown = subprocess.run(
         ["tc", "-j", "-s", "-n", link.netns, "qdisc", "show", "dev", link.netns_device],
-        capture_output=True, text=True, check=True, timeout=10,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=10,
+    )
     (root,) = [qdisc for qdisc in json.loads(shown.stdout) if qdisc.get("root")]
     return dict(root)
 

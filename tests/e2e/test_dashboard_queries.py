@@ -110,10 +110,23 @@ def dashboard_targets(namespace: str) -> list[tuple[str, str, str]]:
 def alert_rules(helm: Path) -> dict[str, str]:
     """Alert name -> expression, recording rules inlined (the testbed's Prometheus loads no rules)."""
     done = subprocess.run(
-        [str(helm), "template", "prfaas", str(CHART), "--api-versions", "monitoring.coreos.com/v1",
-         "--set", "monitoring.prometheusRule.enabled=true", "--show-only", "templates/prometheusrule.yaml"],
-        capture_output=True, text=True, timeout=60, check=True,
-    )  # fmt: skip
+        [
+            str(helm),
+            "template",
+            "prfaas",
+            str(CHART),
+            "--api-versions",
+            "monitoring.coreos.com/v1",
+            "--set",
+            "monitoring.prometheusRule.enabled=true",
+            "--show-only",
+            "templates/prometheusrule.yaml",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     rules = [r for g in yaml.safe_load(done.stdout)["spec"]["groups"] for r in g["rules"]]
     records = {r["record"]: r["expr"].strip() for r in rules if "record" in r}
     alerts = {}

@@ -163,9 +163,22 @@ def test_an_image_change_rolls_the_containers_and_an_unpullable_image_stalls_und
     rolled, missing = f"{image.rpartition(':')[0]}:rolled", f"{image.rpartition(':')[0]}:not-in-any-registry"
     for node in real_nodes(system).values():
         subprocess.run(
-            ["ctr", "--address", str(node.containerd_socket), "-n", "k8s.io", "images", "tag", "--force", image, rolled],
-            check=True, capture_output=True, timeout=60,
-        )  # fmt: skip
+            [
+                "ctr",
+                "--address",
+                str(node.containerd_socket),
+                "-n",
+                "k8s.io",
+                "images",
+                "tag",
+                "--force",
+                image,
+                rolled,
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
     answered: list[int] = []
     refused: list[str] = []
 

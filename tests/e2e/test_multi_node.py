@@ -141,8 +141,11 @@ def test_every_pool_is_a_leader_worker_set_whose_leaders_alone_serve(deployment:
         nodes = {pod.spec.nodeName for pod in pods if pod.spec is not None}
         assert len(nodes) == 4, f"{role}: each pod of a group on a node of its own, got {nodes}"
     config = system.router_config() or {}
-    for pool, role in (("prfaas_prefill", Role.PRFAAS_PREFILL), ("local_prefill", Role.PD_PREFILL),
-                       ("decode", Role.PD_DECODE)):  # fmt: skip
+    for pool, role in (
+        ("prfaas_prefill", Role.PRFAAS_PREFILL),
+        ("local_prefill", Role.PD_PREFILL),
+        ("decode", Role.PD_DECODE),
+    ):
         leaders = {pod.metadata.name for pod in pool_pods(system, role) if worker_index(pod) == "0"}
         listed = {endpoint["name"] for endpoint in config["pools"][pool]}
         assert listed == leaders, (pool, listed, leaders)

@@ -254,9 +254,15 @@ def test_a_router_rolling_update_during_traffic_loses_no_request(replicated: Liv
     assert not lost, lost
     assert len(during) >= 10, f"only {len(during)} requests were sent during the {rolled_in:.0f} s rollout"
     hooks = pd_kubectl(system).run(
-        "-n", system.layout.deployment_namespace, "get", "events",
-        "--field-selector", "reason=FailedPreStopHook", "-o", "name",
-    )  # fmt: skip
+        "-n",
+        system.layout.deployment_namespace,
+        "get",
+        "events",
+        "--field-selector",
+        "reason=FailedPreStopHook",
+        "-o",
+        "name",
+    )
     assert hooks.returncode == 0 and not hooks.stdout.strip(), hooks.stdout
     print(
         f"rollout of {REPLICAS} routers in {rolled_in:.0f} s; {len(during)} requests sent meanwhile; "

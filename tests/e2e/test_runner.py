@@ -38,12 +38,21 @@ def runner(
     pd_client.apply(Namespace(metadata=ObjectMeta(name=NAMESPACE)), field_manager="prfaas-tests")
     state = tmp_path_factory.mktemp("runner")
     process = subprocess.Popen(
-        [sys.executable, "-m", "prfaas_testbed.runner", "--state-dir", str(state), "--namespace", f"pd:{NAMESPACE}",
-         "--time-scale", "0.1"],
+        [
+            sys.executable,
+            "-m",
+            "prfaas_testbed.runner",
+            "--state-dir",
+            str(state),
+            "--namespace",
+            f"pd:{NAMESPACE}",
+            "--time-scale",
+            "0.1",
+        ],
         stdout=open(state / "runner.log", "wb"),  # noqa: SIM115 (closed with the process)
         stderr=subprocess.STDOUT,
         env={**os.environ, **testbed.env()},
-    )  # fmt: skip
+    )
     try:
         wait_until(
             "the runner to write its status",

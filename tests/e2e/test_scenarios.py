@@ -291,9 +291,14 @@ def test_operator_and_router_are_containers_of_the_product_image_on_the_real_nod
             assert "watching through the API" in logs.stdout, logs.stdout[-2000:]
         # the router's token reads its config ConfigMap; the operator's is the chart's RBAC
         token = pd_kubectl(system).run(
-            "-n", namespace, "exec", pod["pod"], "--", "cat",
+            "-n",
+            namespace,
+            "exec",
+            pod["pod"],
+            "--",
+            "cat",
             "/var/run/secrets/kubernetes.io/serviceaccount/token",
-        )  # fmt: skip
+        )
         assert token.returncode == 0 and token.stdout.count(".") == 2, "no projected token"
         assert token.stdout.strip() not in logs.stdout, "a token in the log"
 
@@ -373,8 +378,11 @@ def test_the_leading_operator_killed_mid_traffic_is_replaced_within_15_s_and_cha
     container_id = status.containerID.removeprefix("containerd://")
     tasks = subprocess.run(
         ["ctr", "--address", str(node.containerd_socket), "-n", "k8s.io", "tasks", "ls"],
-        capture_output=True, text=True, check=True, timeout=10,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=10,
+    )
     (pid,) = [
         int(line.split()[1]) for line in tasks.stdout.splitlines()[1:] if line.split()[0] == container_id
     ]
