@@ -44,14 +44,25 @@ SKIPPED_INITS = (
 ABSENT_GPU_MODULES = {"torch": "2.14.1", "triton": "3.6.0"}  # the versions 0.5.23's METADATA pins
 HOPPER = {
     **dict.fromkeys(
-        ("is_hip", "is_npu", "is_xpu", "is_musa", "is_mps", "is_sm100", "is_sm100_or_sm110", "is_sm110",
-         "is_sm120", "is_blackwell", "has_amx"),
+        (
+            "is_hip",
+            "is_npu",
+            "is_xpu",
+            "is_musa",
+            "is_mps",
+            "is_sm100",
+            "is_sm100_or_sm110",
+            "is_sm110",
+            "is_sm120",
+            "is_blackwell",
+            "has_amx",
+        ),
         False,
     ),
     **dict.fromkeys(("is_cuda", "is_sm90", "is_hopper_with_cuda_12_3", "has_flashinfer"), True),
     "device_sm": 90,
     "device_capability": (9, 0),
-}  # fmt: skip
+}
 
 
 class _Placeholder(abc.ABCMeta):
@@ -149,11 +160,25 @@ def engine_args(arg_lists: list[list[str]]) -> list[dict[str, Any]]:
             continue
         view = resolving_view(server_args)
         fields = (
-            "model_path", "revision", "served_model_name", "host", "port", "tp_size", "disaggregation_mode",
-            "disaggregation_transfer_backend", "disaggregation_bootstrap_port", "disaggregation_ib_device",
-            "page_size", "kv_cache_dtype", "enable_metrics", "disable_radix_cache", "trust_remote_code",
-            "dist_init_addr", "nnodes", "node_rank",
-        )  # fmt: skip
+            "model_path",
+            "revision",
+            "served_model_name",
+            "host",
+            "port",
+            "tp_size",
+            "disaggregation_mode",
+            "disaggregation_transfer_backend",
+            "disaggregation_bootstrap_port",
+            "disaggregation_ib_device",
+            "page_size",
+            "kv_cache_dtype",
+            "enable_metrics",
+            "disable_radix_cache",
+            "trust_remote_code",
+            "dist_init_addr",
+            "nnodes",
+            "node_rank",
+        )
         results.append({"ok": True, "resolved": {field: getattr(view, field) for field in fields}})
     return results
 
@@ -255,9 +280,10 @@ def metrics() -> dict[str, dict[str, Any]]:
             labels_node = keywords.get("labelnames")
             source = ast.unparse(labels_node) if labels_node is not None else ""
             extra = sorted(
-                str(sub.value) for sub in ast.walk(labels_node or ast.Constant(None))
+                str(sub.value)
+                for sub in ast.walk(labels_node or ast.Constant(None))
                 if isinstance(sub, ast.Constant) and isinstance(sub.value, str)
-            )  # fmt: skip
+            )
             declared[str(name.value)] = {
                 "type": kind,
                 "labels": extra,
