@@ -31,8 +31,13 @@ MAX_TOKENS = 8
 
 
 def chat(content: str, **extra: Any) -> dict[str, Any]:
-    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": MAX_TOKENS,
-            "temperature": 0, **extra}  # fmt: skip
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        **extra,
+    }
 
 
 def completion(prompt: str, **extra: Any) -> dict[str, Any]:
@@ -163,8 +168,11 @@ async def test_every_loads_report_is_accepted_and_the_link_estimate_follows_real
 async def test_an_idle_fleet_stays_healthy_for_15_seconds(
     fleet: Fleet, client: aiohttp.ClientSession
 ) -> None:
-    workers = {(Pool.PRFAAS_PREFILL.value, "tiny-prfaas-prefill-0"), (Pool.LOCAL_PREFILL.value, "tiny-pd-prefill-0"),
-               (Pool.DECODE.value, "tiny-pd-decode-0")}  # fmt: skip
+    workers = {
+        (Pool.PRFAAS_PREFILL.value, "tiny-prfaas-prefill-0"),
+        (Pool.LOCAL_PREFILL.value, "tiny-pd-prefill-0"),
+        (Pool.DECODE.value, "tiny-pd-decode-0"),
+    }
     for _ in range(16):
         samples = await metric_samples(client, fleet.router.url)
         available = {
@@ -180,8 +188,11 @@ async def test_prometheus_scrapes_the_real_engines_and_the_planner_reads_every_q
 ) -> None:
     namespace = fleet.cr["metadata"]["namespace"]
     names = Names.of(fleet.cr["metadata"]["name"])
-    workloads = {Role.PRFAAS_PREFILL: names.prfaas_prefill, Role.PD_PREFILL: names.pd_prefill,
-                 Role.PD_DECODE: names.pd_decode}  # fmt: skip
+    workloads = {
+        Role.PRFAAS_PREFILL: names.prfaas_prefill,
+        Role.PD_PREFILL: names.pd_prefill,
+        Role.PD_DECODE: names.pd_decode,
+    }
     engine_groups = [
         TargetGroup(
             [fleet.engine(role).url.removeprefix("http://")], {"namespace": namespace, "pod": f"{w}-0"}
