@@ -70,20 +70,32 @@ def bench_nodes(cluster: str, product: str, count: int) -> list[dict[str, Any]]:
                 "metadata": {
                     "name": name,
                     "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
-                    "labels": {**BENCH_POOL, "type": "kwok", "kubernetes.io/hostname": name,
-                               "nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": product},
+                    "labels": {
+                        **BENCH_POOL,
+                        "type": "kwok",
+                        "kubernetes.io/hostname": name,
+                        "nvidia.com/gpu.present": "true",
+                        "nvidia.com/gpu.product": product,
+                    },
                 },
-                "spec": {"podCIDR": f"{pod_net}.{octet}.0/24", "podCIDRs": [f"{pod_net}.{octet}.0/24"],
-                         "taints": [BENCH_TAINT]},
+                "spec": {
+                    "podCIDR": f"{pod_net}.{octet}.0/24",
+                    "podCIDRs": [f"{pod_net}.{octet}.0/24"],
+                    "taints": [BENCH_TAINT],
+                },
                 "status": {
                     "addresses": [{"type": "InternalIP", "address": f"{node_net}.{octet}"}],
                     "capacity": capacity,
                     "allocatable": capacity,
-                    "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux",
-                                 "kubeletVersion": "fake", "kubeProxyVersion": "fake"},
+                    "nodeInfo": {
+                        "architecture": "amd64",
+                        "operatingSystem": "linux",
+                        "kubeletVersion": "fake",
+                        "kubeProxyVersion": "fake",
+                    },
                 },
             }
-        )  # fmt: skip
+        )
     return nodes
 
 
@@ -105,11 +117,15 @@ def children(name: str) -> dict[str, list[tuple[str, str]]]:
     return {
         "prfaas": [("StatefulSet", f"{name}-prfaas-prefill"), ("Service", f"{name}-prfaas-prefill")],
         "pd": [
-            ("StatefulSet", f"{name}-pd-prefill"), ("StatefulSet", f"{name}-pd-decode"),
-            ("Service", f"{name}-pd-prefill"), ("Service", f"{name}-pd-decode"), ("Service", f"{name}-router"),
-            ("Deployment", f"{name}-router"), ("ConfigMap", f"{name}-router-config"),
+            ("StatefulSet", f"{name}-pd-prefill"),
+            ("StatefulSet", f"{name}-pd-decode"),
+            ("Service", f"{name}-pd-prefill"),
+            ("Service", f"{name}-pd-decode"),
+            ("Service", f"{name}-router"),
+            ("Deployment", f"{name}-router"),
+            ("ConfigMap", f"{name}-router-config"),
         ],
-    }  # fmt: skip
+    }
 
 
 class Sightings:
@@ -194,8 +210,15 @@ def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> None:
 async def run(testbed: Testbed, count: int, timeout_s: float, workdir: Path, operator_args: list[str]) -> int:
     clients = {"pd": client_of(testbed.pd_kubeconfig), "prfaas": client_of(testbed.prfaas_kubeconfig)}
     pd = clients["pd"]
-    kubectl(testbed.pd_kubeconfig, "apply", "--server-side", "--force-conflicts", "--field-manager=prfaas-bench",
-            "-f", str(ROOT / CRD_OUTPUTS[0]))  # fmt: skip
+    kubectl(
+        testbed.pd_kubeconfig,
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--field-manager=prfaas-bench",
+        "-f",
+        str(ROOT / CRD_OUTPUTS[0]),
+    )
     nodes = {
         "prfaas": bench_nodes("prfaas", "NVIDIA-H200", -(-count // GPUS_PER_BENCH_NODE)),
         "pd": bench_nodes("pd", "NVIDIA-H20", -(-2 * count // GPUS_PER_BENCH_NODE)),
@@ -212,8 +235,12 @@ async def run(testbed: Testbed, count: int, timeout_s: float, workdir: Path, ope
             config=KubeConfig.from_file(testbed.pd_kubeconfig), field_manager="prfaas-bench"
         )
         for namespace, _ in names:
-            store_kubeconfig_secret(secret_client, testbed.prfaas_kubeconfig, name="prfaas-cluster-kubeconfig",
-                                    namespace=namespace)  # fmt: skip
+            store_kubeconfig_secret(
+                secret_client,
+                testbed.prfaas_kubeconfig,
+                name="prfaas-cluster-kubeconfig",
+                namespace=namespace,
+            )
 
         with run_operator(
             testbed.pd_kubeconfig, workdir / "operator.log", f"bench-{tag}-*", *operator_args
@@ -259,11 +286,15 @@ async def run(testbed: Testbed, count: int, timeout_s: float, workdir: Path, ope
             print(f"\n{count} PrfaasDeployments applied at once (times from watch events)")
             print(percentile_line("apply -> children present", list(present_at.values()), count))
             print(percentile_line("apply -> Ready", list(ready_at.values()), count))
-            print(f"{'operator RSS':<28} idle {idle_rss / 2**20:6.1f} MiB   peak {peak[0] / 2**20:6.1f} MiB   "
-                  f"end {end_rss / 2**20:6.1f} MiB")  # fmt: skip
+            print(
+                f"{'operator RSS':<28} idle {idle_rss / 2**20:6.1f} MiB   peak {peak[0] / 2**20:6.1f} MiB   "
+                f"end {end_rss / 2**20:6.1f} MiB"
+            )
             print(f"{'operator CPU':<28} {busy_cpu:.1f} s during the run")
-            print(f"{'reconciles':<28} {reconciles:.0f}, mean {pass_seconds / max(passes, 1):.2f} s each "
-                  f"(errors {reconcile_errors:.0f}, cluster errors {cluster_errors:.0f})")  # fmt: skip
+            print(
+                f"{'reconciles':<28} {reconciles:.0f}, mean {pass_seconds / max(passes, 1):.2f} s each "
+                f"(errors {reconcile_errors:.0f}, cluster errors {cluster_errors:.0f})"
+            )
             print(f"{'operator log errors':<28} {len(errors)} (warnings {len(warnings)})")
             for line in (errors + warnings)[:10]:
                 print(f"    {line[:300]}")

@@ -212,11 +212,25 @@ def router_config(local: Engine, prfaas: Engine, decode: Engine) -> dict[str, An
 
 def smg_args(smg: str, prefill: str, bootstrap_port: int, decode: str, port: int) -> list[str]:
     return [
-        smg, "launch", "--pd-disaggregation",
-        "--prefill", prefill, str(bootstrap_port), "--decode", decode,
-        "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port()),
-        "--log-level", "warn", "--shutdown-grace-period-secs", "1",
-    ]  # fmt: skip
+        smg,
+        "launch",
+        "--pd-disaggregation",
+        "--prefill",
+        prefill,
+        str(bootstrap_port),
+        "--decode",
+        decode,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--prometheus-port",
+        str(free_port()),
+        "--log-level",
+        "warn",
+        "--shutdown-grace-period-secs",
+        "1",
+    ]
 
 
 def kv_transfers(prefills: Sequence[Engine]) -> int:
@@ -361,9 +375,18 @@ class Bench:
         self.prfaas = start_engine("prfaas-prefill", "prefill", "127.0.1.1", "h200", logs)
         # the streams-256 decode: its tokens come STREAM_STEP_SECONDS apart, up to 1024 at once
         self.paced = start_engine(
-            "paced-decode", "decode", "127.0.0.1", "h20", logs, "--time-scale", "1",
-            "--decode-step-seconds", str(STREAM_STEP_SECONDS), "--max-running-requests", "1024",
-        )  # fmt: skip
+            "paced-decode",
+            "decode",
+            "127.0.0.1",
+            "h20",
+            logs,
+            "--time-scale",
+            "1",
+            "--decode-step-seconds",
+            str(STREAM_STEP_SECONDS),
+            "--max-running-requests",
+            "1024",
+        )
         engines = (self.local, self.decode, self.prfaas, self.paced)
         self.servers += [engine.server for engine in engines]
         for engine in engines:
