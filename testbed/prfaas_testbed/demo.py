@@ -326,9 +326,12 @@ class Demo:
                 else ""
             )
         )
-        driver = TrafficDriver(url, str((system.cr() or {}).get("spec", {}).get("model", {}).get("servedModelName", "")),
-                               request_timeout_seconds=max(60.0, 300 * self.scales.time_scale),
-                               block_tokens=round(TRACE_BLOCK_TOKENS * self.prompt_factor))  # fmt: skip
+        driver = TrafficDriver(
+            url,
+            str((system.cr() or {}).get("spec", {}).get("model", {}).get("servedModelName", "")),
+            request_timeout_seconds=max(60.0, 300 * self.scales.time_scale),
+            block_tokens=round(TRACE_BLOCK_TOKENS * self.prompt_factor),
+        )
         self.started = time.monotonic()
         sending = asyncio.create_task(driver.run(plan, stop, settle_seconds=SETTLE_SECONDS))
         while not sending.done():

@@ -113,9 +113,24 @@ def tc_commands(shape: LinkShape | None, scales: Scales, *, netns: str, netns_de
     burst = max(_TBF_MIN_BURST_BYTES, rate // BITS_PER_BYTE // 100)
     limit = burst + round(rate / BITS_PER_BYTE * _TBF_QUEUE_SECONDS)
     return [
-        ["tc", "-n", netns, "qdisc", "replace", "dev", netns_device, "root", "tbf",
-         "rate", f"{rate}bit", "burst", str(burst), "limit", str(limit)],
-    ]  # fmt: skip
+        [
+            "tc",
+            "-n",
+            netns,
+            "qdisc",
+            "replace",
+            "dev",
+            netns_device,
+            "root",
+            "tbf",
+            "rate",
+            f"{rate}bit",
+            "burst",
+            str(burst),
+            "limit",
+            str(limit),
+        ],
+    ]
 
 
 def prfaas_instances_of(spec: Mapping[str, Any], status: Mapping[str, Any] | None) -> int:

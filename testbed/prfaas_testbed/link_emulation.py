@@ -167,12 +167,23 @@ class LinkEmulator:
         assert link is not None
         host_device, netns_device = delay_line_devices(link.netns_device)
         process = await asyncio.create_subprocess_exec(
-            self._python, "-m", "prfaas_testbed.delay_line",
-            "--netns", link.netns, "--pod-cidr", str(self.testbed.pod_cidr(Cluster.PRFAAS)),
-            "--src", link.host_address, "--host-device", host_device, "--netns-device", netns_device,
-            "--delay-ms", f"{seconds * 1000:g}",
+            self._python,
+            "-m",
+            "prfaas_testbed.delay_line",
+            "--netns",
+            link.netns,
+            "--pod-cidr",
+            str(self.testbed.pod_cidr(Cluster.PRFAAS)),
+            "--src",
+            link.host_address,
+            "--host-device",
+            host_device,
+            "--netns-device",
+            netns_device,
+            "--delay-ms",
+            f"{seconds * 1000:g}",
             stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        )
         assert process.stdout is not None
         try:
             ready = await asyncio.wait_for(process.stdout.readline(), DELAY_LINE_START_SECONDS)

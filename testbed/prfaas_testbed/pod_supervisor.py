@@ -231,9 +231,14 @@ class PodSupervisor:
         for reason in ("ErrImagePull", "ImagePullBackOff"):
             self.state = reason
             await self._api.patch_pod_readiness(
-                self.cluster, self.facts, ready=False, running=False, backoff=False, restarts=0,
+                self.cluster,
+                self.facts,
+                ready=False,
+                running=False,
+                backoff=False,
+                restarts=0,
                 waiting=(reason, message),
-            )  # fmt: skip
+            )
             await self._sleep(self._settings.restart_backoff_seconds)
         await self._stop.wait()
 

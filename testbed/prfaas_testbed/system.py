@@ -497,10 +497,21 @@ class LiveSystem:
                 (Cluster.PRFAAS, self.layout.access_release),
             ):
                 done = subprocess.run(
-                    [str(self.testbed.helm), "uninstall", release, "--kubeconfig", str(self.testbed.kubeconfig(cluster)),
-                     "--namespace", self.layout.system_namespace, "--ignore-not-found"],
-                    capture_output=True, text=True, timeout=120, check=False,
-                )  # fmt: skip
+                    [
+                        str(self.testbed.helm),
+                        "uninstall",
+                        release,
+                        "--kubeconfig",
+                        str(self.testbed.kubeconfig(cluster)),
+                        "--namespace",
+                        self.layout.system_namespace,
+                        "--ignore-not-found",
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
+                    check=False,
+                )
                 if done.returncode != 0:
                     problems.append(f"helm uninstall {release}: {done.stderr.strip()[-500:]}")
             try:

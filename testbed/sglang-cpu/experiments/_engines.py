@@ -46,10 +46,23 @@ def cpu_args() -> list[str]:
 def base_args(host: str, mode: str) -> list[str]:
     """What the operator writes for an engine pod (prfaas_operator/planning/manifests.py), at `host`."""
     args = [
-        "--model-path", str(MODEL), "--served-model-name", "tiny-gpt2",
-        "--host", host, "--port", str(PORT), "--tp-size", "1", "--page-size", str(PAGE),
-        "--kv-cache-dtype", "auto", "--enable-metrics", *cpu_args(),
-    ]  # fmt: skip
+        "--model-path",
+        str(MODEL),
+        "--served-model-name",
+        "tiny-gpt2",
+        "--host",
+        host,
+        "--port",
+        str(PORT),
+        "--tp-size",
+        "1",
+        "--page-size",
+        str(PAGE),
+        "--kv-cache-dtype",
+        "auto",
+        "--enable-metrics",
+        *cpu_args(),
+    ]
     if mode != "null":
         args += [
             "--disaggregation-mode", mode,
@@ -89,8 +102,11 @@ def start(name: str, host: str, args: list[str], logs: Path, env: dict[str, str]
     with log.open("wb") as out:
         popen = subprocess.Popen(
             [str(PYTHON), "-m", "sglang.launch_server", *args],
-            stdout=out, stderr=subprocess.STDOUT, env=environment, start_new_session=True,
-        )  # fmt: skip
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=environment,
+            start_new_session=True,
+        )
     return Server(name, host, popen, log)
 
 

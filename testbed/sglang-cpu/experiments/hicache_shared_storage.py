@@ -44,8 +44,9 @@ HICACHE = [
     # (the io backend is the CPU workarounds' `direct`: layout page_first -> page_first_direct,
     # srt/arg_groups/hicache_hook.py)
     # wait for a storage prefetch to finish before scheduling the request (default: timeout)
-    "--hicache-storage-prefetch-policy", "wait_complete",
-]  # fmt: skip
+    "--hicache-storage-prefetch-policy",
+    "wait_complete",
+]
 MASTER_PORT, METRICS_PORT = 50134, 9134
 
 
@@ -56,10 +57,17 @@ def mooncake_master(logs: Path) -> Iterator[dict]:
     assert master, f"no mooncake_master in {E.VENV}/bin"
     log = (logs / "mooncake_master.log").open("wb")
     popen = subprocess.Popen(
-        [master, "--rpc_address=127.0.0.1", f"--rpc_port={MASTER_PORT}",
-         "--metrics_host=127.0.0.1", f"--metrics_port={METRICS_PORT}"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        [
+            master,
+            "--rpc_address=127.0.0.1",
+            f"--rpc_port={MASTER_PORT}",
+            "--metrics_host=127.0.0.1",
+            f"--metrics_port={METRICS_PORT}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         time.sleep(3)
         assert popen.poll() is None, (logs / "mooncake_master.log").read_text()

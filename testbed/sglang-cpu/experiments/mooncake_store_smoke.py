@@ -66,10 +66,17 @@ def main() -> None:
     logs = Path(tempfile.mkdtemp(prefix="mooncake-store-"))
     log = (logs / "mooncake_master.log").open("wb")
     master = subprocess.Popen(
-        [str(VENV / "bin" / "mooncake_master"), "--rpc_address=127.0.0.1", f"--rpc_port={MASTER}",
-         "--metrics_host=127.0.0.1", f"--metrics_port={METRICS}"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+        [
+            str(VENV / "bin" / "mooncake_master"),
+            "--rpc_address=127.0.0.1",
+            f"--rpc_port={MASTER}",
+            "--metrics_host=127.0.0.1",
+            f"--metrics_port={METRICS}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     writer = None
     try:
         time.sleep(3)
