@@ -119,14 +119,14 @@ class Pool:
         self.running: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str, process: LocalProcess) -> None:
-        log = (self.work / f"{name}.log").open("ab")
-        self.running[name] = subprocess.Popen(
-            list(process.argv),
-            env=dict(process.env),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with (self.work / f"{name}.log").open("ab") as log:  # the child keeps its own copy
+            self.running[name] = subprocess.Popen(
+                list(process.argv),
+                env=dict(process.env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def stop(self, name: str) -> None:
         running = self.running.pop(name, None)
