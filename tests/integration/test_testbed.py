@@ -278,12 +278,18 @@ def test_kubeconfigs_are_self_contained_and_distinct(testbed: Testbed) -> None:
         assert "kwok-prfaas" not in home_config.read_text(), "the testbed must not edit ~/.kube/config"
 
 
+@pytest.fixture
+def cluster_client(cluster: Cluster, pd_client: Client, prfaas_client: Client) -> Client:
+    """The session's client of the test's cluster (closed at the session's end)."""
+    return {Cluster.PD: pd_client, Cluster.PRFAAS: prfaas_client}[cluster]
+
+
 @pytest.mark.testbed
 @pytest.mark.parametrize("cluster", list(Cluster))
 def test_gpu_nodes_carry_product_label_capacity_and_loopback_addresses(
-    testbed: Testbed, cluster: Cluster
+    testbed: Testbed, cluster: Cluster, cluster_client: Client
 ) -> None:
-    client = Client(config=KubeConfig.from_file(testbed.kubeconfig(cluster)))
+    client = cluster_client
     pool = testbed.gpu_pool(cluster)
     nodes = list(client.list(Node, labels={testbed.node_label: in_(["gpu", "cpu"])}))
     gpu_nodes = [n for n in nodes if n.metadata and n.metadata.labels and PRODUCT_LABEL in n.metadata.labels]
@@ -322,9 +328,9 @@ def test_gpu_nodes_carry_product_label_capacity_and_loopback_addresses(
 @pytest.mark.testbed
 @pytest.mark.parametrize("cluster", list(Cluster))
 def test_whole_node_gpu_pod_runs_on_its_product_with_a_pod_ip_in_range(
-    testbed: Testbed, cluster: Cluster, make_namespace: Callable[[Client], str]
+    testbed: Testbed, cluster: Cluster, cluster_client: Client, make_namespace: Callable[[Client], str]
 ) -> None:
-    client = Client(config=KubeConfig.from_file(testbed.kubeconfig(cluster)))
+    client = cluster_client
     pool = testbed.gpu_pool(cluster)
     namespace = make_namespace(client)
     client.create(deployment("engine", namespace, product=pool.product, gpus=pool.gpus_per_node))
@@ -476,12 +482,12 @@ def test_kubeconfig_secret_gives_access_to_the_other_cluster(
     secret = pd_client.get(Secret, "prfaas-cluster", namespace=namespace)
     assert secret.data is not None
     remote = yaml.safe_load(base64.b64decode(secret.data["kubeconfig"]))
-    remote_client = Client(config=KubeConfig.from_dict(remote))
-    products = {
-        n.metadata.labels.get(PRODUCT_LABEL)
-        for n in remote_client.list(Node, labels={testbed.node_label: in_(["gpu", "cpu"])})
-        if n.metadata and n.metadata.labels
-    }
+    with Client(config=KubeConfig.from_dict(remote)) as remote_client:
+        products = {
+            n.metadata.labels.get(PRODUCT_LABEL)
+            for n in remote_client.list(Node, labels={testbed.node_label: in_(["gpu", "cpu"])})
+            if n.metadata and n.metadata.labels
+        }
     assert products == {testbed.gpu_pool(Cluster.PRFAAS).product, None}
 
 
