@@ -37,22 +37,23 @@ def runner(
     """A runner for NAMESPACE in the PD cluster; yields its state dir."""
     pd_client.apply(Namespace(metadata=ObjectMeta(name=NAMESPACE)), field_manager="prfaas-tests")
     state = tmp_path_factory.mktemp("runner")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "prfaas_testbed.runner",
-            "--state-dir",
-            str(state),
-            "--namespace",
-            f"pd:{NAMESPACE}",
-            "--time-scale",
-            "0.1",
-        ],
-        stdout=open(state / "runner.log", "wb"),  # noqa: SIM115 (closed with the process)
-        stderr=subprocess.STDOUT,
-        env={**os.environ, **testbed.env()},
-    )
+    with (state / "runner.log").open("wb") as log:  # the runner keeps its own copy
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "prfaas_testbed.runner",
+                "--state-dir",
+                str(state),
+                "--namespace",
+                f"pd:{NAMESPACE}",
+                "--time-scale",
+                "0.1",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **testbed.env()},
+        )
     try:
         wait_until(
             "the runner to write its status",
