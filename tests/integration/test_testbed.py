@@ -505,6 +505,7 @@ def exporter() -> Iterator[tuple[int, Any]]:
     server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
     yield port, gauge
     server.shutdown()
+    server.server_close()  # its listening socket too (shutdown only stops serving)
     thread.join(timeout=5)
 
 
