@@ -26,6 +26,19 @@ CACHE_POOL_UP = (
     PREFIX + "cache_pool_up"
 )  # gauge {cluster}: 1 while the cluster's KV pool serves (its hits count)
 
+# per revision (KV fingerprint) of the engines, for rollout analysis: every attempt a prefill/decode
+# pair of one fingerprint served (a retried request counts once per attempt, on each pair it tried)
+REVISION_ATTEMPTS_TOTAL = PREFIX + "revision_attempts_total"  # counter {fingerprint, outcome}
+REVISION_TTFT_SECONDS = PREFIX + "revision_ttft_seconds"  # histogram {fingerprint}: attempts that answered
+REVISION_TPOT_SECONDS = (
+    PREFIX + "revision_tpot_seconds"
+)  # histogram {fingerprint}: mean s per token after the first
+FINGERPRINT_LABEL = "fingerprint"
+OUTCOME_OK = "ok"
+# outcomes of an attempt that say nothing about the engines (the client's doing): not errors
+CLIENT_OUTCOMES = frozenset({"client_disconnected", "client_stalled"})
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+
 # engine metrics (SGLang names; the fake engine exports the same)
 ENGINE_QUEUE_REQS = "sglang:num_queue_reqs"
 ENGINE_RUNNING_REQS = "sglang:num_running_reqs"
