@@ -20,6 +20,9 @@ from prfaas_core.vocabulary import Pool
 
 SCHEMA: Literal["prfaas.io/router-config/v1"] = "prfaas.io/router-config/v1"
 CONFIG_FILE_NAME = "router-config.json"
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+"""The most of one engine's answer the router holds by default (`--max-answer-bytes`): the
+operator sizes the router's budget for all held answers no lower."""
 
 
 class _Strict(BaseModel):

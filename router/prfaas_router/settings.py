@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prfaas_core.flags import add_flags, check_at_least, flag_of, setting, settings_from, to_flags
+from prfaas_core.router_config import MAX_ANSWER_BYTES
 from prfaas_core.routing.link_estimate import LINK_POLL_SECONDS, SGLANG_CHUNK_TOKENS, LinkEstimateRules
 from prfaas_core.routing.workers import LOAD_POLL_SECONDS
 
 from prfaas_router.configmap_source import ConfigMapRef
-from prfaas_router.http.client import MAX_ANSWER_BYTES
 from prfaas_router.http.server import ClientLimits
 from prfaas_router.payloads import Limits
 

@@ -36,10 +36,9 @@ from typing import TypeVar, cast
 from urllib.parse import urlsplit
 
 import httptools
+from prfaas_core.router_config import MAX_ANSWER_BYTES
 
 Sink = Callable[[bytes], None]
-MAX_ANSWER_BYTES = 64 * 1024 * 1024
-"""The most of one engine's answer the router holds by default (`--max-answer-bytes`)."""
 _FORGET_HEARD_SECONDS = 300.0
 
 T = TypeVar("T")

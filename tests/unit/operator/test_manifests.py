@@ -274,6 +274,19 @@ class TestPdClusterObjects:
         assert chunk_arg(["--chunked-prefill-size", "-1"]) == str(manifests.UNCHUNKED_PREFILL_TOKENS)
         assert chunk_arg(["--chunked-prefill-size", "lots"]) is None
 
+    def test_router_holds_answers_within_half_its_memory_limit(self) -> None:
+        def budget(resources: dict[str, Any]) -> str | None:
+            deployment = manifests.router_deployment(spec(**{"router.resources": resources}), OWNER, None)
+            return flag(
+                deployment["spec"]["template"]["spec"]["containers"][0]["args"], "--answer-budget-bytes"
+            )
+
+        assert budget({}) is None, "no limit: the router's own default"
+        assert budget({"requests": {"memory": "4Gi"}}) is None, "a request is no bound"
+        assert budget({"limits": {"memory": "2Gi"}}) == str(2**30)
+        assert budget({"limits": {"memory": "1.5G"}}) == str(750_000_000)
+        assert budget({"limits": {"memory": "100Mi"}}) == str(64 * 2**20), "at least one answer at the cap"
+
     def test_router_reads_the_tokenizer_from_the_volume_the_cr_names(self) -> None:
         for source, volume in (
             ({"configMap": "kimi-tokenizer"}, {"configMap": {"name": "kimi-tokenizer"}}),
