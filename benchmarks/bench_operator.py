@@ -1,6 +1,6 @@
 """How fast the operator turns N PrfaasDeployments applied at once into children and Ready.
 
-    .venv/bin/python benchmarks/bench_operator.py [--count 20] [--timeout 180]
+    .venv/bin/python benchmarks/bench_operator.py [--count 1 20 100] [--timeout 180]
 
 Runs the real operator (`python -m prfaas_operator`, default timing options) against the
 testbed's PD cluster, with the PrfaaS cluster reached through a kubeconfig Secret, and
@@ -8,6 +8,12 @@ creates N small CRs concurrently (one namespace each). For every CR it records t
 its create call to (a) all nine children present (2 in the PrfaaS cluster, 7 in the PD
 cluster) and (b) condition Ready=True, and prints p50 and max of both, the errors seen, and
 the operator's resident memory (peak sampled and at the end).
+
+Then, in the same run, the baseline: the very objects the operator made (read back from both
+clusters, less what the apiservers filled in) are applied directly, server-side, into fresh
+namespaces with the same concurrency (all CRs at once, each CR's objects together), timed the same
+way (children present; Ready: every StatefulSet and Deployment of the CR ready), and the ratios
+operator/direct are printed. What the operator adds over the apiservers' own cost is that ratio.
 
 To fit any N without touching the testbed's own GPU nodes, it adds tainted fake nodes
 (label prfaas.io/testbed-pool=bench, 64 GPUs each, pod addresses in the testbed's loopback
@@ -27,13 +33,17 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
-from lightkube import ApiError, AsyncClient, Client, KubeConfig
+from lightkube import ApiError, AsyncClient, Client, KubeConfig, codecs
+from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.apps_v1 import Deployment, StatefulSet
-from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, Service
+from lightkube.resources.core_v1 import ConfigMap, Namespace, Node, Service, ServiceAccount
+from lightkube.resources.policy_v1 import PodDisruptionBudget
+from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
@@ -49,6 +59,31 @@ BENCH_TAINT = {"key": "prfaas.io/bench", "value": "true", "effect": "NoSchedule"
 GPUS_PER_BENCH_NODE = 64
 # Addresses of the bench nodes: the /24s near the top of each cluster's testbed ranges.
 NODE_NETS = {"prfaas": ("127.100", "127.101.0"), "pd": ("127.200", "127.201.0")}
+OPERATOR_MADE: dict[str, Any] = {"app.kubernetes.io/managed-by": "prfaas-operator"}
+WRITTEN_KINDS: dict[str, tuple[Any, ...]] = {
+    "pd": (
+        StatefulSet,
+        Deployment,
+        Service,
+        ConfigMap,
+        ServiceAccount,
+        Role,
+        RoleBinding,
+        PodDisruptionBudget,
+    ),
+    "prfaas": (StatefulSet, Service, PodDisruptionBudget),
+}
+"""What the operator writes for a CR of this benchmark in each cluster (no cache pool, no LWS)."""
+
+
+@dataclass
+class Arm:
+    """One way of making the children of N CRs: seconds from apply to present and to Ready."""
+
+    present: list[float]
+    ready: list[float]
+    count: int
+    errors: list[str] = field(default_factory=list)
 
 
 def client_of(kubeconfig: Path) -> AsyncClient:
@@ -136,9 +171,8 @@ class Sightings:
         self.ready_at: dict[tuple[str, str], float] = {}
 
     def watches(self, clients: dict[str, AsyncClient]) -> list[asyncio.Task[None]]:
-        selector = {"app.kubernetes.io/managed-by": "prfaas-operator"}
         tasks = [
-            asyncio.create_task(self._watch(client, cluster, resource, selector))
+            asyncio.create_task(self._watch(client, cluster, resource, OPERATOR_MADE))
             for cluster, client in clients.items()
             for resource in (StatefulSet, Service, Deployment, ConfigMap)
         ]
@@ -181,6 +215,13 @@ def percentile_line(label: str, seconds: list[float], count: int) -> str:
     )
 
 
+def ratio_line(label: str, operator: list[float], direct: list[float]) -> str:
+    if not operator or not direct:
+        return f"{label:<28} unknown (an arm reached nothing)"
+    p50 = statistics.median(operator) / statistics.median(direct)
+    return f"{label:<28} p50 {p50:5.2f}x   max {max(operator) / max(direct):5.2f}x"
+
+
 async def sample_rss(operator: OperatorProcess, peak: list[int]) -> None:
     while operator.alive():
         peak[0] = max(peak[0], operator.rss_bytes())
@@ -207,6 +248,123 @@ def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> None:
         raise RuntimeError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
 
 
+async def written_objects(
+    clients: dict[str, AsyncClient], namespace: str
+) -> list[tuple[str, dict[str, Any]]]:
+    """What the operator wrote for one CR in both clusters, as (cluster, manifest to apply again):
+    its own fields only (no status, no server-filled metadata, no owner: no CR to own them)."""
+    written = []
+    for cluster, kinds in WRITTEN_KINDS.items():
+        for kind in kinds:
+            info = kind._api_info.resource
+            async for obj in clients[cluster].list(kind, namespace=namespace, labels=OPERATOR_MADE):
+                raw = obj.to_dict()
+                meta = raw["metadata"]
+                manifest = {
+                    "apiVersion": info.api_version,
+                    "kind": info.kind,
+                    "metadata": {
+                        "name": meta["name"],
+                        "labels": meta.get("labels") or {},
+                        "annotations": meta.get("annotations") or {},
+                    },
+                    **{k: v for k, v in raw.items() if k not in ("apiVersion", "kind", "metadata", "status")},
+                }
+                if info.kind == "Service":  # allocated to the operator's Service
+                    manifest["spec"].pop("clusterIP", None)
+                    manifest["spec"].pop("clusterIPs", None)
+                written.append((cluster, manifest))
+    return written
+
+
+class WorkloadsReady:
+    """When all StatefulSets and Deployments of a namespace first had every replica ready, from watches."""
+
+    def __init__(self, expected: dict[str, set[tuple[str, str]]]) -> None:
+        self.expected = expected  # namespace -> {("cluster/kind", name)}
+        self.ready: dict[str, set[tuple[str, str]]] = {namespace: set() for namespace in expected}
+        self.ready_at: dict[str, float] = {}
+
+    def watches(self, clients: dict[str, AsyncClient]) -> list[asyncio.Task[None]]:
+        return [
+            asyncio.create_task(self._watch(client, cluster, kind))
+            for cluster, client in clients.items()
+            for kind in (StatefulSet, Deployment)
+        ]
+
+    async def _watch(self, client: AsyncClient, cluster: str, kind: Any) -> None:
+        async for _, obj in client.watch(kind, namespace="*", labels=OPERATOR_MADE):
+            namespace = obj.metadata.namespace
+            if namespace not in self.expected:
+                continue
+            key = (f"{cluster}/{kind.__name__}", obj.metadata.name)
+            if (obj.status.readyReplicas or 0) >= (obj.spec.replicas or 0):
+                self.ready[namespace].add(key)
+            if self.ready[namespace] >= self.expected[namespace]:
+                self.ready_at.setdefault(namespace, time.monotonic())
+
+
+async def apply_directly(
+    clients: dict[str, AsyncClient],
+    written: dict[tuple[str, str], list[tuple[str, dict[str, Any]]]],
+    tag: str,
+    timeout_s: float,
+) -> Arm:
+    """The baseline: the operator's objects of each CR (keyed by its namespace and name) applied
+    server-side into a fresh namespace, all CRs at once and each CR's objects together."""
+    names = {f"bench-{tag}-direct-{i}": name for i, (_, name) in enumerate(written)}
+    namespaces = {namespace: written[key] for namespace, key in zip(names, written, strict=True)}
+    for namespace in namespaces:
+        for client in clients.values():
+            await client.create(Namespace(metadata=ObjectMeta(name=namespace)))
+    expected = {
+        namespace: {
+            (f"{cluster}/{m['kind']}", m["metadata"]["name"])
+            for cluster, m in objects
+            if m["kind"] in ("StatefulSet", "Deployment")
+        }
+        for namespace, objects in namespaces.items()
+    }
+    sightings, readiness = Sightings(), WorkloadsReady(expected)
+    background = [*sightings.watches(clients), *readiness.watches(clients)]
+    await asyncio.sleep(1.0)  # let the watches start
+    applied: dict[str, float] = {}
+    errors: list[str] = []
+
+    async def apply(namespace: str, objects: list[tuple[str, dict[str, Any]]]) -> None:
+        applied[namespace] = time.monotonic()
+        for done in await asyncio.gather(
+            *(
+                clients[cluster].apply(
+                    codecs.from_dict({**m, "metadata": {**m["metadata"], "namespace": namespace}}), force=True
+                )
+                for cluster, m in objects
+            ),
+            return_exceptions=True,
+        ):
+            if isinstance(done, BaseException):
+                errors.append(f"{namespace}: {done}")
+
+    await asyncio.gather(*(apply(namespace, objects) for namespace, objects in namespaces.items()))
+    deadline = time.monotonic() + timeout_s
+    while len(readiness.ready_at) < len(namespaces) and time.monotonic() < deadline:
+        await asyncio.sleep(0.5)
+    present = [
+        at - applied[namespace]
+        for namespace, name in names.items()
+        if (at := sightings.children_present_at(namespace, name)) is not None
+    ]
+    ready = [at - applied[namespace] for namespace, at in readiness.ready_at.items()]
+    for task in background:
+        task.cancel()
+    await asyncio.gather(*background, return_exceptions=True)
+    await asyncio.gather(
+        *(client.delete(Namespace, namespace) for namespace in namespaces for client in clients.values()),
+        return_exceptions=True,
+    )
+    return Arm(present, ready, len(namespaces), errors)
+
+
 async def run(testbed: Testbed, count: int, timeout_s: float, workdir: Path, operator_args: list[str]) -> int:
     clients = {"pd": client_of(testbed.pd_kubeconfig), "prfaas": client_of(testbed.prfaas_kubeconfig)}
     pd = clients["pd"]
@@ -220,8 +378,9 @@ async def run(testbed: Testbed, count: int, timeout_s: float, workdir: Path, ope
         str(ROOT / CRD_OUTPUTS[0]),
     )
     nodes = {
-        "prfaas": bench_nodes("prfaas", "NVIDIA-H200", -(-count // GPUS_PER_BENCH_NODE)),
-        "pd": bench_nodes("pd", "NVIDIA-H20", -(-2 * count // GPUS_PER_BENCH_NODE)),
+        # room for both arms' pods: the direct arm starts while the operator's pods may still go
+        "prfaas": bench_nodes("prfaas", "NVIDIA-H200", -(-2 * count // GPUS_PER_BENCH_NODE)),
+        "pd": bench_nodes("pd", "NVIDIA-H20", -(-4 * count // GPUS_PER_BENCH_NODE)),
     }
     kubeconfigs = {"pd": testbed.pd_kubeconfig, "prfaas": testbed.prfaas_kubeconfig}
     tag = uuid.uuid4().hex[:5]
@@ -272,6 +431,7 @@ async def run(testbed: Testbed, count: int, timeout_s: float, workdir: Path, ope
             ready_at = {
                 key: sightings.ready_at[key] - applied[key] for key in names if key in sightings.ready_at
             }
+            written = {key: await written_objects(clients, key[0]) for key in names}
             end_rss, busy_cpu = operator.rss_bytes(), operator.cpu_seconds() - idle_cpu
             log = operator.log_text()
             metrics = operator.metrics()
@@ -286,6 +446,7 @@ async def run(testbed: Testbed, count: int, timeout_s: float, workdir: Path, ope
             print(f"\n{count} PrfaasDeployments applied at once (times from watch events)")
             print(percentile_line("apply -> children present", list(present_at.values()), count))
             print(percentile_line("apply -> Ready", list(ready_at.values()), count))
+            operator_arm = Arm(list(present_at.values()), list(ready_at.values()), count)
             print(
                 f"{'operator RSS':<28} idle {idle_rss / 2**20:6.1f} MiB   peak {peak[0] / 2**20:6.1f} MiB   "
                 f"end {end_rss / 2**20:6.1f} MiB"
@@ -310,7 +471,17 @@ async def run(testbed: Testbed, count: int, timeout_s: float, workdir: Path, ope
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
-        return 1 if missing or errors or reconcile_errors or cluster_errors else 0
+        direct = await apply_directly(clients, written, tag, timeout_s)
+        print(f"\nthe same objects applied directly, server-side, {count} namespaces at once")
+        print(percentile_line("apply -> children present", direct.present, count))
+        print(percentile_line("apply -> Ready", direct.ready, count))
+        print(f"{'direct apply errors':<28} {len(direct.errors)}")
+        for line in direct.errors[:5]:
+            print(f"    {line[:300]}")
+        print(ratio_line("operator/direct, present", operator_arm.present, direct.present))
+        print(ratio_line("operator/direct, Ready", operator_arm.ready, direct.ready))
+        failed = missing or errors or reconcile_errors or cluster_errors or direct.errors
+        return 1 if failed else 0
     finally:
         for namespace, _ in names:
             for client in clients.values():
@@ -326,7 +497,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--count", type=int, default=20, help="CRs applied at once (e.g. 20 or 50)")
+    parser.add_argument(
+        "--count", type=int, nargs="+", default=[1, 20, 100], help="CRs applied at once, one round per count"
+    )
     parser.add_argument("--timeout", type=float, default=180, help="seconds to wait for all to be Ready")
     parser.add_argument("--log-dir", type=Path, help="keep the operator log here (default: a temporary dir)")
     parser.add_argument(
@@ -334,11 +507,16 @@ def main() -> int:
     )
     args = parser.parse_args()
     testbed = ensure_testbed()
-    if args.log_dir is not None:
-        args.log_dir.mkdir(parents=True, exist_ok=True)
-        return asyncio.run(run(testbed, args.count, args.timeout, args.log_dir, args.operator_arg))
-    with tempfile.TemporaryDirectory(prefix="bench-operator-") as workdir:
-        return asyncio.run(run(testbed, args.count, args.timeout, Path(workdir), args.operator_arg))
+    failed = 0
+    for count in args.count:
+        if args.log_dir is not None:
+            log_dir = args.log_dir / str(count)
+            log_dir.mkdir(parents=True, exist_ok=True)
+            failed |= asyncio.run(run(testbed, count, args.timeout, log_dir, args.operator_arg))
+            continue
+        with tempfile.TemporaryDirectory(prefix="bench-operator-") as workdir:
+            failed |= asyncio.run(run(testbed, count, args.timeout, Path(workdir), args.operator_arg))
+    return failed
 
 
 if __name__ == "__main__":
