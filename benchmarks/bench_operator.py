@@ -46,7 +46,7 @@ from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "integration"))
+sys.path[:0] = [str(ROOT / "tests" / "integration"), str(ROOT / "tests")]  # the harness imports support.*
 
 from operator_harness import OperatorProcess, router_on_kwok, run_operator  # noqa: E402
 from prfaas_operator.adapters.kube import PrfaasDeploymentResource  # noqa: E402
