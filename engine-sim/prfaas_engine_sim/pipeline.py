@@ -70,7 +70,7 @@ class EnginePipeline:
         self.prefill = (
             PrefillScheduler(
                 profile.prefill_time,
-                settings.time_scale,
+                settings.compute_scale,
                 settings.max_prefill_tokens,
                 settings.chunked_prefill_size,
                 self.cache,
@@ -80,7 +80,7 @@ class EnginePipeline:
         )
         self.decode = (
             DecodeScheduler(
-                *self._decode_capacity(settings, profile.decode, profile.name), settings.time_scale
+                *self._decode_capacity(settings, profile.decode, profile.name), settings.compute_scale
             )
             if settings.mode != "prefill"
             else None
@@ -95,7 +95,7 @@ class EnginePipeline:
                     tp_size=settings.tp_size,
                     transfer_backend=settings.transfer_backend,
                     timeouts=settings.pd_timeouts,
-                    link_rate_bytes_per_second=settings.link_rate_bytes_per_second,
+                    link_rate_bytes_per_second=settings.paced_link_rate,
                     on_bytes_sent=self.metrics.kv_bytes_sent.inc,
                 ),
                 self.kv_size,

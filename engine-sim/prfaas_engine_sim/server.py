@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -32,6 +33,21 @@ MAX_BODY_BYTES = 64 * 2**20
 _Parser = Callable[[Any, proto.ParseOptions], proto.ParsedRequest]
 
 
+INJECTED_ERROR = "Internal server error: injected by the fake engine (--fault-error-ratio)"
+
+
+class ErrorFaults:
+    """Which generate requests fail on purpose (``EngineSettings.fault_error_ratio``): each with
+    the ratio's probability, drawn from its own seeded generator."""
+
+    def __init__(self, ratio: float, seed: int | None) -> None:
+        self._ratio = ratio
+        self._draw = random.Random(seed).random
+
+    def take(self) -> bool:
+        return self._ratio > 0 and self._draw() < self._ratio
+
+
 class FakeEngine:
     """One fake SGLang engine: ``async with FakeEngine(settings) as engine: ... engine.url``."""
 
@@ -40,6 +56,7 @@ class FakeEngine:
         self.group: Leader | None = None
         """Node rank 0's side of a multi-node instance (``--nnodes`` > 1)."""
         self.pipeline = EnginePipeline(settings)
+        self._error_faults = ErrorFaults(settings.fault_error_ratio, settings.fault_seed)
         self._parse_options = proto.ParseOptions(
             chars_per_token=settings.chars_per_token,
             default_max_new_tokens=settings.default_max_new_tokens,
@@ -93,10 +110,11 @@ class FakeEngine:
             else "unshaped"
         )
         log.info(
-            "fake SGLang engine (%s, profile %s, time scale %g) serving %s on %s%s; KV scale %g, link %s",
+            "fake SGLang engine (%s, profile %s, time scale %g%s) serving %s on %s%s; KV scale %g, link %s",
             self.settings.mode,
             self.pipeline.profile_name,
             self.settings.time_scale,
+            _faults_note(self.settings),
             self.settings.model_name,
             self.url,
             f", bootstrap port {self.bootstrap_port}" if bootstrap else "",
@@ -173,6 +191,8 @@ class FakeEngine:
             parsed = parse(body, self._parse_options)
         except proto.RequestError as err:
             return self._error(api, err.message, err.status)
+        if self._error_faults.take():  # as SGLang answers an HTTPException (abort_error_body)
+            return self._error(api, INJECTED_ERROR, 500)
         rid = parsed.rid or request.headers.get("X-Request-Id") or uuid.uuid4().hex
         events: asyncio.Queue[tuple[ItemRun, str, Any]] = asyncio.Queue()
         now = time.monotonic()
@@ -454,9 +474,11 @@ class FakeEngine:
                 "link_rate_bytes_per_second": s.link_rate_bytes_per_second,
                 "chars_per_token": s.chars_per_token,
                 "prefix_cache_block_tokens": s.prefix_cache_block_tokens,
-                "decode_step_seconds": decode.step_seconds / s.time_scale
-                if decode and s.time_scale
+                "decode_step_seconds": decode.step_seconds / s.compute_scale
+                if decode and s.compute_scale
                 else None,
+                "fault_error_ratio": s.fault_error_ratio,
+                "fault_slowdown": s.fault_slowdown,
                 "bootstrap_timeout": s.pd_timeouts.bootstrap,
                 "waiting_timeout": s.pd_timeouts.waiting,
                 "kv_heartbeat_seconds": s.pd_timeouts.heartbeat_interval,
@@ -633,3 +655,13 @@ def _loads_prometheus(load: dict[str, Any]) -> str:
             name = f"sglang_{prefixes.get(key, key)}_{sub_key}" if sub_key else f"sglang_{key}"
             lines += [f"# TYPE {name} gauge", f'{name}{{dp_rank="0"}} {sub_value}']
     return "\n".join(lines) + "\n"
+
+
+def _faults_note(settings: EngineSettings) -> str:
+    """The injected faults, for the start-up log line (none: nothing)."""
+    notes = []
+    if settings.fault_slowdown != 1:
+        notes.append(f"slowed down {settings.fault_slowdown:g}x")
+    if settings.fault_error_ratio:
+        notes.append(f"failing {settings.fault_error_ratio:.0%} of requests")
+    return "".join(f", {note}" for note in notes)

@@ -99,6 +99,16 @@ class EngineSettings:
     health_check_timeout: float = 20.0
     """/health answers 503 when the engine produced nothing for this long (SGLang:
     ``SGLANG_HEALTH_CHECK_TIMEOUT``, default 20 s; see ``health_check_timeout_from``)."""
+    fault_error_ratio: float = 0.0
+    """Each generate request answers HTTP 500 (SGLang's error body) with this probability, on
+    whichever role the engine plays: a revision that is Ready but fails (tests, rollouts)."""
+    fault_seed: int | None = None
+    """Seeds the draws of ``fault_error_ratio``; None: a fresh seed, so that the engines of one
+    revision do not fail the same requests in step."""
+    fault_slowdown: float = 1.0
+    """Multiplies every timing of the hardware profile (prefill, decode steps, the paced KV link):
+    an engine this many times slower, still healthy. Not the time scale: the PD timeouts and the
+    link metrics' real-time accounting stay as they are."""
     health_endpoint_generation: bool = True
     """False: ``/health`` answers 200 at once, ``/health_generate`` still generates (SGLang:
     ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION``, see ``health_endpoint_generation_from``)."""
@@ -139,6 +149,10 @@ class EngineSettings:
                 parse_address(self.dist_init_addr or "")
             except ValueError as err:  # SGLang would wait for ranks that cannot reach 127.0.0.1
                 problems.append(f"nnodes > 1 needs dist_init_addr: {err}")
+        if not 0 <= self.fault_error_ratio <= 1:
+            problems.append(f"fault_error_ratio must be in [0, 1], got {self.fault_error_ratio}")
+        if not self.fault_slowdown > 0:
+            problems.append(f"fault_slowdown must be > 0, got {self.fault_slowdown}")
         if self.fail_kv_transfers < 0:
             problems.append("fail_kv_transfers must be >= 0")
         if self.default_max_new_tokens < 0:
@@ -161,6 +175,17 @@ class EngineSettings:
     @property
     def model_name(self) -> str:
         return self.served_model_name or self.model_path
+
+    @property
+    def compute_scale(self) -> float:
+        """What each time of the hardware profile is multiplied by: the time scale, slowed down."""
+        return self.time_scale * self.fault_slowdown
+
+    @property
+    def paced_link_rate(self) -> float | None:
+        """The rate the KV link is paced to, slowed down with the rest."""
+        rate = self.link_rate_bytes_per_second
+        return None if rate is None else rate / self.fault_slowdown
 
     @property
     def pd_timeouts(self) -> PdTimeouts:
@@ -340,6 +365,19 @@ def build_arg_parser() -> argparse.ArgumentParser:
         help="seconds of warm-up 503s (default: SGLang's, scaled)",
     )
     add("--fail-kv-transfers", type=int, default=0, help="the next N KV handoffs fail (tests)")
+    add(
+        "--fault-error-ratio",
+        type=float,
+        default=0.0,
+        help="each generate request answers HTTP 500 with this probability (faults for tests and rollouts)",
+    )
+    add("--fault-seed", type=int, default=None, help="seed of --fault-error-ratio's draws (default: fresh)")
+    add(
+        "--fault-slowdown",
+        type=float,
+        default=1.0,
+        help="multiplies every hardware time (prefill, decode steps, paced KV link): F times slower, healthy",
+    )
     add(
         "--health-generation-delay",
         type=float,
