@@ -4,16 +4,22 @@ The PD cluster's cache starts with the operator and stays; a PrfaaS cluster's ca
 when the first CR uses that cluster and stops once no CR uses it any more (its CR was deleted
 or moved to another kubeconfig). A PrfaaS cluster that is the PD cluster (no kubeconfig
 Secret) shares the PD cluster's cache.
+
+A PrfaaS cluster's cache never lists anything cluster-wide: it watches the namespaces its CRs
+place their objects in (spec.prefillCluster.namespace), a set that grows and shrinks with them.
+So an access identity bound in some namespaces only (the chart's prefillClusterAccess.namespaces)
+serves the CRs placed there, and a CR placed elsewhere fails alone, Forbidden in its namespace.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from prfaas_core.vocabulary import LWS_KIND
 
-from prfaas_operator.adapters.informers import ClusterCache, OnChange
+from prfaas_operator.adapters.informers import ClusterCache, OnChange, ScopedCache
 from prfaas_operator.adapters.kube import Cluster
 
 # What the caches watch: every kind of child in the PD cluster; in a PrfaaS cluster only what
@@ -37,6 +43,19 @@ ADD_ON_KINDS = (LWS_KIND,)
 PRFAAS_KINDS = (*PRFAAS_OWNED_KINDS, "Pod")
 
 
+@dataclass(frozen=True)
+class Use:
+    """Where one CR places its PrfaaS objects: which cluster's cache (by key), which namespace."""
+
+    key: int
+    namespace: str
+
+
+def namespaces_in_use(uses: Mapping[str, Use], key: int) -> frozenset[str]:
+    """The namespaces a PrfaaS cluster's cache watches: those its CRs place objects in."""
+    return frozenset(use.namespace for use in uses.values() if use.key == key)
+
+
 class ClusterCaches:
     """The caches, keyed by the identity of the cluster's client (one client per kubeconfig)."""
 
@@ -45,50 +64,63 @@ class ClusterCaches:
         self._on_change = on_change
         self._watch_namespaces = tuple(watch_namespaces)
         self._caches: dict[int, ClusterCache] = {}
-        self._users: dict[str, int] = {}  # uid of a CR -> the key of the PrfaaS cluster cache it uses
+        self._uses: dict[str, Use] = {}  # uid of a CR -> where its PrfaaS objects are
+        self._views: dict[str, ScopedCache] = {}  # uid of a CR -> its view (the same while its Use is)
         self._stopping: set[asyncio.Task[None]] = set()
 
     def of(self, cluster: Cluster) -> ClusterCache:
-        """The cluster's cache, started on first use."""
+        """The cluster's cache, started on first use (a PrfaaS cluster's watching no namespace yet)."""
         cache = self._caches.get(id(cluster.client))
         if cache is None:
             local = cluster.client is self._local.client
             kinds = PD_KINDS if local else PRFAAS_KINDS
             cache = self._caches[id(cluster.client)] = ClusterCache(
-                cluster, kinds, self._on_change, self._local_scope() if local else None, ADD_ON_KINDS
+                cluster, kinds, self._on_change, self._local_scope() if local else (), ADD_ON_KINDS
             )
             cache.start()
         return cache
 
-    def use_prefill_cluster(self, uid: str, cluster: Cluster) -> ClusterCache:
-        """The PrfaaS cluster's cache for this CR; the cache of the cluster it used before may stop."""
+    def use_prefill_cluster(self, uid: str, cluster: Cluster, namespace: str) -> ScopedCache:
+        """This CR's view of its PrfaaS cluster's cache, which from now on watches `namespace`;
+        the namespace (or cluster) it used before is no longer watched for it."""
         cache = self.of(cluster)
-        before = self._users.get(uid)
-        if before != id(cluster.client):  # a new PrfaaS cluster (or the first pass)
-            self._users[uid] = id(cluster.client)
-            if before is not None:
-                self._release_if_unused(before)
-        return cache
+        use, before = Use(id(cluster.client), namespace), self._uses.get(uid)
+        view = self._views.get(uid)
+        if use == before and view is not None:
+            return view
+        self._uses[uid] = use
+        local = cluster.client is self._local.client
+        view = self._views[uid] = cache.scoped(None if local else (namespace,))
+        self._watch_in_use(use.key)
+        if before is not None and before.key != use.key:
+            self._watch_in_use(before.key)
+        return view
 
-    def prefill_cluster_cache(self, uid: str) -> ClusterCache | None:
-        """The PrfaaS cluster cache this CR used last (None: not used yet, or stopped)."""
-        key = self._users.get(uid)
-        return self._caches.get(key) if key is not None else None
+    def prefill_cluster_cache(self, uid: str) -> ScopedCache | None:
+        """This CR's view of the PrfaaS cluster cache it used last (None: not used yet)."""
+        return self._views.get(uid)
 
     def forget(self, uid: str) -> None:
-        """A CR is gone: the PrfaaS cluster cache it used stops unless another CR uses it."""
-        before = self._users.pop(uid, None)
+        """A CR is gone: its namespace is no longer watched for it, and the PrfaaS cluster
+        cache it used stops unless another CR uses it."""
+        self._views.pop(uid, None)
+        before = self._uses.pop(uid, None)
         if before is not None:
-            self._release_if_unused(before)
+            self._watch_in_use(before.key)
 
-    def _release_if_unused(self, key: int) -> None:
-        """Stop the watches of a PrfaaS cluster no CR uses any more (the local cache stays)."""
-        in_use = key == id(self._local.client) or key in self._users.values()
-        cache = None if in_use else self._caches.pop(key, None)
-        if cache is not None:
-            task = asyncio.get_running_loop().create_task(cache.stop())
-            self._stopping.add(task)
-            task.add_done_callback(self._stopping.discard)
+    def _watch_in_use(self, key: int) -> None:
+        """A PrfaaS cluster's cache watches the namespaces in use there, and stops when none is
+        (the local cache stays as it is)."""
+        if key == id(self._local.client) or key not in self._caches:
+            return
+        namespaces = namespaces_in_use(self._uses, key)
+        if namespaces:
+            self._caches[key].set_namespaces(namespaces)
+            return
+        cache = self._caches.pop(key)
+        task = asyncio.get_running_loop().create_task(cache.stop())
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
 
     def _local_scope(self) -> tuple[str, ...] | None:
         """The watched namespaces when they are plain names (a glob needs the cluster-wide watch)."""

@@ -16,19 +16,22 @@ from prfaas_core.router_config import RouterConfig
 from prfaas_core.vocabulary import ANNOTATION_CREATED_BY, LABEL_MANAGED_BY, MANAGER
 
 from prfaas_operator import RECONCILE_LOGGER
-from prfaas_operator.adapters.cluster_caches import ADD_ON_KINDS
-from prfaas_operator.adapters.informers import ClusterCache
+from prfaas_operator.adapters.cluster_caches import ADD_ON_KINDS, PRFAAS_OWNED_KINDS
 from prfaas_operator.adapters.kube import NOT_SERVED, Cluster, ClusterError
+from prfaas_operator.api import SecretKeyRef
 from prfaas_operator.planning import observation, workloads
 from prfaas_operator.planning.drain import Drain
 from prfaas_operator.planning.drift import Applied, manifest_hash, marker
-from prfaas_operator.planning.manifests import Owner
+from prfaas_operator.planning.manifests import Owner, owner_selector
 from prfaas_operator.planning.remote_backoff import RemoteBackoff
 from prfaas_operator.planning.workloads import ENGINE_WORKLOAD_KINDS
 
 log = logging.getLogger(RECONCILE_LOGGER)
 
 Manifest = dict[str, Any]
+Placement = tuple[
+    SecretKeyRef | None, str
+]  # where a CR's PrfaaS objects go: the kubeconfig Secret, the namespace
 
 
 @dataclass
@@ -42,6 +45,8 @@ class Memory:
     backoff: RemoteBackoff = field(default_factory=RemoteBackoff)
     pruned_for: tuple[Any, ...] | None = None
     namespace_ensured: str | None = None  # PrfaaS namespace known to exist (re-checked after a failure)
+    placed: Placement | None = None  # the kubeconfigSecretRef and namespace last applied to
+    left_namespaces: frozenset[str] = frozenset()  # PrfaaS namespaces moved out of, not yet pruned
     router_config: RouterConfig | None = None  # last written; the ConfigMap is read only when unknown
     applied: dict[observation.ChildKey, Applied] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -49,7 +54,7 @@ class Memory:
 
 
 async def apply_drifted(
-    cluster: Cluster, cache: ClusterCache, wanted: Sequence[Manifest], mem: Memory, where: str
+    cluster: Cluster, cache: observation.CacheView, wanted: Sequence[Manifest], mem: Memory, where: str
 ) -> None:
     """Apply the children that drifted (observation.drifted); a multi-node pool where the cluster
     serves no LeaderWorkerSet is refused (the rest is applied)."""
@@ -86,6 +91,15 @@ async def list_served(
         if kind in ADD_ON_KINDS and err.problem.reason == NOT_SERVED:
             return []
         raise
+
+
+async def owned_in(cluster: Cluster, owner: Owner, namespace: str) -> list[tuple[str, str, str]]:
+    """This CR's objects in one PrfaaS namespace (kind, namespace, name), listed there."""
+    return [
+        (kind, namespace, found["metadata"]["name"])
+        for kind in PRFAAS_OWNED_KINDS
+        for found in await list_served(cluster, kind, namespace, owner_selector(owner))
+    ]
 
 
 async def delete_namespace_if_ours(cluster: Cluster, owner: Owner, namespace: str) -> bool:

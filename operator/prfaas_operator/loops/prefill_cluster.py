@@ -3,35 +3,60 @@ applying, retiring and pruning there, and deleting a CR's objects there when the
 
 A slow or dead PrfaaS cluster costs the PD cluster nothing: the pass applies the local side
 first, and this side answers a Problem instead of raising.
+
+Nothing here lists the PrfaaS cluster cluster-wide: its cache watches the namespaces CRs use
+(cluster_caches.py), and a CR's objects are looked for in the namespaces it uses or has left
+(pruned once it has moved), so an access identity bound in some namespaces only is enough.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 
 from prfaas_operator import RECONCILE_LOGGER
 from prfaas_operator.adapters.cluster_caches import PRFAAS_OWNED_KINDS, ClusterCaches
-from prfaas_operator.adapters.informers import ClusterCache
-from prfaas_operator.adapters.kube import Cluster, ClusterError, Clusters
+from prfaas_operator.adapters.informers import ScopedCache
+from prfaas_operator.adapters.kube import FORBIDDEN, Cluster, ClusterError, Clusters
 from prfaas_operator.adapters.metrics import OperatorMetrics
 from prfaas_operator.api import PrfaasDeploymentSpec
 from prfaas_operator.loops.children import (
     Manifest,
     Memory,
+    Placement,
     apply_drifted,
     delete_namespace_if_ours,
     delete_retired,
-    list_served,
+    owned_in,
 )
 from prfaas_operator.planning import observation, remote_backoff
-from prfaas_operator.planning.manifests import Owner, owner_selector, prefill_cluster_namespace
+from prfaas_operator.planning.manifests import Owner, prefill_cluster_namespace
 from prfaas_operator.planning.reconcile_pass import ReconcileOptions, stale_children
 from prfaas_operator.planning.status import ClusterObservation, Problem
 
 log = logging.getLogger(RECONCILE_LOGGER)
 
-Remote = tuple[Cluster, ClusterCache] | Problem  # the PrfaaS cluster's client and cache, or why not
+Remote = (
+    tuple[Cluster, ScopedCache] | Problem
+)  # the PrfaaS cluster's client and this CR's view of its cache, or why not
+
+FIRST_LIST_WAIT_SECONDS = 10.0
+"""How long a pass waits for the first list of a namespace newly watched (a request's timeout):
+what is there is then known before anything is written, and a namespace the identity may not
+read is reported before the pass creates it."""
+
+
+def left_namespaces(placed: Placement | None, now: Placement, left: frozenset[str]) -> frozenset[str]:
+    """The PrfaaS namespaces a CR has left and not yet pruned, once it is placed `now`: the one it
+    moves out of joins them, the one it comes back to leaves them. In another cluster (another
+    Secret) none: what it left in the old one is not to be looked for in the new one."""
+    if placed is None or placed == now:
+        return left - {now[1]}
+    if placed[0] != now[0]:
+        return frozenset()
+    return (left | {placed[1]}) - {now[1]}
 
 
 def observe(spec: PrfaasDeploymentSpec, owner: Owner, remote: Remote) -> ClusterObservation:
@@ -65,8 +90,10 @@ class PrefillClusterSide:
             )
         except ClusterError as err:
             return self.failed(owner, mem, err.problem)
-        cache = self.caches.use_prefill_cluster(owner.uid, cluster)
-        if cache.problem is not None:  # its watches are failing: the cluster is not observable
+        cache = self.caches.use_prefill_cluster(owner.uid, cluster, spec.prefill_cluster.namespace)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(cache.answered(), FIRST_LIST_WAIT_SECONDS)
+        if cache.problem is not None:  # its watches are failing: its namespace is not observable
             return self.failed(owner, mem, cache.problem)
         return cluster, cache
 
@@ -101,6 +128,9 @@ class PrefillClusterSide:
             return None
         cluster, cache = remote
         pc = spec.prefill_cluster
+        placement = (pc.kubeconfig_secret_ref, pc.namespace)
+        mem.left_namespaces = left_namespaces(mem.placed, placement, mem.left_namespaces)
+        mem.placed = placement
         try:
             if mem.namespace_ensured != pc.namespace:
                 if await cluster.create_if_missing(prefill_cluster_namespace(spec, owner)):
@@ -114,21 +144,36 @@ class PrefillClusterSide:
         prune_key = (generation, pc.namespace, pc.kubeconfig_secret_ref)
         if mem.pruned_for == prune_key or not cache.synced:
             return None
-        problem = await self._prune(cluster, cache, owner, wanted)
+        problem = await self._prune(cluster, cache, owner, wanted, mem.left_namespaces)
         if problem is not None:
             return observe(spec, owner, remote), [problem]
-        mem.pruned_for = prune_key
+        mem.pruned_for, mem.left_namespaces = prune_key, frozenset()
         return None
 
     async def _prune(
-        self, cluster: Cluster, cache: ClusterCache, owner: Owner, wanted: Sequence[Manifest]
+        self,
+        cluster: Cluster,
+        cache: ScopedCache,
+        owner: Owner,
+        wanted: Sequence[Manifest],
+        left: frozenset[str],
     ) -> Problem | None:
         """Delete this CR's remote objects that are no longer desired (e.g. after a namespace move).
 
-        Found in the cache, so the common case (nothing to prune) costs no request.
+        Found in the cache, so the common case (nothing to prune) costs no request; in a namespace
+        it has left (no longer watched for it), listed there once. One the identity may not read
+        is skipped with a warning: it could delete nothing there either.
         """
-        stale = stale_children(observation.owned_objects(cache, owner, PRFAAS_OWNED_KINDS), wanted)
         try:
+            found = set(observation.owned_objects(cache, owner, PRFAAS_OWNED_KINDS))
+            for namespace in sorted(left):
+                try:
+                    found.update(await owned_in(cluster, owner, namespace))
+                except ClusterError as err:
+                    if err.problem.reason != FORBIDDEN:
+                        raise
+                    log.warning("%s: not pruning namespace %s: %s", owner.key, namespace, err.problem.message)
+            stale = stale_children(sorted(found), wanted)
             for kind, namespace, name in stale:
                 log.info("%s: pruning %s %s/%s", owner.key, kind, namespace, name)
                 await cluster.delete(kind, name, namespace)
@@ -140,15 +185,15 @@ class PrefillClusterSide:
             )
         return None
 
-    async def delete_all(self, spec: PrfaasDeploymentSpec, owner: Owner) -> None:
-        """Delete every object of this CR there, and the namespaces it created; raises ClusterError."""
+    async def delete_all(self, spec: PrfaasDeploymentSpec, owner: Owner, mem: Memory) -> None:
+        """Delete every object of this CR there (in its namespace and those it left unpruned), and
+        the namespaces it created; raises ClusterError."""
         cluster = await self.clusters.prefill_cluster(
             owner.namespace, spec.prefill_cluster.kubeconfig_secret_ref, allow_cached=True
         )
-        namespaces = {spec.prefill_cluster.namespace}
-        for kind in PRFAAS_OWNED_KINDS:
-            for found in await list_served(cluster, kind, None, owner_selector(owner)):
-                namespaces.add(found["metadata"]["namespace"])
-                await cluster.delete(kind, found["metadata"]["name"], found["metadata"]["namespace"])
-        for candidate in sorted(namespaces):
-            await delete_namespace_if_ours(cluster, owner, candidate)
+        namespaces = sorted({spec.prefill_cluster.namespace} | mem.left_namespaces)
+        for namespace in namespaces:
+            for kind, _, name in await owned_in(cluster, owner, namespace):
+                await cluster.delete(kind, name, namespace)
+        for namespace in namespaces:
+            await delete_namespace_if_ours(cluster, owner, namespace)
