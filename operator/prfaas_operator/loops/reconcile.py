@@ -418,7 +418,7 @@ class Reconciler:
         left = [f"{kind} {namespace}/{workload}" for kind in PRFAAS_OWNED_KINDS]
         async with mem.lock:  # no pass of the periodic loop may re-create what we delete
             try:
-                await self._prefill.delete_all(spec, owner)
+                await self._prefill.delete_all(spec, owner, mem)
             except ClusterError as err:
                 return DeleteOutcome(False, err.problem, left)
         self.forget(metadata)
