@@ -975,6 +975,64 @@ class DisruptionBudgetSpec(_Model):
     )
 
 
+class RolloutAnalysisSpec(_Model):
+    """How a rollout that changes the KV fingerprint is judged by how the new revision serves: the
+    router counts every attempt by the fingerprint of the prefill/decode pair that served it, and
+    the new revision's error ratio and mean TTFT and TPOT are compared with the old's over the same
+    window (from spec.planner.prometheusUrl). A revision that fails is halted and rolled back by
+    itself: the old revision is scaled back to its target and the new one drained out and scaled to
+    0, until the spec asks for another revision. The step that would retire the old revision's last
+    instances waits for a pass."""
+
+    enabled: bool = Field(
+        default=True,
+        description=(
+            "Judge fingerprint-changing rollouts. Also needs spec.planner.prometheusUrl and a planner "
+            "mode other than Off; otherwise (and for a rollout that keeps the fingerprint, where the "
+            "router cannot tell the revisions apart) rollouts advance by readiness alone, and "
+            "status.rollout.analysis says why."
+        ),
+    )
+    window_seconds: int = Field(
+        default=60,
+        ge=10,
+        le=3600,
+        description=(
+            "The figures of both revisions are taken over the last this many seconds, never from "
+            "before the rollout started. No traffic at all is only concluded from a whole window."
+        ),
+    )
+    min_attempts: int = Field(
+        default=20,
+        ge=1,
+        le=100000,
+        description=(
+            "Attempts each revision needs in the window before it is judged (attempts a client "
+            "ended itself are not counted). A rollout in which neither revision reaches it over a "
+            "whole window had no traffic: it proceeds unjudged, and status says so."
+        ),
+    )
+    max_error_ratio_increase: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description=(
+            "The new revision fails when its error ratio (errors / attempts) exceeds the old "
+            "revision's by more than this, beyond what chance explains at the attempts seen (a "
+            "one-sided 99% bound); more but not yet clearly more waits for more attempts."
+        ),
+    )
+    max_latency_ratio: float = Field(
+        default=2.0,
+        ge=1,
+        le=100,
+        description=(
+            "The new revision fails when its mean TTFT, or its mean TPOT, exceeds the old revision's "
+            "by more than this factor (means below 10 ms TTFT or 1 ms TPOT count as that much)."
+        ),
+    )
+
+
 class RolloutSpec(_Model):
     """How a change of the engines' pod template rolls out: both clusters and all three roles together."""
 
@@ -1014,6 +1072,10 @@ class RolloutSpec(_Model):
             "the kubelet's word at once and may refuse requests for a moment at each step. The engine "
             "StatefulSets get it as their minReadySeconds, so their AVAILABLE count agrees."
         ),
+    )
+    analysis: RolloutAnalysisSpec = Field(
+        default_factory=RolloutAnalysisSpec,
+        description="Judging a fingerprint-changing rollout by how the new revision serves.",
     )
 
 
@@ -1155,11 +1217,55 @@ class RoleRollout(_Model):
     old_ready: int = Field(default=0, description="Instances of the old revision ready.")
 
 
+class RevisionFigures(_Model):
+    """How one revision served over the analysis window (from the router's metrics)."""
+
+    fingerprint: str = Field(description="The revision's KV fingerprint.")
+    attempts: float = Field(description="Attempts served (client-ended ones left out).")
+    errors: float = Field(description="Attempts that failed.")
+    error_ratio: float | None = Field(default=None, description="errors / attempts (absent: no attempts).")
+    ttft_mean_seconds: float | None = Field(
+        default=None, description="Mean time to first token of the attempts that answered."
+    )
+    tpot_mean_seconds: float | None = Field(
+        default=None, description="Mean time per output token after the first."
+    )
+
+
+class RolloutAnalysis(_Model):
+    """The last verdict on the new revision (spec.rollout.analysis)."""
+
+    verdict: Literal["Pass", "Fail", "Wait", "Inconclusive", "NotJudged"] = Field(
+        description=(
+            "Pass; Fail (rolled back); Wait (too few attempts yet, or the figures are unknown); "
+            "Inconclusive (no traffic over a whole window: proceeds unjudged); NotJudged (readiness only)."
+        )
+    )
+    reason: str = Field(description="Why, with the figures that decided it.")
+    time: str | None = Field(default=None, description="When the figures were taken (RFC 3339).")
+    window_seconds: float | None = Field(default=None, description="The window the figures cover.")
+    new: RevisionFigures | None = Field(default=None, description="The new revision's figures.")
+    old: RevisionFigures | None = Field(default=None, description="The old revision's figures.")
+
+
+class FailedRevision(_Model):
+    """A revision the analysis failed and rolled back: not tried again while the spec asks for it."""
+
+    fingerprint: str = Field(description="Its KV fingerprint.")
+    revisions: dict[str, str] = Field(description="Each role's pod-template revision that failed.")
+    reason: str = Field(description="The figures that failed.")
+    time: str = Field(description="When it failed (RFC 3339).")
+
+
 class RolloutStatus(_Model):
     """A rollout in progress (absent when every role runs its desired revision only)."""
 
-    phase: Literal["Progressing", "Paused", "Stalled"] = Field(
-        description="Progressing; Paused (spec.rollout.paused); Stalled (no progress within the deadline)."
+    phase: Literal["Progressing", "Paused", "Stalled", "Failed"] = Field(
+        description=(
+            "Progressing; Paused (spec.rollout.paused); Stalled (no progress within the deadline); "
+            "Failed (the analysis failed the new revision: rolled back to the old one, which stays "
+            "until the spec asks for another revision)."
+        )
     )
     step: int = Field(description="Steps whose new instances are all ready.")
     steps: int = Field(description="Steps in all: the largest role's target divided by maxSurge.")
@@ -1168,6 +1274,12 @@ class RolloutStatus(_Model):
         description="When a new instance last became ready or an old one left (RFC 3339)."
     )
     roles: list[RoleRollout] = Field(default_factory=list, description="The roles being rolled.")
+    analysis: RolloutAnalysis | None = Field(
+        default=None, description="The last verdict on the new revision."
+    )
+    failed: FailedRevision | None = Field(
+        default=None, description="The revision rolled back (phase Failed), with the figures that failed."
+    )
 
 
 class PlannerDecision(_Model):
@@ -1288,7 +1400,13 @@ PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
         "name": "Rollout",
         "type": "string",
         "jsonPath": ".status.rollout.phase",
-        "description": "Progressing, Paused or Stalled while a rollout is in progress",
+        "description": "Progressing, Paused, Stalled, or Failed (rolled back) while a rollout is in progress",
+    },
+    {
+        "name": "Analysis",
+        "type": "string",
+        "jsonPath": ".status.rollout.analysis.verdict",
+        "description": "The last verdict on a rollout's new revision: Pass, Fail, Wait, Inconclusive, NotJudged",
     },
     {
         "name": "Reason",

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
-from prfaas_core.vocabulary import LABEL_INSTANCE, LABEL_NAME, LABEL_OWNER, LWS_KIND, Role
+from prfaas_core.vocabulary import LABEL_FINGERPRINT, LABEL_INSTANCE, LABEL_NAME, LABEL_OWNER, LWS_KIND, Role
 
 from prfaas_operator.planning import drain, workloads
 from prfaas_operator.planning.cache_pool import POOL_KINDS
@@ -67,7 +67,15 @@ def slot(workload: Mapping[str, Any], ready: int, settles_at: datetime | None = 
         ready=ready,
         settles_at=settles_at,
         live=workload,
+        fingerprint=template_fingerprint(workload),
     )
+
+
+def template_fingerprint(workload: Mapping[str, Any]) -> str:
+    """The KV fingerprint a StatefulSet's or LeaderWorkerSet's pod template is stamped with ("": none)."""
+    spec = workload.get("spec") or {}
+    template = spec.get("template") or (spec.get("leaderWorkerTemplate") or {}).get("workerTemplate") or {}
+    return str(((template.get("metadata") or {}).get("labels") or {}).get(LABEL_FINGERPRINT, ""))
 
 
 def cached_slots(

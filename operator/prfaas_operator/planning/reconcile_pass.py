@@ -40,6 +40,7 @@ from prfaas_operator.api import (
 )
 from prfaas_operator.planning import drain, rollout
 from prfaas_operator.planning.allocation import AllocationChoice, effective_allocation
+from prfaas_operator.planning.analysis import Observed, not_judged
 from prfaas_operator.planning.cache_pool import (
     leftover_pool_objects,
     pool_manifests,
@@ -119,6 +120,8 @@ class PassInput:
     generation: int | None
     previous: PrfaasDeploymentStatus
     now: Instant
+    observed: Observed | None = None
+    """The latest figures of the engines' revisions from Prometheus (rollout analysis; None: none taken)."""
 
 
 # ---- step 1: the allocation, the local drains and the PD cluster's children ----------------------
@@ -159,7 +162,7 @@ def plan_pd_engines(
     choice = effective_allocation(spec, previous.allocation)
     fingerprint = kv_fingerprint(spec.model)
     revisions = desired_revisions(spec, owner, choice.allocation, fingerprint)
-    rolled = decide_rollout(spec, revisions, previous, slots, now.wall)
+    rolled = decide_rollout(spec, revisions, previous, slots, now.wall, fingerprint, pass_input.observed)
     drains, notes = dict(drains), []
     local_roles = (Role.PD_PREFILL, Role.PD_DECODE)
     for role in local_roles:
@@ -194,8 +197,11 @@ def decide_rollout(
     previous: PrfaasDeploymentStatus,
     slots: Mapping[str, Sequence[Slot] | None],
     wall_now: datetime,
+    fingerprint: str,
+    observed: Observed | None = None,
 ) -> RolloutDecision:
-    """Each engine role's desired revision against its live slots: rollout.decide for all three."""
+    """Each engine role's desired revision against its live slots: rollout.decide for all three,
+    judged by `observed` where the spec lets the analysis judge."""
     seen = [
         RoleSeen(
             role=role,
@@ -204,10 +210,13 @@ def decide_rollout(
             revision=desired.revision,
             slots=tuple(slots.get(role) or ()),
             known=slots.get(role) is not None,
+            fingerprint=fingerprint,
         )
         for role, desired in revisions.items()
     ]
-    return rollout.decide(seen, spec.rollout, previous.rollout, wall_now)
+    return rollout.decide(
+        seen, spec.rollout, previous.rollout, wall_now, unjudged=not_judged(spec), observed=observed
+    )
 
 
 def drain_role(
@@ -218,12 +227,15 @@ def drain_role(
     now: float,
     drain_seconds: float,
 ) -> list[str]:
-    """The drain of one role: of its old slot while it rolls, else of its one StatefulSet."""
-    if plan.old is not None:
+    """The drain of one role: of its old slot while it rolls, of its new slot while a rollback
+    takes it down (the old one growing back), else of its one StatefulSet."""
+    live = next((slot.replicas for slot in slots or () if slot.name == plan.slot), None)
+    if plan.old is not None and (
+        live is None or plan.replicas >= live or plan.old_replicas < plan.old.replicas
+    ):
         return step_drain(
             drains, owner, plan.role, plan.old.name, plan.old_replicas, plan.old.replicas, now, drain_seconds
         )
-    live = next((slot.replicas for slot in slots or () if slot.name == plan.slot), None)
     return step_drain(drains, owner, plan.role, plan.slot, plan.replicas, live, now, drain_seconds)
 
 

@@ -20,6 +20,13 @@ changed role at a time) and Dynamo's managed rollout (new prefills only see new 
   by its ready capacity (router_config_builder, routing policy).
 - Paused: hold. No progress within the deadline: hold, say so, keep the old revision serving.
   Rollback: set the spec back; the old slot holds the desired revision again and the roles swap.
+- A rollout that changes the KV fingerprint is judged by how the new revision serves against
+  the old over the same window (analysis.py). Steps advance by readiness; the step that would
+  retire the old revision's last instances (the point of no return) waits for a Pass (or for
+  Inconclusive: no traffic). A Fail at any time rolls back by itself, the spec untouched (it is
+  the user's): as long as the spec asks for the failed revisions, the old slot is scaled back to
+  its target and the new one to 0 (drained out of the router config first), and phase Failed
+  records what failed, so that it is not tried again until the spec asks for another revision.
 """
 
 from __future__ import annotations
@@ -30,11 +37,20 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from prfaas_operator.api import RoleRollout, RolloutSpec, RolloutStatus
-from prfaas_operator.planning.status import rfc3339
+from prfaas_operator.api import (
+    FailedRevision,
+    RevisionFigures,
+    RoleRollout,
+    RolloutAnalysis,
+    RolloutSpec,
+    RolloutStatus,
+)
+from prfaas_operator.planning import analysis
+from prfaas_operator.planning.analysis import GATE_OPEN, Figures, Judgement, Observed, Verdict
+from prfaas_operator.planning.status import ANALYSIS_FAILED, rfc3339
 
 SECOND_SLOT = "b"
-PROGRESSING, PAUSED, STALLED = "Progressing", "Paused", "Stalled"
+PROGRESSING, PAUSED, STALLED, FAILED = "Progressing", "Paused", "Stalled", "Failed"
 
 
 def slot_names(workload: str) -> tuple[str, str]:
@@ -56,6 +72,8 @@ class Slot:
     """When the next of its ready pods will count in ``ready`` (None: no pod is waiting for that)."""
     live: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The StatefulSet as read: the old slot is kept with its own template."""
+    fingerprint: str = ""
+    """The KV fingerprint its pod template is stamped with."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +88,8 @@ class RoleSeen:
     slots: tuple[Slot, ...] = ()
     known: bool = True
     """False: its cluster could not be looked at this pass (a rollout then holds)."""
+    fingerprint: str = ""
+    """The KV fingerprint of the pod template the spec asks for now."""
 
 
 @dataclass(frozen=True)
@@ -100,12 +120,22 @@ class RolloutDecision:
     """(reason, message) worth a Normal event: started, a step reached, paused, stalled, done."""
     come_back_at: datetime | None = None
     """When a new instance will have been ready long enough to count: the next pass is due then."""
+    warning: tuple[str, str] | None = None
+    """(reason, message) worth a Warning event: the analysis failed the new revision."""
 
 
 def decide(
-    roles: Sequence[RoleSeen], spec: RolloutSpec, previous: RolloutStatus | None, wall_now: datetime
+    roles: Sequence[RoleSeen],
+    spec: RolloutSpec,
+    previous: RolloutStatus | None,
+    wall_now: datetime,
+    *,
+    unjudged: str | None = None,
+    observed: Observed | None = None,
 ) -> RolloutDecision:
-    """Each role's slots and replicas this pass, and the rollout's status."""
+    """Each role's slots and replicas this pass, and the rollout's status. `unjudged`: why the
+    spec keeps rollouts from being judged (analysis.not_judged); `observed`: the latest figures of
+    the revisions (None: none taken)."""
     placed = {role.role: _place(role) for role in roles}
     rolling = [role for role in roles if placed[role.role][2] is not None]
     if not rolling:
@@ -120,13 +150,47 @@ def decide(
     )
     now = rfc3339(wall_now)
     known = all(role.known for role in roles)
-    if previous is None or {r.role: r.revision for r in previous.roles} != {
+    failed = _failed(previous, rolling)
+    if failed is not None and previous is not None:
+        return _roll_back(roles, placed, new_ready, failed, previous, step, steps)
+    fresh = previous is None or {r.role: r.revision for r in previous.roles} != {
         r.role: r.revision for r in rolling
-    }:
-        fresh, started, last_progress = True, now, now
+    }
+    started = now if fresh or previous is None else previous.started_at
+    judgement = (
+        Judgement(Verdict.NOT_JUDGED, unjudged)
+        if unjudged is not None
+        else analysis.assess(
+            spec.analysis,
+            _old_fingerprint(rolling, placed),
+            rolling[0].fingerprint,
+            observed,
+            datetime.fromisoformat(started),
+            wall_now,
+        )
+    )
+    if judgement.verdict is Verdict.FAIL:
+        record = FailedRevision(
+            fingerprint=rolling[0].fingerprint,
+            revisions={r.role: r.revision for r in rolling},
+            reason=judgement.reason,
+            time=now,
+        )
+        base = RolloutStatus(
+            phase=PROGRESSING,
+            step=step,
+            steps=steps,
+            started_at=started,
+            last_progress_at=now,
+            analysis=_analysis_status(judgement),
+        )
+        return _roll_back(roles, placed, new_ready, record, base, step, steps)
+    gate_open = judgement.verdict in GATE_OPEN
+    if fresh or previous is None:
+        last_progress = now
     else:
-        fresh, started = False, previous.started_at
-        moved = _progress(previous) < _score(rolling, placed, new_ready) or previous.phase == PAUSED
+        opened = gate_open and previous.analysis is not None and previous.analysis.verdict not in GATE_OPEN
+        moved = _progress(previous) < _score(rolling, placed, new_ready) or previous.phase == PAUSED or opened
         last_progress = now if moved else previous.last_progress_at
     if spec.paused:
         phase = PAUSED
@@ -149,7 +213,7 @@ def decide(
         if hold:
             replicas, old_replicas = current_new, old.replicas
         else:
-            replicas, old_replicas = _step(role, spec.max_surge, step, steps, current_new, old)
+            replicas, old_replicas = _step(role, spec.max_surge, step, steps, current_new, old, gate_open)
         plans[role.role] = RolePlan(role.role, slot, replicas, old, old_replicas, retire=old.replicas == 0)
         summaries.append(
             RoleRollout(
@@ -170,6 +234,7 @@ def decide(
         started_at=started,
         last_progress_at=last_progress,
         roles=summaries,
+        analysis=_analysis_status(judgement),
     )
     new_slots = [placed[role.role][1] for role in rolling]
     settling = [slot.settles_at for slot in new_slots if slot is not None and slot.settles_at is not None]
@@ -216,19 +281,125 @@ def _level(target: int, step: int, steps: int) -> int:
 
 
 def _step(
-    role: RoleSeen, max_surge: int, step: int, steps: int, current_new: int, old: Slot
+    role: RoleSeen, max_surge: int, step: int, steps: int, current_new: int, old: Slot, gate_open: bool
 ) -> tuple[int, int]:
     """(new replicas, old replicas) once `step` steps are ready: the next step's new instances, as
     far as the surge bound allows beside what the old slot still runs, and the old slot shrunk by
-    what is ready (one kept until the last step, so the old revision stays workable)."""
+    what is ready (one kept until the last step, so the old revision stays workable, and after it
+    until the analysis lets the old revision go: `gate_open`)."""
     target = role.target
     ahead = _level(target, min(steps, step + 1), steps)
     room = max(target + max_surge - old.replicas, _level(target, step, steps))
     replicas = max(min(ahead, room), min(current_new, target))
-    if step >= steps:
+    if step >= steps and gate_open:
         return replicas, 0
     keep_one = 1 if old.replicas > 0 and target > 0 else 0
     return replicas, min(old.replicas, max(target - _level(target, step, steps), keep_one))
+
+
+def _failed(previous: RolloutStatus | None, rolling: Sequence[RoleSeen]) -> FailedRevision | None:
+    """The failed revision the spec still asks for (every rolling role's desired revision is the
+    one that failed), if any: the rollout stays rolled back."""
+    failed = previous.failed if previous is not None else None
+    if failed is None or not all(failed.revisions.get(r.role) == r.revision for r in rolling):
+        return None
+    return failed
+
+
+def _roll_back(
+    roles: Sequence[RoleSeen],
+    placed: Mapping[str, tuple[str, Slot | None, Slot | None]],
+    new_ready: Mapping[str, int],
+    failed: FailedRevision,
+    previous: RolloutStatus,
+    step: int,
+    steps: int,
+) -> RolloutDecision:
+    """The failed revision goes to 0 (the reconcile drains it out of the router config first) and
+    the old slot back to its target, as when the spec is set back, with the spec left as it is."""
+    plans: dict[str, RolePlan] = {}
+    summaries = []
+    for role in roles:
+        slot, _, old = placed[role.role]
+        if old is None:
+            plans[role.role] = RolePlan(role.role, slot, role.target)
+            continue
+        plans[role.role] = RolePlan(role.role, slot, 0, old, role.target)
+        summaries.append(
+            RoleRollout(
+                role=role.role,
+                target=role.target,
+                revision=role.revision,
+                replicas=0,
+                ready=new_ready[role.role],
+                old_revision=old.revision or None,
+                old_replicas=role.target,
+                old_ready=old.ready,
+            )
+        )
+    status = RolloutStatus(
+        phase=FAILED,
+        step=step,
+        steps=steps,
+        started_at=previous.started_at,
+        last_progress_at=previous.last_progress_at,
+        roles=summaries,
+        analysis=previous.analysis,
+        failed=failed,
+    )
+    warning = None
+    if previous.failed is None:
+        warning = (
+            ANALYSIS_FAILED,
+            f"the new revision (KV fingerprint {failed.fingerprint}) failed: {failed.reason}; "
+            "rolled back to the old revision, which is scaled back to its target; set the spec to "
+            "another revision to roll again",
+        )
+    back = all(r.old_ready >= r.target and r.ready == 0 for r in summaries)
+    was_back = previous.phase == FAILED and all(
+        r.old_ready >= r.target and r.ready == 0 for r in previous.roles
+    )
+    event = (
+        ("RolledBack", f"the old revision serves alone again: {_counts(status)}")
+        if back and not was_back
+        else None
+    )
+    return RolloutDecision(plans, status, event, warning=warning)
+
+
+def _old_fingerprint(
+    rolling: Sequence[RoleSeen], placed: Mapping[str, tuple[str, Slot | None, Slot | None]]
+) -> str | None:
+    """The KV fingerprint of the old revision, when every old slot agrees on one (None: not known)."""
+    found = {old.fingerprint for role in rolling if (old := placed[role.role][2]) is not None}
+    return found.pop() if len(found) == 1 else None
+
+
+def _analysis_status(judgement: Judgement) -> RolloutAnalysis:
+    def figures(fingerprint: str | None, of: Figures | None) -> RevisionFigures | None:
+        if fingerprint is None or of is None:
+            return None
+        return RevisionFigures(
+            fingerprint=fingerprint,
+            attempts=round(of.attempts, 1),
+            errors=round(of.errors, 1),
+            error_ratio=_rounded(of.error_ratio),
+            ttft_mean_seconds=_rounded(of.ttft_mean),
+            tpot_mean_seconds=_rounded(of.tpot_mean),
+        )
+
+    return RolloutAnalysis(
+        verdict=judgement.verdict.value,
+        reason=judgement.reason,
+        time=rfc3339(judgement.at) if judgement.at is not None else None,
+        window_seconds=round(judgement.window_seconds, 1) if judgement.window_seconds is not None else None,
+        new=figures(judgement.new_fingerprint, judgement.new),
+        old=figures(judgement.old_fingerprint, judgement.old),
+    )
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else float(f"{value:.4g}")
 
 
 def _score(
@@ -244,11 +415,15 @@ def _progress(previous: RolloutStatus) -> int:
     return sum(r.ready - r.old_replicas for r in previous.roles)
 
 
-def _event(previous: RolloutStatus | None, status: RolloutStatus, fresh: bool) -> tuple[str, str] | None:
-    counts = "; ".join(
+def _counts(status: RolloutStatus) -> str:
+    return "; ".join(
         f"{r.role} {r.ready}/{r.target} of {r.revision} ready, {r.old_replicas} of {r.old_revision or 'the old'}"
         for r in status.roles
     )
+
+
+def _event(previous: RolloutStatus | None, status: RolloutStatus, fresh: bool) -> tuple[str, str] | None:
+    counts = _counts(status)
     if fresh:
         return (
             "RolloutStarted",

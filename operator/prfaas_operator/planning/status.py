@@ -59,6 +59,7 @@ REVISION_AVAILABLE = "RevisionAvailable"
 ROLLOUT_IN_PROGRESS = "RolloutInProgress"
 ROLLOUT_PAUSED = "RolloutPaused"
 PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
+ANALYSIS_FAILED = "AnalysisFailed"
 POOL_READY = "PoolReady"
 MASTER_NOT_READY = "MasterNotReady"
 STORES_NOT_READY = "StoresNotReady"
@@ -225,7 +226,10 @@ def _counts(
     ready = seen.ready.get(role)
     if ready is None:  # not observed: as last seen
         return RoleCounts(desired=desired, ready=previous.ready, rolling=previous.rolling)
-    in_rollout = rollout is not None and any(r.role == role for r in rollout.roles)
+    # a rolled-back rollout (Failed) holds until the spec changes: the planner need not wait for it
+    in_rollout = (
+        rollout is not None and rollout.phase != "Failed" and any(r.role == role for r in rollout.roles)
+    )
     return RoleCounts(desired=desired, ready=ready, rolling=in_rollout or role in seen.rolling)
 
 
@@ -321,9 +325,20 @@ def _rollout_condition(inputs: StatusInputs) -> Condition:
     stuck = scheduling_problem(new_pods, "new-revision")
     waiting = next((f"{p.name} waits: {p.waiting}" for p in new_pods if p.waiting and not p.ready), None)
     why = "; ".join(text for text in (stuck.message if stuck else None, waiting) if text)
+    if rollout.phase == "Failed" and rollout.failed is not None:
+        message = (
+            f"the analysis failed the new revision (KV fingerprint {rollout.failed.fingerprint}) at "
+            f"{rollout.failed.time}: {rollout.failed.reason}; rolled back: the old revision is scaled back to "
+            f"its target and the new one drained and scaled to 0, until the spec asks for another revision. "
+            f"{counts}"
+        )
+        return _condition(kind, False, ANALYSIS_FAILED, message, inputs)
     if rollout.phase == "Stalled":
-        behind = (
-            ", ".join(r.role for r in rollout.roles if r.ready < r.replicas) or "the old revision's drain"
+        judged = rollout.analysis
+        behind = ", ".join(r.role for r in rollout.roles if r.ready < r.replicas) or (
+            f"the analysis of the new revision to retire the old one ({judged.verdict}: {judged.reason})"
+            if judged is not None and judged.verdict not in ("Pass", "Inconclusive", "NotJudged")
+            else "the old revision's drain"
         )
         message = (
             f"no progress since {rollout.last_progress_at} (spec.rollout.progressDeadlineSeconds); waiting for "
@@ -333,6 +348,8 @@ def _rollout_condition(inputs: StatusInputs) -> Condition:
         return _condition(kind, False, PROGRESS_DEADLINE_EXCEEDED, message, inputs)
     if rollout.phase == "Paused":
         return _condition(kind, False, ROLLOUT_PAUSED, f"paused (spec.rollout.paused) at {progress}", inputs)
+    if rollout.analysis is not None:
+        progress += f"; analysis {rollout.analysis.verdict}: {rollout.analysis.reason}"
     return _condition(kind, True, ROLLOUT_IN_PROGRESS, f"{progress}{f'; {why}' if why else ''}", inputs)
 
 

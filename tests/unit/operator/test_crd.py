@@ -115,6 +115,7 @@ def test_names_and_subresources(manifest: dict[str, Any]) -> None:
         "Local-Prefill",
         "Decode",
         "Rollout",
+        "Analysis",
         "Reason",
         "Age",
     ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -20,6 +20,7 @@ from prfaas_operator.adapters.kube import SECRET_NOT_FOUND, UNREACHABLE
 from prfaas_operator.api import Allocation, PrfaasDeploymentSpec, PrfaasDeploymentStatus, RoleCounts
 from prfaas_operator.planning import remote_backoff
 from prfaas_operator.planning.allocation import effective_allocation
+from prfaas_operator.planning.analysis import Figures, Observed
 from prfaas_operator.planning.drain import Drain
 from prfaas_operator.planning.fingerprint import kv_fingerprint
 from prfaas_operator.planning.manifests import Names, Owner, engine_roles, engine_workload, revision_of
@@ -527,3 +528,66 @@ def test_a_new_shape_rolls_a_pool_from_its_statefulset_to_a_leader_worker_set_be
     plan = RolePlan(Role.PRFAAS_PREFILL, f"{NAMES.prfaas_prefill}-b", 4, old=old_slot, retire=True)
     decision = RolloutDecision(roles={Role.PRFAAS_PREFILL: plan}, status=None)
     assert retired(decision, [Role.PRFAAS_PREFILL], "ns") == [("StatefulSet", "ns", NAMES.prfaas_prefill)]
+
+
+# ---- rollout analysis: a failed revision rolled back through the drain ------------------------
+
+
+def test_a_failed_revision_leaves_the_router_config_before_its_statefulsets_shrink_to_0() -> None:
+    """The pass after the analysis failed the new revision: each role's new slot is held at its
+    replicas while the router config lists none of its pods (the drain), and the old slot is
+    scaled back to its target; the spec is left as it is."""
+    analysed = {"planner.mode": "Advisory", "planner.prometheusUrl": "http://127.0.0.1:9090"}
+    old_spec, new_spec = spec(**analysed), spec(**analysed, **{"model.image": "lmsysorg/sglang:v0.5.24"})
+    old_fp, new_fp = kv_fingerprint(old_spec.model), kv_fingerprint(new_spec.model)
+    allocation = effective_allocation(new_spec, None).allocation
+    old_roles = {e.role: e for e in engine_roles(old_spec, OWNER, allocation)}
+    slots: dict[str, Sequence[Slot] | None] = {}
+    remote, local = [], []
+    for engine in engine_roles(new_spec, OWNER, allocation):
+        old_live = engine_workload(old_spec.model, old_roles[engine.role], OWNER, old_fp)
+        new_live = engine_workload(new_spec.model, engine, OWNER, new_fp)
+        n = engine.replicas
+        slots[engine.role] = [
+            Slot(engine.name, revision_of(old_live), n - 1, n - 1, live=old_live, fingerprint=old_fp),
+            Slot(f"{engine.name}-b", revision_of(new_live), 1, 1, live=new_live, fingerprint=new_fp),
+        ]
+        base = {Role.PRFAAS_PREFILL: 1, Role.PD_PREFILL: 2, Role.PD_DECODE: 3}[engine.role]
+        found = [
+            *pods(engine.name, engine.role, n - 1, old_fp),
+            PodInfo(f"{engine.name}-b-0", engine.role, new_fp, f"10.{base}.1.1", True),
+        ]
+        (remote if engine.role == Role.PRFAAS_PREFILL else local).extend(found)
+    memory = Memory({})
+    wall = datetime(2026, 1, 1, tzinfo=UTC)
+    first = plan_pd_engines(
+        PassInput(new_spec, OWNER, 1, PrfaasDeploymentStatus(), Instant(100.0, wall)), {}, slots, OPTIONS
+    )
+    assert first.rollout.status is not None and first.rollout.status.phase == "Progressing"
+    previous = PrfaasDeploymentStatus(rollout=first.rollout.status)
+    later = wall + timedelta(seconds=40)
+    broken = Observed(later, 40, {new_fp: Figures(40, 20, 4, 20), old_fp: Figures(80, 0, 16, 80)})
+    pass_input = PassInput(new_spec, OWNER, 1, previous, Instant(140.0, later), broken)
+    engines = plan_pd_engines(pass_input, memory.drains, slots, OPTIONS)
+    assert engines.rollout.status is not None and engines.rollout.status.phase == "Failed"
+    assert engines.rollout.warning is not None and engines.rollout.warning[0] == "AnalysisFailed"
+    for workload, target in ((NAMES.pd_prefill, 3), (NAMES.pd_decode, 5)):
+        assert statefulset(engines.manifests, f"{workload}-b")["spec"]["replicas"] == 1, "held while draining"
+        assert statefulset(engines.manifests, workload)["spec"]["replicas"] == target
+        assert engines.drains[
+            {NAMES.pd_prefill: Role.PD_PREFILL, NAMES.pd_decode: Role.PD_DECODE}[workload]
+        ] == Drain(f"{workload}-b", 0, 1)
+    remote_seen = PrefillClusterSeen(seen(remote), True, slots[Role.PRFAAS_PREFILL])
+    plan = plan_router_and_prefill_cluster(pass_input, engines, remote_seen, seen(local), None, None, OPTIONS)
+    assert plan.drains[Role.PRFAAS_PREFILL] == Drain(f"{NAMES.prfaas_prefill}-b", 0, 1)
+    assert statefulset(plan.prefill_cluster_manifests, NAMES.prfaas_prefill)["spec"]["replicas"] == 4
+    config = plan.router_config.config
+    assert config is not None
+    assert {e.fingerprint for pool in Pool for e in config.pools.of(pool)} == {old_fp}
+    conclusion = conclude_pass(
+        pass_input, engines, plan, (seen(remote), seen(local)), Applies(), None, OPTIONS
+    )
+    status, reason, message = condition(conclusion.status, "RolloutProgressing")
+    assert (status, reason) == ("False", "AnalysisFailed")
+    assert "error ratio 50.0% (20/40) vs 0.0% (0/80)" in message and new_fp in message
+    assert not conclusion.status.pd_decode.rolling, "a rolled-back rollout does not hold the planner"

@@ -14,7 +14,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from prfaas_operator.api import RolloutSpec, RolloutStatus
 from prfaas_operator.planning import rollout
+from prfaas_operator.planning.analysis import Figures, Observed
 from prfaas_operator.planning.rollout import (
+    FAILED,
     PAUSED,
     PROGRESSING,
     STALLED,
@@ -51,9 +53,14 @@ def applied(
     for role in roles:
         plan = decision.roles[role.role]
         ready = plan.replicas if ready_new else 0
-        slots = [Slot(plan.slot, role.revision, plan.replicas, ready)]
+        slots = [Slot(plan.slot, role.revision, plan.replicas, ready, fingerprint=role.fingerprint)]
         if plan.old is not None and not plan.retire:
-            slots.append(Slot(plan.old.name, plan.old.revision, plan.old_replicas, plan.old_replicas))
+            old = plan.old
+            slots.append(
+                Slot(
+                    old.name, old.revision, plan.old_replicas, plan.old_replicas, fingerprint=old.fingerprint
+                )
+            )
         after.append(replace(role, slots=tuple(slots)))
     return after
 
@@ -257,3 +264,175 @@ def test_an_instance_still_settling_holds_the_step_and_asks_for_a_pass_when_it_c
     assert second.come_back_at == due
     assert second.status is not None and second.status.step == 0
     assert {r: p.old_replicas for r, p in second.roles.items()} == TARGETS  # the old revision serves on
+
+
+# ---- analysis: a fingerprint-changing rollout judged by how the new revision serves ----------
+
+OLD_FP, NEW_FP = "aaaaaaaaaaaa", "bbbbbbbbbbbb"
+GOOD, BROKEN = Figures(40, 0, 8, 40, 0.8, 40), Figures(40, 20, 4, 20, 0.4, 20)
+
+
+def layouts(revision: str = "r2", fingerprint: str = NEW_FP) -> list[RoleSeen]:
+    """Every role at its target running r1 (KV fingerprint OLD_FP), the spec asking for `revision`."""
+    roles = [
+        replace(r, fingerprint=fingerprint, slots=tuple(replace(s, fingerprint=OLD_FP) for s in r.slots))
+        for r in settled("r1")
+    ]
+    return wanting(roles, revision)
+
+
+def figures(new: Figures, at: datetime, old: Figures = GOOD) -> Observed:
+    """The revisions' figures over the 60 s before `at` (the rollouts below start at T0)."""
+    return Observed(at, min(60.0, (at - T0).total_seconds()), {NEW_FP: new, OLD_FP: old})
+
+
+def judged_run(
+    roles: list[RoleSeen],
+    spec: RolloutSpec,
+    new: Figures | None,
+    *,
+    passes: int = 30,
+    status: RolloutStatus | None = None,
+    start: int = 0,
+    old: Figures = GOOD,
+) -> tuple[list[RolloutDecision], list[RoleSeen]]:
+    """Passes 5 s apart with the new revision serving as `new` (None: no figures at all)."""
+    decisions = []
+    for n in range(start, start + passes):
+        now = T0 + timedelta(seconds=5 * n)
+        seen = figures(new, now, old) if new is not None and n > 0 else None
+        decision = decide(roles, spec, status, now, observed=seen)
+        decisions.append(decision)
+        status = decision.status
+        roles = applied(roles, decision)
+        if status is None or status.phase == FAILED:
+            break
+    return decisions, roles
+
+
+def test_a_failing_revision_is_rolled_back_by_itself() -> None:
+    roles = layouts()
+    first = decide(roles, RolloutSpec(), None, T0)
+    world = applied(roles, first)  # step 1's new instances ready, serving
+    failing = decide(
+        world,
+        RolloutSpec(),
+        first.status,
+        T0 + timedelta(seconds=20),
+        observed=figures(BROKEN, T0 + timedelta(seconds=20)),
+    )
+    status = failing.status
+    assert status is not None and status.phase == FAILED and status.failed is not None
+    assert status.failed.revisions == dict.fromkeys(TARGETS, "r2") and status.failed.fingerprint == NEW_FP
+    assert "error ratio 50.0% (20/40) vs 0.0% (0/40)" in status.failed.reason
+    assert status.analysis is not None and status.analysis.verdict == "Fail"
+    assert status.analysis.new is not None and status.analysis.new.error_ratio == 0.5
+    # the new slot goes to 0 (the reconcile drains it first), the old one back to its target
+    assert {r: (p.slot, p.replicas, p.old_replicas) for r, p in failing.roles.items()} == {
+        role: (f"demo-{role}-b", 0, n) for role, n in TARGETS.items()
+    }
+    assert failing.warning is not None and failing.warning[0] == "AnalysisFailed"
+    assert "error ratio 50.0%" in failing.warning[1]
+    # the spec still asks for r2: it stays rolled back, with no second warning, even once the
+    # figures look fine again (the failed revision serves nothing now)
+    world = applied(world, failing)
+    later = decide(
+        world,
+        RolloutSpec(),
+        status,
+        T0 + timedelta(seconds=30),
+        observed=figures(GOOD, T0 + timedelta(seconds=30)),
+    )
+    assert later.status is not None and later.status.phase == FAILED and later.warning is None
+    assert later.event is not None and later.event[0] == "RolledBack"
+    assert all(p.replicas == 0 and p.old_replicas == TARGETS[r] for r, p in later.roles.items())
+    again = decide(applied(world, later), RolloutSpec(), later.status, T0 + timedelta(seconds=3600))
+    assert again.status is not None and again.status.phase == FAILED and again.event is None
+
+
+def test_a_fail_rolls_back_even_while_paused_or_stalled() -> None:
+    roles = layouts()
+    first = decide(roles, RolloutSpec(paused=True), None, T0)
+    failing = decide(
+        applied(roles, first),
+        RolloutSpec(paused=True),
+        first.status,
+        T0 + timedelta(seconds=20),
+        observed=figures(BROKEN, T0 + timedelta(seconds=20)),
+    )
+    assert failing.status is not None and failing.status.phase == FAILED
+
+
+def test_another_revision_after_a_fail_starts_a_fresh_rollout_and_setting_it_back_finishes() -> None:
+    decisions, world = judged_run(layouts(), RolloutSpec(), BROKEN)
+    assert decisions[-1].status is not None and decisions[-1].status.phase == FAILED
+    failed_status = decisions[-1].status
+    world = applied(world, decide(world, RolloutSpec(), failed_status, T0 + timedelta(seconds=200)))
+    fresh = decide(wanting(world, "r3"), RolloutSpec(), failed_status, T0 + timedelta(seconds=300))
+    assert fresh.status is not None and fresh.status.phase == PROGRESSING and fresh.status.failed is None
+    assert fresh.event is not None and fresh.event[0] == "RolloutStarted"
+    assert all(p.old is not None and p.old.revision == "r1" for p in fresh.roles.values())
+    # set back to r1 instead: the failed slot (at 0) is retired and the rollout is over
+    back = decide(wanting(world, "r1"), RolloutSpec(), failed_status, T0 + timedelta(seconds=300))
+    assert all(p.retire for p in back.roles.values())
+    done = decide(
+        applied(wanting(world, "r1"), back), RolloutSpec(), back.status, T0 + timedelta(seconds=305)
+    )
+    assert done.status is None
+
+
+def test_the_point_of_no_return_waits_for_a_pass() -> None:
+    """Steps advance by readiness; the old revision's last instances stay until the verdict is Pass."""
+    waiting, world = judged_run(layouts(), RolloutSpec(), Figures(5, 0, 1, 5, 0.1, 5))  # too few attempts
+    last = waiting[-1]
+    assert last.status is not None and last.status.step == last.status.steps
+    assert last.status.analysis is not None and last.status.analysis.verdict == "Wait"
+    assert {r: (p.replicas, p.old_replicas) for r, p in last.roles.items()} == {
+        r: (n, 1) for r, n in TARGETS.items()
+    }
+    passed, final = judged_run(world, RolloutSpec(), GOOD, status=last.status, start=30)
+    assert passed[-1].status is None and passed[-1].event is not None and passed[-1].event[0] == "RolloutDone"
+    assert all(len(r.slots) == 1 and r.slots[0].revision == "r2" for r in final)
+
+
+def test_a_wait_past_the_deadline_stalls_and_a_pass_then_resumes() -> None:
+    spec = RolloutSpec(progress_deadline_seconds=60)
+    decisions, world = judged_run(layouts(), spec, None, passes=60)  # no figures ever
+    stalled = decisions[-1].status
+    assert stalled is not None and stalled.phase == STALLED and stalled.step == stalled.steps
+    assert stalled.analysis is not None and stalled.analysis.reason == "no figures taken yet"
+    now = T0 + timedelta(seconds=400)
+    resumed = decide(world, spec, stalled, now, observed=figures(GOOD, now))
+    assert resumed.status is not None and resumed.status.phase == PROGRESSING
+    assert all(p.old_replicas == 0 for p in resumed.roles.values())
+
+
+def test_no_traffic_over_a_whole_window_proceeds_unjudged() -> None:
+    decisions, final = judged_run(layouts(), RolloutSpec(), Figures(), old=Figures())
+    assert decisions[-1].status is None
+    inconclusive = [d.status.analysis for d in decisions if d.status is not None and d.status.analysis]
+    assert inconclusive[-1].verdict == "Inconclusive"
+    assert all(r.slots[0].revision == "r2" for r in final)
+
+
+@pytest.mark.parametrize(
+    ("roles", "unjudged", "says"),
+    [
+        (layouts(), "no spec.planner.prometheusUrl to read the revisions' figures from", "prometheusUrl"),
+        (layouts(fingerprint=OLD_FP), None, "cannot tell the revisions apart"),
+    ],
+)
+def test_without_analysis_a_rollout_advances_by_readiness_and_says_why(
+    roles: list[RoleSeen], unjudged: str | None, says: str
+) -> None:
+    status = None
+    for n in range(30):
+        decision = decide(roles, RolloutSpec(), status, T0 + timedelta(seconds=5 * n), unjudged=unjudged)
+        if decision.status is not None:
+            assert decision.status.analysis is not None and decision.status.analysis.verdict == "NotJudged"
+            assert says in decision.status.analysis.reason
+        status = decision.status
+        roles = applied(roles, decision)
+        if status is None:
+            break
+    assert status is None and all(r.slots[0].revision == "r2" for r in roles)
