@@ -36,7 +36,17 @@ REVISION_TPOT_SECONDS = (
 FINGERPRINT_LABEL = "fingerprint"
 OUTCOME_OK = "ok"
 # outcomes of an attempt that say nothing about the engines (the client's doing): not errors
-CLIENT_OUTCOMES = frozenset({"client_disconnected", "client_stalled"})
+OUTCOME_CLIENT_DISCONNECTED = "client_disconnected"
+OUTCOME_CLIENT_STALLED = "client_stalled"
+CLIENT_OUTCOMES = frozenset({OUTCOME_CLIENT_DISCONNECTED, OUTCOME_CLIENT_STALLED})
+# the engines' failures among the other outcomes (the rest: the engine's refusal, e.g. bad_request,
+# and the router's own: answer_budget, router_error): a leg that failed before the client got
+# anything, by the leg at fault, or either leg reporting that the KV handoff failed; and an error
+# after the stream had begun
+OUTCOME_PREFILL_FAILED = "prefill_failed"
+OUTCOME_DECODE_FAILED = "decode_failed"
+OUTCOME_KV_TRANSFER_FAILED = "kv_transfer_failed"
+OUTCOME_STREAM_ERROR = "stream_error"
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
 
 # engine metrics (SGLang names; the fake engine exports the same)

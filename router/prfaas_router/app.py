@@ -232,6 +232,7 @@ class RouterService:
                 self.metrics.engine_reports_refused,
             ):
                 metric.remove(gone.pool.value, gone.name)
+        self.metrics.revisions.serve(worker.fingerprint for worker in self.fleet.workers())
         self.snapshot = Snapshot(config, model, indexes)
         self.metrics.threshold.set(config.threshold_tokens)
         self.metrics.config_version.set(config.version)

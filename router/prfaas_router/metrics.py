@@ -8,7 +8,7 @@ for operators and dashboards only.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Generic, TypeVar
 
 from prfaas_core import metrics_contract as contract
@@ -101,6 +101,9 @@ class _LoopFamily(Collector, Generic[Series]):
             series = self._series[values] = self._new()
         return series
 
+    def remove(self, *values: str) -> None:
+        self._series.pop(values, None)
+
     def _new(self) -> Series:
         raise NotImplementedError
 
@@ -140,6 +143,83 @@ class LoopHistograms(_LoopFamily[LoopHistogram]):
                 buckets.append((floatToGoString(bound), float(cumulative)))
             family.add_metric(list(values), buckets, histogram.sum)
         yield family
+
+
+class _Revision:
+    """The series of one revision (KV fingerprint), looked up once per config, not per attempt."""
+
+    __slots__ = ("outcomes", "tpot", "ttft")
+
+    def __init__(self, outcomes: dict[str, LoopCount], ttft: LoopHistogram, tpot: LoopHistogram) -> None:
+        self.outcomes = outcomes
+        self.ttft = ttft
+        self.tpot = tpot
+
+
+class RevisionMetrics:
+    """Every attempt on a prefill/decode pair, by the pair's KV fingerprint (the engines' revision):
+    its outcome, and TTFT and TPOT of those that answered, so a rollout can compare a new revision
+    with the old over the same window.
+
+    Only the fingerprints the config lists have series (`serve`): a revision the config drops
+    loses its series at once, and an attempt of it that ends later is not counted, so the labels
+    stay bounded by the revisions the config names (two during a rollout).
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        label = contract.FINGERPRINT_LABEL
+        self._attempts = LoopCounters(
+            contract.REVISION_ATTEMPTS_TOTAL,
+            "Attempts on a prefill/decode pair by the pair's KV fingerprint and outcome (a retried "
+            "request counts once per attempt)",
+            [label, "outcome"],
+            registry,
+        )
+        self._ttft = LoopHistograms(
+            contract.REVISION_TTFT_SECONDS,
+            "From an attempt's start to its decode's first answer bytes, by KV fingerprint",
+            [label],
+            registry,
+            contract.TTFT_BUCKETS,
+        )
+        self._tpot = LoopHistograms(
+            contract.REVISION_TPOT_SECONDS,
+            "Mean seconds per output token after the first of a streamed answer, by KV fingerprint",
+            [label],
+            registry,
+            contract.TPOT_BUCKETS,
+        )
+        self._live: dict[str, _Revision] = {}
+
+    def serve(self, fingerprints: Iterable[str]) -> None:
+        """The fingerprints the config lists now: new ones get their series (at zero), the others
+        lose theirs."""
+        listed = set(fingerprints)
+        for gone in self._live.keys() - listed:
+            for outcome in self._live.pop(gone).outcomes:
+                self._attempts.remove(gone, outcome)
+            self._ttft.remove(gone)
+            self._tpot.remove(gone)
+        for fingerprint in listed - self._live.keys():
+            self._live[fingerprint] = _Revision(
+                {contract.OUTCOME_OK: self._attempts.labels(fingerprint, contract.OUTCOME_OK)},
+                self._ttft.labels(fingerprint),
+                self._tpot.labels(fingerprint),
+            )
+
+    def attempt(self, fingerprint: str, outcome: str, ttft: float | None, tpot: float | None) -> None:
+        """One attempt's end; ignored for a fingerprint the config no longer lists."""
+        revision = self._live.get(fingerprint)
+        if revision is None:
+            return
+        count = revision.outcomes.get(outcome)
+        if count is None:
+            count = revision.outcomes[outcome] = self._attempts.labels(fingerprint, outcome)
+        count.inc()
+        if ttft is not None:
+            revision.ttft.observe(ttft)
+        if tpot is not None:
+            revision.tpot.observe(tpot)
 
 
 class RouterMetrics:
@@ -190,6 +270,7 @@ class RouterMetrics:
             r,
             contract.TTFT_BUCKETS,
         )
+        self.revisions = RevisionMetrics(r)
         self.threshold = Gauge(contract.THRESHOLD_TOKENS, "Current offload threshold t in tokens", registry=r)
         self.config_version = Gauge(contract.CONFIG_VERSION, "Version of the config in use", registry=r)
         self.config_errors = Counter(

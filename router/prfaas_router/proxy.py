@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from prfaas_core import metrics_contract as contract
 from prfaas_core.router_config import RouterConfig
 from prfaas_core.routing.policy import (
     Decision,
@@ -155,6 +156,27 @@ class _Refused(Exception):
 
 
 OUTCOME_ANSWER_BUDGET = "answer_budget"
+OUTCOME_ROUTER_ERROR = "router_error"
+"""An attempt ended by an exception raised inside the router (answered 500, no engine blamed)."""
+
+
+def failure_outcome(failure: LegFailure) -> str:
+    """The revision outcome of an attempt that failed on a leg (`RevisionMetrics`): a KV handoff
+    either leg reported failed, else the leg held at fault."""
+    if failure.handoff:
+        return contract.OUTCOME_KV_TRANSFER_FAILED
+    return (
+        contract.OUTCOME_DECODE_FAILED
+        if failure.worker.pool is Pool.DECODE
+        else contract.OUTCOME_PREFILL_FAILED
+    )
+
+
+def time_per_output_token(seconds: float, output_tokens: int, samples: int) -> float | None:
+    """TPOT of a stream that took `seconds` from its first event to its end: the mean time of
+    each sample's tokens after its first; None below two tokens a sample (no interval to time)."""
+    per_sample = output_tokens / samples
+    return seconds / (per_sample - 1) if per_sample >= 2 else None
 
 
 def over_budget(error: AnswerBudgetExceeded) -> _Refused:
@@ -433,12 +455,16 @@ class Dispatcher:
             bytes_per_token=answers.bytes_per_token,
             cap_bytes=answers.cap_bytes,
         )
-        lease = _Lease(self, decision, time.monotonic())
+        started = time.monotonic()
+        lease = _Lease(self, decision, started)
         prefill_leg = self._prefill_leg(target(prefill.url, path), payload, headers, limit)
         prefill_leg.add_done_callback(lambda task: self._prefill_done(task, exchange, snapshot, lease))
         decode_task = self._decode_leg(target(decode.url, path), payload, headers, parsed.stream, limit)
         response: Reply | None = None
         delivered = False
+        outcome = OUTCOME_ROUTER_ERROR
+        answered: float | None = None
+        tpot: float | None = None
         try:
             await _first_ended(prefill_leg, decode_task)
             if not decode_task.done():
@@ -452,24 +478,39 @@ class Dispatcher:
                 lease.decode_failed = True
                 judged = await self._judge_decode(failure, prefill_leg, prefill)
                 raise judged from (None if judged is failure else failure)
+            answered = time.monotonic()
             lease.decode_answered = True
             decode.breaker.record_success()
             self._learn(exchange, snapshot, lease)  # the decode answered: the KV reached it
             if parsed.stream:
-                delivered = await self._stream(exchange, decision, lease, response, first)
+                outcome, tpot = await self._stream(exchange, decision, lease, response, first, answered)
+                delivered = outcome not in contract.CLIENT_OUTCOMES
                 return None
             delivered = True
+            outcome = contract.OUTCOME_OK
             return self._complete(exchange, decision, response, first)
+        except LegFailure as failure:
+            outcome = failure_outcome(failure)
+            raise
         except _Refused as refused:
+            outcome = refused.outcome
             self._metrics.requests.labels(decision.route, refused.outcome).inc()
             return error_response(
                 refused.error, exchange.request_id, route=decision.route, reason=decision.reason.value
             )
         except asyncio.CancelledError:  # the client went away (the listener cancels the handler)
+            outcome = (
+                contract.OUTCOME_CLIENT_STALLED
+                if lease.client_stalled
+                else contract.OUTCOME_CLIENT_DISCONNECTED
+            )
             if not lease.client_stalled:
-                self._metrics.requests.labels(decision.route, "client_disconnected").inc()
+                self._metrics.requests.labels(decision.route, outcome).inc()
             raise
         finally:
+            self._metrics.revisions.attempt(
+                decode.fingerprint, outcome, None if answered is None else answered - started, tpot
+            )
             if not decode_task.done():
                 decode_task.cancel()
             if response is not None:
@@ -530,7 +571,7 @@ class Dispatcher:
         """Counts a leg's failure against the engine at fault (`at_fault`); the failure to retry around."""
         if at_fault(reports_handoff=failure.handoff, other_leg_out=other_leg_out) is Culprit.OTHER_LEG:
             self.count_failure(other)
-            return LegFailure(other, f"its peer reported a failed KV handoff ({failure})")
+            return LegFailure(other, f"its peer reported a failed KV handoff ({failure})", handoff=True)
         self.count_failure(failure.worker, fatal=failure.unreachable)
         return failure
 
@@ -631,13 +672,21 @@ class Dispatcher:
         )
 
     async def _stream(
-        self, exchange: Exchange, decision: Decision, lease: _Lease, reply: Reply, first: bytes
-    ) -> bool:
-        """Streams the decode's reply; False when the client went away before the end."""
+        self,
+        exchange: Exchange,
+        decision: Decision,
+        lease: _Lease,
+        reply: Reply,
+        first: bytes,
+        answered: float,
+    ) -> tuple[str, float | None]:
+        """Streams the decode's reply, whose first event came at `answered`: the attempt's outcome
+        (`ok`, `stream_error`, or the client's doing when it went away before the end) and the
+        stream's TPOT when it completed."""
         metrics = self._metrics
         request = exchange.http
         counter = _EventCounter()
-        outcome = "ok"
+        outcome = contract.OUTCOME_OK
         try:
             parsed = exchange.parsed
             max_events = parsed.max_output_tokens * parsed.samples + STREAM_EVENT_MARGIN
@@ -666,17 +715,17 @@ class Dispatcher:
                 await reply.relay(relay.send)
             except UpstreamError as err:
                 if not relay.client_gone:
-                    outcome = "stream_error"
+                    outcome = contract.OUTCOME_STREAM_ERROR
                     lease.decode_failed = True
                     request.write(self._stream_failed(exchange, decision, err))
             finally:
                 timer.cancel()
             if relay.client_gone:
                 raise ConnectionResetError("the client went away")
-            if counter.failed and outcome == "ok":
+            if counter.failed and outcome == contract.OUTCOME_OK:
                 # the engine's own error event reached the client (SGLang ends with it and
                 # [DONE]); after tokens the KV had arrived, so the failure is the decode's
-                outcome = "stream_error"
+                outcome = contract.OUTCOME_STREAM_ERROR
                 lease.decode_failed = True
                 log.warning(
                     "request %s: decode %s sent an error event mid-stream",
@@ -686,16 +735,20 @@ class Dispatcher:
                 self.count_failure(decision.decode)
             request.end_stream()
         except ConnectionResetError:
-            if not lease.client_stalled:
-                metrics.requests.labels(decision.route, "client_disconnected").inc()
-            return False
-        self._finish(exchange, decision, outcome, counter.output_tokens())
-        return True
+            if lease.client_stalled:
+                return contract.OUTCOME_CLIENT_STALLED, None
+            metrics.requests.labels(decision.route, contract.OUTCOME_CLIENT_DISCONNECTED).inc()
+            return contract.OUTCOME_CLIENT_DISCONNECTED, None
+        tokens = counter.output_tokens()
+        self._finish(exchange, decision, outcome, tokens)
+        if outcome != contract.OUTCOME_OK:
+            return outcome, None
+        return outcome, time_per_output_token(time.monotonic() - answered, tokens, exchange.parsed.samples)
 
     def _client_stalled(self, exchange: Exchange, decision: Decision, lease: _Lease) -> None:
         """A streaming client read nothing for the stall time: its fault, no engine's."""
         lease.client_stalled = True
-        self._metrics.requests.labels(decision.route, "client_stalled").inc()
+        self._metrics.requests.labels(decision.route, contract.OUTCOME_CLIENT_STALLED).inc()
         log.warning(
             "request %s: the client read nothing for %g s with its backlog full; aborted on both legs",
             exchange.request_id,
@@ -718,7 +771,7 @@ class Dispatcher:
 
     def _complete(self, exchange: Exchange, decision: Decision, reply: Reply, body: bytes) -> Answer:
         out = Answer(reply.status, body, _reply_headers(reply, exchange, decision))
-        self._finish(exchange, decision, "ok", completion_tokens(body))
+        self._finish(exchange, decision, contract.OUTCOME_OK, completion_tokens(body))
         return out
 
     def _finish(
@@ -730,7 +783,7 @@ class Dispatcher:
         metrics.uncached_tokens.labels(decision.route).observe(decision.uncached_tokens)
         if output_tokens is not None:
             metrics.output_tokens.observe(output_tokens)
-        if exchange.session_key and outcome == "ok":
+        if exchange.session_key and outcome == contract.OUTCOME_OK:
             self._sessions.put(
                 exchange.session_key, SessionPin(decision.route, decision.prefill.name, decision.decode.name)
             )
@@ -759,6 +812,7 @@ class _Lease:
         self.decision = decision
         decision.prefill.begin(now, decision.uncached_tokens, decision.prefill_seconds)
         decision.decode.begin(now, decision.total_tokens, 0.0)
+        decision.decode.expect(decision.kv_claim)
         dispatcher.link_inflight_bytes += decision.link_bytes
         inflight = dispatcher.inflight_tokens
         inflight[decision.prefill.pool] += decision.uncached_tokens
@@ -776,6 +830,7 @@ class _Lease:
         self._prefill_held = False
         decision, dispatcher = self.decision, self._dispatcher
         decision.prefill.end(decision.uncached_tokens, decision.prefill_seconds)
+        decision.decode.kv_arrived(decision.kv_claim)  # the prefill answers once its KV is sent
         dispatcher.link_inflight_bytes = max(0.0, dispatcher.link_inflight_bytes - decision.link_bytes)
         dispatcher.inflight_tokens[decision.prefill.pool] -= decision.uncached_tokens
 
