@@ -1,4 +1,5 @@
-"""Prometheus adapter of the planner loop: the metrics contract over a window -> Observation or NoData.
+"""Prometheus adapter of the planner loop: the metrics contract over a window -> Observation or NoData,
+and each engine revision's figures for rollout analysis (PrometheusObserver.revisions).
 
 It reads only names of `prfaas_core.metrics_contract`: the router's uncached-token histogram
 (summed over routes: the uncached distribution the model needs), its output-token histogram,
@@ -31,6 +32,7 @@ from prfaas_core.planning import DEFAULT_MIN_REQUESTS, NoData, Observation, Reas
 from prfaas_core.vocabulary import ENGINE_ROLES
 
 from prfaas_operator.adapters.kube import redacted_server
+from prfaas_operator.planning.analysis import Figures, figures_by_fingerprint
 from prfaas_operator.planning.manifests import Names
 
 DEFAULT_MAX_STALENESS_SECONDS = 120.0
@@ -143,20 +145,7 @@ class PrometheusObserver:
         window = f"{window_seconds}s"
         router = selector.router
         count_name = f"{contract.UNCACHED_TOKENS}_count"
-        freshest = self._query(f"max(timestamp({count_name}{{{router}}}))", at=None)
-        if not freshest:
-            raise _Unusable(
-                Reason.MISSING_SERIES,
-                f"no {count_name} series matching {{{router}}} at {self.where}: is the router scraped?",
-            )
-        at, newest = _sample(freshest[0])
-        age = at - newest
-        if age > self.max_staleness_seconds:
-            raise _Unusable(
-                Reason.STALE_SERIES,
-                f"the newest {count_name} sample is {age:.0f}s old (limit {self.max_staleness_seconds:g}s): "
-                "the router is no longer scraped",
-            )
+        at = self._fresh(count_name, router)
         by_route = {
             series["metric"].get("route", ""): _sample(series)[1]
             for series in self._query(f"sum by (route) (increase({count_name}{{{router}}}[{window}]))", at)
@@ -186,6 +175,59 @@ class PrometheusObserver:
             min_requests=self.min_requests,
             source=f"Prometheus, last {window}",
         )
+
+    def revisions(self, selector: SeriesSelector, window_seconds: float) -> dict[str, Figures] | str:
+        """Each engine revision's figures over the window, by KV fingerprint, for rollout analysis
+        (metrics_contract.REVISION_*; a fingerprint absent served nothing), or why they are unknown:
+        Prometheus unreachable or answering garbage, or the router not scraped (never zeros)."""
+        try:
+            return self._revisions(selector, window_seconds)
+        except _Unusable as err:
+            return str(err)
+
+    def _revisions(self, selector: SeriesSelector, window_seconds: float) -> dict[str, Figures]:
+        window, router = f"{max(1, round(window_seconds))}s", selector.router
+        at = self._fresh(contract.CONFIG_VERSION, router)  # always exported: no series, not scraped
+        by = contract.FINGERPRINT_LABEL
+        attempts = {
+            (series["metric"].get(by, ""), series["metric"].get("outcome", "")): _sample(series)[1]
+            for series in self._query(
+                f"sum by ({by}, outcome) (increase({contract.REVISION_ATTEMPTS_TOTAL}{{{router}}}[{window}]))",
+                at,
+            )
+        }
+
+        def sums(name: str) -> dict[str, tuple[float, float]]:
+            def of(part: str) -> dict[str, float]:
+                promql = f"sum by ({by}) (increase({name}_{part}{{{router}}}[{window}]))"
+                return {
+                    series["metric"].get(by, ""): _sample(series)[1] for series in self._query(promql, at)
+                }
+
+            total, count = of("sum"), of("count")
+            return {fp: (total.get(fp, 0.0), count.get(fp, 0.0)) for fp in total.keys() | count.keys()}
+
+        return figures_by_fingerprint(
+            attempts, sums(contract.REVISION_TTFT_SECONDS), sums(contract.REVISION_TPOT_SECONDS)
+        )
+
+    def _fresh(self, name: str, router: str) -> float:
+        """The evaluation instant of the observation, once the router's `name` is found scraped lately."""
+        freshest = self._query(f"max(timestamp({name}{{{router}}}))", at=None)
+        if not freshest:
+            raise _Unusable(
+                Reason.MISSING_SERIES,
+                f"no {name} series matching {{{router}}} at {self.where}: is the router scraped?",
+            )
+        at, newest = _sample(freshest[0])
+        age = at - newest
+        if age > self.max_staleness_seconds:
+            raise _Unusable(
+                Reason.STALE_SERIES,
+                f"the newest {name} sample is {age:.0f}s old (limit {self.max_staleness_seconds:g}s): "
+                "the router is no longer scraped",
+            )
+        return at
 
     def _buckets(self, name: str, router: str, window: str, at: float) -> list[tuple[float, float]]:
         """Cumulative `(le, count)` pairs of a histogram over the window, summed over every other label."""

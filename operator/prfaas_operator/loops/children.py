@@ -20,6 +20,7 @@ from prfaas_operator.adapters.cluster_caches import ADD_ON_KINDS, PRFAAS_OWNED_K
 from prfaas_operator.adapters.kube import NOT_SERVED, Cluster, ClusterError
 from prfaas_operator.api import SecretKeyRef
 from prfaas_operator.planning import observation, workloads
+from prfaas_operator.planning.analysis import Observed
 from prfaas_operator.planning.drain import Drain
 from prfaas_operator.planning.drift import Applied, manifest_hash, marker
 from prfaas_operator.planning.manifests import Owner, owner_selector
@@ -51,6 +52,7 @@ class Memory:
     applied: dict[observation.ChildKey, Applied] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     drains: Mapping[str, Drain] = field(default_factory=dict)  # engine role -> its scale-down in progress
+    observed: Observed | None = None  # the engine revisions' latest figures (rollout analysis)
 
 
 async def apply_drifted(

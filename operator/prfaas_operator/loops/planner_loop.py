@@ -2,7 +2,8 @@
 
 The timer ticks often (PLANNER_TICK_SECONDS) and acts only when spec.planner.intervalSeconds
 have passed since the last decision recorded in status.planner, so the interval follows the
-CR without re-registering handlers. One round: observe Prometheus (prometheus.py), decide
+CR without re-registering handlers. Every tick of a rollout that the analysis judges also takes the
+engine revisions' figures from Prometheus for the reconcile to judge (rollout.py, analysis.py). One round: observe Prometheus (prometheus.py), decide
 (planner_adapter.planner_input, then prfaas_core.planning.decide: both pure), then write
 status.planner and, for an applied decision, status.allocation (source Planner) in the same
 patch, so prefill and decode change together. The planner never edits the spec (GitOps): the
@@ -25,9 +26,10 @@ from pydantic import ValidationError
 
 from prfaas_operator.adapters.kube import ClusterError
 from prfaas_operator.adapters.prometheus import PrometheusObserver, SeriesSelector
-from prfaas_operator.api import PrfaasDeploymentSpec
+from prfaas_operator.api import PrfaasDeploymentSpec, PrfaasDeploymentStatus
 from prfaas_operator.loops.reconcile import Reconciler
 from prfaas_operator.planning.allocation import effective_allocation
+from prfaas_operator.planning.analysis import Figures, Observed, Verdict, not_judged, query_window
 from prfaas_operator.planning.planner_adapter import (
     applied_allocation,
     is_due,
@@ -39,7 +41,8 @@ from prfaas_operator.planning.planner_adapter import (
     planner_status,
     rollout_in_progress,
 )
-from prfaas_operator.planning.status import read_status
+from prfaas_operator.planning.rollout import FAILED
+from prfaas_operator.planning.status import read_status, replacing
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +52,11 @@ EVENT_MESSAGE_LIMIT = 1024
 STATUS_WRITE_ATTEMPTS = 3
 """Writes retried after a conflict with a concurrent reconcile's status write."""
 
+ANALYSIS_TIMEOUT_SECONDS = 5.0
+"""Per query of a rollout analysis: figures that come later than this are stale anyway."""
+
 Observe = Callable[[str, SeriesSelector, int], Observation | NoData]
+ObserveRevisions = Callable[[str, SeriesSelector, float], Mapping[str, Figures] | str]
 
 
 def observe_prometheus(url: str, selector: SeriesSelector, window_seconds: int) -> Observation | NoData:
@@ -57,6 +64,17 @@ def observe_prometheus(url: str, selector: SeriesSelector, window_seconds: int) 
     observer = PrometheusObserver(url)
     try:
         return observer.observe(selector, window_seconds)
+    finally:
+        observer.close()
+
+
+def observe_revisions(
+    url: str, selector: SeriesSelector, window_seconds: float
+) -> Mapping[str, Figures] | str:
+    """The engine revisions' figures for rollout analysis, with a client of its own (blocking)."""
+    observer = PrometheusObserver(url, timeout_seconds=ANALYSIS_TIMEOUT_SECONDS)
+    try:
+        return observer.revisions(selector, window_seconds)
     finally:
         observer.close()
 
@@ -69,10 +87,12 @@ class PlannerLoop:
         reconciler: Reconciler,
         *,
         observe: Observe = observe_prometheus,
+        observe_revisions: ObserveRevisions = observe_revisions,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.reconciler = reconciler
         self._observe = observe
+        self._observe_revisions = observe_revisions
         self._wall_clock = wall_clock
         # status in kopf's body may lag our own writes by a watch event: remember them too
         self._decided_at: dict[str, datetime] = {}
@@ -112,6 +132,7 @@ class PlannerLoop:
             return None  # the reconcile reports an invalid spec
         uid, name, namespace = metadata["uid"], metadata["name"], metadata["namespace"]
         previous = read_status(body.get("status"))
+        await self._analyse(uid, namespace, name, spec, previous)
         last_decision = _latest(
             parse_time(previous.planner.time if previous.planner else None), self._decided_at.get(uid)
         )
@@ -152,6 +173,31 @@ class PlannerLoop:
             kopf.event(body, type="Normal", reason="PlannerAdvice", message=_event_message(decision))
         return decision
 
+    async def _analyse(
+        self,
+        uid: str,
+        namespace: str,
+        name: str,
+        spec: PrfaasDeploymentSpec,
+        previous: PrfaasDeploymentStatus,
+    ) -> None:
+        """While a rollout that the analysis judges is in progress: take the revisions' figures over
+        the window and hand them to the reconcile, which judges them in its next pass (now)."""
+        rollout, url = previous.rollout, spec.planner.prometheus_url
+        if rollout is None or rollout.phase == FAILED or url is None or not_judged(spec) is not None:
+            return
+        if rollout.analysis is not None and rollout.analysis.verdict == Verdict.NOT_JUDGED:
+            return  # the fingerprint stays: the router cannot tell the revisions apart
+        now = self._wall_clock()
+        window = query_window(spec.rollout.analysis, datetime.fromisoformat(rollout.started_at), now)
+        selector = SeriesSelector.for_deployment(namespace, name, spec.prefill_cluster.namespace)
+        found = await asyncio.to_thread(self._observe_revisions, url, selector, window)
+        if isinstance(found, str):
+            log.warning("%s/%s: rollout analysis: %s", namespace, name, found)
+            self.reconciler.analysed(uid, Observed(now, window, {}, problem=found))
+        else:
+            self.reconciler.analysed(uid, Observed(now, window, dict(found)))
+
     def _forget(self, uid: str) -> None:
         self._decided_at.pop(uid, None)
         self._applied_at.pop(uid, None)
@@ -172,11 +218,11 @@ class PlannerLoop:
                 if fresh is None or fresh["metadata"].get("generation") != metadata.get("generation"):
                     return None
                 before = fresh.get("status") or {}
-                patch = {"planner": _replacing(_dump(planner_status(decision, now)), before.get("planner"))}
+                patch = {"planner": replacing(_dump(planner_status(decision, now)), before.get("planner"))}
                 if decision.applied is not None:
                     spec = PrfaasDeploymentSpec.model_validate(fresh.get("spec") or {})
                     current = effective_allocation(spec, read_status(before).allocation).allocation
-                    patch["allocation"] = _replacing(
+                    patch["allocation"] = replacing(
                         _dump(applied_allocation(decision, current)), before.get("allocation")
                     )
                 if await local.patch_status(name, namespace, patch, fresh["metadata"].get("resourceVersion")):
@@ -213,18 +259,6 @@ def _latest(*moments: datetime | None) -> datetime | None:
 def _dump(model: Any) -> dict[str, Any]:
     document: dict[str, Any] = model.model_dump(by_alias=True, mode="json", exclude_none=True)
     return document
-
-
-def _replacing(new: Mapping[str, Any], old: Any) -> dict[str, Any]:
-    """A merge-patch value that leaves exactly `new`: keys only in `old` are set to null (deleted)."""
-    patch = dict(new)
-    if isinstance(old, Mapping):
-        for key, value in old.items():
-            if key not in new:
-                patch[key] = None
-            elif isinstance(value, Mapping) and isinstance(new[key], Mapping):
-                patch[key] = _replacing(new[key], value)
-    return patch
 
 
 def _event_message(decision: planning.Decision) -> str:

@@ -40,6 +40,7 @@ from prfaas_operator.loops import prefill_cluster
 from prfaas_operator.loops.children import Manifest, Memory, apply_drifted, delete_retired
 from prfaas_operator.loops.prefill_cluster import PrefillClusterSide
 from prfaas_operator.planning import observation, remote_backoff
+from prfaas_operator.planning.analysis import Observed
 from prfaas_operator.planning.manifests import Names, Owner, label_value, selector_labels
 from prfaas_operator.planning.reconcile_pass import (
     Applies,
@@ -152,6 +153,13 @@ class Reconciler:
                 await asyncio.wait_for(mem.wake.wait(), timeout=min(wait, at_most))
         return mem.due <= self._clock()
 
+    def analysed(self, uid: str, observed: Observed) -> None:
+        """The planner loop took the engine revisions' figures: the next pass judges them, now."""
+        mem = self._mem(uid)
+        mem.observed = observed
+        mem.due = min(mem.due, self._clock())
+        mem.wake.set()
+
     def _child_changed(self, child: Mapping[str, Any]) -> None:
         """A cache saw a child change: bring its CR's next pass forward."""
         metadata = child.get("metadata") or {}
@@ -209,7 +217,7 @@ class Reconciler:
             mem.backoff = remote_backoff.try_now(mem.backoff)  # e.g. a fixed Secret name deserves a try now
         self._owners[f"remote:{label_value(owner.key)}"] = owner.uid
         self._owners[f"local:{owner.namespace}/{label_value(owner.name)}"] = owner.uid
-        pass_input = PassInput(spec, owner, generation, previous, now)
+        pass_input = PassInput(spec, owner, generation, previous, now, mem.observed)
         names = Names.of(owner.name)
 
         # The local engines need nothing else: they go first, while the PrfaaS client is fetched
@@ -291,6 +299,10 @@ class Reconciler:
         outcome = await self._write_status(owner, metadata, previous, conclusion.status, mem)
         if engines.rollout.event is not None:
             outcome = dataclasses.replace(outcome, events=[Problem(*engines.rollout.event)])
+        if engines.rollout.warning is not None:  # the analysis failed a revision: rolled back
+            outcome = dataclasses.replace(
+                outcome, warnings=[*outcome.warnings, Problem(*engines.rollout.warning)]
+            )
         if conclusion.come_back_within is None:
             return outcome
         return dataclasses.replace(outcome, next_delay=min(outcome.next_delay, conclusion.come_back_within))

@@ -491,10 +491,24 @@ def status_changed(before: PrfaasDeploymentStatus, after: PrfaasDeploymentStatus
 
 def status_patch(previous: PrfaasDeploymentStatus, status: PrfaasDeploymentStatus) -> dict[str, Any]:
     """The merge patch that writes `status` (status.planner is the planner's): a field that is gone
-    since `previous` (a finished rollout) is sent as null, which is how a merge patch removes it."""
+    since `previous` (a finished rollout, a rollout's failed record) is sent as null, which is how a
+    merge patch removes it."""
     document = status.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"planner"})
     before = previous.model_dump(by_alias=True, mode="json", exclude_none=True, exclude={"planner"})
-    return {**dict.fromkeys(before.keys() - document.keys()), **document}
+    return replacing(document, before)
+
+
+def replacing(new: Mapping[str, Any], old: Any) -> dict[str, Any]:
+    """A merge-patch value that leaves exactly `new`: keys only in `old` are set to null (deleted),
+    in nested objects too (lists are replaced whole)."""
+    patch = dict(new)
+    if isinstance(old, Mapping):
+        for key, value in old.items():
+            if key not in new:
+                patch[key] = None
+            elif isinstance(value, Mapping) and isinstance(new[key], Mapping):
+                patch[key] = replacing(new[key], value)
+    return patch
 
 
 def read_status(raw: Any) -> PrfaasDeploymentStatus:

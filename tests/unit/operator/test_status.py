@@ -7,9 +7,11 @@ from typing import Any
 from prfaas_operator.api import (
     Allocation,
     Condition,
+    FailedRevision,
     PrfaasDeploymentStatus,
     RoleCounts,
     RoleRollout,
+    RolloutAnalysis,
     RolloutStatus,
 )
 from prfaas_operator.planning.status import (
@@ -217,6 +219,41 @@ def test_the_status_patch_removes_a_finished_rollout_with_null() -> None:
     assert status_patch(rolling, done)["rollout"] is None  # a merge patch without the key keeps it
     assert "rollout" not in status_patch(done, done)
     assert status_patch(done, rolling)["rollout"]["phase"] == "Progressing"
+
+
+def test_the_status_patch_removes_a_rollouts_failed_record_with_null() -> None:
+    """A fresh rollout after a failed one: the nested record goes too (a merge patch keeps what it omits)."""
+    at = "2026-01-01T00:00:00Z"
+    fresh = RolloutStatus(phase="Progressing", step=0, steps=1, started_at=at, last_progress_at=at)
+    failed = fresh.model_copy(
+        update={
+            "phase": "Failed",
+            "failed": FailedRevision(
+                fingerprint="bbb", revisions={"pd-decode": "r2"}, reason="errors", time=at
+            ),
+        }
+    )
+    before = compute_status(inputs()).model_copy(update={"rollout": failed})
+    after = compute_status(inputs()).model_copy(update={"rollout": fresh})
+    patch = status_patch(before, after)["rollout"]
+    assert patch["failed"] is None and patch["phase"] == "Progressing"
+
+
+def test_a_rollout_waiting_for_the_analysis_past_its_deadline_says_so() -> None:
+    at = "2026-11-21T09:00:00Z"
+    done = DECODE_SURGE.model_copy(update={"ready": DECODE_SURGE.replicas})
+    waiting = RolloutAnalysis(
+        verdict="Wait", reason="the old revision had 5 attempts, fewer than minAttempts 20"
+    )
+    rollout = RolloutStatus(
+        phase="Stalled", step=1, steps=1, started_at=at, last_progress_at=at, roles=[done], analysis=waiting
+    )
+    rolling = condition(compute_status(inputs(rollout=rollout)), "RolloutProgressing")
+    assert (rolling.status, rolling.reason) == ("False", "ProgressDeadlineExceeded")
+    assert (
+        "waiting for the analysis of the new revision to retire the old one (Wait: the old revision had 5"
+        in (rolling.message)
+    )
 
 
 def test_a_stalled_rollout_says_which_role_it_waits_for_and_why_and_degrades() -> None:
