@@ -21,8 +21,16 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
+from lightkube import Client
+from lightkube.resources.apps_v1 import StatefulSet
+from lightkube.resources.core_v1 import Namespace
+from operator_harness import install_crd, run_operator
+from polling import get_or_none
 from prfaas_operator import crd, crd_apply
+from prfaas_operator.adapters.kube import PrfaasDeploymentResource
+from prfaas_testbed.polling import eventually
 from support.kubectl import Kubectl
+from test_operator import OPERATOR_OPTIONS, condition, cr_status, deployment_manifest, small
 
 if TYPE_CHECKING:
     from prfaas_testbed.clusters import Testbed
@@ -760,6 +768,110 @@ def test_notes_build_a_working_least_privilege_kubeconfig_for_the_prefill_cluste
             kubeconfig=admin,
         )
         Kubectl(admin).run("delete", "namespace", namespace, "--wait=false")
+
+
+NAMESPACED_WORKLOADS = ("statefulsets.apps", "leaderworkersets.leaderworkerset.x-k8s.io", "services", "pods")
+
+
+@pytest.mark.testbed
+def test_a_namespaced_access_identity_serves_its_namespaces_and_refuses_the_others_by_name(
+    helm: Path, testbed: Testbed, pd_client: Client, prfaas_client: Client, tmp_path: Path
+) -> None:
+    """The access release with prefillClusterAccess.namespaces, its token in the kubeconfig Secret,
+    and the real operator: a CR placed in a granted namespace is served, one placed elsewhere is
+    Degraded, Forbidden naming its namespace (and the namespace is not created). The identity
+    may list nothing cluster-wide, so a cluster-wide list by the operator would have failed the
+    served CR too."""
+    from prfaas_testbed.clusters import store_kubeconfig_secret
+
+    suffix = uuid.uuid4().hex[:6]
+    release, home, account = f"nsaccess-{suffix}", f"prfaas-nsaccess-{suffix}", f"prefill-ns-{suffix}"
+    granted_ns, refused_ns, local = f"granted-{suffix}", f"refused-{suffix}", f"nsop-{suffix}"
+    admin = testbed.prfaas_kubeconfig
+    Kubectl(admin).ok("create", "namespace", granted_ns)  # the chart binds in namespaces that exist
+    installed = run_helm(
+        helm,
+        "install",
+        release,
+        str(CHART),
+        "--namespace",
+        home,
+        "--create-namespace",
+        "--skip-crds",
+        *(arg for value in ACCESS_MODE for arg in ("--set", value)),
+        "--set",
+        f"prefillClusterAccess.serviceAccount.name={account}",
+        "--set",
+        f"prefillClusterAccess.namespaces={{{granted_ns}}}",
+        "--wait",
+        "--timeout",
+        "60s",
+        kubeconfig=admin,
+    )
+    try:
+        assert installed.returncode == 0, installed.stderr
+        token = Kubectl(admin).run("-n", home, "create", "token", account, "--duration=1h")
+        assert token.returncode == 0, token.stderr
+        kubeconfig = token_kubeconfig(admin, token.stdout.strip(), tmp_path / "access.kubeconfig")
+        deadline = time.monotonic() + 20  # the authorizer learns new bindings from a watch
+        while not can_i(kubeconfig, "list", "statefulsets.apps", namespace=granted_ns):
+            assert time.monotonic() < deadline, "the RoleBinding never took effect"
+            time.sleep(0.5)
+        for resource in NAMESPACED_WORKLOADS:
+            assert can_i(kubeconfig, "watch", resource, namespace=granted_ns), resource
+            assert not can_i(kubeconfig, "list", resource, namespace=None), (
+                f"may list {resource} cluster-wide"
+            )
+            assert not can_i(kubeconfig, "list", resource, namespace=refused_ns), resource
+
+        store_kubeconfig_secret(pd_client, kubeconfig, name="prfaas-access", namespace=local)
+        install_crd(testbed.pd_kubeconfig)
+        crs = {
+            name: small(deployment_manifest(name, local, namespace, "prfaas-access"))
+            for name, namespace in (("served", granted_ns), ("refused", refused_ns))
+        }
+        log = tmp_path / "operator.log"
+        with run_operator(testbed.pd_kubeconfig, log, local, *OPERATOR_OPTIONS) as running:
+            Kubectl(testbed.pd_kubeconfig).ok("apply", "-f", "-", stdin=yaml.safe_dump_all(crs.values()))
+
+            def degraded_forbidden() -> dict[str, Any] | None:
+                status = cr_status(pd_client, "refused", local)
+                found = condition(status, "Degraded")
+                return status if (found.get("status"), found.get("reason")) == ("True", "Forbidden") else None
+
+            refused = eventually(degraded_forbidden, timeout=60, interval=0.25, what="refused: Forbidden")
+            message = condition(refused, "PrefillClusterReady")["message"]
+            assert f"namespace {refused_ns}" in message and "forbidden" in message, message
+            eventually(
+                lambda: condition(cr_status(pd_client, "served", local), "Ready").get("status") == "True",
+                timeout=90,
+                interval=0.25,
+                what="served: Ready",
+            )
+            assert get_or_none(prfaas_client, StatefulSet, "served-prfaas-prefill", granted_ns) is not None
+            assert get_or_none(prfaas_client, Namespace, refused_ns) is None, (
+                "created a namespace it may not use"
+            )
+            assert condition(cr_status(pd_client, "refused", local), "Degraded").get("reason") == "Forbidden"
+            assert "all namespaces" not in running.log_text(), "the operator listed cluster-wide"
+
+            for name in crs:
+                Kubectl(testbed.pd_kubeconfig).ok("delete", "prfaas", name, "-n", local, "--wait=false")
+            eventually(
+                lambda: not list(pd_client.list(PrfaasDeploymentResource, namespace=local)),
+                timeout=60,
+                interval=0.25,
+                what="both CRs deleted",
+            )
+            assert get_or_none(prfaas_client, StatefulSet, "served-prfaas-prefill", granted_ns) is None
+            assert "Traceback" not in running.log_text(), running.log_tail()
+    finally:
+        run_helm(
+            helm, "uninstall", release, "--namespace", home, "--wait", "--timeout", "60s", kubeconfig=admin
+        )
+        for namespace in (home, granted_ns):
+            Kubectl(admin).run("delete", "namespace", namespace, "--wait=false")
+        Kubectl(testbed.pd_kubeconfig).run("delete", "namespace", local, "--wait=false")
 
 
 # ---- the CRD-upgrade hook's command against the real apiserver, with the hook's own identity ------
