@@ -641,6 +641,7 @@ def decision_benchmark(samples: int) -> dict[str, dict[str, float]]:
         fleet.available(Pool.LOCAL_PREFILL, now),
         fleet.available(Pool.PRFAAS_PREFILL, now),
         fleet.available(Pool.DECODE, now),
+        now=now,
     )
     rng = random.Random(7)
     tokens = 131072

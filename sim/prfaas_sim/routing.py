@@ -128,6 +128,7 @@ class SimRouter:
         if isinstance(outcome, Decision):
             outcome.prefill.begin(now, outcome.total_tokens, outcome.prefill_seconds)
             outcome.decode.begin(now, outcome.total_tokens, 0.0)
+            outcome.decode.expect(outcome.kv_claim)
             self.inflight_bytes += outcome.link_bytes
             self._indexes.learn_computed(
                 outcome.route,
@@ -152,6 +153,7 @@ class SimRouter:
     def prefill_returned(self, decision: Decision) -> None:
         decision.prefill.end(decision.total_tokens, decision.prefill_seconds)
         self.inflight_bytes = max(0.0, self.inflight_bytes - decision.link_bytes)
+        decision.decode.kv_arrived(decision.kv_claim)  # the prefill returns once its KV is at the decode
 
     def finished(self, decision: Decision) -> None:
         decision.decode.end(decision.total_tokens, 0.0)

@@ -77,4 +77,6 @@ def pools(local: int = 2, prfaas: int = 2, decode: int = 2) -> tuple[AvailableWo
             w.healthy = True
             made[pool].append(w)
             by_name[w.name] = w
-    return AvailableWorkers(made[Pool.LOCAL_PREFILL], made[Pool.PRFAAS_PREFILL], made[Pool.DECODE]), by_name
+    return AvailableWorkers(
+        made[Pool.LOCAL_PREFILL], made[Pool.PRFAAS_PREFILL], made[Pool.DECODE], now=0.0
+    ), by_name

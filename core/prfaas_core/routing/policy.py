@@ -42,8 +42,11 @@ The paper's short-timescale rules (section 3.4.3, docs/design.md "Two loops"):
   + backlog incl. this request / bandwidth). The sum ignores the
   overlap of layer-wise pipelining, so it is an upper bound. With the config's decode capacity
   the first token also waits for a decode slot: the estimate is the later of the KV's arrival
-  and the moment the decode frees a slot for it (`decode_wait_seconds`), so when decode binds
-  the excess is turned away early as it is when prefill binds. A request whose estimate breaks the
+  and the moment the decode frees a slot for it, counting ahead only what will still be ahead
+  when the KV lands (`decode_slot`: a decode serves KVs in arrival order, and the router knows
+  when it expects the KV of each request it sent, `KvClaim`); a request whose slot would push an
+  admitted one past its due time is not admitted there. So when decode binds the excess is
+  turned away early as it is when prefill binds. A request whose estimate breaks the
   SLO on its route moves to the other route if that one meets it; when none does it gets 429.
   The bar is `max(slo, the request's own unloaded TTFT)`: a prompt too long for the SLO even on
   idle engines is still served when it would not wait, rather than refused forever.
@@ -53,6 +56,7 @@ Every outcome carries a reason label; the metrics count decisions by (route, rea
 
 from __future__ import annotations
 
+import bisect
 import enum
 import hashlib
 import math
@@ -64,7 +68,7 @@ from prfaas_core import metrics_contract
 from prfaas_core.profiles import PrefillTimeModel
 from prfaas_core.router_config import RouterConfig
 from prfaas_core.routing.prefix_index import NO_HIT, POOL_HOLDER, PrefixHit
-from prfaas_core.routing.workers import AvailableWorkers, Worker
+from prfaas_core.routing.workers import AvailableWorkers, KvClaim, Worker
 from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS, Pool
 
 DECODE_WAIT_Z = 1.2816
@@ -84,7 +88,8 @@ class Reason(enum.StrEnum):
     # the preferred route breaks the TTFT SLO, the other meets it
     TTFT_REROUTE = metrics_contract.REASON_TTFT_REROUTE
     SLO_REJECT = "slo_reject"  # every route breaks the TTFT SLO: 429
-    DECODE_WAIT = "decode_wait"  # the wait for a decode slot alone breaks the TTFT SLO: 429
+    # the wait for a decode slot breaks the TTFT SLO (or an admitted request's): 429
+    DECODE_WAIT = "decode_wait"
     NO_DECODE = "no_decode"  # no healthy decode instance: 503
     NO_PREFILL = "no_prefill"  # no prefill instance can take it: 503
 
@@ -238,6 +243,10 @@ class Decision:
     """Where the cached tokens (total less uncached) come from."""
     decode_cached_tokens: int = 0
     """The prompt tokens the chosen decode holds and the prefill does not send (decode radix cache)."""
+    kv_claim: KvClaim | None = None
+    """With the config's decode capacity: when the KV is expected at the decode and the first token
+    due; the adapter hands it to the decode (`Worker.expect`) and withdraws it when the prefill
+    comes back (`Worker.kv_arrived`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +270,10 @@ class _Option:
     unloaded_ttft: float
     fits_link: bool
     cache_source: CacheSource
+    kv_seconds: float
+    """Until the KV is at the decode (queue, prefill, pool fetch, transfer); `ttft` adds the slot wait."""
+    breaks_promise: bool
+    """A decode slot for it would push one of the router's admitted requests past its due time."""
     decode_cached: int = 0
 
 
@@ -295,9 +308,12 @@ def _decide(
     request = _reusable(request, pools)
     pin = request.pin
     decode, wait = _pick_decode(model, pools.decode, request)
-    local = _local_option(model, request, pools.local, link_inflight_bytes, wait) if pools.local else None
+    now = pools.now
+    local = (
+        _local_option(model, request, pools.local, link_inflight_bytes, decode, now) if pools.local else None
+    )
     prfaas = (
-        _prfaas_option(model, request, pools.prfaas, link_inflight_bytes, wait, decode)
+        _prfaas_option(model, request, pools.prfaas, link_inflight_bytes, decode, now)
         if pools.prfaas
         else None
     )
@@ -330,12 +346,18 @@ def _decide(
         other = local if chosen is prfaas else prfaas
         if other is not None and other.fits_link and _meets_slo(model, other):
             chosen, reason = other, Reason.TTFT_REROUTE
-        elif wait > max(model.slo_ttft, chosen.unloaded_ttft):
+        elif (
+            chosen.breaks_promise
+            or wait > _bar(chosen.unloaded_ttft, model)
+            or chosen.kv_seconds <= _bar(chosen.unloaded_ttft, model)
+        ):
             return Rejection(
                 429,
                 Reason.DECODE_WAIT,
-                f"estimated wait for a decode slot {wait:.2f}s breaks the {model.slo_ttft:g}s time-to-first-token "
-                "SLO; retry later",
+                f"the wait for a decode slot breaks the {model.slo_ttft:g}s time-to-first-token SLO (first token "
+                f"estimated in {chosen.ttft:.2f}s, the slot in {wait:.2f}s at the earliest"
+                + (", or an admitted request pushed past it" if chosen.breaks_promise else "")
+                + "); retry later",
             )
         else:
             return Rejection(
@@ -358,6 +380,9 @@ def _decide(
         ttft_seconds=chosen.ttft,
         cache_source=chosen.cache_source,
         decode_cached_tokens=chosen.decode_cached,
+        kv_claim=None
+        if model.decode_max_running is None
+        else KvClaim(arrives_at=now + chosen.kv_seconds, due_at=now + _bar(chosen.unloaded_ttft, model)),
     )
 
 
@@ -454,12 +479,22 @@ def _paper_rule(model: PolicyModel, request: RequestView, local: _Option | None)
     return ROUTE_PRFAAS, Reason.LONG_UNCACHED
 
 
+def _bar(unloaded_ttft: float, model: PolicyModel) -> float:
+    """The TTFT a request must meet: the SLO, or its own unloaded TTFT where that is longer."""
+    return max(model.slo_ttft, unloaded_ttft)
+
+
 def _meets_slo(model: PolicyModel, option: _Option) -> bool:
-    return option.ttft <= max(model.slo_ttft, option.unloaded_ttft)
+    return not option.breaks_promise and option.ttft <= _bar(option.unloaded_ttft, model)
 
 
 def _local_option(
-    model: PolicyModel, request: RequestView, workers: Sequence[Worker], inflight: float, decode_wait: float
+    model: PolicyModel,
+    request: RequestView,
+    workers: Sequence[Worker],
+    inflight: float,
+    decode: Worker,
+    now: float,
 ) -> _Option:
     worker = _pick_prefill(model, workers, request.hit_local, request, ROUTE_LOCAL)
     hit, fetch, source = cached_at(model, request, worker, ROUTE_LOCAL)
@@ -476,6 +511,9 @@ def _local_option(
     backlog = inflight * model.router_replicas + link_bytes
     transfer = model.link_latency + backlog / model.link_bandwidth if link_bytes else 0.0
     unloaded_transfer = model.link_latency + link_bytes / model.link_bandwidth if link_bytes else 0.0
+    kv = _queue_seconds(model, worker, model.prefill_time[ROUTE_LOCAL]) + seconds + fetch + transfer
+    unloaded = seconds + fetch + unloaded_transfer
+    slot_at, breaks = decode_slot(model, decode, now, now + kv)
     return _Option(
         route=ROUTE_LOCAL,
         prefill=worker,
@@ -483,13 +521,12 @@ def _local_option(
         prefill_seconds=seconds,
         link_bytes=link_bytes,
         egress_bytes=0.0,
-        ttft=max(
-            _queue_seconds(model, worker, model.prefill_time[ROUTE_LOCAL]) + seconds + fetch + transfer,
-            decode_wait,
-        ),
-        unloaded_ttft=seconds + fetch + unloaded_transfer,
+        ttft=slot_at - now,
+        unloaded_ttft=unloaded,
         fits_link=True,
         cache_source=source,
+        kv_seconds=kv,
+        breaks_promise=breaks,
     )
 
 
@@ -498,8 +535,8 @@ def _prfaas_option(
     request: RequestView,
     workers: Sequence[Worker],
     inflight: float,
-    decode_wait: float,
     decode: Worker,
+    now: float,
 ) -> _Option:
     worker = _pick_prefill(model, workers, request.hit_prfaas, request, ROUTE_PRFAAS)
     hit, fetch, source = cached_at(model, request, worker, ROUTE_PRFAAS)
@@ -512,6 +549,10 @@ def _prfaas_option(
     crossing, held = crossing_tokens(model, request, decode)
     egress = model.kv_bytes(crossing, request.sequences)
     transfer = model.link_latency + (inflight * model.router_replicas + egress) / model.link_bandwidth
+    kv = (
+        _queue_seconds(model, worker, model.prefill_time[ROUTE_PRFAAS]) + seconds + fetch + transfer + move_in
+    )
+    slot_at, breaks = decode_slot(model, decode, now, now + kv)
     return _Option(
         route=ROUTE_PRFAAS,
         prefill=worker,
@@ -519,17 +560,12 @@ def _prfaas_option(
         prefill_seconds=seconds,
         link_bytes=egress,
         egress_bytes=egress,
-        ttft=max(
-            _queue_seconds(model, worker, model.prefill_time[ROUTE_PRFAAS])
-            + seconds
-            + fetch
-            + transfer
-            + move_in,
-            decode_wait,
-        ),
+        ttft=slot_at - now,
         unloaded_ttft=seconds + fetch + model.link_latency + egress / model.link_bandwidth + move_in,
         fits_link=inflight + egress <= model.link_horizon_bytes,
         cache_source=source,
+        kv_seconds=kv,
+        breaks_promise=breaks,
         decode_cached=held,
     )
 
@@ -591,7 +627,8 @@ def _pick_prefill(
 
 
 def decode_wait_seconds(model: PolicyModel, worker: Worker) -> float:
-    """Seconds from now until `worker` can give one more request a slot (0 while one is free).
+    """Seconds from now until `worker` can give one more request a slot (0 while one is free): how
+    decodes are ranked, before the request's KV arrival is known (`decode_slot` estimates its TTFT).
 
     Ahead of the request: what the engine last reported running and waiting (on a decode SGLang's
     waiting includes requests whose KV is still to come), floored by what this router has in
@@ -603,16 +640,65 @@ def decode_wait_seconds(model: PolicyModel, worker: Worker) -> float:
     of sqrt(k x dispersion) intervals (`departure_dispersion`; sqrt(k) were slots to free as a Poisson
     process). The mean alone keeps the queue where half the admitted requests miss the SLO.
     """
+    queue = _decode_queue(model, worker)
+    if queue is None:
+        return 0.0
+    ahead, slots = queue
+    return _slot_wait(model, ahead - slots + 1, slots)
+
+
+def decode_slot(model: PolicyModel, worker: Worker, now: float, kv_at: float) -> tuple[float, bool]:
+    """When `worker` lets a request whose KV lands at `kv_at` produce its first token, and whether
+    giving it a slot there pushes one of this router's admitted requests past its due time.
+
+    A decode gives its slots in the order KVs arrive. Of the requests ahead now (as in
+    `decode_wait_seconds`), those of this router whose KV is expected after `kv_at`
+    (`Worker.claims`) come after this one: they are not counted. The first token is the later of
+    the KV's arrival and the slot (the slots free from now on, the P90 of `decode_wait_seconds`).
+    Those later claims each wait one slot more for this request; if that makes one of them miss a
+    due time it would have met, the request is not admitted there (the wait for a slot at the
+    moment its KV lands is then too long, however short it is now). Counting every request ahead
+    now instead overstated the wait of short prefills, and ignoring the requests admitted later
+    with shorter prefills let them take the slots long prefills were counted on (docs/simulation.md).
+    """
+    queue = _decode_queue(model, worker)
+    if queue is None:
+        return kv_at, False
+    ahead, slots = queue
+    claims = worker.claims
+    first_behind = bisect.bisect_right(claims, kv_at, key=_arrives_at)
+    behind = len(claims) - first_behind
+    slot_at = now + _slot_wait(model, ahead - behind - slots + 1, slots)
+    for i in range(first_behind, len(claims)):
+        claim = claims[i]
+        beyond = ahead - (len(claims) - 1 - i) - slots  # itself among `ahead`, its later claims not
+        if (
+            max(claim.arrives_at, now + _slot_wait(model, beyond, slots))
+            <= claim.due_at
+            < max(claim.arrives_at, now + _slot_wait(model, beyond + 1, slots))
+        ):
+            return max(kv_at, slot_at), True
+    return max(kv_at, slot_at), False
+
+
+def _arrives_at(claim: KvClaim) -> float:
+    return claim.arrives_at
+
+
+def _decode_queue(model: PolicyModel, worker: Worker) -> tuple[int, int] | None:
+    """The requests on `worker` now (running, waiting for a slot or for their KV) and its slots;
+    None without the config's decode capacity."""
     slots = model.decode_max_running
     if slots is None:
-        return 0.0
+        return None
     report = worker.load
     if report is None:
-        ahead = max(worker.inflight, slots)
-    else:
-        slots = report.max_running or slots
-        ahead = max(report.running + report.waiting, worker.inflight)
-    beyond = ahead - slots + 1
+        return max(worker.inflight, slots), slots
+    return max(report.running + report.waiting, worker.inflight), report.max_running or slots
+
+
+def _slot_wait(model: PolicyModel, beyond: int, slots: int) -> float:
+    """The P90 wait of the request `beyond`-th past the slots (0 while a slot is free)."""
     if beyond <= 0:
         return 0.0
     spread = DECODE_WAIT_Z * math.sqrt(beyond * model.decode_departure_dispersion)

@@ -15,6 +15,7 @@ still eject.
 
 from __future__ import annotations
 
+import bisect
 import enum
 from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
@@ -89,12 +90,30 @@ class EngineLoad:
     prompt, not the bootstrap queue nor the forward in progress (0 on a decode; None: not reported)."""
 
 
+@dataclass(slots=True, eq=False)
+class KvClaim:
+    """A request this router sent to a decode whose KV has not arrived there yet.
+
+    A decode gives its slots in the order KVs arrive, not the order requests were admitted: a
+    request whose KV lands later waits behind one admitted after it with a shorter prefill. The
+    router keeps, per decode, when it expects each KV and by when that request's first token is
+    due, so a decision counts only the claims still ahead of its own KV and does not admit a
+    request that would push an admitted one past its due time (`policy.decode_slot`).
+    """
+
+    arrives_at: float
+    """When the router expects the KV at the decode (its estimate at admission, absolute time)."""
+    due_at: float
+    """When the request's first token is due: admission time plus its TTFT bar."""
+
+
 class Worker:
     """One engine and what the router has put on it that has not come back yet."""
 
     __slots__ = (
         "bootstrap_port",
         "breaker",
+        "claims",
         "dispatched_seconds",
         "dispatched_seconds_at_report",
         "fingerprint",
@@ -135,6 +154,8 @@ class Worker:
         self.dispatched_seconds_at_report = 0.0
         """`dispatched_seconds` when the poll behind `load` went out: what was sent since is not in it."""
         self.inflight = 0
+        self.claims: list[KvClaim] = []
+        """On a decode: this router's requests whose KV is still to come, by expected arrival."""
         self.load: EngineLoad | None = None  # unknown until the engine reports, and again when a poll fails
 
     @property
@@ -179,11 +200,25 @@ class Worker:
         self.outstanding_tokens -= tokens
         self.queued_seconds = max(0.0, self.queued_seconds - prefill_seconds)
 
+    def expect(self, claim: KvClaim | None) -> None:
+        """A request was sent to this decode: its KV is to come (`Decision.kv_claim`; None: not tracked)."""
+        if claim is not None:
+            bisect.insort(self.claims, claim, key=lambda c: c.arrives_at)
+
+    def kv_arrived(self, claim: KvClaim | None) -> None:
+        """The request's prefill came back: its KV is at the decode, no longer to come."""
+        if claim is None:
+            return
+        for i, held in enumerate(self.claims):
+            if held is claim:
+                del self.claims[i]
+                return
+
 
 class AvailableWorkers:
     """The workers of each pool a request may go to at the moment of a decision."""
 
-    __slots__ = ("decode", "local", "one_layout", "prfaas")
+    __slots__ = ("decode", "local", "now", "one_layout", "prfaas")
 
     def __init__(
         self,
@@ -191,11 +226,14 @@ class AvailableWorkers:
         prfaas: Sequence[Worker],
         decode: Sequence[Worker],
         *,
+        now: float,
         one_layout: bool = False,
     ) -> None:
         self.local = local
         self.prfaas = prfaas
         self.decode = decode
+        self.now = now
+        """The moment of the decision (the clock of `Worker.claims`)."""
         self.one_layout = one_layout
         """Known to hold a single KV fingerprint (the fleet's config lists one): no need to look."""
 
@@ -209,7 +247,9 @@ class AvailableWorkers:
         if len(found) <= 1:
             return [self]
         return [
-            AvailableWorkers(*([w for w in members if w.fingerprint == fingerprint] for members in pools))
+            AvailableWorkers(
+                *([w for w in members if w.fingerprint == fingerprint] for members in pools), now=self.now
+            )
             for fingerprint in found
         ]
 
@@ -267,7 +307,7 @@ class Fleet:
         decode = _usable(pools[Pool.DECODE], Worker.available, now, excluded) or _usable(
             pools[Pool.DECODE], Worker.last_resort, now, excluded
         )
-        return AvailableWorkers(local, prfaas, decode, one_layout=self._one_layout)
+        return AvailableWorkers(local, prfaas, decode, now=now, one_layout=self._one_layout)
 
 
 def _usable(

@@ -27,7 +27,7 @@ from prfaas_core.routing.policy import (
     session_key,
 )
 from prfaas_core.routing.prefix_index import PrefixHit
-from prfaas_core.routing.workers import AvailableWorkers, EngineLoad
+from prfaas_core.routing.workers import AvailableWorkers, EngineLoad, KvClaim, Worker
 from support.router_cases import make_config, make_model, pools
 
 T = 8192  # the threshold of the default test config
@@ -97,11 +97,11 @@ def test_a_prfaas_hit_counts_only_on_the_instance_that_holds_it() -> None:
 def test_a_hit_whose_holder_cannot_serve_counts_for_nothing() -> None:
     """A prefix cached on an instance that is not routable now (gone, down, ejected) is reused by nobody."""
     available, by_name = pools()
-    without_l0 = AvailableWorkers([by_name["l1"]], available.prfaas, available.decode)
+    without_l0 = AvailableWorkers([by_name["l1"]], available.prfaas, available.decode, now=0.0)
     view = RequestView(total_tokens=40_000, sequences=1, hit_local=hit(36_000, "l0"))
     d = routed(decide(make_model(), view, without_l0, 0.0))
     assert (d.route, d.reason, d.uncached_tokens) == ("prfaas", Reason.LONG_UNCACHED, 40_000)
-    only_l0 = AvailableWorkers([by_name["l0"]], [], available.decode)
+    only_l0 = AvailableWorkers([by_name["l0"]], [], available.decode, now=0.0)
     d = routed(decide(make_model(), view, only_l0, 0.0))
     assert (d.route, d.reason, d.uncached_tokens) == ("local", Reason.CACHED_PREFIX, 4_000)
 
@@ -110,7 +110,7 @@ def test_abundant_bandwidth_moves_a_prefix_only_from_a_holder_that_can_send_it()
     model = make_model(bandwidth_mode="Abundant")
     available, by_name = pools()
     view = RequestView(total_tokens=40_000, sequences=1, hit_prfaas=hit(36_000, "p1"))
-    without_p1 = AvailableWorkers(available.local, [by_name["p0"]], available.decode)
+    without_p1 = AvailableWorkers(available.local, [by_name["p0"]], available.decode, now=0.0)
     d = routed(decide(model, view, without_p1, 0.0))
     assert (d.route, d.reason, d.uncached_tokens, d.link_bytes) == (
         "prfaas",
@@ -528,6 +528,96 @@ def test_when_the_decode_wait_alone_breaks_the_slo_the_answer_is_an_early_429() 
     by_name["d1"].load = EngineLoad(running=4, waiting=0, max_running=4)  # P90 wait ~ 23 s
     d = routed(decide(model, RequestView(total_tokens=1000, sequences=1), available, 0.0))
     assert d.decode.name == "d1" and d.ttft_seconds <= 30.0
+
+
+# ---- the slot at the moment the KV lands (KV claims) ---------------------------------------------
+
+SLO_30 = {"ttft_seconds": 30.0, "tpot_seconds": 0.05}
+
+
+def claimed(decode: Worker, *claims: tuple[float, float]) -> None:
+    """This router's requests on `decode` whose KV is still to come: (expected at, first token due)."""
+    for arrives_at, due_at in claims:
+        decode.begin(0.0, 1000, 0.0)
+        decode.expect(KvClaim(arrives_at=arrives_at, due_at=due_at))
+
+
+def test_requests_whose_kv_lands_after_this_ones_are_not_ahead_of_it() -> None:
+    """A decode gives slots in the order KVs arrive: three long prefills whose KV lands at 100 s
+    do not delay a short one. Counted as ahead (the wait from now of everything on the decode,
+    P90 ~ 65 s) they refused it; behind it, it is the first past the slots (P90 ~ 23 s)."""
+    model = make_model(decode=DECODE, slo=SLO_30)
+    available, by_name = pools(decode=1)
+    decode = by_name["d0"]
+    decode.load = EngineLoad(running=4, waiting=3, max_running=4)
+    claimed(decode, (100.0, 130.0), (100.0, 130.0), (100.0, 130.0))
+    assert decode_wait_seconds(model, decode) == pytest.approx(10 * (4 + DECODE_WAIT_Z * 2))
+    d = routed(decide(model, RequestView(total_tokens=1000, sequences=1), available, 0.0))
+    assert d.ttft_seconds == pytest.approx(10 * (1 + DECODE_WAIT_Z))
+    assert d.kv_claim is not None and d.kv_claim.arrives_at < 5.0 and d.kv_claim.due_at == 30.0
+
+
+def test_a_request_that_would_push_an_admitted_one_past_its_due_time_is_refused() -> None:
+    """One slot is free now, but an admitted request's KV lands at 20 s and its first token is due
+    at 21 s: a short request admitted now takes that slot and the other waits past its due time
+    (P90 ~ 23 s). The wait counted from now (a free slot, nothing beyond) admitted it."""
+    model = make_model(decode=DECODE, slo=SLO_30)
+    available, by_name = pools(decode=1)
+    decode = by_name["d0"]
+    decode.load = EngineLoad(running=3, waiting=1, max_running=4)
+    claimed(decode, (20.0, 21.0))
+    assert decode_wait_seconds(model, decode) == pytest.approx(10 * (1 + DECODE_WAIT_Z))
+    out = decide(model, RequestView(total_tokens=1000, sequences=1), available, 0.0)
+    assert isinstance(out, Rejection) and (out.status, out.reason) == (429, Reason.DECODE_WAIT)
+    assert "admitted request" in out.message
+    decode.kv_arrived(decode.claims[0])  # its KV is there: it holds the slot, the next one waits
+    assert not decode.claims
+    d = routed(decide(model, RequestView(total_tokens=1000, sequences=1), available, 0.0))
+    assert d.ttft_seconds == pytest.approx(10 * (1 + DECODE_WAIT_Z))
+
+
+def test_a_request_already_late_does_not_block_others() -> None:
+    """Only a due time the admitted request would have met counts: one already past it is not
+    made worse by a decision the router can still take well."""
+    model = make_model(decode=DECODE, slo=SLO_30)
+    available, by_name = pools(decode=1)
+    decode = by_name["d0"]
+    decode.load = EngineLoad(running=4, waiting=1, max_running=4)
+    claimed(decode, (20.0, 21.0))  # first past the slots: P90 ~ 23 s, late whatever comes
+    assert isinstance(decide(model, RequestView(total_tokens=1000, sequences=1), available, 0.0), Decision)
+
+
+def test_the_kv_claims_are_read_at_the_decisions_time() -> None:
+    """Time is passed in: the same queue and claims shifted by an hour decide the same."""
+    model = make_model(decode=DECODE, slo=SLO_30)
+    outcomes = []
+    for now in (0.0, 3600.0):
+        _, by_name = pools(decode=1)
+        decode = by_name["d0"]
+        decode.load = EngineLoad(running=3, waiting=1, max_running=4)
+        claimed(decode, (now + 20.0, now + 21.0))
+        available = AvailableWorkers([by_name["l0"]], [by_name["p0"]], [decode], now=now)
+        outcomes.append(decide(model, RequestView(total_tokens=1000, sequences=1), available, 0.0))
+    assert outcomes[0] == outcomes[1] and isinstance(outcomes[0], Rejection)
+
+
+def test_a_decode_keeps_its_claims_by_arrival_and_drops_each_once() -> None:
+    _, by_name = pools(decode=1)
+    decode = by_name["d0"]
+    late, early, middle = KvClaim(30.0, 60.0), KvClaim(1.0, 31.0), KvClaim(10.0, 40.0)
+    for claim in (late, early, middle, None):
+        decode.expect(claim)
+    assert decode.claims == [early, middle, late]
+    decode.kv_arrived(middle)
+    decode.kv_arrived(middle)
+    decode.kv_arrived(None)
+    assert decode.claims == [early, late]
+
+
+def test_without_decode_capacity_a_decision_claims_nothing() -> None:
+    available, _ = pools(decode=1)
+    d = routed(decide(make_model(), RequestView(total_tokens=1000, sequences=1), available, 0.0))
+    assert d.kv_claim is None
 
 
 def test_the_reroutes_the_planner_counts_are_reasons_the_policy_gives() -> None:
