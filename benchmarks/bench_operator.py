@@ -50,7 +50,7 @@ sys.path[:0] = [str(ROOT / "tests" / "integration"), str(ROOT / "tests")]  # the
 
 from operator_harness import OperatorProcess, router_on_kwok, run_operator  # noqa: E402
 from prfaas_operator.adapters.kube import PrfaasDeploymentResource  # noqa: E402
-from prfaas_operator.crd import CRD_OUTPUTS  # noqa: E402
+from prfaas_operator.crd import CRD_NAME, CRD_OUTPUTS  # noqa: E402
 from prfaas_testbed.clusters import Testbed, ensure_testbed, store_kubeconfig_secret  # noqa: E402
 
 SAMPLE: dict[str, Any] = yaml.safe_load((ROOT / "examples/prfaasdeployment.yaml").read_text())
@@ -377,6 +377,8 @@ async def run(testbed: Testbed, count: int, timeout_s: float, workdir: Path, ope
         "-f",
         str(ROOT / CRD_OUTPUTS[0]),
     )
+    # a watch opened before the CRD serves fails once and is gone: a CR never seen Ready
+    kubectl(testbed.pd_kubeconfig, "wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
     nodes = {
         # room for both arms' pods: the direct arm starts while the operator's pods may still go
         "prfaas": bench_nodes("prfaas", "NVIDIA-H200", -(-2 * count // GPUS_PER_BENCH_NODE)),
