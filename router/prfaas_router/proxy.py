@@ -31,6 +31,10 @@ A prefill leg that fails after its decode failed is not counted. Only an engine'
 counts: an exception raised inside the router is answered 500 and opens no breaker, and a
 client that stops reading is the client's fault (`_Relay` aborts both legs). Prefixes are
 learned on the decode's first good event only: SGLang generates nothing before the KV arrived.
+
+Each attempt also counts once under its pair's KV fingerprint (`RevisionMetrics`), by outcome
+(`failure_outcome` names a failed leg by the blame above), with its TTFT and a stream's TPOT:
+what a rollout compares the new revision on, retries included.
 """
 
 from __future__ import annotations
