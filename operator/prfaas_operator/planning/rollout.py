@@ -150,11 +150,13 @@ def decide(
     )
     now = rfc3339(wall_now)
     known = all(role.known for role in roles)
-    failed = _failed(previous, rolling)
+    failed = _failed(previous, roles)
     if failed is not None and previous is not None:
         return _roll_back(roles, placed, new_ready, failed, previous, step, steps)
+    unseen = _unseen(roles, previous)
     fresh = previous is None or {r.role: r.revision for r in previous.roles} != {
-        r.role: r.revision for r in rolling
+        **{r.role: r.revision for r in rolling},
+        **{r.role: r.revision for r in roles if r.role in unseen},
     }
     started = now if fresh or previous is None else previous.started_at
     judgement = (
@@ -172,7 +174,7 @@ def decide(
     if judgement.verdict is Verdict.FAIL:
         record = FailedRevision(
             fingerprint=rolling[0].fingerprint,
-            revisions={r.role: r.revision for r in rolling},
+            revisions={r.role: r.revision for r in roles},
             reason=judgement.reason,
             time=now,
         )
@@ -208,6 +210,7 @@ def decide(
         slot, new, old = placed[role.role]
         if old is None:
             plans[role.role] = RolePlan(role.role, slot, role.target)
+            summaries += [unseen[role.role]] if role.role in unseen and not fresh else []
             continue
         current_new = new.replicas if new is not None and new.revision == role.revision else 0
         if hold:
@@ -297,11 +300,18 @@ def _step(
     return replicas, min(old.replicas, max(target - _level(target, step, steps), keep_one))
 
 
-def _failed(previous: RolloutStatus | None, rolling: Sequence[RoleSeen]) -> FailedRevision | None:
-    """The failed revision the spec still asks for (every rolling role's desired revision is the
-    one that failed), if any: the rollout stays rolled back."""
+def _unseen(roles: Sequence[RoleSeen], previous: RolloutStatus | None) -> dict[str, RoleRollout]:
+    """The roles whose cluster was not seen this pass but which were rolling: as last seen (their
+    rollout goes on; it is not a new one)."""
+    known = {r.role for r in roles if r.known}
+    return {r.role: r for r in (previous.roles if previous is not None else ()) if r.role not in known}
+
+
+def _failed(previous: RolloutStatus | None, roles: Sequence[RoleSeen]) -> FailedRevision | None:
+    """The failed revision the spec still asks for (every role's desired revision is the one that
+    failed, a role whose cluster was not seen included), if any: the rollout stays rolled back."""
     failed = previous.failed if previous is not None else None
-    if failed is None or not all(failed.revisions.get(r.role) == r.revision for r in rolling):
+    if failed is None or failed.revisions != {r.role: r.revision for r in roles}:
         return None
     return failed
 
@@ -319,10 +329,12 @@ def _roll_back(
     the old slot back to its target, as when the spec is set back, with the spec left as it is."""
     plans: dict[str, RolePlan] = {}
     summaries = []
+    unseen = _unseen(roles, previous)
     for role in roles:
         slot, _, old = placed[role.role]
         if old is None:
             plans[role.role] = RolePlan(role.role, slot, role.target)
+            summaries += [unseen[role.role]] if role.role in unseen else []
             continue
         plans[role.role] = RolePlan(role.role, slot, 0, old, role.target)
         summaries.append(

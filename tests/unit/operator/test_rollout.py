@@ -363,6 +363,21 @@ def test_a_fail_rolls_back_even_while_paused_or_stalled() -> None:
     assert failing.status is not None and failing.status.phase == FAILED
 
 
+def test_a_rollback_holds_through_a_pass_that_could_not_see_a_cluster() -> None:
+    roles = layouts()
+    first = decide(roles, RolloutSpec(), None, T0)
+    world = applied(roles, first)
+    world[0] = replace(world[0], slots=(), known=False)  # the PrfaaS cluster not seen this pass
+    now = T0 + timedelta(seconds=20)
+    failing = decide(world, RolloutSpec(), first.status, now, observed=figures(BROKEN, now))
+    assert failing.status is not None and failing.status.phase == FAILED and failing.status.failed is not None
+    assert failing.status.failed.revisions == dict.fromkeys(TARGETS, "r2")
+    seen_again = applied(roles, first)  # the PrfaaS cluster back, still running r2 beside r1
+    later = decide(seen_again, RolloutSpec(), failing.status, now + timedelta(seconds=5))
+    assert later.status is not None and later.status.phase == FAILED and later.warning is None
+    assert later.roles["prfaas-prefill"].replicas == 0 and later.roles["prfaas-prefill"].old_replicas == 4
+
+
 def test_another_revision_after_a_fail_starts_a_fresh_rollout_and_setting_it_back_finishes() -> None:
     decisions, world = judged_run(layouts(), RolloutSpec(), BROKEN)
     assert decisions[-1].status is not None and decisions[-1].status.phase == FAILED
