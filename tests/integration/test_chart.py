@@ -23,7 +23,7 @@ import pytest
 import yaml
 from lightkube import Client
 from lightkube.resources.apps_v1 import StatefulSet
-from lightkube.resources.core_v1 import Namespace
+from lightkube.resources.core_v1 import Namespace, Service
 from operator_harness import install_crd, run_operator
 from polling import get_or_none
 from prfaas_operator import crd, crd_apply
@@ -779,16 +779,19 @@ def test_a_namespaced_access_identity_serves_its_namespaces_and_refuses_the_othe
 ) -> None:
     """The access release with prefillClusterAccess.namespaces, its token in the kubeconfig Secret,
     and the real operator: a CR placed in a granted namespace is served, one placed elsewhere is
-    Degraded, Forbidden naming its namespace (and the namespace is not created). The identity
-    may list nothing cluster-wide, so a cluster-wide list by the operator would have failed the
-    served CR too."""
+    Degraded, Forbidden naming its namespace (and the namespace is not created); the served one
+    moved to the other granted namespace leaves nothing in the first. The identity may list
+    nothing cluster-wide, so a cluster-wide list by the operator would have failed the served
+    CR too."""
     from prfaas_testbed.clusters import store_kubeconfig_secret
 
     suffix = uuid.uuid4().hex[:6]
     release, home, account = f"nsaccess-{suffix}", f"prfaas-nsaccess-{suffix}", f"prefill-ns-{suffix}"
-    granted_ns, refused_ns, local = f"granted-{suffix}", f"refused-{suffix}", f"nsop-{suffix}"
+    granted_ns, moved_ns, refused_ns = f"granted-{suffix}", f"moved-{suffix}", f"refused-{suffix}"
+    local = f"nsop-{suffix}"
     admin = testbed.prfaas_kubeconfig
-    Kubectl(admin).ok("create", "namespace", granted_ns)  # the chart binds in namespaces that exist
+    for namespace in (granted_ns, moved_ns):  # the chart binds in namespaces that exist
+        Kubectl(admin).ok("create", "namespace", namespace)
     installed = run_helm(
         helm,
         "install",
@@ -802,7 +805,7 @@ def test_a_namespaced_access_identity_serves_its_namespaces_and_refuses_the_othe
         "--set",
         f"prefillClusterAccess.serviceAccount.name={account}",
         "--set",
-        f"prefillClusterAccess.namespaces={{{granted_ns}}}",
+        f"prefillClusterAccess.namespaces={{{granted_ns},{moved_ns}}}",
         "--wait",
         "--timeout",
         "60s",
@@ -853,6 +856,22 @@ def test_a_namespaced_access_identity_serves_its_namespaces_and_refuses_the_othe
                 "created a namespace it may not use"
             )
             assert condition(cr_status(pd_client, "refused", local), "Degraded").get("reason") == "Forbidden"
+
+            # moved: applied in the new namespace, pruned from the old one (no longer watched)
+            move = {"spec": {"prefillCluster": {"namespace": moved_ns}}}
+            Kubectl(testbed.pd_kubeconfig).ok(
+                "patch", "prfaas", "served", "-n", local, "--type=merge", "-p", json.dumps(move)
+            )
+            eventually(
+                lambda: (
+                    get_or_none(prfaas_client, StatefulSet, "served-prfaas-prefill", moved_ns) is not None
+                    and get_or_none(prfaas_client, StatefulSet, "served-prfaas-prefill", granted_ns) is None
+                    and get_or_none(prfaas_client, Service, "served-prfaas-prefill", granted_ns) is None
+                ),
+                timeout=60,
+                interval=0.25,
+                what="served moved to its new namespace",
+            )
             assert "all namespaces" not in running.log_text(), "the operator listed cluster-wide"
 
             for name in crs:
@@ -863,13 +882,13 @@ def test_a_namespaced_access_identity_serves_its_namespaces_and_refuses_the_othe
                 interval=0.25,
                 what="both CRs deleted",
             )
-            assert get_or_none(prfaas_client, StatefulSet, "served-prfaas-prefill", granted_ns) is None
+            assert get_or_none(prfaas_client, StatefulSet, "served-prfaas-prefill", moved_ns) is None
             assert "Traceback" not in running.log_text(), running.log_tail()
     finally:
         run_helm(
             helm, "uninstall", release, "--namespace", home, "--wait", "--timeout", "60s", kubeconfig=admin
         )
-        for namespace in (home, granted_ns):
+        for namespace in (home, granted_ns, moved_ns):
             Kubectl(admin).run("delete", "namespace", namespace, "--wait=false")
         Kubectl(testbed.pd_kubeconfig).run("delete", "namespace", local, "--wait=false")
 
