@@ -30,14 +30,14 @@ from prfaas_operator.planning.workloads import ENGINE_WORKLOAD_KINDS
 log = logging.getLogger(RECONCILE_LOGGER)
 
 Manifest = dict[str, Any]
-Placement = tuple[
-    SecretKeyRef | None, str
-]  # where a CR's PrfaaS objects go: the kubeconfig Secret, the namespace
+# where a CR's PrfaaS objects go: its kubeconfig Secret, its namespace
+Placement = tuple[SecretKeyRef | None, str]
 
 
 @dataclass
 class Memory:
-    """Per-CR state that only makes the loop cheaper or gentler; losing it on restart is harmless."""
+    """Per-CR state that only makes the loop cheaper or gentler; losing it on restart is harmless,
+    but for left_namespaces."""
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     due: float = 0.0
@@ -47,7 +47,9 @@ class Memory:
     pruned_for: tuple[Any, ...] | None = None
     namespace_ensured: str | None = None  # PrfaaS namespace known to exist (re-checked after a failure)
     placed: Placement | None = None  # the kubeconfigSecretRef and namespace last applied to
-    left_namespaces: frozenset[str] = frozenset()  # PrfaaS namespaces moved out of, not yet pruned
+    # PrfaaS namespaces moved out of, not yet pruned (after a restart what was left there stays:
+    # docs/limitations.md)
+    left_namespaces: frozenset[str] = frozenset()
     router_config: RouterConfig | None = None  # last written; the ConfigMap is read only when unknown
     applied: dict[observation.ChildKey, Applied] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
