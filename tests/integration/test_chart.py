@@ -782,7 +782,7 @@ def test_a_namespaced_access_identity_serves_its_namespaces_and_refuses_the_othe
     Degraded, Forbidden naming its namespace (and the namespace is not created); the served one
     moved to the other granted namespace leaves nothing in the first. The identity may list
     nothing cluster-wide, so a cluster-wide list by the operator would have failed the served
-    CR too."""
+    CR too: the operator asks first (SelfSubjectAccessReview) and watches by namespace."""
     from prfaas_testbed.clusters import store_kubeconfig_secret
 
     suffix = uuid.uuid4().hex[:6]
@@ -872,6 +872,7 @@ def test_a_namespaced_access_identity_serves_its_namespaces_and_refuses_the_othe
                 interval=0.25,
                 what="served moved to its new namespace",
             )
+            assert "watching the PrfaaS cluster by namespace" in running.log_text()
             assert "all namespaces" not in running.log_text(), "the operator listed cluster-wide"
 
             for name in crs:

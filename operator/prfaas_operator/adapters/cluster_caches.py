@@ -5,15 +5,18 @@ when the first CR uses that cluster and stops once no CR uses it any more (its C
 or moved to another kubeconfig). A PrfaaS cluster that is the PD cluster (no kubeconfig
 Secret) shares the PD cluster's cache.
 
-A PrfaaS cluster's cache never lists anything cluster-wide: it watches the namespaces its CRs
-place their objects in (spec.prefillCluster.namespace), a set that grows and shrinks with them.
-So an access identity bound in some namespaces only (the chart's prefillClusterAccess.namespaces)
-serves the CRs placed there, and a CR placed elsewhere fails alone, Forbidden in its namespace.
+A PrfaaS cluster's cache lists cluster-wide only where its identity may (the API server is asked
+first, with SelfSubjectAccessReviews): then one watch per kind serves any number of CRs, as for
+the PD cluster. Otherwise it watches the namespaces its CRs place their objects in
+(spec.prefillCluster.namespace), a set that grows and shrinks with them, so an access identity
+bound in some namespaces only (the chart's prefillClusterAccess.namespaces) serves the CRs placed
+there and never lists elsewhere, and a CR placed elsewhere fails alone, Forbidden in its namespace.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -21,6 +24,8 @@ from prfaas_core.vocabulary import LWS_KIND
 
 from prfaas_operator.adapters.informers import ClusterCache, OnChange, ScopedCache
 from prfaas_operator.adapters.kube import Cluster
+
+log = logging.getLogger(__name__)
 
 # What the caches watch: every kind of child in the PD cluster; in a PrfaaS cluster only what
 # the operator keeps there, so its kubeconfig needs no rights on anything else.
@@ -69,21 +74,38 @@ class ClusterCaches:
         self._stopping: set[asyncio.Task[None]] = set()
 
     def of(self, cluster: Cluster) -> ClusterCache:
-        """The cluster's cache, started on first use (a PrfaaS cluster's watching no namespace yet)."""
-        cache = self._caches.get(id(cluster.client))
-        if cache is None:
-            local = cluster.client is self._local.client
-            kinds = PD_KINDS if local else PRFAAS_KINDS
-            cache = self._caches[id(cluster.client)] = ClusterCache(
-                cluster, kinds, self._on_change, self._local_scope() if local else (), ADD_ON_KINDS
-            )
-            cache.start()
+        """The PD cluster's cache, started on first use (a PrfaaS cluster's is started by
+        use_prefill_cluster, which first asks how its identity may list)."""
+        assert cluster.client is self._local.client, "a PrfaaS cluster's cache: use_prefill_cluster"
+        return self._caches.get(id(cluster.client)) or self._start(cluster, PD_KINDS, self._local_scope())
+
+    def _start(
+        self, cluster: Cluster, kinds: Iterable[str], namespaces: Iterable[str] | None
+    ) -> ClusterCache:
+        cache = self._caches[id(cluster.client)] = ClusterCache(
+            cluster, kinds, self._on_change, namespaces, ADD_ON_KINDS
+        )
+        cache.start()
         return cache
 
-    def use_prefill_cluster(self, uid: str, cluster: Cluster, namespace: str) -> ScopedCache:
+    async def _prefill_cluster(self, cluster: Cluster) -> ClusterCache:
+        """A PrfaaS cluster's cache, started on first use: cluster-wide where its identity may list
+        everywhere, else watching no namespace yet (those in use are added)."""
+        if cluster.client is self._local.client:
+            return self.of(cluster)
+        cache = self._caches.get(id(cluster.client))
+        if cache is None:
+            everywhere = await cluster.may_list_everywhere(PRFAAS_KINDS)
+            cache = self._caches.get(id(cluster.client))  # another CR's pass may have started it meanwhile
+            if cache is None:
+                log.info("watching the %s %s", cluster.name, "cluster-wide" if everywhere else "by namespace")
+                cache = self._start(cluster, PRFAAS_KINDS, None if everywhere else ())
+        return cache
+
+    async def use_prefill_cluster(self, uid: str, cluster: Cluster, namespace: str) -> ScopedCache:
         """This CR's view of its PrfaaS cluster's cache, which from now on watches `namespace`;
         the namespace (or cluster) it used before is no longer watched for it."""
-        cache = self.of(cluster)
+        cache = await self._prefill_cluster(cluster)
         use, before = Use(id(cluster.client), namespace), self._uses.get(uid)
         view = self._views.get(uid)
         if use == before and view is not None:
@@ -115,7 +137,8 @@ class ClusterCaches:
             return
         namespaces = namespaces_in_use(self._uses, key)
         if namespaces:
-            self._caches[key].set_namespaces(namespaces)
+            if self._caches[key].namespaced:
+                self._caches[key].set_namespaces(namespaces)
             return
         cache = self._caches.pop(key)
         task = asyncio.get_running_loop().create_task(cache.stop())

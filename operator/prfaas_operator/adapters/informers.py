@@ -290,6 +290,8 @@ class ClusterCache:
     ) -> None:
         self.cluster = cluster
         scopes = None if namespaces is None else tuple(namespaces)
+        self.namespaced = scopes is not None
+        """Made with namespaces (a set that may change); else cluster-wide."""
         add_on = frozenset(add_on)
         self.informers = {
             kind: Informer(cluster, kind, on_change, scopes, add_on=kind in add_on) for kind in kinds
@@ -329,6 +331,7 @@ class ClusterCache:
 
     def set_namespaces(self, namespaces: Iterable[str]) -> None:
         """Watch these namespaces (of a cache made with namespaces) from now on."""
+        assert self.namespaced, "a cluster-wide cache watches every namespace"
         for informer in self.informers.values():
             informer.set_namespaces(namespaces)
 

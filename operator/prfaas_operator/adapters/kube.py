@@ -32,7 +32,9 @@ import yaml
 from lightkube import ApiError, AsyncClient, ConfigError, KubeConfig
 from lightkube.core.resource import NamespacedResource
 from lightkube.generic_resource import create_namespaced_resource
+from lightkube.models.authorization_v1 import ResourceAttributes, SelfSubjectAccessReviewSpec
 from lightkube.resources.apps_v1 import Deployment, StatefulSet
+from lightkube.resources.authorization_v1 import SelfSubjectAccessReview
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod, Secret, Service, ServiceAccount
 from lightkube.resources.policy_v1 import PodDisruptionBudget
@@ -263,6 +265,29 @@ class Cluster:
                 yield event, _as_dict(obj)
         if request.answer is not None:
             raise ClusterError(Problem(EXPIRED, f"{self.name}: watch of {kind} expired")) from request.answer
+
+    async def may_list_everywhere(self, kinds: Collection[str]) -> bool:
+        """Whether this identity may list and watch every one of `kinds` in all namespaces, as the
+        API server answers a SelfSubjectAccessReview for each (which anyone may ask, and which
+        lists nothing); False when it says no or cannot answer."""
+        for kind, verb in ((kind, verb) for kind in kinds for verb in ("list", "watch")):
+            api = _KINDS[kind]._api_info
+            review = SelfSubjectAccessReview(
+                spec=SelfSubjectAccessReviewSpec(
+                    resourceAttributes=ResourceAttributes(
+                        group=api.resource.group, resource=api.plural, verb=verb, namespace=""
+                    )
+                )
+            )
+            try:
+                with self._request(f"review whether it may {verb} {kind} in all namespaces"):
+                    answer = await self.client.create(review)
+            except ClusterError as err:
+                log.info("%s; taking it as no", err.problem.message)
+                return False
+            if answer.status is None or not answer.status.allowed:
+                return False
+        return True
 
     async def delete(self, kind: str, name: str, namespace: str | None = None) -> bool:
         """Delete (background propagation); False when it was already gone."""

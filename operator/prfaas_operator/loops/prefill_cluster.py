@@ -4,9 +4,9 @@ applying, retiring and pruning there, and deleting a CR's objects there when the
 A slow or dead PrfaaS cluster costs the PD cluster nothing: the pass applies the local side
 first, and this side answers a Problem instead of raising.
 
-Nothing here lists the PrfaaS cluster cluster-wide: its cache watches the namespaces CRs use
-(cluster_caches.py), and a CR's objects are looked for in the namespaces it uses or has left
-(pruned once it has moved), so an access identity bound in some namespaces only is enough.
+Nothing here lists the PrfaaS cluster cluster-wide: a CR's objects are looked for in the
+namespaces it uses or has left (pruned once it has moved), and its cache lists cluster-wide only
+where the identity may (cluster_caches.py), so one bound in some namespaces only is enough.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class PrefillClusterSide:
             )
         except ClusterError as err:
             return self.failed(owner, mem, err.problem)
-        cache = self.caches.use_prefill_cluster(owner.uid, cluster, spec.prefill_cluster.namespace)
+        cache = await self.caches.use_prefill_cluster(owner.uid, cluster, spec.prefill_cluster.namespace)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(cache.answered(), FIRST_LIST_WAIT_SECONDS)
         if cache.problem is not None:  # its watches are failing: its namespace is not observable

@@ -1,8 +1,9 @@
-"""A PrfaaS cluster watched in the namespaces its CRs use, never cluster-wide.
+"""A PrfaaS cluster watched in the namespaces its CRs use, or cluster-wide where the identity may.
 
 The caches are driven through a stand-in for kube.Cluster's calls (list_with_version, watch,
-probe) that refuses any cluster-wide list, as the apiserver does for an access identity bound
-in some namespaces only (the chart's prefillClusterAccess.namespaces).
+probe, may_list_everywhere) that refuses any list outside the namespaces granted, as the
+apiserver does for an access identity bound in some namespaces only (the chart's
+prefillClusterAccess.namespaces); with `everywhere`, one bound cluster-wide.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ class NamespacedIdentityCluster:
 
     name = "PrfaaS cluster"
 
-    def __init__(self, objects: Mapping[str, list[dict[str, Any]]], granted: set[str]) -> None:
-        self.objects, self.granted = objects, granted
+    def __init__(
+        self, objects: Mapping[str, list[dict[str, Any]]], granted: set[str], *, everywhere: bool = False
+    ) -> None:
+        self.objects, self.granted, self.everywhere = objects, granted, everywhere
         self.client = object()  # ClusterCaches keys a cluster's cache by its client
         self.lists: list[str | None] = []
 
@@ -39,6 +42,8 @@ class NamespacedIdentityCluster:
         self, kind: str, *, namespace: str | None, labels: Mapping[str, str]
     ) -> tuple[list[dict[str, Any]], str]:
         self.lists.append(namespace)
+        if namespace is None and self.everywhere:
+            return [o for listed in self.objects.values() for o in listed if o["kind"] == kind], "1"
         if namespace not in self.granted:
             where = f"namespace {namespace}" if namespace else "all namespaces"
             raise ClusterError(Problem(FORBIDDEN, f"PrfaaS cluster: list {kind} in {where} is forbidden"))
@@ -52,6 +57,9 @@ class NamespacedIdentityCluster:
 
     async def probe(self) -> None:
         return None
+
+    async def may_list_everywhere(self, kinds: Any) -> bool:
+        return self.everywhere
 
 
 async def until(condition: Callable[[], bool]) -> None:
@@ -129,11 +137,12 @@ async def test_a_prfaas_cluster_cache_watches_the_namespaces_its_crs_use() -> No
     cluster = NamespacedIdentityCluster({}, granted={"one", "two"})
     caches = ClusterCaches(Local(), lambda o: None, ())  # type: ignore[arg-type]
     try:
-        first = caches.use_prefill_cluster("cr-1", cluster, "one")  # type: ignore[arg-type]
-        assert caches.use_prefill_cluster("cr-1", cluster, "one") is first, "the same view while unchanged"
-        caches.use_prefill_cluster("cr-2", cluster, "two")  # type: ignore[arg-type]
+        first = await caches.use_prefill_cluster("cr-1", cluster, "one")  # type: ignore[arg-type]
+        again = await caches.use_prefill_cluster("cr-1", cluster, "one")  # type: ignore[arg-type]
+        assert again is first, "the same view while unchanged"
+        await caches.use_prefill_cluster("cr-2", cluster, "two")  # type: ignore[arg-type]
         await asyncio.wait_for(first.cache.scoped(["one", "two"]).answered(), 2)
-        moved = caches.use_prefill_cluster("cr-1", cluster, "two")  # type: ignore[arg-type]
+        moved = await caches.use_prefill_cluster("cr-1", cluster, "two")  # type: ignore[arg-type]
         assert moved is not first and moved.namespaces == ("two",)
         assert not first.cache.scoped(["one"]).synced, "no CR uses it: no longer watched"
         caches.forget("cr-1")
@@ -142,6 +151,24 @@ async def test_a_prfaas_cluster_cache_watches_the_namespaces_its_crs_use() -> No
         caches.forget("cr-2")
         await asyncio.sleep(0)
         assert caches.prefill_cluster_cache("cr-2") is None
+    finally:
+        await caches.close()
+
+
+async def test_an_identity_that_may_list_everywhere_gets_one_watch_per_kind_for_all_its_crs() -> None:
+    cluster = NamespacedIdentityCluster({"one": [sts("a", "one")]}, granted=set(), everywhere=True)
+    caches = ClusterCaches(Local(), lambda o: None, ())  # type: ignore[arg-type]
+    try:
+        views = [
+            await caches.use_prefill_cluster(f"cr-{n}", cluster, n)  # type: ignore[arg-type]
+            for n in ("one", "two", "three")
+        ]
+        await asyncio.wait_for(views[0].answered(), 2)
+        assert all(view.synced and view.problem is None for view in views)
+        assert views[0]["StatefulSet"].get("one", "a") is not None
+        assert set(cluster.lists) == {None} and len(cluster.lists) == 5, "one list per kind, cluster-wide"
+        caches.forget("cr-1")  # still in use by the others: stays cluster-wide
+        assert views[1].synced
     finally:
         await caches.close()
 
