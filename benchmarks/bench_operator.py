@@ -375,11 +375,28 @@ async def apply_directly(
     await asyncio.gather(*background, return_exceptions=True)
     for writer in writers.values():
         await writer.close()
+    await delete_namespaces(clients, list(namespaces))
+    return Arm(present, ready, len(namespaces), errors)
+
+
+async def delete_namespaces(
+    clients: dict[str, AsyncClient], namespaces: list[str], *, wait: bool = True
+) -> None:
+    """Delete the namespaces in both clusters and, with `wait`, wait (at most 3 min) until they are gone."""
     await asyncio.gather(
         *(client.delete(Namespace, namespace) for namespace in namespaces for client in clients.values()),
         return_exceptions=True,
     )
-    return Arm(present, ready, len(namespaces), errors)
+    deadline = time.monotonic() + 180
+    while wait and time.monotonic() < deadline:
+        present = {
+            item.metadata.name if item.metadata else ""
+            for client in clients.values()
+            async for item in client.list(Namespace)
+        }
+        if present.isdisjoint(namespaces):
+            return
+        await asyncio.sleep(1.0)
 
 
 async def run(testbed: Testbed, count: int, timeout_s: float, workdir: Path, operator_args: list[str]) -> int:
@@ -490,6 +507,8 @@ async def run(testbed: Testbed, count: int, timeout_s: float, workdir: Path, ope
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
+        # the direct arm starts on a clean slate: the operator's Services hold Service IPs until gone
+        await delete_namespaces(clients, [namespace for namespace, _ in names])
         direct = await apply_directly(testbed, clients, written, tag, timeout_s)
         print(
             f"\nthe same objects applied directly, as the operator applies them, {count} namespaces at once"
@@ -504,10 +523,7 @@ async def run(testbed: Testbed, count: int, timeout_s: float, workdir: Path, ope
         failed = missing or errors or reconcile_errors or cluster_errors or direct.errors
         return 1 if failed else 0
     finally:
-        for namespace, _ in names:
-            for client in clients.values():
-                with contextlib.suppress(ApiError):
-                    await client.delete(Namespace, namespace)
+        await delete_namespaces(clients, [namespace for namespace, _ in names], wait=False)
         for cluster, cluster_nodes in nodes.items():
             for node in cluster_nodes:
                 with contextlib.suppress(ApiError):
