@@ -270,8 +270,8 @@ async def written_objects(
                     },
                     **{k: v for k, v in raw.items() if k not in ("apiVersion", "kind", "metadata", "status")},
                 }
-                if info.kind == "Service":  # allocated to the operator's Service
-                    manifest["spec"].pop("clusterIP", None)
+                if info.kind == "Service" and manifest["spec"].get("clusterIP") != "None":
+                    manifest["spec"].pop("clusterIP", None)  # allocated to the operator's Service
                     manifest["spec"].pop("clusterIPs", None)
                 written.append((cluster, manifest))
     return written
