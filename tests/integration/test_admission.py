@@ -578,6 +578,7 @@ def test_status_the_operator_writes_is_kept_and_shown_in_printer_columns(
         "LOCAL-PREFILL",
         "DECODE",
         "ROLLOUT",
+        "ANALYSIS",
         "REASON",
         "AGE",
     ]
