@@ -872,7 +872,9 @@ def test_a_namespaced_access_identity_serves_its_namespaces_and_refuses_the_othe
                 interval=0.25,
                 what="served moved to its new namespace",
             )
-            assert "watching the PrfaaS cluster by namespace" in running.log_text()
+            log_text = running.log_text()
+            assert "watching the PrfaaS cluster by namespace" in log_text
+            assert "taking it as no" not in log_text, "the access review itself failed"
             assert "all namespaces" not in running.log_text(), "the operator listed cluster-wide"
 
             for name in crs:
