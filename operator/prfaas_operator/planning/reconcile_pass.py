@@ -228,7 +228,8 @@ def drain_role(
     drain_seconds: float,
 ) -> list[str]:
     """The drain of one role: of its old slot while it rolls, of its new slot while a rollback
-    takes it down (the old one growing back), else of its one StatefulSet."""
+    or a target lowered mid-rollout takes it down, else of its one StatefulSet. rollout.decide
+    shrinks at most one slot of a role a pass, so one drain per role covers both."""
     live = next((slot.replicas for slot in slots or () if slot.name == plan.slot), None)
     if plan.old is not None and (
         live is None or plan.replicas >= live or plan.old_replicas < plan.old.replicas

@@ -16,6 +16,13 @@ changed role at a time) and Dynamo's managed rollout (new prefills only see new 
 - The old slot shrinks by what the new revision has ready (through the usual drain: out of the
   router config first, then scaled), but keeps one of each role until the last step, so the old
   revision stays a workable prefill/decode set while it still serves.
+- A target changed by hand mid-rollout re-plans the steps against it. A raised one grows the new
+  slot within maxSurge as any step does. A lowered one can leave both slots above what they
+  should keep, and a role's drain takes one StatefulSet at a time: the old slot gives first (it
+  is leaving; what the new one keeps serves on), down to what the steps let it (one of each role
+  until the last step), while the new slot is held where it is; then the new slot drains down
+  to the target. In a rollback the failed slot goes first and the old one, held meanwhile,
+  drains down to a lowered target after.
 - The router pairs prefill and decode within one KV fingerprint only, and weighs each revision
   by its ready capacity (router_config_builder, routing policy).
 - Paused: hold. No progress within the deadline: hold, say so, keep the old revision serving.
@@ -216,7 +223,11 @@ def decide(
         if hold:
             replicas, old_replicas = current_new, old.replicas
         else:
-            replicas, old_replicas = _step(role, spec.max_surge, step, steps, current_new, old, gate_open)
+            replicas, old_replicas = _in_turn(
+                current_new,
+                old.replicas,
+                *_step(role, spec.max_surge, step, steps, current_new, old, gate_open),
+            )
         plans[role.role] = RolePlan(role.role, slot, replicas, old, old_replicas, retire=old.replicas == 0)
         summaries.append(
             RoleRollout(
@@ -300,6 +311,18 @@ def _step(
     return replicas, min(old.replicas, max(target - _level(target, step, steps), keep_one))
 
 
+def _in_turn(
+    current_new: int, current_old: int, replicas: int, old_replicas: int, *, old_first: bool = True
+) -> tuple[int, int]:
+    """(new replicas, old replicas) with at most one of the two slots shrinking this pass: a
+    lowered target can shrink both, and the drain takes a role's StatefulSets one at a time (the
+    reconcile keeps one drain per role), so the other is held where it is until the first is done.
+    The old slot first (`old_first`): it is leaving anyway; in a rollback the new slot first."""
+    if replicas >= current_new or old_replicas >= current_old:
+        return replicas, old_replicas
+    return (current_new, old_replicas) if old_first else (replicas, current_old)
+
+
 def _unseen(roles: Sequence[RoleSeen], previous: RolloutStatus | None) -> dict[str, RoleRollout]:
     """The roles whose cluster was not seen this pass but which were rolling: as last seen (their
     rollout goes on; it is not a new one)."""
@@ -326,17 +349,20 @@ def _roll_back(
     steps: int,
 ) -> RolloutDecision:
     """The failed revision goes to 0 (the reconcile drains it out of the router config first) and
-    the old slot back to its target, as when the spec is set back, with the spec left as it is."""
+    the old slot back to its target, as when the spec is set back, with the spec left as it is
+    (an old slot above a target lowered meanwhile is held until the failed one is gone)."""
     plans: dict[str, RolePlan] = {}
     summaries = []
     unseen = _unseen(roles, previous)
     for role in roles:
-        slot, _, old = placed[role.role]
+        slot, new, old = placed[role.role]
         if old is None:
             plans[role.role] = RolePlan(role.role, slot, role.target)
             summaries += [unseen[role.role]] if role.role in unseen else []
             continue
-        plans[role.role] = RolePlan(role.role, slot, 0, old, role.target)
+        current_new = new.replicas if new is not None else 0
+        _, old_replicas = _in_turn(current_new, old.replicas, 0, role.target, old_first=False)
+        plans[role.role] = RolePlan(role.role, slot, 0, old, old_replicas)
         summaries.append(
             RoleRollout(
                 role=role.role,
@@ -345,7 +371,7 @@ def _roll_back(
                 replicas=0,
                 ready=new_ready[role.role],
                 old_revision=old.revision or None,
-                old_replicas=role.target,
+                old_replicas=old_replicas,
                 old_ready=old.ready,
             )
         )

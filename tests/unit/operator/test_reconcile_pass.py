@@ -123,16 +123,18 @@ def run_pass(
     stored: StoredRouterConfig | None = None,
     applies: Applies | None = None,
     running: PrfaasDeploymentSpec | None = None,
+    slots: Mapping[str, Sequence[Slot] | None] | None = None,
 ) -> Pass:
     """One pass with everything applied as planned; memory is updated as the executor does.
 
-    `running`: the spec the live StatefulSets were written from (default: `s`, nothing to roll)."""
+    `running`: the spec the live StatefulSets were written from (default: `s`, nothing to roll);
+    `slots`: each role's live StatefulSets (default: one per role, from `running` and `live`)."""
     previous = previous or PrfaasDeploymentStatus()
     default_prefill, default_pd = everything_ready(s)
     prefill = prefill or default_prefill
     pd = pd or default_pd
     live = live or {Role.PD_PREFILL: 3, Role.PD_DECODE: 5, Role.PRFAAS_PREFILL: 4}
-    slots = settled_slots(running or s, live)
+    slots = slots if slots is not None else settled_slots(running or s, live)
     pass_input = PassInput(s, OWNER, 1, previous, Instant(now, WALL_NOW))
     engines = plan_pd_engines(pass_input, memory.drains, slots, OPTIONS)
     remote = PrefillClusterSeen(prefill, reachable, slots[Role.PRFAAS_PREFILL] if reachable else None)
@@ -252,6 +254,71 @@ def test_scaling_the_prfaas_pool_down_drains_its_highest_ordinals() -> None:
     assert listed(done.plan.router_config.config, Pool.PRFAAS_PREFILL) == [
         f"{NAMES.prfaas_prefill}-{n}" for n in range(2)
     ]
+
+
+def test_a_target_lowered_mid_rollout_drains_the_old_slot_then_the_new_one() -> None:
+    """pdCluster.decodeInstances lowered from 5 to 2 while the decodes roll (2 old, 4 new, all
+    ready; the other roles done): the old slot leaves the router config and is held until the
+    drain time has passed, the new slot held at 4 meanwhile (it shrank at once before); once the
+    old slot is gone, the new one's two highest ordinals drain the same way."""
+    args = ["--trust-remote-code", "--log-level", "debug"]  # a new revision, the same KV layout
+    old_spec = spec()
+    new_spec = spec(**{"model.extraArgs": args, "pdCluster.decodeInstances": 2})
+    fingerprint = kv_fingerprint(new_spec.model)
+    assert fingerprint == kv_fingerprint(old_spec.model)
+    allocation = effective_allocation(new_spec, None).allocation
+    old_decode, new_decode = (
+        engine_workload(
+            version.model,
+            {e.role: e for e in engine_roles(version, OWNER, allocation)}[Role.PD_DECODE],
+            OWNER,
+            fingerprint,
+        )
+        for version in (old_spec, new_spec)
+    )
+    new_name = f"{NAMES.pd_decode}-b"
+    prefill_pods = pods(NAMES.pd_prefill, Role.PD_PREFILL, 3, fingerprint)
+    new_pods = [
+        PodInfo(f"{new_name}-{n}", Role.PD_DECODE, fingerprint, f"10.3.1.{n + 1}", True) for n in range(4)
+    ]
+
+    def slots(old: int, new: int) -> dict[str, Sequence[Slot] | None]:
+        found: dict[str, Sequence[Slot] | None] = dict(
+            settled_slots(new_spec, {Role.PD_PREFILL: 3, Role.PRFAAS_PREFILL: 4})
+        )
+        found[Role.PD_DECODE] = [
+            Slot(
+                NAMES.pd_decode, revision_of(old_decode), old, old, live=old_decode, fingerprint=fingerprint
+            ),
+            Slot(new_name, revision_of(new_decode), new, new, live=new_decode, fingerprint=fingerprint),
+        ]
+        return found
+
+    def decode_replicas(done: Pass) -> list[int]:
+        """The replicas the old and the new slot get this pass."""
+        return [
+            statefulset(done.engines.manifests, name)["spec"]["replicas"]
+            for name in (NAMES.pd_decode, new_name)
+        ]
+
+    memory = Memory({})
+    both = seen([*prefill_pods, *pods(NAMES.pd_decode, Role.PD_DECODE, 2, fingerprint), *new_pods])
+    first = run_pass(new_spec, memory, 100.0, pd=both, slots=slots(2, 4))
+    assert first.engines.rollout.status is not None
+    assert memory.drains[Role.PD_DECODE] == Drain(NAMES.pd_decode, 0, 2, since=100.0)
+    assert decode_replicas(first) == [2, 4], "the old slot held while it drains, the new one held too"
+    assert listed(first.plan.router_config.config, Pool.DECODE) == [p.name for p in new_pods]
+    released = run_pass(new_spec, memory, 100.0 + OPTIONS.drain_seconds, pd=both, slots=slots(2, 4))
+    assert decode_replicas(released) == [0, 4], "the old slot scaled away after the drain; the new one waits"
+
+    new_only = seen([*prefill_pods, *new_pods])
+    second = run_pass(new_spec, memory, 200.0, pd=new_only, slots=slots(0, 4))
+    assert second.engines.retire == [("StatefulSet", OWNER.namespace, NAMES.pd_decode)], "the old slot goes"
+    assert memory.drains[Role.PD_DECODE] == Drain(new_name, 2, 4, since=200.0)
+    assert statefulset(second.engines.manifests, new_name)["spec"]["replicas"] == 4, "held while it drains"
+    assert listed(second.plan.router_config.config, Pool.DECODE) == [p.name for p in new_pods[:2]]
+    done = run_pass(new_spec, memory, 200.0 + OPTIONS.drain_seconds, pd=new_only, slots=slots(0, 4))
+    assert statefulset(done.engines.manifests, new_name)["spec"]["replicas"] == 2
 
 
 # ---- remote backoff ----------------------------------------------------------------------------

@@ -135,6 +135,82 @@ def test_a_rollout_never_drops_capacity_never_exceeds_the_surge_and_keeps_both_r
     assert {r.slots[0].name for r in roles} == {f"demo-{role}-b" for role in TARGETS}
 
 
+# ---- a target changed by hand mid-rollout ------------------------------------------------------
+
+
+def retargeted(roles: Sequence[RoleSeen], role: str, target: int) -> list[RoleSeen]:
+    """The same live slots, with `role`'s target changed in the spec."""
+    return [replace(r, target=target) if r.role == role else r for r in roles]
+
+
+@pytest.mark.parametrize("max_surge", [1, 2])
+@pytest.mark.parametrize(
+    ("role", "target"),
+    [("prfaas-prefill", 1), ("prfaas-prefill", 2), ("pd-decode", 1), ("pd-prefill", 1), ("pd-prefill", 5)],
+)
+@pytest.mark.parametrize("at_pass", range(5))
+def test_a_target_changed_mid_rollout_shrinks_one_slot_at_a_time_within_the_surge_and_capacity(
+    max_surge: int, role: str, target: int, at_pass: int
+) -> None:
+    """Lowered: a role's two slots never shrink in the same pass (the drain takes one StatefulSet
+    of a role at a time; the old slot goes first), what serves never falls below the lowered
+    target. Raised: the new slot grows within maxSurge, nothing serving is dropped. Either way
+    the old revision stays workable until the last step, and the rollout ends with every role at
+    its target in its new slot."""
+    spec = RolloutSpec(max_surge=max_surge)
+    roles = wanting(settled("r1"), "r2")
+    status: RolloutStatus | None = None
+    for n in range(40):
+        if n == at_pass:
+            roles = retargeted(roles, role, target)
+        decision = decide(roles, spec, status, T0 + timedelta(seconds=5 * n))
+        status = decision.status
+        for seen in roles:
+            plan = decision.roles[seen.role]
+            if plan.old is None:
+                continue
+            old = plan.old
+            (new,) = [s for s in seen.slots if s.name == plan.slot] or [Slot(plan.slot, "r2", 0, 0)]
+            assert plan.replicas >= new.replicas or plan.old_replicas >= old.replicas, "both slots shrink"
+            if plan.replicas > new.replicas:  # grows: within the surge, counting what runs now
+                assert plan.replicas + old.replicas <= seen.target + max_surge
+            serving = min(new.ready, plan.replicas) + plan.old_replicas
+            assert serving >= min(seen.target, new.ready + old.ready), "capacity dropped"
+        old_left = {r: p.old_replicas for r, p in decision.roles.items() if p.old is not None}
+        if any(old_left.values()):
+            assert old_left.get("pd-decode", 0) >= 1
+            assert old_left.get("pd-prefill", 0) + old_left.get("prfaas-prefill", 0) >= 1
+        roles = applied(roles, decision)
+        if status is None:
+            break
+    assert status is None, "the rollout did not finish"
+    assert all(
+        len(r.slots) == 1 and r.slots[0].revision == "r2" and r.slots[0].replicas == r.target for r in roles
+    )
+
+
+def test_a_lowered_target_takes_the_old_slot_first_then_the_new_one() -> None:
+    """prfaas-prefill lowered from 4 to 1 at step 1 (2 new ready, 3 old): the old slot goes first,
+    down to the one it keeps until the last step, while the new slot is held at 2; then the new
+    slot comes down to 1."""
+    roles = wanting(settled("r1"), "r2")
+    status: RolloutStatus | None = None
+    for n in range(3):
+        decision = decide(roles, RolloutSpec(), status, T0 + timedelta(seconds=5 * n))
+        status, roles = decision.status, applied(roles, decision)
+    prfaas = {s.name: (s.replicas, s.ready) for s in roles[0].slots}
+    assert prfaas == {"demo-prfaas-prefill-b": (2, 2), "demo-prfaas-prefill": (3, 3)}
+    lowered = retargeted(roles, "prfaas-prefill", 1)
+    first = decide(lowered, RolloutSpec(), status, T0 + timedelta(seconds=15))
+    assert first.status is not None and (first.status.step, first.status.steps) == (1, 3)
+    plan = first.roles["prfaas-prefill"]
+    assert (plan.replicas, plan.old_replicas) == (2, 1), "the old slot first, the new one held"
+    world = applied(lowered, first)
+    second = decide(world, RolloutSpec(), first.status, T0 + timedelta(seconds=20))
+    plan = second.roles["prfaas-prefill"]
+    assert (plan.replicas, plan.old_replicas) == (1, 1), "then the new slot, the old keeping one"
+
+
 def test_steps_advance_only_when_every_role_has_its_share_ready() -> None:
     roles = wanting(settled("r1"), "r2")
     first = decide(roles, RolloutSpec(), None, T0)
@@ -348,6 +424,21 @@ def test_a_failing_revision_is_rolled_back_by_itself() -> None:
     assert all(p.replicas == 0 and p.old_replicas == TARGETS[r] for r, p in later.roles.items())
     again = decide(applied(world, later), RolloutSpec(), later.status, T0 + timedelta(seconds=3600))
     assert again.status is not None and again.status.phase == FAILED and again.event is None
+
+
+def test_a_rollback_takes_the_failed_slot_down_before_the_old_one_shrinks_to_a_lowered_target() -> None:
+    roles = layouts()
+    first = decide(roles, RolloutSpec(), None, T0)
+    world = retargeted(applied(roles, first), "pd-prefill", 1)  # 1 new, 3 old; the target now 1
+    failing = decide(
+        world, RolloutSpec(), first.status, T0 + timedelta(seconds=20), observed=figures(BROKEN, T0)
+    )
+    assert failing.status is not None and failing.status.phase == FAILED
+    plan = failing.roles["pd-prefill"]
+    assert (plan.replicas, plan.old_replicas) == (0, 3), "the failed instance drains first, the old held"
+    later = decide(applied(world, failing), RolloutSpec(), failing.status, T0 + timedelta(seconds=30))
+    plan = later.roles["pd-prefill"]
+    assert (plan.replicas, plan.old_replicas) == (0, 1), "then the old slot down to the lowered target"
 
 
 def test_a_fail_rolls_back_even_while_paused_or_stalled() -> None:
