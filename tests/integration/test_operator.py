@@ -32,6 +32,7 @@ from lightkube.resources.policy_v1 import PodDisruptionBudget
 from operator_harness import OperatorProcess, install_crd, router_on_kwok, run_operator
 from polling import get_or_none
 from prfaas_core.router_config import RouterConfig
+from prfaas_core.vocabulary import Pool
 from prfaas_operator.adapters.kube import PrfaasDeploymentResource
 from prfaas_operator.crd import repository_root
 from prfaas_testbed.polling import eventually
@@ -523,6 +524,55 @@ def test_sample_image_change_rolls_both_clusters_together_and_back(
     assert {"RolloutStarted", "RolloutDone"} <= reasons, reasons
 
     assert "Progressing" in roll_to("lmsysorg/sglang:v0.5.23", "")  # back, into the first slot
+
+    # Two decodes, then a rollout during which the decode target is lowered to 1 by hand: every
+    # decode that goes leaves the router config before its StatefulSet lets it go, whichever slot
+    # it is in, and the old slot goes first (the new one keeps its 2 until the old one is gone).
+    def patch(changes: dict[str, Any]) -> None:
+        Kubectl(testbed.pd_kubeconfig).ok(
+            "patch", "prfaas", name, "-n", ns, "--type=merge", "-p", yaml.safe_dump({"spec": changes})
+        )
+
+    def listed_decodes() -> list[str]:
+        config = router_config(pd_client, name, ns)
+        return [e.name for e in config.pools.of(Pool.DECODE)] if config is not None else []
+
+    patch({"pdCluster": {"instances": 3, "decodeInstances": 2}})
+    eventually(
+        lambda: len(listed_decodes()) == 2,
+        timeout=60,
+        interval=0.25,
+        what="two decodes",
+    )
+    image, old_set, new_set = "lmsysorg/sglang:v0.5.24", f"{name}-pd-decode", f"{name}-pd-decode-b"
+    patch({"model": {"image": image}})
+    lowered, after = False, []  # after: (old, new) decode replicas once lowered
+    deadline = time.monotonic() + 240  # two drains (30 s each) after the steps
+    while time.monotonic() < deadline:
+        config = router_config(pd_client, name, ns)  # read before the StatefulSets: see below
+        sets = {role: statefulsets(role) for role in targets}
+        replicas = {workload: n for found in sets.values() for workload, (n, _) in found.items()}
+        for pool in Pool:
+            for endpoint in config.pools.of(pool) if config is not None else ():
+                workload, _, ordinal = endpoint.name.rpartition("-")
+                # a drain scales a pod away only once a config without it has been in force 30 s
+                assert int(ordinal) < replicas.get(workload, 0), (endpoint.name, replicas)
+        if not lowered and replicas.get(new_set, 0) >= 2:
+            patch({"pdCluster": {"instances": 2, "decodeInstances": 1}})
+            lowered = True
+        elif lowered:
+            after.append((replicas.get(old_set, 0), replicas.get(new_set, 0)))
+        done = all(found == {f"{name}-{role}-b": (1, image)} for role, found in sets.items())
+        if lowered and done and "rollout" not in cr_status(pd_client, name, ns):
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(
+            f"the lowered rollout did not end: {cr_status(pd_client, name, ns).get('rollout')}"
+        )
+    assert after and after[0][0] > 0, f"lowered while both slots ran: {after}"
+    assert all(new == 2 for old, new in after if old > 0), f"the new decodes shrank first: {after}"
+    assert (0, 2) in after, f"the new slot drained after the old one was gone: {after}"
 
 
 def test_bad_clusters_degrade_with_the_cause_while_others_are_served(
