@@ -19,10 +19,12 @@ from support.kubectl import Kubectl
 if TYPE_CHECKING:
     from prfaas_testbed.clusters import LinkNamespace, RealNode
     from prfaas_testbed.system import LiveSystem
-    from prfaas_testbed.traffic import PlannedRequest, TrafficDriver
+    from prfaas_testbed.traffic import PlannedRequest, RequestResult, TrafficDriver
 
 E2E_TIME_SCALE = 0.5
 """Engines compute in half the real time; request plans are scaled alike."""
+WINDOW_SECONDS = 5.0
+"""The window of served requests/s whose lowest a rollout scenario compares with before."""
 
 
 class BackgroundTraffic:
@@ -184,3 +186,29 @@ def status_of(router: str, prompt_words: int, word: str) -> tuple[int, str]:
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode(errors="replace")[:300]
     return 200, ""
+
+
+def steady(seconds: float) -> list[PlannedRequest]:
+    """Evenly spaced (not Poisson: a 5 s window then holds the same number of arrivals): four short
+    prompts a second, prefilled locally, and a long one every 4 s, prefilled in the PrfaaS cluster."""
+    from prfaas_testbed.traffic import PlannedRequest
+
+    planned = [PlannedRequest(i * 0.25, "short", 800, 8, (20_000_000 + i,)) for i in range(int(seconds * 4))]
+    planned += [
+        PlannedRequest(
+            i * 4.0 + 0.1, "long", 30_000, 8, tuple(range(30_000_000 + i * 100, 30_000_000 + i * 100 + 59))
+        )
+        for i in range(int(seconds / 4))
+    ]
+    return planned
+
+
+def served_per_window(results: list[RequestResult], start: float, end: float) -> list[float]:
+    """Requests answered in full per second, in each whole 5 s window of [start, end)."""
+    done = [r.sent_at + (r.latency_seconds or 0) for r in results if r.outcome == "ok"]
+    windows = int((end - start) // WINDOW_SECONDS)
+    return [
+        sum(1 for t in done if start + k * WINDOW_SECONDS <= t < start + (k + 1) * WINDOW_SECONDS)
+        / WINDOW_SECONDS
+        for k in range(windows)
+    ]

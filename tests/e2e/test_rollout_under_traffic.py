@@ -26,11 +26,18 @@ from typing import Any
 
 import pytest
 from lightkube.resources.apps_v1 import StatefulSet
-from live_traffic import E2E_TIME_SCALE, BackgroundTraffic, condition, logs_hint, patched
+from live_traffic import (
+    E2E_TIME_SCALE,
+    BackgroundTraffic,
+    condition,
+    logs_hint,
+    patched,
+    served_per_window,
+    steady,
+)
 from prfaas_testbed.pod_workloads import WorkloadKind
 from prfaas_testbed.polling import eventually
 from prfaas_testbed.system import LiveSystem, customise_cr, load_sample_cr
-from prfaas_testbed.traffic import PlannedRequest, RequestResult
 
 pytestmark = [pytest.mark.e2e, pytest.mark.testbed, pytest.mark.timeout(900)]
 
@@ -40,7 +47,6 @@ MODEL_LOAD_SECONDS = 10
 """What each new engine takes before it listens (real ones: minutes; the demo's deadline allows it)."""
 TARGETS = {"prfaas-prefill": 2, "pd-prefill": 2, "pd-decode": 2}
 OLD, NEW, MISSING = "lmsysorg/sglang:v0.5.23", "lmsysorg/sglang:v0.5.24", "lmsysorg/sglang:v0.5.99"
-WINDOW_SECONDS = 5.0
 BEFORE_SECONDS = 30.0  # steady traffic before the change: the baseline's windows
 DEADLINE_SECONDS = 30  # spec.rollout.progressDeadlineSeconds of the stalled rollout
 
@@ -57,30 +63,6 @@ def deployment(live_system: LiveSystem) -> Iterator[LiveSystem]:
     live_system.wait_ready(240)
     yield live_system
     live_system.delete_cr()
-
-
-def steady(seconds: float) -> list[PlannedRequest]:
-    """Evenly spaced (not Poisson: a 5 s window then holds the same number of arrivals): four short
-    prompts a second, prefilled locally, and a long one every 4 s, prefilled in the PrfaaS cluster."""
-    planned = [PlannedRequest(i * 0.25, "short", 800, 8, (20_000_000 + i,)) for i in range(int(seconds * 4))]
-    planned += [
-        PlannedRequest(
-            i * 4.0 + 0.1, "long", 30_000, 8, tuple(range(30_000_000 + i * 100, 30_000_000 + i * 100 + 59))
-        )
-        for i in range(int(seconds / 4))
-    ]
-    return planned
-
-
-def served_per_window(results: list[RequestResult], start: float, end: float) -> list[float]:
-    """Requests answered in full per second, in each whole 5 s window of [start, end)."""
-    done = [r.sent_at + (r.latency_seconds or 0) for r in results if r.outcome == "ok"]
-    windows = int((end - start) // WINDOW_SECONDS)
-    return [
-        sum(1 for t in done if start + k * WINDOW_SECONDS <= t < start + (k + 1) * WINDOW_SECONDS)
-        / WINDOW_SECONDS
-        for k in range(windows)
-    ]
 
 
 class Watcher:
