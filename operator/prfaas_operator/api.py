@@ -1341,6 +1341,17 @@ class PlannerDecision(_Model):
         )
 
 
+class PrefillClusterPlacement(_Model):
+    """Where the operator placed a CR's objects in a PrfaaS cluster: the Secret whose kubeconfig
+    reaches that cluster, and the namespace there."""
+
+    kubeconfig_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="The kubeconfig Secret that reaches the cluster. Absent: the operator's own cluster.",
+    )
+    namespace: str = Field(description="The namespace in that cluster.")
+
+
 class PrfaasDeploymentStatus(_Model):
     """What the operator observed and did."""
 
@@ -1361,6 +1372,18 @@ class PrfaasDeploymentStatus(_Model):
     )
     planner: PlannerDecision | None = Field(default=None, description="The planner's last decision.")
     rollout: RolloutStatus | None = Field(default=None, description="The rollout in progress, if any.")
+    prefill_cluster_placement: PrefillClusterPlacement | None = Field(
+        default=None,
+        description="Where this CR's PrfaaS objects are: spec.prefillCluster's kubeconfigSecretRef and "
+        "namespace as last applied.",
+    )
+    prefill_cluster_left_behind: list[PrefillClusterPlacement] = Field(
+        default_factory=list,
+        description="Placements this CR moved out of (another kubeconfigSecretRef or namespace) whose objects "
+        "are not deleted yet. The operator deletes them there once the new placement is served, retrying while "
+        "that cluster cannot be reached (Degraded, reason LeftBehindNotCleaned, says why); kept here so a "
+        "restart still knows where to clean.",
+    )
 
 
 class PrfaasDeployment(_Model):

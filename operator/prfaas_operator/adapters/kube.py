@@ -3,8 +3,9 @@
 The operator's own (PD) cluster is reached the way kopf logs in (in-cluster service account,
 else KUBECONFIG); the PrfaaS cluster through a self-contained kubeconfig in a Secret, with
 clients of its own (never the process-global config). Clients are shared by every CR whose
-Secret holds the same kubeconfig; a Secret is read again every SECRET_RECHECK_SECONDS, so a
-rotated kubeconfig gets new clients and an unchanged one costs nothing to rebuild.
+Secret holds the same kubeconfig; a Secret is read again every SECRET_RECHECK_SECONDS, and at
+the next try after its cluster failed (rejected credentials, say), so a rotated kubeconfig (a new
+token) gets new clients without a restart and an unchanged one costs nothing to rebuild.
 
 Every failure leaves this module as a ClusterError carrying a Problem: a condition reason
 (Unreachable, Unauthorized, Forbidden, SecretNotFound, InvalidKubeconfig, ApiError) and a
@@ -127,7 +128,10 @@ def describe_failure(exc: BaseException, *, cluster: str, server: str, action: s
         if code == 403:
             return Problem(FORBIDDEN, f"{cluster}: {action} is forbidden: {detail}")
         if code == 401:
-            return Problem(UNAUTHORIZED, f"{cluster} at {server} rejected the credentials ({action})")
+            return Problem(
+                UNAUTHORIZED,
+                f"{cluster} at {server} rejected the credentials ({action}): expired, revoked or unknown",
+            )
         return Problem(API_ERROR, f"{cluster}: {action} failed with HTTP {code}: {detail}")
     if isinstance(exc, httpx2.TransportError):
         return Problem(UNREACHABLE, f"cannot reach the {cluster} at {server}: {_transport_cause(exc)}")
@@ -215,6 +219,20 @@ class Cluster:
     async def probe(self) -> None:
         """One cheap request; raises ClusterError when the cluster does not answer properly."""
         await self.get("Namespace", "default")
+
+    async def diagnosed(self, problem: Problem) -> Problem:
+        """Why the cluster looked unreachable, asked once over HTTP/1.1: kube-apiserver answers an
+        HTTP/2 request whose credentials it rejects by closing the connection (GOAWAY), not with
+        401, so an expired or revoked token would read as Unreachable."""
+        if problem.reason != UNREACHABLE or not HTTP2:
+            return problem
+        try:
+            with self._request("get Namespace default", answers=(404,)):
+                await self.watch_client.get(Namespace, "default")
+        except ClusterError as err:
+            if err.problem.reason == UNAUTHORIZED:
+                return err.problem
+        return problem
 
     async def get(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
         """The object, or None when it does not exist."""
@@ -470,6 +488,13 @@ class Clusters:
             self._by_secret[key] = used
         used.checked_at = time.monotonic()
         return used.cluster
+
+    def recheck(self, namespace: str, ref: SecretKeyRef | None) -> None:
+        """Read this Secret again on its next use, not SECRET_RECHECK_SECONDS after the last read
+        (its cluster failed: a rotated token or a fixed server may be there already)."""
+        used = self._by_secret.get((namespace, ref.name, ref.key)) if ref is not None else None
+        if used is not None:
+            used.checked_at = float("-inf")
 
     def _client_for(self, data: Mapping[str, str] | None, ref: SecretKeyRef, where: str) -> Cluster:
         """The shared client of this kubeconfig, built (after vetting) the first time it is seen."""

@@ -18,7 +18,7 @@ from prfaas_core.vocabulary import ANNOTATION_CREATED_BY, LABEL_MANAGED_BY, MANA
 from prfaas_operator import RECONCILE_LOGGER
 from prfaas_operator.adapters.cluster_caches import ADD_ON_KINDS, PRFAAS_OWNED_KINDS
 from prfaas_operator.adapters.kube import NOT_SERVED, Cluster, ClusterError
-from prfaas_operator.api import SecretKeyRef
+from prfaas_operator.api import PrefillClusterPlacement
 from prfaas_operator.planning import observation, workloads
 from prfaas_operator.planning.analysis import Observed
 from prfaas_operator.planning.drain import Drain
@@ -30,14 +30,12 @@ from prfaas_operator.planning.workloads import ENGINE_WORKLOAD_KINDS
 log = logging.getLogger(RECONCILE_LOGGER)
 
 Manifest = dict[str, Any]
-# where a CR's PrfaaS objects go: its kubeconfig Secret, its namespace
-Placement = tuple[SecretKeyRef | None, str]
 
 
 @dataclass
 class Memory:
-    """Per-CR state that only makes the loop cheaper or gentler; losing it on restart is harmless,
-    but for left_namespaces."""
+    """Per-CR state that only makes the loop cheaper or gentler; losing it on restart is harmless
+    (where the PrfaaS objects are placed, and what is left behind, is also kept in status)."""
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     due: float = 0.0
@@ -46,10 +44,10 @@ class Memory:
     backoff: RemoteBackoff = field(default_factory=RemoteBackoff)
     pruned_for: tuple[Any, ...] | None = None
     namespace_ensured: str | None = None  # PrfaaS namespace known to exist (re-checked after a failure)
-    placed: Placement | None = None  # the kubeconfigSecretRef and namespace last applied to
-    # PrfaaS namespaces moved out of, not yet pruned (after a restart what was left there stays:
-    # docs/limitations.md)
-    left_namespaces: frozenset[str] = frozenset()
+    placement_known: bool = False  # placed and left_behind read from status (once after a start)
+    placed: PrefillClusterPlacement | None = None  # the kubeconfigSecretRef and namespace last applied to
+    left_behind: list[PrefillClusterPlacement] = field(default_factory=list)  # moved out of, not cleaned yet
+    cleanup_backoff: RemoteBackoff = field(default_factory=RemoteBackoff)  # cleaning what is left behind
     router_config: RouterConfig | None = None  # last written; the ConfigMap is read only when unknown
     applied: dict[observation.ChildKey, Applied] = field(default_factory=dict)
     wake: asyncio.Event = field(default_factory=asyncio.Event)

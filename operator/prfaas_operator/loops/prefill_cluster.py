@@ -14,27 +14,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+
+from prfaas_core.vocabulary import LABEL_OWNER
 
 from prfaas_operator import RECONCILE_LOGGER
 from prfaas_operator.adapters.cluster_caches import PRFAAS_OWNED_KINDS, ClusterCaches
 from prfaas_operator.adapters.informers import ScopedCache
-from prfaas_operator.adapters.kube import FORBIDDEN, Cluster, ClusterError, Clusters
+from prfaas_operator.adapters.kube import (
+    FORBIDDEN,
+    SECRET_NOT_FOUND,
+    Cluster,
+    ClusterError,
+    Clusters,
+)
 from prfaas_operator.adapters.metrics import OperatorMetrics
-from prfaas_operator.api import PrfaasDeploymentSpec
+from prfaas_operator.api import PrefillClusterPlacement, PrfaasDeploymentSpec
 from prfaas_operator.loops.children import (
     Manifest,
     Memory,
-    Placement,
     apply_drifted,
     delete_namespace_if_ours,
     delete_retired,
-    owned_in,
+    list_served,
 )
 from prfaas_operator.planning import observation, remote_backoff
-from prfaas_operator.planning.manifests import Owner, prefill_cluster_namespace
+from prfaas_operator.planning.manifests import Owner, label_value, owner_selector, prefill_cluster_namespace
 from prfaas_operator.planning.reconcile_pass import ReconcileOptions, stale_children
-from prfaas_operator.planning.status import ClusterObservation, Problem
+from prfaas_operator.planning.status import LEFT_BEHIND, ClusterObservation, Problem
 
 log = logging.getLogger(RECONCILE_LOGGER)
 
@@ -48,15 +55,34 @@ what is there is then known before anything is written, and a namespace the iden
 read is reported before the pass creates it."""
 
 
-def left_namespaces(placed: Placement | None, now: Placement, left: frozenset[str]) -> frozenset[str]:
-    """The PrfaaS namespaces a CR has left and not yet pruned, once it is placed `now`: the one it
-    moves out of joins them, the one it comes back to leaves them. In another cluster (another
-    Secret) none: what it left in the old one is not to be looked for in the new one."""
-    if placed is None or placed == now:
-        return left - {now[1]}
-    if placed[0] != now[0]:
-        return frozenset()
-    return (left | {placed[1]}) - {now[1]}
+def left_behind(
+    placed: PrefillClusterPlacement | None,
+    now: PrefillClusterPlacement,
+    left: Sequence[PrefillClusterPlacement],
+) -> list[PrefillClusterPlacement]:
+    """The placements a CR has moved out of and not yet cleaned, once it is placed `now`: the one
+    it moves out of (another Secret, another namespace or both) joins them, the one it comes back
+    to leaves them."""
+    kept = [placement for placement in left if placement != now]
+    if placed is not None and placed != now and placed not in kept:
+        kept.append(placed)
+    return kept
+
+
+def stale_left_behind(
+    found: Sequence[tuple[str, str, str, str]], in_use: Collection[str]
+) -> list[tuple[str, str, str]]:
+    """What to delete in a placement left behind: this CR's objects found there (kind, namespace,
+    name, uid) but those its current placement holds (the same uid: the old Secret reaches the
+    same cluster, another identity of it, and the same namespace)."""
+    return [(kind, namespace, name) for kind, namespace, name, uid in found if uid not in in_use]
+
+
+def cleanup_gives_up(problem: Problem) -> bool:
+    """Whether cleaning a placement left behind stops for good: its Secret is gone (nothing
+    reaches that cluster any more) or the identity may not delete there. Anything else (the
+    cluster unreachable, the credentials rejected) is tried again until it works."""
+    return problem.reason in (SECRET_NOT_FOUND, FORBIDDEN)
 
 
 def observe(spec: PrfaasDeploymentSpec, owner: Owner, remote: Remote) -> ClusterObservation:
@@ -89,17 +115,19 @@ class PrefillClusterSide:
                 owner.namespace, spec.prefill_cluster.kubeconfig_secret_ref
             )
         except ClusterError as err:
-            return self.failed(owner, mem, err.problem)
+            return self.failed(spec, owner, mem, err.problem)
         cache = await self.caches.use_prefill_cluster(owner.uid, cluster, spec.prefill_cluster.namespace)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(cache.answered(), FIRST_LIST_WAIT_SECONDS)
         if cache.problem is not None:  # its watches are failing: its namespace is not observable
-            return self.failed(owner, mem, cache.problem)
+            return self.failed(spec, owner, mem, await cluster.diagnosed(cache.problem))
         return cluster, cache
 
-    def failed(self, owner: Owner, mem: Memory, problem: Problem) -> Problem:
-        """Count and log a failure, and back off (from when it failed, not when the pass began)."""
+    def failed(self, spec: PrfaasDeploymentSpec, owner: Owner, mem: Memory, problem: Problem) -> Problem:
+        """Count and log a failure, and back off (from when it failed, not when the pass began);
+        the Secret is read again at the next try (a rotated token, a fixed server)."""
         mem.namespace_ensured = None  # e.g. the namespace was deleted: check it again next time
+        self.clusters.recheck(owner.namespace, spec.prefill_cluster.kubeconfig_secret_ref)
         options = self.options
         mem.backoff = remote_backoff.failed(
             mem.backoff,
@@ -121,15 +149,18 @@ class PrefillClusterSide:
         mem: Memory,
         generation: int | None,
         retire: Sequence[tuple[str, str, str]] = (),
-    ) -> tuple[ClusterObservation, list[Problem]] | None:
-        """Apply the PrfaaS cluster's drifted children, delete `retire`; a replacement observation
-        when that failed. `wanted` None: not known this pass (see PassPlan)."""
+    ) -> tuple[ClusterObservation | None, list[Problem], list[Problem]]:
+        """Apply the PrfaaS cluster's drifted children, delete `retire`, prune, clean what was left
+        behind: a replacement observation when that failed, problems for the status, warnings for
+        an Event. `wanted` None: not known this pass (see PassPlan)."""
         if isinstance(remote, Problem) or wanted is None:
-            return None
+            return None, [], []
         cluster, cache = remote
         pc = spec.prefill_cluster
-        placement = (pc.kubeconfig_secret_ref, pc.namespace)
-        mem.left_namespaces = left_namespaces(mem.placed, placement, mem.left_namespaces)
+        placement = PrefillClusterPlacement(
+            kubeconfig_secret_ref=pc.kubeconfig_secret_ref, namespace=pc.namespace
+        )
+        mem.left_behind = left_behind(mem.placed, placement, mem.left_behind)
         mem.placed = placement
         try:
             if mem.namespace_ensured != pc.namespace:
@@ -139,16 +170,90 @@ class PrefillClusterSide:
             await apply_drifted(cluster, cache, wanted, mem, "prfaas")
             await delete_retired(cluster, owner, retire)
         except ClusterError as err:
-            return ClusterObservation(self.failed(owner, mem, err.problem)), []
+            failure = self.failed(spec, owner, mem, await cluster.diagnosed(err.problem))
+            return ClusterObservation(failure), [], []
         mem.backoff = remote_backoff.succeeded(mem.backoff)
+        if not cache.synced:
+            return None, [], []
+        problems, warnings = await self._clean_left_behind(owner, cache, pc.namespace, mem)
         prune_key = (generation, pc.namespace, pc.kubeconfig_secret_ref)
-        if mem.pruned_for == prune_key or not cache.synced:
-            return None
-        problem = await self._prune(cluster, cache, owner, wanted, mem.left_namespaces)
+        if mem.pruned_for == prune_key:
+            return None, problems, warnings
+        problem = await self._prune(cluster, cache, owner, wanted)
         if problem is not None:
-            return observe(spec, owner, remote), [problem]
-        mem.pruned_for, mem.left_namespaces = prune_key, frozenset()
-        return None
+            return observe(spec, owner, remote), [*problems, problem], warnings
+        mem.pruned_for = prune_key
+        return None, problems, warnings
+
+    async def _clean_left_behind(
+        self, owner: Owner, cache: ScopedCache, namespace: str, mem: Memory
+    ) -> tuple[list[Problem], list[Problem]]:
+        """Delete what this CR left in the placements it moved out of, each through its own Secret
+        (the last client built from it when the Secret is gone); (problems while some is not
+        cleaned yet, warnings for what is given up). Done once the current placement is served
+        and synced, so an object it holds is never taken for a stale one."""
+        if not mem.left_behind:
+            return [], []
+        waiting = remote_backoff.waiting(mem.cleanup_backoff, self._clock())
+        if waiting is not None:
+            return [waiting], []
+        owner_label = {LABEL_OWNER: label_value(owner.key)}
+        in_use = {
+            obj["metadata"]["uid"]
+            for kind in PRFAAS_OWNED_KINDS
+            for obj in cache[kind].select(namespace, owner_label)
+        }
+        problems: list[Problem] = []
+        warnings: list[Problem] = []
+        for placement in list(mem.left_behind):
+            where = _describe(placement)
+            try:
+                await self._clean(owner, placement, in_use)
+            except ClusterError as err:
+                self.clusters.recheck(owner.namespace, placement.kubeconfig_secret_ref)
+                if cleanup_gives_up(err.problem):
+                    warnings.append(
+                        Problem(
+                            LEFT_BEHIND, f"not cleaning {where}: {err.problem.message}; delete them by hand"
+                        )
+                    )
+                    log.warning("%s: %s", owner.key, warnings[-1].message)
+                else:
+                    problems.append(Problem(LEFT_BEHIND, f"cannot clean yet {where}: {err.problem.message}"))
+                    continue
+            mem.left_behind.remove(placement)
+        if problems:
+            mem.cleanup_backoff = remote_backoff.failed(
+                mem.cleanup_backoff,
+                Problem(LEFT_BEHIND, "; ".join(p.message for p in problems)),
+                self._clock(),
+                self.options.remote_backoff_seconds,
+                self.options.remote_backoff_max_seconds,
+            )
+            for problem in problems:
+                log.warning("%s: %s", owner.key, problem.message)
+        else:
+            mem.cleanup_backoff = remote_backoff.succeeded(mem.cleanup_backoff)
+        return problems, warnings
+
+    async def _clean(self, owner: Owner, placement: PrefillClusterPlacement, in_use: Collection[str]) -> None:
+        """Delete this CR's objects in one placement left behind (but what is still in use), and its
+        namespace when this CR created it; raises ClusterError."""
+        cluster = await self.clusters.prefill_cluster(
+            owner.namespace, placement.kubeconfig_secret_ref, allow_cached=True
+        )
+        namespace = placement.namespace
+        found = [
+            (kind, namespace, obj["metadata"]["name"], obj["metadata"]["uid"])
+            for kind in PRFAAS_OWNED_KINDS
+            for obj in await list_served(cluster, kind, namespace, owner_selector(owner))
+        ]
+        for kind, _, name in stale_left_behind(found, in_use):
+            log.info(
+                "%s: deleting %s %s/%s left behind in the %s", owner.key, kind, namespace, name, cluster.name
+            )
+            await cluster.delete(kind, name, namespace)
+        await delete_namespace_if_ours(cluster, owner, namespace)
 
     async def _prune(
         self,
@@ -156,23 +261,12 @@ class PrefillClusterSide:
         cache: ScopedCache,
         owner: Owner,
         wanted: Sequence[Manifest],
-        left: frozenset[str],
     ) -> Problem | None:
-        """Delete this CR's remote objects that are no longer desired (e.g. after a namespace move).
-
-        Found in the cache, so the common case (nothing to prune) costs no request; in a namespace
-        it has left (no longer watched for it), listed there once. One the identity may not read
-        is skipped with a warning: it could delete nothing there either.
-        """
+        """Delete this CR's remote objects that are no longer desired, as its cache knows them (so
+        the common case, nothing to prune, costs no request); the namespaces it moved out of are
+        cleaned as placements left behind."""
         try:
             found = set(observation.owned_objects(cache, owner, PRFAAS_OWNED_KINDS))
-            for namespace in sorted(left):
-                try:
-                    found.update(await owned_in(cluster, owner, namespace))
-                except ClusterError as err:
-                    if err.problem.reason != FORBIDDEN:
-                        raise
-                    log.warning("%s: not pruning namespace %s: %s", owner.key, namespace, err.problem.message)
             stale = stale_children(sorted(found), wanted)
             for kind, namespace, name in stale:
                 log.info("%s: pruning %s %s/%s", owner.key, kind, namespace, name)
@@ -186,14 +280,23 @@ class PrefillClusterSide:
         return None
 
     async def delete_all(self, spec: PrfaasDeploymentSpec, owner: Owner, mem: Memory) -> None:
-        """Delete every object of this CR there (in its namespace and those it left unpruned), and
-        the namespaces it created; raises ClusterError."""
-        cluster = await self.clusters.prefill_cluster(
-            owner.namespace, spec.prefill_cluster.kubeconfig_secret_ref, allow_cached=True
+        """Delete every object of this CR there, and in the placements it left behind, and the
+        namespaces it created; raises ClusterError."""
+        pc = spec.prefill_cluster
+        current = PrefillClusterPlacement(
+            kubeconfig_secret_ref=pc.kubeconfig_secret_ref, namespace=pc.namespace
         )
-        namespaces = sorted({spec.prefill_cluster.namespace} | mem.left_namespaces)
-        for namespace in namespaces:
-            for kind, _, name in await owned_in(cluster, owner, namespace):
-                await cluster.delete(kind, name, namespace)
-        for namespace in namespaces:
-            await delete_namespace_if_ours(cluster, owner, namespace)
+        for placement in [current, *left_behind(None, current, mem.left_behind)]:
+            try:
+                await self._clean(owner, placement, ())
+            except ClusterError as err:
+                if placement == current or not cleanup_gives_up(err.problem):
+                    raise
+                log.warning("%s: not cleaning %s: %s", owner.key, _describe(placement), err.problem.message)
+
+
+def _describe(placement: PrefillClusterPlacement) -> str:
+    """Where a placement's objects are, for a message (the Secret's name, never its contents)."""
+    ref = placement.kubeconfig_secret_ref
+    cluster = f"the PrfaaS cluster of Secret {ref.name}" if ref is not None else "the operator's own cluster"
+    return f"the objects left in namespace {placement.namespace} of {cluster}"

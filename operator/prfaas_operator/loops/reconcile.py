@@ -215,6 +215,7 @@ class Reconciler:
             mem.generation = generation
             mem.converge_delay = self.options.converge_seconds
             mem.backoff = remote_backoff.try_now(mem.backoff)  # e.g. a fixed Secret name deserves a try now
+        _recall_placement(mem, previous)
         self._owners[f"remote:{label_value(owner.key)}"] = owner.uid
         self._owners[f"local:{owner.namespace}/{label_value(owner.name)}"] = owner.uid
         pass_input = PassInput(spec, owner, generation, previous, now, mem.observed)
@@ -285,7 +286,7 @@ class Reconciler:
             )
         finally:
             engines_problem = await engines_applied
-        replaced, extra_problems = remote_result if remote_result is not None else (None, [])
+        replaced, extra_problems, left_behind_warnings = remote_result
         applies = Applies(
             engines_problem, router_problem, replaced, extra_problems, finished_at=self._clock()
         )
@@ -296,7 +297,15 @@ class Reconciler:
             self.metrics.router_config_writes.inc()
         mem.router_config, mem.drains = conclusion.router_config, conclusion.drains
         _log_notes(conclusion.notes)
-        outcome = await self._write_status(owner, metadata, previous, conclusion.status, mem)
+        status = conclusion.status.model_copy(
+            update={
+                "prefill_cluster_placement": mem.placed,
+                "prefill_cluster_left_behind": list(mem.left_behind),
+            }
+        )
+        outcome = await self._write_status(owner, metadata, previous, status, mem)
+        if left_behind_warnings:
+            outcome = dataclasses.replace(outcome, warnings=[*outcome.warnings, *left_behind_warnings])
         if engines.rollout.event is not None:
             outcome = dataclasses.replace(outcome, events=[Problem(*engines.rollout.event)])
         if engines.rollout.warning is not None:  # the analysis failed a revision: rolled back
@@ -426,6 +435,7 @@ class Reconciler:
             spec = PrfaasDeploymentSpec.model_validate(body.get("spec") or {})
         except ValidationError:
             return DeleteOutcome(True)  # nothing was ever built from an invalid spec
+        _recall_placement(mem, read_status(body.get("status")))
         namespace, workload = spec.prefill_cluster.namespace, Names.of(owner.name).prfaas_prefill
         left = [f"{kind} {namespace}/{workload}" for kind in PRFAAS_OWNED_KINDS]
         async with mem.lock:  # no pass of the periodic loop may re-create what we delete
@@ -435,6 +445,15 @@ class Reconciler:
                 return DeleteOutcome(False, err.problem, left)
         self.forget(metadata)
         return DeleteOutcome(True)
+
+
+def _recall_placement(mem: Memory, previous: PrfaasDeploymentStatus) -> None:
+    """Once after a start: where the PrfaaS objects were placed and what was left behind, from
+    status (a move while the operator was down is then still cleaned)."""
+    if not mem.placement_known:
+        mem.placed = previous.prefill_cluster_placement
+        mem.left_behind = list(previous.prefill_cluster_left_behind)
+        mem.placement_known = True
 
 
 def _log_notes(notes: Sequence[str]) -> None:

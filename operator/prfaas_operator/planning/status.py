@@ -63,6 +63,8 @@ ANALYSIS_FAILED = "AnalysisFailed"
 POOL_READY = "PoolReady"
 MASTER_NOT_READY = "MasterNotReady"
 STORES_NOT_READY = "StoresNotReady"
+LEFT_BEHIND = "LeftBehindNotCleaned"
+"""A PrfaaS placement the CR moved out of still holds its objects (cannot be cleaned yet)."""
 
 log = logging.getLogger("prfaas_operator.planning.status")
 

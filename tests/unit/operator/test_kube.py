@@ -224,7 +224,7 @@ def test_every_verb_translates_transport_tls_and_api_failures_naming_itself(verb
     denied = translated(api_error(403, "no"), verb).problem
     assert (denied.reason, denied.message) == ("Forbidden", f"PrfaaS cluster: {verb} is forbidden: no")
     assert translated(api_error(401, "Unauthorized"), verb).problem.message == (
-        f"PrfaaS cluster at https://10.0.0.1:6443 rejected the credentials ({verb})"
+        f"PrfaaS cluster at https://10.0.0.1:6443 rejected the credentials ({verb}): expired, revoked or unknown"
     )
     assert translated(api_error(500, "boom"), verb).problem.reason == "ApiError"
 
@@ -283,3 +283,17 @@ def test_the_kubeconfig_secret_missing_unreachable_or_forbidden() -> None:
         "Forbidden",
         "PD cluster: get Secret ns/remote is forbidden: no",
     )
+
+
+def test_an_http2_connection_closed_on_rejected_credentials_is_diagnosed_over_http1() -> None:
+    """kube-apiserver closes (GOAWAY) an HTTP/2 connection whose token it rejects instead of
+    answering 401: one request over HTTP/1.1 (the watch client) tells Unauthorized from Unreachable."""
+    closed = httpx2.RemoteProtocolError("<ConnectionTerminated error_code:0>")
+    unreachable = translated(closed, "get Pod a/b").problem
+    assert unreachable.reason == "Unreachable"
+    http2: Any = FailingClient(closed)
+    revoked: Any = FailingClient(api_error(401, "Unauthorized"))
+    diagnosed = asyncio.run(Cluster("PrfaaS cluster", http2, revoked).diagnosed(unreachable))
+    assert diagnosed.reason == "Unauthorized" and "expired, revoked or unknown" in diagnosed.message
+    down: Any = FailingClient(httpx2.ConnectError("All connection attempts failed"))
+    assert asyncio.run(Cluster("PrfaaS cluster", down, down).diagnosed(unreachable)) == unreachable

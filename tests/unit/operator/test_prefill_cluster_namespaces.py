@@ -12,12 +12,9 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
-import pytest
 from prfaas_operator.adapters.cluster_caches import ClusterCaches, Use, namespaces_in_use
 from prfaas_operator.adapters.informers import ClusterCache
 from prfaas_operator.adapters.kube import FORBIDDEN, ClusterError
-from prfaas_operator.api import SecretKeyRef
-from prfaas_operator.loops.prefill_cluster import left_namespaces
 from prfaas_operator.planning import observation
 from prfaas_operator.planning.status import Problem
 
@@ -177,27 +174,3 @@ def test_namespaces_in_use_are_those_of_the_crs_on_that_cluster() -> None:
     uses = {"a": Use(1, "x"), "b": Use(1, "y"), "c": Use(2, "z"), "d": Use(1, "x")}
     assert namespaces_in_use(uses, 1) == {"x", "y"}
     assert namespaces_in_use(uses, 3) == frozenset()
-
-
-REF = SecretKeyRef(name="prfaas", key="kubeconfig")
-OTHER = SecretKeyRef(name="other", key="kubeconfig")
-
-
-@pytest.mark.parametrize(
-    ("placed", "now", "left", "expected"),
-    [
-        (None, (REF, "a"), frozenset(), frozenset()),  # the first pass
-        ((REF, "a"), (REF, "a"), frozenset(), frozenset()),  # steady
-        ((REF, "a"), (REF, "b"), frozenset(), {"a"}),  # moved: a is pruned next
-        ((REF, "b"), (REF, "c"), frozenset({"a"}), {"a", "b"}),  # moved twice before a prune
-        ((REF, "b"), (REF, "a"), frozenset({"a"}), {"b"}),  # back where it was: a is in use again
-        ((REF, "a"), (OTHER, "b"), frozenset({"x"}), frozenset()),  # another cluster: not looked for there
-    ],
-)
-def test_left_namespaces(
-    placed: tuple[SecretKeyRef, str] | None,
-    now: tuple[SecretKeyRef, str],
-    left: frozenset[str],
-    expected: set[str],
-) -> None:
-    assert left_namespaces(placed, now, left) == expected
