@@ -277,8 +277,10 @@ def test_a_bad_revision_is_halted_in_its_first_step_and_rolled_back_and_a_good_o
         # within the first step: no step completed and no old instance asked away until the verdict
         assert f["steps"] <= {0} and rollout["step"] == 0, (label, f["steps"], rollout)
         assert f["fewest_old_through_rollback"] == TARGETS, (label, f["fewest_old_through_rollback"])
-        # the fake engine fails before its first byte and the new revision has one pair: every
-        # failed attempt is retried on the old revision, which does not fail
+        # the fake engine fails before its first byte, so every failed attempt is retried without the
+        # engine blamed; two exclusions leave the new revision (1 PrfaaS prefill, 1 local prefill,
+        # 1 decode) no pair, so a request's third attempt (the router's limit) is on the old
+        # revision, which does not fail
         assert not f["failed"], [(r.phase, r.status, r.error) for r in f["failed"][:5]]
         # lowest against lowest, as in test_rollout_under_traffic.py: a window holds about 20 answers;
         # a retried attempt or the slowed revision's answer (about 1 s later) moves a few across its
