@@ -321,6 +321,7 @@ def test_sample_deployment_lifecycle(
         "LOCAL-PREFILL": "2",
         "DECODE": "2",
         "ROLLOUT": "",
+        "ANALYSIS": "",
         "AGE": columns["AGE"],
     }
 
