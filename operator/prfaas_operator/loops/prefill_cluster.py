@@ -237,8 +237,8 @@ class PrefillClusterSide:
         return problems, warnings
 
     async def _clean(self, owner: Owner, placement: PrefillClusterPlacement, in_use: Collection[str]) -> None:
-        """Delete this CR's objects in one placement left behind (but what is still in use), and its
-        namespace when this CR created it; raises ClusterError."""
+        """Delete this CR's objects in one placement (one left behind, but what is still in use; or,
+        as the CR goes, its current one), and its namespace when this CR created it; raises ClusterError."""
         cluster = await self.clusters.prefill_cluster(
             owner.namespace, placement.kubeconfig_secret_ref, allow_cached=True
         )
@@ -249,9 +249,7 @@ class PrefillClusterSide:
             for obj in await list_served(cluster, kind, namespace, owner_selector(owner))
         ]
         for kind, _, name in stale_left_behind(found, in_use):
-            log.info(
-                "%s: deleting %s %s/%s left behind in the %s", owner.key, kind, namespace, name, cluster.name
-            )
+            log.info("%s: deleting %s %s/%s in the %s", owner.key, kind, namespace, name, cluster.name)
             await cluster.delete(kind, name, namespace)
         await delete_namespace_if_ours(cluster, owner, namespace)
 
