@@ -58,6 +58,8 @@ INVALID_SPEC = "InvalidSpec"
 REVISION_AVAILABLE = "RevisionAvailable"
 ROLLOUT_IN_PROGRESS = "RolloutInProgress"
 ROLLOUT_PAUSED = "RolloutPaused"
+WAITING_FOR_CLUSTER = "WaitingForCluster"
+"""A rollout held because a cluster it steps cannot be observed (rollout.decide holds unknown slots)."""
 PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
 ANALYSIS_FAILED = "AnalysisFailed"
 POOL_READY = "PoolReady"
@@ -350,6 +352,18 @@ def _rollout_condition(inputs: StatusInputs) -> Condition:
         return _condition(kind, False, PROGRESS_DEADLINE_EXCEEDED, message, inputs)
     if rollout.phase == "Paused":
         return _condition(kind, False, ROLLOUT_PAUSED, f"paused (spec.rollout.paused) at {progress}", inputs)
+    unobserved = [
+        f"the {label} ({seen.problem.message})"
+        for label, seen in (("PrfaaS cluster", inputs.prefill_cluster), ("PD cluster", inputs.pd_cluster))
+        if seen.problem is not None
+    ]
+    if unobserved:
+        message = (
+            f"waiting for {' and '.join(unobserved)}: the step holds where it is, nothing is scaled or retired "
+            f"in either cluster until the operator can observe it again; the old revision keeps serving. "
+            f"{progress}"
+        )
+        return _condition(kind, True, WAITING_FOR_CLUSTER, message, inputs)
     if rollout.analysis is not None:
         progress += f"; analysis {rollout.analysis.verdict}: {rollout.analysis.reason}"
     return _condition(kind, True, ROLLOUT_IN_PROGRESS, f"{progress}{f'; {why}' if why else ''}", inputs)

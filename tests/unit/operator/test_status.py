@@ -299,3 +299,27 @@ def test_a_rollout_whose_surge_cannot_be_placed_says_so() -> None:
         "1 new-revision pod(s) cannot be scheduled" in rolling.message
         and "Insufficient nvidia.com/gpu" in rolling.message
     )
+
+
+def test_a_rollout_held_by_an_unobservable_cluster_says_which_and_why() -> None:
+    at = "2026-11-21T09:59:00Z"
+    rollout = RolloutStatus(
+        phase="Progressing", step=0, steps=5, started_at=at, last_progress_at=at, roles=[DECODE_SURGE]
+    )
+    refused = Problem(
+        "Unreachable", "cannot reach the PrfaaS cluster at https://127.0.0.1:1: connection refused"
+    )
+    status = compute_status(inputs(prefill_cluster=ClusterObservation(refused), rollout=rollout))
+    rolling = condition(status, "RolloutProgressing")
+    assert (rolling.status, rolling.reason) == ("True", "WaitingForCluster")
+    assert rolling.message.startswith(f"waiting for the PrfaaS cluster ({refused.message}): the step holds")
+    assert "old revision keeps serving" in rolling.message and "step 0/5" in rolling.message
+    observed = compute_status(inputs(rollout=rollout))
+    assert condition(observed, "RolloutProgressing").reason == "RolloutInProgress"
+    paused = compute_status(
+        inputs(
+            prefill_cluster=ClusterObservation(refused),
+            rollout=rollout.model_copy(update={"phase": "Paused"}),
+        )
+    )
+    assert condition(paused, "RolloutProgressing").reason == "RolloutPaused", "paused says paused first"
