@@ -166,6 +166,10 @@ def decide(
         **{r.role: r.revision for r in roles if r.role in unseen},
     }
     started = now if fresh or previous is None else previous.started_at
+    if not known and previous is not None and not fresh:
+        # a step is reached when every role has its share: an unseen role's is unknown, and the
+        # roles seen alone would claim its step (and a RolloutStep event) while nothing moves
+        step, steps = previous.step, previous.steps
     judgement = (
         Judgement(Verdict.NOT_JUDGED, unjudged)
         if unjudged is not None

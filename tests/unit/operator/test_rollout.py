@@ -542,3 +542,20 @@ def test_without_analysis_a_rollout_advances_by_readiness_and_says_why(
         if status is None:
             break
     assert status is None and all(r.slots[0].revision == "r2" for r in roles)
+
+
+def test_a_pass_that_cannot_see_a_role_keeps_the_step_where_all_roles_were_last_seen() -> None:
+    """The PrfaaS cluster away mid-step while the local roles' new pods become ready: the step (and
+    the step count) stay as last seen, with no RolloutStep event, until every role is seen again."""
+    roles = wanting(settled("r1"), "r2")
+    first = decide(roles, RolloutSpec(), None, T0)
+    assert first.status is not None and first.status.step == 0
+    world = applied(roles, first)  # every role's first new instance ready
+    away = [replace(r, slots=(), known=False) if r.role == "prfaas-prefill" else r for r in world]
+    held = decide(away, RolloutSpec(), first.status, T0 + timedelta(seconds=5))
+    assert held.status is not None and (held.status.step, held.status.steps) == (0, first.status.steps)
+    assert held.event is None
+    assert all(p.old is None or p.old_replicas == p.old.replicas for p in held.roles.values())
+    back = decide(world, RolloutSpec(), held.status, T0 + timedelta(seconds=10))
+    assert back.status is not None and back.status.step == 1
+    assert back.event is not None and back.event[0] == "RolloutStep"
