@@ -166,10 +166,11 @@ def decide(
         **{r.role: r.revision for r in roles if r.role in unseen},
     }
     started = now if fresh or previous is None else previous.started_at
-    if not known and previous is not None and not fresh:
+    if not known:
         # a step is reached when every role has its share: an unseen role's is unknown, and the
-        # roles seen alone would claim its step (and a RolloutStep event) while nothing moves
-        step, steps = previous.step, previous.steps
+        # roles seen alone would claim its step (and a RolloutStep event) while nothing moves; with
+        # no step of this rollout recorded (a new leader after one cluster's writes), none is reached
+        step, steps = (previous.step, previous.steps) if previous is not None and not fresh else (0, steps)
     judgement = (
         Judgement(Verdict.NOT_JUDGED, unjudged)
         if unjudged is not None

@@ -559,3 +559,25 @@ def test_a_pass_that_cannot_see_a_role_keeps_the_step_where_all_roles_were_last_
     back = decide(world, RolloutSpec(), held.status, T0 + timedelta(seconds=10))
     assert back.status is not None and back.status.step == 1
     assert back.event is not None and back.event[0] == "RolloutStep"
+
+
+def test_a_new_leader_that_finds_one_cluster_stepped_and_cannot_see_the_other_claims_no_step() -> None:
+    """The leader died after a step's PD-cluster writes, before its PrfaaS-cluster writes and its
+    status; the next one cannot see the PrfaaS cluster. No rollout in status, the local roles' new
+    instances ready: the roles seen alone would claim their step. It holds at step 0, nothing
+    scaled, and once every role is seen it goes on from what it finds, the old revision kept."""
+    roles = wanting(settled("r1"), "r2")
+    world = applied(roles, decide(roles, RolloutSpec(), None, T0))  # each role's first new instance
+    stepped = [r if r.role != "prfaas-prefill" else replace(r, slots=(), known=False) for r in world]
+    held = decide(stepped, RolloutSpec(), None, T0)
+    assert held.status is not None and held.status.step == 0
+    assert all(p.old is None or p.old_replicas == p.old.replicas for p in held.roles.values())
+    assert all(p.replicas == 1 for r, p in held.roles.items() if r != "prfaas-prefill")
+    unwritten = [r if r.role != "prfaas-prefill" else roles[0] for r in world]  # seen: no new slot
+    back = decide(unwritten, RolloutSpec(), held.status, T0 + timedelta(seconds=5))
+    assert back.status is not None and back.status.step == 0
+    assert {r: (p.replicas, p.old_replicas) for r, p in back.roles.items()} == {
+        "prfaas-prefill": (1, 4),
+        "pd-prefill": (1, 3),
+        "pd-decode": (1, 2),
+    }
