@@ -265,6 +265,8 @@ class Server:
                 self.limit,
             )
         self.connections: set[_Connection] = set()
+        self.lingering: set[asyncio.Transport] = set()
+        """Refused connections, answered and half-closed, until their linger ends or shutdown."""
         self.throttle = LogThrottle()
         self._refusal = _refusal_answer(self.limit, error_answer)
         self._listener: asyncio.Server | None = None
@@ -293,6 +295,9 @@ class Server:
             await asyncio.sleep(0.05)
         for connection in list(self.connections):
             connection.abort()
+        for transport in list(self.lingering):
+            transport.close()
+        self.lingering.clear()
         await asyncio.sleep(0)
 
     def report(self, key: str, reason: str, line: str, *args: Any) -> None:
@@ -301,6 +306,19 @@ class Server:
             held = self.throttle.take_held_back()
             more = f" ({held} more held back)" if held else ""
             log.warning(line + more, *args)
+
+    def close_after_write(self, transport: asyncio.Transport) -> None:
+        """Closing with the request unread would reset the answer away: half-close, linger, close
+        (at once on shutdown)."""
+        if transport.can_write_eof():
+            transport.write_eof()
+        self.lingering.add(transport)
+
+        def close() -> None:
+            self.lingering.discard(transport)
+            transport.close()
+
+        asyncio.get_running_loop().call_later(_REFUSAL_LINGER_SECONDS, close)
 
     def date(self) -> bytes:
         now = int(time.time())
@@ -316,7 +334,7 @@ class Server:
                 "refusing a client: %d connections open, the limit; it gets 503",
                 len(self.connections),
             )
-            return _Refusal(self._refusal)
+            return _Refusal(self, self._refusal)
         return _Connection(self)
 
 
@@ -596,7 +614,7 @@ class _Connection(asyncio.Protocol):
             return
         self._done = True
         transport.write(_last_answer(answer, self.server.date()))
-        _close_after_write(transport)
+        self.server.close_after_write(transport)
 
     # --- timers
 
@@ -644,23 +662,17 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()
 
 
-def _close_after_write(transport: asyncio.Transport) -> None:
-    """Closing with the request unread would reset the answer away: half-close, linger, close."""
-    if transport.can_write_eof():
-        transport.write_eof()
-    asyncio.get_running_loop().call_later(_REFUSAL_LINGER_SECONDS, transport.close)
-
-
 class _Refusal(asyncio.Protocol):
     """A client over the connection limit: a 503 at once, then a short linger so it is read."""
 
-    def __init__(self, answer: bytes) -> None:
+    def __init__(self, server: Server, answer: bytes) -> None:
+        self._server = server
         self._answer = answer
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)
         transport.write(self._answer)
-        _close_after_write(transport)
+        self._server.close_after_write(transport)
 
     def data_received(self, data: bytes) -> None:
         pass

@@ -142,6 +142,20 @@ async def test_a_client_past_the_connection_limit_gets_503_and_is_reported(
     first.close()
 
 
+async def test_shutdown_closes_the_refused_connections_still_lingering(serve: Start) -> None:
+    server, _ = await serve(max_connections=1)
+    _, first = await asyncio.open_connection("127.0.0.1", server.port)
+    await asyncio.sleep(0.05)
+    reader, refused = await asyncio.open_connection("127.0.0.1", server.port)
+    assert (await reader.read()).startswith(b"HTTP/1.1 503")  # the answer, then the half-close
+    (lingering,) = server.lingering  # the client keeps its end open: the server lingers
+    assert not lingering.is_closing()
+    await server.shutdown(0.1)
+    assert lingering.is_closing() and not server.lingering
+    refused.close()
+    first.close()
+
+
 def test_the_log_throttle_says_once_per_client_per_period_and_counts_the_rest() -> None:
     throttle = LogThrottle(every_seconds=60.0, most_keys=2)
     assert throttle.allow("10.0.0.1", 0.0)
