@@ -13,6 +13,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from lightkube import ApiError, Client, KubeConfig
@@ -31,6 +32,12 @@ from prfaas_testbed.clusters import (
     kubeconfig_secret,
     parse_testbed_env,
     store_kubeconfig_secret,
+)
+from prfaas_testbed.control_plane import (
+    apiserver_frozen,
+    apiserver_process,
+    apiserver_ready,
+    apiserver_stopped,
 )
 from prfaas_testbed.polling import eventually
 from prfaas_testbed.ports import free_port
@@ -489,6 +496,32 @@ def test_kubeconfig_secret_gives_access_to_the_other_cluster(
             if n.metadata and n.metadata.labels
         }
     assert products == {testbed.gpu_pool(Cluster.PRFAAS).product, None}
+
+
+@pytest.mark.testbed
+def test_a_stopped_or_frozen_apiserver_comes_back_with_the_cluster_state(testbed: Testbed) -> None:
+    """The control-plane faults the operator's fault tests inject: a stopped apiserver refuses, a
+    frozen one answers nothing, and both come back with etcd's state and a pid kwokctl knows."""
+    kubeconfig = KubeConfig.from_file(testbed.prfaas_kubeconfig)
+    name = f"tb-{uuid.uuid4().hex[:8]}"
+    with Client(config=kubeconfig, timeout=3) as client:
+        client.create(Namespace(metadata=ObjectMeta(name=name)))
+        try:
+            with apiserver_stopped(testbed, Cluster.PRFAAS) as stopped:
+                assert not apiserver_ready(testbed, Cluster.PRFAAS)
+                with pytest.raises(httpx.ConnectError):
+                    client.get(Namespace, name)
+            restarted = apiserver_process(testbed, Cluster.PRFAAS)
+            assert restarted.pid != stopped.pid and restarted.command == stopped.command
+            assert client.get(Namespace, name).metadata is not None  # etcd kept it
+            with apiserver_frozen(testbed, Cluster.PRFAAS):
+                started = time.monotonic()
+                with pytest.raises(httpx.ReadTimeout):
+                    client.get(Namespace, name)
+                assert time.monotonic() - started >= 2.5
+            assert client.get(Namespace, name).metadata is not None
+        finally:
+            client.delete(Namespace, name)
 
 
 # --- Prometheus ----------------------------------------------------------------------------------

@@ -1,0 +1,197 @@
+"""Faults of a testbed cluster's control plane, made with its real kube-apiserver process.
+
+kwokctl's binary runtime runs each cluster's kube-apiserver as a process whose pid it keeps in
+``<state>/kwok/clusters/<cluster>/pids/kube-apiserver.pid``. ``apiserver_stopped`` terminates it
+(clients get connection refused) and, on leaving, starts it again with the same command line,
+environment and log, and records the new pid where kwokctl and testbed.sh look for it;
+``apiserver_frozen`` stops it with SIGSTOP (connections open but unanswered: a hung apiserver)
+and lets it go on with SIGCONT. etcd keeps the cluster's state through either.
+
+kube-controller-manager and kube-scheduler exit when they cannot renew their leader lease (about
+10 s without an apiserver); a kubelet would start their static pods again, kwokctl's binary
+runtime does not. So leaving ``apiserver_stopped`` or ``apiserver_frozen`` also starts again, from kwokctl's own record of
+the cluster (kwok.yaml), whichever of them exited: else the cluster is left without controllers
+(no pod for a new StatefulSet) and without a scheduler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from prfaas_testbed.clusters import Cluster, Testbed
+from prfaas_testbed.polling import eventually
+
+_EXIT_TIMEOUT_S = 5.0
+"""SIGKILL after this: kube-apiserver stops listening at once on SIGTERM, then drains its watches
+for up to a minute (30 s on the testbed), which only lengthens the outage a test asked for."""
+_READY_TIMEOUT_S = 120.0  # a restarted apiserver on a busy 2-core machine takes 5-30 s
+LEADER_ELECTED = ("kube-controller-manager", "kube-scheduler")
+_LEASE_LOST_S = 15.0
+"""By then after the apiserver was sent SIGTERM, a component that could not renew its lease has exited
+(renew deadline 10 s after its last renewal, retried every 2 s)."""
+
+
+@dataclass(frozen=True)
+class ComponentProcess:
+    """What it takes to start one of a cluster's control-plane processes again as kwokctl started it."""
+
+    pid: int
+    command: tuple[str, ...]
+    environment: dict[str, str]
+    cwd: str
+    pid_file: Path
+    log_file: Path
+
+
+def apiserver_process(testbed: Testbed, cluster: Cluster) -> ComponentProcess:
+    workdir = _workdir(testbed, cluster)
+    pid_file = workdir / "pids" / "kube-apiserver.pid"
+    pid = int(pid_file.read_text().strip())
+    proc = Path(f"/proc/{pid}")
+    command = tuple(arg.decode() for arg in (proc / "cmdline").read_bytes().split(b"\0") if arg)
+    environment = dict(
+        entry.decode().split("=", 1)
+        for entry in (proc / "environ").read_bytes().split(b"\0")
+        if b"=" in entry
+    )
+    return ComponentProcess(
+        pid,
+        command,
+        environment,
+        os.readlink(proc / "cwd"),
+        pid_file,
+        workdir / "logs" / "kube-apiserver.log",
+    )
+
+
+def _workdir(testbed: Testbed, cluster: Cluster) -> Path:
+    return testbed.state_dir / "kwok" / "clusters" / cluster.value
+
+
+def start_exited_components(
+    testbed: Testbed, cluster: Cluster, names: tuple[str, ...] = LEADER_ELECTED
+) -> list[str]:
+    """Start again, as kwokctl started them (its kwok.yaml: binary, args, workDir), those of the
+    cluster's components `names` whose recorded process has exited; the names started."""
+    workdir = _workdir(testbed, cluster)
+    config = next(yaml.safe_load_all((workdir / "kwok.yaml").read_text()))
+    components = {component["name"]: component for component in config["components"]}
+    started = []
+    for name in names:
+        pid_file = workdir / "pids" / f"{name}.pid"
+        if not _gone(int(pid_file.read_text().strip())):
+            continue
+        component = components[name]
+        command = (component["binary"], *component.get("args", ()))
+        log_file = workdir / "logs" / f"{name}.log"
+        _start(ComponentProcess(0, command, dict(os.environ), component["workDir"], pid_file, log_file))
+        started.append(name)
+    return started
+
+
+def apiserver_ready(testbed: Testbed, cluster: Cluster) -> bool:
+    kubectl = shutil.which("kubectl") or "kubectl"
+    answer = subprocess.run(
+        [
+            kubectl,
+            "--kubeconfig",
+            str(testbed.kubeconfig(cluster)),
+            "--request-timeout=3s",
+            "get",
+            "--raw",
+            "/readyz",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    )
+    return answer.returncode == 0 and answer.stdout.strip() == "ok"
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return Path(f"/proc/{pid}/status").read_text().find("State:\tZ") >= 0  # a zombie has exited
+
+
+def _terminate(pid: int) -> None:
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + _EXIT_TIMEOUT_S
+    while not _gone(pid):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + _EXIT_TIMEOUT_S
+        time.sleep(0.1)
+
+
+def _start(process: ComponentProcess) -> int:
+    """Start it detached (bash backgrounds it and exits, so no test process is its parent) and
+    record the new pid."""
+    started = subprocess.run(
+        ["bash", "-c", 'setsid "$@" >>"$LOG" 2>&1 </dev/null & echo $!', "start-apiserver", *process.command],
+        env={**process.environment, "LOG": str(process.log_file)},
+        cwd=process.cwd,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    pid = int(started.stdout.strip())
+    process.pid_file.write_text(f"{pid}\n")
+    return pid
+
+
+@contextlib.contextmanager
+def apiserver_stopped(testbed: Testbed, cluster: Cluster) -> Iterator[ComponentProcess]:
+    """The cluster's kube-apiserver terminated while inside; started again (and ready) on leaving,
+    whatever happened inside."""
+    process = apiserver_process(testbed, cluster)
+    stopped_at = time.monotonic()
+    _terminate(process.pid)
+    try:
+        yield process
+    finally:
+        _start(process)
+        eventually(
+            lambda: apiserver_ready(testbed, cluster),
+            timeout=_READY_TIMEOUT_S,
+            interval=0.5,
+            what=f"the {cluster.value} cluster's kube-apiserver ready again after a restart",
+        )
+        time.sleep(max(0.0, stopped_at + _LEASE_LOST_S - time.monotonic()))
+        start_exited_components(testbed, cluster)
+
+
+def restart_apiserver(testbed: Testbed, cluster: Cluster) -> None:
+    """Terminate the cluster's kube-apiserver and start it again at once (a rolling control-plane restart)."""
+    with apiserver_stopped(testbed, cluster):
+        pass
+
+
+@contextlib.contextmanager
+def apiserver_frozen(testbed: Testbed, cluster: Cluster) -> Iterator[ComponentProcess]:
+    """The cluster's kube-apiserver stopped with SIGSTOP while inside: it holds its connections and
+    answers nothing (a hung apiserver, not a refusing one); SIGCONT on leaving, and the components
+    that lost their lease meanwhile started again."""
+    process = apiserver_process(testbed, cluster)
+    os.kill(process.pid, signal.SIGSTOP)
+    frozen_at = time.monotonic()
+    try:
+        yield process
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+        time.sleep(max(0.0, frozen_at + _LEASE_LOST_S - time.monotonic()))
+        start_exited_components(testbed, cluster)
