@@ -66,6 +66,11 @@ OPERATOR_OPTIONS = (
     "4",
     "--remote-cleanup-timeout-seconds",
     "10",
+    # an engine scaled away leaves the router config 5 s before its StatefulSet lets it go (30 s by
+    # default): long enough for the rollout test to see the config without it first, short enough
+    # that its drains (a rollout's old slot, a lowered target) cost seconds
+    "--drain-seconds",
+    "5",
 )
 
 
@@ -538,6 +543,7 @@ def test_sample_image_change_rolls_both_clusters_together_and_back(
         config = router_config(pd_client, name, ns)
         return [e.name for e in config.pools.of(Pool.DECODE)] if config is not None else []
 
+    phase_started = time.monotonic()
     patch({"pdCluster": {"instances": 3, "decodeInstances": 2}})
     eventually(
         lambda: len(listed_decodes()) == 2,
@@ -548,7 +554,7 @@ def test_sample_image_change_rolls_both_clusters_together_and_back(
     image, old_set, new_set = "lmsysorg/sglang:v0.5.24", f"{name}-pd-decode", f"{name}-pd-decode-b"
     patch({"model": {"image": image}})
     lowered, after = False, []  # after: (old, new) decode replicas once lowered
-    deadline = time.monotonic() + 240  # two drains (30 s each) after the steps
+    deadline = time.monotonic() + 120  # two steps (10 s minReadySeconds each), then two drains (5 s each)
     while time.monotonic() < deadline:
         config = router_config(pd_client, name, ns)  # read before the StatefulSets: see below
         sets = {role: statefulsets(role) for role in targets}
@@ -556,7 +562,7 @@ def test_sample_image_change_rolls_both_clusters_together_and_back(
         for pool in Pool:
             for endpoint in config.pools.of(pool) if config is not None else ():
                 workload, _, ordinal = endpoint.name.rpartition("-")
-                # a drain scales a pod away only once a config without it has been in force 30 s
+                # a drain scales a pod away only once a config without it has been in force 5 s
                 assert int(ordinal) < replicas.get(workload, 0), (endpoint.name, replicas)
         if not lowered and replicas.get(new_set, 0) >= 2:
             patch({"pdCluster": {"instances": 2, "decodeInstances": 1}})
@@ -571,6 +577,7 @@ def test_sample_image_change_rolls_both_clusters_together_and_back(
         raise AssertionError(
             f"the lowered rollout did not end: {cr_status(pd_client, name, ns).get('rollout')}"
         )
+    print(f"two decodes, a rollout and a lowered target: {time.monotonic() - phase_started:.0f} s")
     assert after and after[0][0] > 0, f"lowered while both slots ran: {after}"
     assert all(new == 2 for old, new in after if old > 0), f"the new decodes shrank first: {after}"
     assert (0, 2) in after, f"the new slot drained after the old one was gone: {after}"
