@@ -97,6 +97,10 @@ class PlannerLoop:
         # status in kopf's body may lag our own writes by a watch event: remember them too
         self._decided_at: dict[str, datetime] = {}
         self._applied_at: dict[str, datetime] = {}
+        # rollout analysis: CRs whose figures were unknown at the last look, and when each was
+        # first known again (the window never reaches back over the hole: analysis.query_window)
+        self._unknown: set[str] = set()
+        self._known_since: dict[str, datetime] = {}
 
     @classmethod
     def of(cls, memo: kopf.Memo) -> PlannerLoop:
@@ -189,18 +193,26 @@ class PlannerLoop:
         if rollout.analysis is not None and rollout.analysis.verdict == Verdict.NOT_JUDGED:
             return  # the fingerprint stays: the router cannot tell the revisions apart
         now = self._wall_clock()
-        window = query_window(spec.rollout.analysis, datetime.fromisoformat(rollout.started_at), now)
+        known_since = now if uid in self._unknown else self._known_since.get(uid)
+        started = datetime.fromisoformat(rollout.started_at)
+        window = query_window(spec.rollout.analysis, started, now, known_since)
         selector = SeriesSelector.for_deployment(namespace, name, spec.prefill_cluster.namespace)
         found = await asyncio.to_thread(self._observe_revisions, url, selector, window)
         if isinstance(found, str):
             log.warning("%s/%s: rollout analysis: %s", namespace, name, found)
+            self._unknown.add(uid)
             self.reconciler.analysed(uid, Observed(now, window, {}, problem=found))
         else:
+            if uid in self._unknown:
+                self._unknown.discard(uid)
+                self._known_since[uid] = now
             self.reconciler.analysed(uid, Observed(now, window, dict(found)))
 
     def _forget(self, uid: str) -> None:
         self._decided_at.pop(uid, None)
         self._applied_at.pop(uid, None)
+        self._unknown.discard(uid)
+        self._known_since.pop(uid, None)
 
     async def _write(
         self, metadata: Mapping[str, Any], decision: planning.Decision, now: datetime

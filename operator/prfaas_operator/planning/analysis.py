@@ -140,10 +140,15 @@ def not_judged(spec: PrfaasDeploymentSpec) -> str | None:
     return None
 
 
-def query_window(spec: RolloutAnalysisSpec, started_at: datetime, now: datetime) -> float:
-    """The window to take the figures over: windowSeconds, or the time since the rollout started
-    when that is shorter (never before it; at least a second)."""
-    return max(1.0, min(float(spec.window_seconds), (now - started_at).total_seconds()))
+def query_window(
+    spec: RolloutAnalysisSpec, started_at: datetime, now: datetime, known_since: datetime | None = None
+) -> float:
+    """The window to take the figures over: windowSeconds, or less so that it reaches back neither
+    before the rollout started nor before `known_since`, when the figures were first known again
+    after being unknown (Prometheus down or answering errors, the router not scraped: its data has
+    a hole there, and a window over a hole would read as no traffic). At least a second."""
+    since = started_at if known_since is None else max(started_at, known_since)
+    return max(1.0, min(float(spec.window_seconds), (now - since).total_seconds()))
 
 
 def assess(

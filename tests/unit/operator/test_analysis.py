@@ -193,6 +193,17 @@ def test_query_window_never_reaches_before_the_rollout() -> None:
     assert analysis.query_window(SPEC, T0, at(0)) == 1
 
 
+def test_query_window_never_reaches_back_over_figures_that_were_unknown() -> None:
+    """Prometheus back (or the router scraped again) at 100 s after an outage: its data has a hole
+    before that, which a whole window would read as no traffic (Inconclusive, the gate open)."""
+    assert analysis.query_window(SPEC, T0, at(100), known_since=at(100)) == 1
+    assert analysis.query_window(SPEC, T0, at(130), known_since=at(100)) == 30
+    assert analysis.query_window(SPEC, T0, at(600), known_since=at(100)) == 60
+    assert analysis.query_window(SPEC, at(120), at(130), known_since=at(100)) == 10
+    thin = Observed(at(130), 30, {})
+    assert assess(SPEC, OLD, NEW, thin, T0, at(130)).verdict is Verdict.WAIT
+
+
 @pytest.mark.parametrize(
     ("change", "says"),
     [
