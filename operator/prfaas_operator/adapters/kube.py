@@ -133,6 +133,8 @@ def describe_failure(exc: BaseException, *, cluster: str, server: str, action: s
                 f"{cluster} at {server} rejected the credentials ({action}): expired, revoked or unknown",
             )
         return Problem(API_ERROR, f"{cluster}: {action} failed with HTTP {code}: {detail}")
+    if isinstance(exc, httpx2.HTTPStatusError):  # an answer that is no Status: see _Request
+        return Problem(API_ERROR, f"{cluster}: {action} failed with HTTP {exc.response.status_code}")
     if isinstance(exc, httpx2.TransportError):
         return Problem(UNREACHABLE, f"cannot reach the {cluster} at {server}: {_transport_cause(exc)}")
     if isinstance(exc, OSError):  # e.g. an ssl.SSLError raised while connecting
@@ -341,15 +343,18 @@ class Cluster:
 class _Request:
     """A context for one request of `cluster`: the one place its failures are translated.
 
-    An ApiError whose code is in `answers` is the API's answer, not a failure: it is kept in
-    `answer` and the block ends (the code after it handles the answer). Any other ApiError, a
-    transport error or an OSError (an ssl.SSLError while connecting) leaves as a ClusterError
-    (describe_failure: reason and message, never the request's headers); anything else passes.
+    An HTTP error whose code is in `answers` is the API's answer, not a failure: it is kept in
+    `answer` and the block ends (the code after it handles the answer). lightkube raises it as an
+    ApiError when the body is a Status, and as a bare HTTPStatusError otherwise: the path of a
+    group the apiserver does not serve (no LeaderWorkerSet CRD) answers "404 page not found" in
+    text. Any other HTTP error, a transport error or an OSError (an ssl.SSLError while
+    connecting) leaves as a ClusterError (describe_failure: reason and message, never the
+    request's headers); anything else passes.
     """
 
     def __init__(self, cluster: Cluster, action: str, answers: Collection[int]) -> None:
         self.cluster, self.action, self.answers = cluster, action, answers
-        self.answer: ApiError | None = None
+        self.answer: httpx2.HTTPStatusError | None = None
 
     def __enter__(self) -> _Request:
         return self
@@ -357,12 +362,16 @@ class _Request:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> bool:
-        if isinstance(exc, ApiError) and exc.status.code in self.answers:
+        if isinstance(exc, httpx2.HTTPStatusError) and _code(exc) in self.answers:
             self.answer = exc
             return True
-        if isinstance(exc, (ApiError, httpx2.TransportError, OSError)):
+        if isinstance(exc, (httpx2.HTTPStatusError, httpx2.TransportError, OSError)):
             raise self.cluster._failure(exc, self.action) from exc
         return False
+
+
+def _code(exc: httpx2.HTTPStatusError) -> int:
+    return (exc.status.code if isinstance(exc, ApiError) else None) or exc.response.status_code
 
 
 def _where(name: str | None, namespace: str | None) -> str:

@@ -259,6 +259,24 @@ def test_a_missing_collection_is_a_kind_not_served_and_an_old_watch_expired() ->
     assert (expired.reason, expired.message) == ("Expired", "PrfaaS cluster: watch of Pod expired")
 
 
+def test_a_path_the_apiserver_does_not_serve_answers_like_a_missing_collection() -> None:
+    """A real kube-apiserver answers the path of a group it does not serve (no LeaderWorkerSet
+    CRD) with "404 page not found" in text, which lightkube raises as a bare HTTPStatusError: the
+    kind is not served, and a get finds nothing; another such code is an API error."""
+
+    def text(code: int) -> httpx2.HTTPStatusError:
+        url = "https://127.0.0.1:6443/apis/leaderworkerset.x-k8s.io/v1/namespaces/a/leaderworkersets"
+        request = httpx2.Request("GET", url)
+        response = httpx2.Response(code, text="404 page not found", request=request)
+        return httpx2.HTTPStatusError("404 page not found", request=request, response=response)
+
+    not_served = translated(text(404), "list Pod in namespace a").problem
+    assert (not_served.reason, not_served.message) == ("NotServed", "the PrfaaS cluster serves no Pod")
+    assert asyncio.run(VERBS["get Pod a/b"](failing(text(404)))) is None
+    failed = translated(text(503), "get Pod a/b").problem
+    assert (failed.reason, failed.message) == ("ApiError", "PrfaaS cluster: get Pod a/b failed with HTTP 503")
+
+
 def test_the_kubeconfig_secret_missing_unreachable_or_forbidden() -> None:
     def secret(error: BaseException) -> ClusterError:
         client: Any = FailingClient(error)
