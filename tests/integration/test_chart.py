@@ -984,20 +984,15 @@ def live_crd(admin: Path) -> dict[str, Any]:
     return found
 
 
-@pytest.mark.testbed
-def test_crd_upgrade_hook_brings_an_older_crd_to_the_models_with_only_its_rights(
-    testbed: Testbed, crd_upgrade_identity: tuple[Path, str]
-) -> None:
-    kubeconfig, _ = crd_upgrade_identity
-    admin = testbed.pd_kubeconfig
-    desired = crd.crd_manifest()
-    # a CRD another chart version wrote: a field the models no longer have, a printer column less
+def apply_an_older_crd(admin: Path, desired: dict[str, Any], *, without_column: str | None = None) -> None:
+    """Writes the CRD as another chart version would have (field manager older-chart): with a
+    field the models no longer have and, if named, a printer column less."""
     older = json.loads(json.dumps(desired))
     (version,) = older["spec"]["versions"]
     spec_schema = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
     spec_schema["properties"]["obsoleteField"] = {"type": "string", "description": "gone in this version"}
     version["additionalPrinterColumns"] = [
-        c for c in version["additionalPrinterColumns"] if c["name"] != "Reason"
+        c for c in version["additionalPrinterColumns"] if c["name"] != without_column
     ]
     written = Kubectl(admin).run(
         "apply",
@@ -1009,6 +1004,16 @@ def test_crd_upgrade_hook_brings_an_older_crd_to_the_models_with_only_its_rights
         stdin=json.dumps(older),
     )
     assert written.returncode == 0, written.stderr
+
+
+@pytest.mark.testbed
+def test_crd_upgrade_hook_brings_an_older_crd_to_the_models_with_only_its_rights(
+    testbed: Testbed, crd_upgrade_identity: tuple[Path, str]
+) -> None:
+    kubeconfig, _ = crd_upgrade_identity
+    admin = testbed.pd_kubeconfig
+    desired = crd.crd_manifest()
+    apply_an_older_crd(admin, desired, without_column="Reason")
     try:
         dry = run_crd_apply(kubeconfig, "--dry-run")
         assert dry.returncode == 0, dry.stderr
@@ -1156,21 +1161,6 @@ def test_helm_install_and_upgrade_bring_the_crd_to_the_image_models_and_uninstal
     ]
     desired = crd.crd_manifest()
 
-    def write_an_older_crd() -> None:
-        older = json.loads(json.dumps(desired))
-        schema = older["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-        schema["properties"]["obsoleteField"] = {"type": "string", "description": "an older chart's"}
-        written = Kubectl(admin).run(
-            "apply",
-            "--server-side",
-            "--force-conflicts",
-            "--field-manager=older-chart",
-            "-f",
-            "-",
-            stdin=json.dumps(older),
-        )
-        assert written.returncode == 0, written.stderr
-
     def assert_the_hook_applied_the_models() -> None:
         live = live_crd(admin)
         assert live["spec"]["versions"] == desired["spec"]["versions"]
@@ -1186,7 +1176,7 @@ def test_helm_install_and_upgrade_bring_the_crd_to_the_image_models_and_uninstal
         "--wait", "--timeout", "180s",
     ]  # fmt: skip
     try:
-        write_an_older_crd()
+        apply_an_older_crd(admin, desired)
         installed = run_helm(
             helm,
             "install",
@@ -1201,7 +1191,7 @@ def test_helm_install_and_upgrade_bring_the_crd_to_the_image_models_and_uninstal
         assert installed.returncode == 0, installed.stdout + installed.stderr
         assert_the_hook_applied_the_models()
 
-        write_an_older_crd()
+        apply_an_older_crd(admin, desired)
         upgraded = run_helm(helm, "upgrade", release, str(CHART), "-n", namespace, *values, kubeconfig=admin)
         assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
         assert_the_hook_applied_the_models()

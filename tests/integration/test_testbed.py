@@ -13,7 +13,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 import yaml
 from lightkube import ApiError, Client, KubeConfig
@@ -504,19 +504,19 @@ def test_a_stopped_or_frozen_apiserver_comes_back_with_the_cluster_state(testbed
     frozen one answers nothing, and both come back with etcd's state and a pid kwokctl knows."""
     kubeconfig = KubeConfig.from_file(testbed.prfaas_kubeconfig)
     name = f"tb-{uuid.uuid4().hex[:8]}"
-    with Client(config=kubeconfig, timeout=3) as client:
+    with Client(config=kubeconfig, timeout=httpx2.Timeout(3.0)) as client:
         client.create(Namespace(metadata=ObjectMeta(name=name)))
         try:
             with apiserver_stopped(testbed, Cluster.PRFAAS) as stopped:
                 assert not apiserver_ready(testbed, Cluster.PRFAAS)
-                with pytest.raises(httpx.ConnectError):
+                with pytest.raises(httpx2.ConnectError):
                     client.get(Namespace, name)
             restarted = apiserver_process(testbed, Cluster.PRFAAS)
             assert restarted.pid != stopped.pid and restarted.command == stopped.command
             assert client.get(Namespace, name).metadata is not None  # etcd kept it
             with apiserver_frozen(testbed, Cluster.PRFAAS):
                 started = time.monotonic()
-                with pytest.raises(httpx.ReadTimeout):
+                with pytest.raises(httpx2.ReadTimeout):
                     client.get(Namespace, name)
                 assert time.monotonic() - started >= 2.5
             assert client.get(Namespace, name).metadata is not None
