@@ -169,9 +169,13 @@ def plan_pd_engines(
         notes += drain_role(
             drains, owner, rolled.roles[role], slots.get(role), now.monotonic, options.drain_seconds
         )
+    # a role whose StatefulSets could not be read has no slot to place its revision against: the
+    # first slot may be the old revision's, and writing the new template there would roll its pods
+    # in place (the apply can work while the read failed: an apiserver coming back, a 429 on one kind)
     local_engines = [
         manifest
         for role in local_roles
+        if slots.get(role) is not None
         for manifest in rolled_engine_objects(spec, revisions[role], owner, rolled.roles[role])
     ]
     manifests = [

@@ -658,3 +658,23 @@ def test_a_failed_revision_leaves_the_router_config_before_its_statefulsets_shri
     assert (status, reason) == ("False", "AnalysisFailed")
     assert "error ratio 50.0% (20/40) vs 0.0% (0/80)" in message and new_fp in message
     assert not conclusion.status.pd_decode.rolling, "a rolled-back rollout does not hold the planner"
+
+
+def test_a_local_role_whose_statefulsets_could_not_be_read_is_left_alone_mid_rollout() -> None:
+    """The PD apiserver coming back mid-rollout: a pass that could not read pd-prefill's slots
+    must not write the new template into its first slot, the old revision's (on the testbed the
+    old slot was rolled in place and the new one retired as 'old'); the others hold."""
+    old_spec, new_spec = spec(), spec(**{"model.image": "lmsysorg/sglang:v0.5.24"})
+    first = run_pass(new_spec, Memory({}), 100.0, running=old_spec)
+    assert statefulset(first.engines.manifests, f"{NAMES.pd_prefill}-b")["spec"]["replicas"] == 1
+    slots = settled_slots(old_spec, {Role.PD_PREFILL: 3, Role.PD_DECODE: 5, Role.PRFAAS_PREFILL: 4})
+    slots[Role.PD_PREFILL] = None
+    unread = run_pass(
+        new_spec, Memory({}), 105.0, running=old_spec, slots=slots, previous=first.conclusion.status
+    )
+    names = {m["metadata"]["name"] for m in unread.engines.manifests if m["kind"] == "StatefulSet"}
+    assert not names & {NAMES.pd_prefill, f"{NAMES.pd_prefill}-b"}, names
+    decode = statefulset(unread.engines.manifests, NAMES.pd_decode)
+    assert decode["spec"]["replicas"] == 5
+    assert decode["spec"]["template"]["spec"]["containers"][0]["image"] == "lmsysorg/sglang:v0.5.23"
+    assert unread.engines.retire == []
