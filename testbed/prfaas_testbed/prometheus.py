@@ -167,8 +167,11 @@ class PrometheusServer:
         workdir: Path,
         tsdb_dir: Path,
         host: str = "127.0.0.1",
+        command: Sequence[str] = (),
     ) -> None:
         self.process = process
+        self.command = tuple(command)
+        """The command line it was started with (``start_again`` starts it the same way)."""
         self.port = port
         self.workdir = workdir
         self.tsdb_dir = tsdb_dir
@@ -259,6 +262,20 @@ class PrometheusServer:
                 self.process.kill()
                 self.process.wait(timeout=timeout_s)
 
+    def kill(self, timeout_s: float = 15.0) -> None:
+        """Stop it as a crash would (SIGKILL): no clean shutdown, its data directory as it was left."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=timeout_s)
+
+    def start_again(self, *flags: str, ready_timeout_s: float = 60.0) -> None:
+        """Start it again after a stop: the same port, configuration, targets and data directory,
+        ``flags`` added to its command line (``--query.timeout=0s``: every query answers 503)."""
+        if self.process.poll() is None:
+            raise PrometheusError("prometheus is still running: stop or kill it first")
+        self.process = _spawn([*self.command, *flags], self.log_path)
+        self.wait_ready(ready_timeout_s)
+
     def __enter__(self) -> PrometheusServer:
         return self
 
@@ -297,24 +314,18 @@ def start_prometheus(
     while True:
         attempt += 1
         port = free_port()
-        with open(workdir / "prometheus.log", "ab") as log:
-            process = subprocess.Popen(
-                [
-                    str(binary),
-                    f"--config.file={config_path}",
-                    f"--storage.tsdb.path={data}",
-                    f"--storage.tsdb.retention.time={retention}",
-                    f"--web.listen-address={host}:{port}",
-                    "--web.enable-lifecycle",
-                    "--web.enable-admin-api",
-                    "--web.enable-remote-write-receiver",
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # a terminal's Ctrl-C reaches its owner, which stops it in order
-            )
-        server = PrometheusServer(process, port, workdir, data, host)
+        command = [
+            str(binary),
+            f"--config.file={config_path}",
+            f"--storage.tsdb.path={data}",
+            f"--storage.tsdb.retention.time={retention}",
+            f"--web.listen-address={host}:{port}",
+            "--web.enable-lifecycle",
+            "--web.enable-admin-api",
+            "--web.enable-remote-write-receiver",
+        ]
+        process = _spawn(command, workdir / "prometheus.log")
+        server = PrometheusServer(process, port, workdir, data, host, command)
         try:
             server.wait_ready(ready_timeout_s)
             return server
@@ -322,3 +333,14 @@ def start_prometheus(
             server.stop()
             if attempt >= _START_ATTEMPTS or "address already in use" not in server.log_tail(4000):
                 raise
+
+
+def _spawn(command: Sequence[str], log_path: Path) -> subprocess.Popen[bytes]:
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            list(command),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # a terminal's Ctrl-C reaches its owner, which stops it in order
+        )
