@@ -10,6 +10,7 @@ Prometheus is unreachable or refuses the query.
 from __future__ import annotations
 
 import bisect
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -285,3 +286,44 @@ def test_an_error_answer_is_no_data_and_credentials_stay_out_of_it(
     assert isinstance(seen, NoData) and seen.code is Reason.PROMETHEUS_ERROR
     assert f"http://{host}/not-prometheus" in seen.reason and "404" in seen.reason
     assert "s3cret" not in seen.reason and "planner:" not in seen.reason
+
+
+def test_revisions_over_a_hole_in_the_scrapes_or_from_an_erring_prometheus_are_unknown(
+    prometheus: Callable[..., PrometheusServer],
+) -> None:
+    """Prometheus killed and started again while the router is gone keeps no scrape to mark the
+    router's series stale: its last sample still looks recent, but the window holds none (empty
+    vectors, which must not read as no traffic). Started with `--query.timeout=0s` it answers 503."""
+    from prfaas_router.metrics import RouterMetrics
+    from prfaas_testbed.prometheus import ScrapeJob, TargetGroup
+    from prometheus_client import start_http_server
+
+    metrics = RouterMetrics()
+    metrics.revisions.serve(["aaaaaaaaaaaa"])
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=metrics.registry)
+    prom = prometheus(jobs=(ScrapeJob("routers"),), scrape_interval_s=0.5)
+    prom.write_targets(
+        "routers", [TargetGroup([f"127.0.0.1:{port}"], {"namespace": NAMESPACE, "pod": "r-router-1"})]
+    )
+    selector = SeriesSelector.for_deployment(NAMESPACE, "r", PREFILL_NAMESPACE)
+    observer = PrometheusObserver(prom.url)
+    try:
+        prom.wait_for(
+            f'increase({contract.REVISION_ATTEMPTS_TOTAL}{{namespace="{NAMESPACE}"}}[2s])', timeout_s=30
+        )
+        assert set(observer.revisions(selector, 2)) == {"aaaaaaaaaaaa"}
+        prom.kill()
+        server.shutdown()
+        server.server_close()
+        prom.start_again()
+        time.sleep(3)  # the window (2 s) now lies after the router's last sample
+        seen = observer.revisions(selector, 2)
+        assert isinstance(seen, str) and "not scraped over the window" in seen, seen
+        prom.kill()
+        prom.start_again("--query.timeout=0s")
+        seen = observer.revisions(selector, 2)
+        assert isinstance(seen, str) and "HTTP Status Code 503" in seen, seen
+    finally:
+        observer.close()
+        thread.join(timeout=5)
