@@ -11,8 +11,9 @@ started) the new revision's error ratio, mean TTFT and mean TPOT are compared wi
 - Wait: a revision has fewer than minAttempts attempts, the error ratio is higher but not yet
   clearly so, a latency cannot be compared yet, or the figures are unknown (Prometheus
   unreachable, answering garbage, figures older than the rollout or stale): never zero, never Pass.
-- Inconclusive: neither revision had minAttempts over a whole window: no traffic; the rollout
-  proceeds unjudged.
+- Inconclusive: neither revision had minAttempts over a whole window (no traffic), or the old
+  revision served nothing over a whole window (nothing to compare with: a rollback from a revision
+  that never became ready); the rollout proceeds unjudged.
 - Pass: none of that.
 - NotJudged: the analysis does not apply (disabled, no Prometheus, planner Off, or a rollout that
   keeps the fingerprint, whose revisions the router cannot tell apart): readiness only.
@@ -202,6 +203,12 @@ def judge(
         if whole_window:
             return Verdict.INCONCLUSIVE, f"no traffic to judge by over {spec.window_seconds}s: {counts}"
         return Verdict.WAIT, f"too few attempts yet: {counts}"
+    if old.attempts == 0 and whole_window:
+        return (
+            Verdict.INCONCLUSIVE,
+            f"the old revision served nothing over {spec.window_seconds}s (new {new.attempts:.0f} "
+            "attempts): nothing to compare with, e.g. a rollback from a revision that never became ready",
+        )
     if new.attempts < need or old.attempts < need:
         which, few = ("new", new) if new.attempts < need else ("old", old)
         return (

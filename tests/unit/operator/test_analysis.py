@@ -84,6 +84,15 @@ def test_no_traffic_over_a_whole_window_is_inconclusive() -> None:
     assert verdict is Verdict.INCONCLUSIVE and "no traffic" in reason
 
 
+def test_an_old_revision_that_served_nothing_over_a_whole_window_is_inconclusive() -> None:
+    """A rollback from a revision that never became ready (an unpullable image): nothing to compare
+    the restored revision with, so the gate opens; over part of a window it still waits."""
+    verdict, reason = judge(SPEC, Figures(), serving(100), whole_window=True)
+    assert verdict is Verdict.INCONCLUSIVE and "old revision served nothing over 60s" in reason
+    verdict, reason = judge(SPEC, Figures(), serving(100), whole_window=False)
+    assert verdict is Verdict.WAIT and "old revision had 0 attempts" in reason
+
+
 def test_no_traffic_over_part_of_a_window_waits() -> None:
     """A rollout younger than the window may not have been scraped yet: no traffic is not concluded."""
     verdict, _ = judge(SPEC, Figures(), Figures(), whole_window=False)
