@@ -183,6 +183,12 @@ def assess(
     age = (now - observed.at).total_seconds()
     if age > MAX_FIGURES_AGE_SECONDS:
         return wait(f"the last figures are {age:.0f}s old", observed)
+    if not observed.revisions:  # the router exports each revision it routes to from zero
+        return wait(
+            "no revision's series in the window: Prometheus holds too few samples of the router's there "
+            "(started again, or the router not scraped over it)",
+            observed,
+        )
     new = observed.revisions.get(new_fingerprint, Figures())
     old = observed.revisions.get(old_fingerprint, Figures())
     whole = observed.window_seconds >= spec.window_seconds

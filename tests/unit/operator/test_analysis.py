@@ -213,6 +213,13 @@ def test_query_window_never_reaches_back_over_figures_that_were_unknown() -> Non
     assert assess(SPEC, OLD, NEW, thin, T0, at(130)).verdict is Verdict.WAIT
 
 
+def test_a_whole_window_without_any_revision_series_waits_not_inconclusive() -> None:
+    """Empty vectors (Prometheus started again after an outage, the router unscraped over the
+    window): the router exports each revision it routes to from zero, so none at all is a hole."""
+    judged = assess(SPEC, OLD, NEW, Observed(at(90), 60, {}), T0, at(91))
+    assert judged.verdict is Verdict.WAIT and "no revision's series in the window" in judged.reason
+
+
 @pytest.mark.parametrize(
     ("change", "says"),
     [
