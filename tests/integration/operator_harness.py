@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from lightkube import Client
+from prfaas_operator.adapters.kube import PrfaasDeploymentResource
+from prfaas_testbed.polling import eventually
 from prfaas_testbed.ports import free_port
 from support.kubectl import Kubectl
 
@@ -141,3 +144,16 @@ def router_on_kwok(document: dict[str, Any]) -> dict[str, Any]:
         ],
     )
     return document
+
+
+def delete_deployments(pd: Client, namespace: str) -> None:
+    """Deletes every PrfaasDeployment of the namespace and waits until the operator (which must
+    still run) has released them."""
+    for cr in pd.list(PrfaasDeploymentResource, namespace=namespace):
+        pd.delete(PrfaasDeploymentResource, cr["metadata"]["name"], namespace=namespace)
+    eventually(
+        lambda: not list(pd.list(PrfaasDeploymentResource, namespace=namespace)),
+        timeout=60,
+        interval=0.25,
+        what=f"the PrfaasDeployments of {namespace} deleted by the operator",
+    )

@@ -27,11 +27,10 @@ import yaml
 from lightkube import Client
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import Namespace
-from operator_harness import OperatorProcess, install_crd, run_operator
+from operator_harness import OperatorProcess, delete_deployments, install_crd, run_operator
 from polling import get_or_none
 from prfaas_core.router_config import RouterConfig
 from prfaas_core.vocabulary import Pool
-from prfaas_operator.adapters.kube import PrfaasDeploymentResource
 from prfaas_testbed.clusters import Cluster
 from prfaas_testbed.control_plane import apiserver_stopped, restart_apiserver
 from prfaas_testbed.polling import eventually
@@ -91,14 +90,7 @@ def deployments(
     """The namespaces; the test's CRs are deleted afterwards, while the operator still runs."""
     yield namespaces
     local = namespaces["local"]
-    for cr in pd_client.list(PrfaasDeploymentResource, namespace=local):
-        pd_client.delete(PrfaasDeploymentResource, cr["metadata"]["name"], namespace=local)
-    eventually(
-        lambda: not list(pd_client.list(PrfaasDeploymentResource, namespace=local)),
-        timeout=60,
-        interval=0.25,
-        what="the test's CRs deleted by the operator",
-    )
+    delete_deployments(pd_client, local)
 
 
 class Deployment:

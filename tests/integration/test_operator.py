@@ -29,7 +29,7 @@ from lightkube import Client, KubeConfig
 from lightkube.resources.apps_v1 import Deployment, StatefulSet
 from lightkube.resources.core_v1 import ConfigMap, Event, Namespace, Node, Pod, Service
 from lightkube.resources.policy_v1 import PodDisruptionBudget
-from operator_harness import OperatorProcess, install_crd, router_on_kwok, run_operator
+from operator_harness import OperatorProcess, delete_deployments, install_crd, router_on_kwok, run_operator
 from polling import get_or_none
 from prfaas_core.router_config import RouterConfig
 from prfaas_core.vocabulary import Pool
@@ -183,14 +183,7 @@ def own_namespaces(
     """This test's namespaces; its CRs are deleted afterwards, while the operator still runs."""
     local, remote = namespaces[request.node.originalname.removeprefix("test_").split("_")[0]]
     yield local, remote
-    for cr in pd_client.list(PrfaasDeploymentResource, namespace=local):
-        pd_client.delete(PrfaasDeploymentResource, cr["metadata"]["name"], namespace=local)
-    eventually(
-        lambda: not list(pd_client.list(PrfaasDeploymentResource, namespace=local)),
-        timeout=60,
-        interval=0.25,
-        what="the test's CRs deleted",
-    )
+    delete_deployments(pd_client, local)
 
 
 def test_sample_deployment_lifecycle(
