@@ -89,7 +89,8 @@ def test_weighted_max_min_a_consumer_below_its_ceiling_has_no_less_per_weight_th
         if share.tokens_per_second >= _ceiling(consumer) - _rel(_ceiling(consumer)):
             continue
         for other, other_share in zip(consumers, division.shares, strict=True):
-            if other_share.bound is Bound.GUARANTEE:
+            held = other.guaranteed_tokens_per_second
+            if other_share.tokens_per_second <= held + _rel(held):
                 continue
             mine = share.tokens_per_second / consumer.weight
             theirs = other_share.tokens_per_second / other.weight
