@@ -93,6 +93,13 @@ class Endpoint(_Strict):
         description="the engine's KV-layout fingerprint: the router pairs a prefill only with a decode of the "
         "same one (two are listed while a rollout changes the layout)",
     )
+    unobserved_since: float | None = Field(
+        default=None,
+        ge=0,
+        description="unix time since which the operator has not seen this engine's pod (its cluster could not "
+        "be listed) and lists it from its last observation; the router then routes to it only while its "
+        "/server_info says it is still the engine listed (engine_identity_problem). None: observed this pass",
+    )
 
 
 class LinkSpec(_Strict):

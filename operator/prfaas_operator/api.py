@@ -596,6 +596,18 @@ class PrefillClusterSpec(PodPlacement):
     bootstrap_port: int = Field(
         default=8998, ge=1, le=65535, description="PD bootstrap port decode instances dial."
     )
+    keep_unobserved_endpoints_seconds: int = Field(
+        default=300,
+        ge=0,
+        le=3600,
+        description=(
+            "While the operator cannot observe this cluster (its apiserver down or unreachable, its "
+            "credentials refused), the router keeps the PrfaaS prefill endpoints last observed for this "
+            "long, and routes to each only while its /server_info shows the engine listed (served model "
+            "name, prefill mode, bootstrap port): its pod may be gone and its IP reused. 0: they leave the "
+            "router config at once and every prefill is local until the cluster is observed again."
+        ),
+    )
     prefill_profile: PrefillProfile
     cache_pool: CachePoolSpec | None = Field(
         default=None,

@@ -147,6 +147,9 @@ class RouterService:
             interval_seconds=settings.health_interval_seconds,
             timeout_seconds=settings.health_timeout_seconds,
             failure_threshold=settings.health_failure_threshold,
+            served_model_name=lambda: (
+                self.snapshot.config.served_model_name if self.snapshot is not None else None
+            ),
         )
         await self.watcher.check()
         if self.watcher.current is None:
@@ -384,6 +387,7 @@ class RouterService:
                 "available": worker.available(now),
                 "healthy": worker.healthy,
                 "breaker": worker.breaker.state.value,
+                "unobserved_since": worker.unobserved_since,
                 "inflight": worker.inflight,
                 "outstanding_tokens": worker.outstanding_tokens,
             }

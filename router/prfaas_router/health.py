@@ -31,14 +31,22 @@ engine behind a cut link is still caught by its timeouts, and one with requests 
 read timeout of those requests and its breaker. A worker ejected by timeouts alone stays a last
 resort (`Fleet.routable`) for a pool left with nothing else. New workers from a reloaded config
 are checked at once (`poke`).
+
+A worker the operator lists from its last observation (`unobserved_since`: its cluster's apiserver
+is away) is also asked its `/server_info` on every check once `/ready` answers 200, and stays
+healthy only while that is the engine listed (prfaas_core.routing.identity): its pod may be gone
+and its IP given to another one. A wrong or unreadable answer ejects it at once, as a refusal does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
+from collections.abc import Callable
 
+from prfaas_core.routing.identity import SERVER_INFO_PATH, engine_identity_problem
 from prfaas_core.routing.workers import BreakerState, Fleet, Worker
 
 from prfaas_router.http.client import Upstream, UpstreamError, target
@@ -46,6 +54,8 @@ from prfaas_router.metrics import RouterMetrics
 from prfaas_router.periodic import Periodic
 
 log = logging.getLogger("prfaas_router.health")
+SERVER_INFO_MAX_BYTES = 1024 * 1024
+"""SGLang's /server_info is tens of KB (every resolved server arg); more is not an engine's answer."""
 
 
 class HealthChecker(Periodic):
@@ -59,8 +69,10 @@ class HealthChecker(Periodic):
         interval_seconds: float,
         timeout_seconds: float,
         failure_threshold: int,
+        served_model_name: Callable[[], str | None],
     ) -> None:
         super().__init__(interval_seconds)
+        self._served_model_name = served_model_name
         self._upstream = upstream
         self._fleet = fleet
         self._metrics = metrics
@@ -84,6 +96,9 @@ class HealthChecker(Periodic):
             status, _ = await self._upstream.get(where, self._timeout)
             ok = status == 200
             error = "" if ok else f"HTTP {status}"
+            if ok and worker.unobserved_since is not None:
+                error = await self._identity_problem(worker) or ""
+                ok = not error
         except TimeoutError as err:
             if busy(
                 worker.inflight, self._upstream.seconds_since_heard(where), self._interval + self._timeout
@@ -98,11 +113,30 @@ class HealthChecker(Periodic):
         except UpstreamError as err:
             ok, error = False, repr(err)
         threshold = self._failure_threshold if timed_out else 1  # a refusal or an error is an answer
-        if worker.record_health(ok, threshold, timed_out=timed_out):
+        flipped = worker.record_health(ok, threshold, timed_out=timed_out)
+        never_healthy = not ok and not worker.healthy and worker.health_failures == 1  # say why, once
+        if flipped or never_healthy:
             if ok:
                 log.info("worker %s/%s is healthy", worker.pool.value, worker.name)
             else:
                 log.warning("worker %s/%s is unhealthy: %s", worker.pool.value, worker.name, error)
+
+    async def _identity_problem(self, worker: Worker) -> str | None:
+        """Why the engine at an unobserved worker's address is not the one listed (None: it is)."""
+        served_model_name = self._served_model_name()
+        if served_model_name is None:
+            return "no config to check its identity against"
+        status, body = await self._upstream.get(
+            target(worker.url, SERVER_INFO_PATH), self._timeout, max_bytes=SERVER_INFO_MAX_BYTES
+        )
+        if status != 200:
+            return f"its {SERVER_INFO_PATH} answered HTTP {status}"
+        try:
+            info = json.loads(body)
+        except ValueError:
+            return f"its {SERVER_INFO_PATH} is not JSON"
+        problem = engine_identity_problem(info, worker.pool, served_model_name, worker.bootstrap_port)
+        return None if problem is None else f"not the engine the operator last saw there: {problem}"
 
 
 def busy(inflight: int, seconds_since_heard: float, window_seconds: float) -> bool:

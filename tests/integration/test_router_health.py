@@ -14,14 +14,17 @@ import signal
 import time
 from pathlib import Path
 
+import aiohttp
 import pytest
 from router_harness import (
     Cluster,
     Engine,
     Router,
     RouterFactory,
+    chat,
     config_doc,
     http_get,
+    post,
     start_engine,
     wait_healthy,
 )
@@ -96,3 +99,33 @@ async def test_a_killed_or_silent_engine_leaves_the_routable_set_within_seconds(
             os.kill(frozen.process.popen.pid, signal.SIGCONT)
         for engine in engines:
             engine.process.stop()
+
+
+async def test_an_unobserved_prefill_is_routed_to_only_while_it_answers_as_the_engine_listed(
+    cluster: Cluster, start_router: RouterFactory
+) -> None:
+    """The operator lists PrfaaS prefills it cannot observe from memory (Endpoint.unobserved_since):
+    their IPs may belong to other pods by now, so the router asks each its /server_info."""
+    (prefill,) = cluster.prfaas
+    (decode,) = cluster.decode
+    remembered = prefill.endpoint() | {"unobserved_since": time.time()}
+    doc = config_doc([], cluster.local, cluster.decode)
+    doc["pools"]["prfaas_prefill"] = [
+        remembered,
+        {"name": "reused-by-a-decode", "url": decode.url, "bootstrap_port": 8998, "unobserved_since": 1.0},
+        remembered | {"name": "other-bootstrap", "bootstrap_port": 8999},
+    ]
+    router = start_router(doc)
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:  # several checks, each asking /server_info
+        assert available(router, prefill.name), "the engine listed is still there"
+        await asyncio.sleep(0.2)
+    assert not available(router, "reused-by-a-decode") and not available(router, "other-bootstrap")
+    page = {w["name"]: w for w in router.config_page()["workers"]}
+    assert page[prefill.name]["unobserved_since"] == remembered["unobserved_since"]
+    log = router.process.log_path.read_text(errors="replace")
+    assert "not the engine the operator last saw there: disaggregation_mode is 'decode', not 'prefill'" in log
+    assert "disaggregation_bootstrap_port is" in log and "not 8999" in log
+    async with aiohttp.ClientSession() as client:
+        answer = await post(client, router.url + "/v1/chat/completions", chat("x" * 40_000))
+    assert answer.status == 200 and answer.headers["x-prfaas-route"] == "prfaas", "it still takes offloads"

@@ -314,6 +314,7 @@ async def test_a_late_health_answer_ejects_a_silent_engine_but_not_one_that_stre
         interval_seconds=0.1,
         timeout_seconds=0.2,
         failure_threshold=1,
+        served_model_name=lambda: "kimi-fake",
     )
     reply = await upstream.request("POST", target(streaming_url, "/generate"), body=b"{}")
     relayed = reply.relay(lambda chunk: None)

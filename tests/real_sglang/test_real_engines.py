@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 from prfaas_core import metrics_contract as contract
 from prfaas_core.planning import Observation
+from prfaas_core.routing.identity import SERVER_INFO_PATH, engine_identity_problem
 from prfaas_core.vocabulary import Pool, Role
 from prfaas_operator.adapters.prometheus import PrometheusObserver, SeriesSelector
 from prfaas_operator.planning.manifests import Names
@@ -77,6 +78,25 @@ async def test_the_cpu_workarounds_hold_against_the_installed_sglang() -> None:
         [str(sglang_cpu.engine_python()), "-m", "prfaas_sglang_cpu", "check"], capture_output=True, text=True
     )
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+async def test_each_engine_is_the_one_the_router_checks_an_unobserved_endpoint_for(
+    fleet: Fleet, client: aiohttp.ClientSession
+) -> None:
+    """The identity the router asks of an engine the operator lists from memory holds for real
+    SGLang started as the operator starts it, and a wrong bootstrap port is named."""
+    served = fleet.cr["spec"]["model"]["servedModelName"]
+    for role, pool in ((Role.PRFAAS_PREFILL, Pool.PRFAAS_PREFILL), (Role.PD_DECODE, Pool.DECODE)):
+        engine = fleet.engine(role)
+        async with client.get(engine.url + SERVER_INFO_PATH) as answer:
+            assert answer.status == 200
+            info = await answer.json()
+        assert engine_identity_problem(info, pool, served, engine.bootstrap_port) is None, role
+    prefill = fleet.engine(Role.PRFAAS_PREFILL)
+    async with client.get(prefill.url + SERVER_INFO_PATH) as answer:
+        info = await answer.json()
+    problem = engine_identity_problem(info, Pool.PRFAAS_PREFILL, served, 9)
+    assert problem == f"disaggregation_bootstrap_port is {prefill.bootstrap_port}, not 9"
 
 
 @pytest.mark.parametrize("stream", [False, True])

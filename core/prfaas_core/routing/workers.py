@@ -127,6 +127,7 @@ class Worker:
         "outstanding_tokens",
         "pool",
         "queued_seconds",
+        "unobserved_since",
         "url",
     )
 
@@ -142,6 +143,8 @@ class Worker:
         self.host = host
         self.bootstrap_port = endpoint.bootstrap_port
         self.fingerprint = endpoint.fingerprint
+        self.unobserved_since = endpoint.unobserved_since
+        """Listed from the operator's last observation of its pod: routable only while its identity holds."""
         self.breaker = breaker
         self.healthy = False  # unknown until the first health check answers
         self.health_failures = 0
@@ -268,7 +271,8 @@ class Fleet:
         """Adopt the endpoints of a new config; returns the workers that are new (still unchecked).
 
         A worker whose pool, name, URL, bootstrap port and fingerprint are unchanged is kept with its health
-        and in-flight counts; requests on a removed worker still finish against its object.
+        and in-flight counts (and returned too when it has just become unobserved or observed again, so
+        that its identity is checked at once); requests on a removed worker still finish against its object.
         """
         known = {worker.identity: worker for worker in self.workers()}
         fresh: list[Worker] = []
@@ -282,6 +286,9 @@ class Fleet:
                 if worker is None:
                     worker = Worker(pool, endpoint, CircuitBreaker(self._failure_threshold, self._cooldown))
                     fresh.append(worker)
+                elif worker.unobserved_since != endpoint.unobserved_since:
+                    worker.unobserved_since = endpoint.unobserved_since
+                    fresh.append(worker)  # observed again, or no longer: check it at once
                 members.append(worker)
             rebuilt[pool] = tuple(members)
         self.pools = rebuilt

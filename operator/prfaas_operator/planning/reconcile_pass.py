@@ -63,7 +63,12 @@ from prfaas_operator.planning.manifests import (
     router_service,
 )
 from prfaas_operator.planning.rollout import RolePlan, RoleSeen, RolloutDecision, Slot
-from prfaas_operator.planning.router_config_builder import build_router_config, choose_pools, endpoint_counts
+from prfaas_operator.planning.router_config_builder import (
+    build_router_config,
+    choose_pools,
+    endpoint_counts,
+    keep_unobserved,
+)
 from prfaas_operator.planning.status import (
     INVALID_PROFILE,
     INVALID_SPEC,
@@ -349,10 +354,12 @@ def decide_router_config(
     pd_seen: ClusterObservation,
     last_config: RouterConfig | None,
     stored: StoredRouterConfig | None,
+    now: datetime,
 ) -> RouterConfigDecision:
     """`last_config`: the config this process last wrote; `stored`: the ConfigMap's, when read.
 
-    Endpoints of a PrfaaS cluster that failed are left out, so traffic stays local. While a
+    Endpoints of a PrfaaS cluster that could not be observed are kept from the last config for a
+    bounded time (keep_unobserved), then left out, so traffic stays local. While a
     cache is still listing (just after a restart) the last config is kept: one built from it
     would drop endpoints that are working. A refused profile fit keeps the last good config.
     The version never falls below the one recorded in status.
@@ -367,6 +374,9 @@ def decide_router_config(
         return RouterConfigDecision("keep", last, kept(last, min_version))
     remote_pods = leaving(prefill_seen.pods, drains) if prefill_seen.observed else None
     choice = choose_pools(spec, engines.fingerprint, remote_pods, leaving(pd_seen.pods, drains))
+    if remote_pods is None:
+        keep_seconds = spec.prefill_cluster.keep_unobserved_endpoints_seconds
+        choice = keep_unobserved(choice, last, now.timestamp(), keep_seconds)
     cache_pools = router_cache_pools(spec, owner, remote_pods, pd_seen.pods)
     try:
         config = build_router_config(
@@ -420,7 +430,16 @@ def plan_router_and_prefill_cluster(
             drains, owner, plan, prefill_seen.slots, pass_input.now.monotonic, options.drain_seconds
         )
     decision = decide_router_config(
-        spec, owner, previous, engines, drains, prefill_seen.observation, pd_seen, last_config, stored
+        spec,
+        owner,
+        previous,
+        engines,
+        drains,
+        prefill_seen.observation,
+        pd_seen,
+        last_config,
+        stored,
+        pass_input.now.wall,
     )
     config = decision.config
     router = [router_deployment(spec, owner, config.to_json() if config else None)]

@@ -75,8 +75,7 @@ def choose_pools(
     layout both the old and the new one serve, and traffic moves to the new one as its pods
     become ready; a layout with prefills and no decode (or the reverse) is left out, since none
     of its engines could serve a request. `prefill_cluster_pods` is None when the PrfaaS cluster
-    could not be listed: its endpoints are dropped (a stale pod IP may belong to another pod by
-    now), so the router sends everything to the local prefill pool.
+    could not be listed: its endpoints come from the last config for a while (keep_unobserved).
     """
     pc, pd = spec.prefill_cluster, spec.pd_cluster
     remote = list(prefill_cluster_pods or [])
@@ -113,6 +112,44 @@ def choose_pools(
         )
         return PoolChoice(merged, desired_fingerprint, note)
     return PoolChoice(merged, desired_fingerprint)
+
+
+def keep_unobserved(
+    choice: PoolChoice, last: RouterConfig | None, now: float, keep_seconds: float
+) -> PoolChoice:
+    """The choice made without the PrfaaS cluster, with the PrfaaS prefill endpoints of the last
+    config for at most `keep_seconds` after they were last observed (`now`, unix seconds).
+
+    An apiserver outage stops nothing in its cluster: the engines keep serving, and dropping them
+    would send every long prompt to the local prefills. But a pod may go and its IP be given to
+    another, so each kept endpoint says since when it is unobserved, and the router routes there
+    only while the engine at that address is the one listed (prfaas_core.routing.identity). Only
+    endpoints of a KV layout that still has a decode listed are kept; the bound counts from the
+    first pass that could not observe them, and survives a restart (it is in the config).
+    """
+    if last is None or keep_seconds <= 0:
+        return choice
+    decodes = {endpoint.fingerprint for endpoint in choice.pools.decode}
+    since = [
+        endpoint.model_copy(
+            update={
+                "unobserved_since": now if endpoint.unobserved_since is None else endpoint.unobserved_since
+            }
+        )
+        for endpoint in last.pools.prfaas_prefill
+        if endpoint.fingerprint in decodes
+    ]
+    kept = [e for e in since if e.unobserved_since is not None and now - e.unobserved_since < keep_seconds]
+    if not kept:
+        return choice
+    oldest = min(e.unobserved_since for e in kept if e.unobserved_since is not None)
+    note = (
+        f"the PrfaaS cluster is not observed: {len(kept)} PrfaaS prefill endpoint(s) kept from the last "
+        f"observation {now - oldest:.0f}s ago, for at most {keep_seconds:.0f}s, each routed to only while its "
+        "engine answers as the one listed"
+    )
+    pools = choice.pools.model_copy(update={"prfaas_prefill": kept})
+    return PoolChoice(pools, choice.fingerprint, "; ".join(filter(None, (choice.note, note))))
 
 
 def decode_capacity(

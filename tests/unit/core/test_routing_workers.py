@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from prfaas_core.router_config import Endpoint
+from prfaas_core.routing.identity import engine_identity_problem
 from prfaas_core.routing.workers import BreakerState, CircuitBreaker, Fleet, Worker
 from prfaas_core.vocabulary import Pool
 from support.router_cases import config_doc, make_config
@@ -74,6 +75,50 @@ def test_reconcile_keeps_known_workers_and_reports_new_ones() -> None:
     assert fleet.pools[Pool.DECODE][0] is kept and kept.healthy and kept.inflight == 1
     assert fleet.pools[Pool.PRFAAS_PREFILL] == ()
     assert fleet.available(Pool.DECODE, 0.0) == [kept]
+
+
+def test_a_worker_that_becomes_unobserved_keeps_its_state_and_is_checked_at_once() -> None:
+    fleet = Fleet(failure_threshold=3, cooldown_seconds=1.0)
+    fleet.reconcile(make_config().pools)
+    prefill = fleet.pools[Pool.PRFAAS_PREFILL][0]
+    prefill.healthy = True
+    prefill.begin(0.0, 10, 0.0)
+    doc = config_doc()
+    doc["pools"]["prfaas_prefill"][0]["unobserved_since"] = 1000.0
+    assert fleet.reconcile(make_config(pools=doc["pools"]).pools) == [prefill]
+    assert prefill.unobserved_since == 1000.0 and prefill.healthy and prefill.inflight == 1
+    assert fleet.reconcile(make_config(pools=doc["pools"]).pools) == [], "still unobserved: nothing new"
+    assert fleet.reconcile(make_config().pools) == [prefill] and prefill.unobserved_since is None
+
+
+def test_an_engines_identity_is_its_served_name_its_pools_mode_and_its_bootstrap_port() -> None:
+    info = {
+        "served_model_name": "kimi",
+        "disaggregation_mode": "prefill",
+        "disaggregation_bootstrap_port": 8998,
+    }
+    assert engine_identity_problem(info, Pool.PRFAAS_PREFILL, "kimi", 8998) is None
+    assert engine_identity_problem(info, Pool.PRFAAS_PREFILL, "other", 8998) == (
+        "served_model_name is 'kimi', not 'other'"
+    )
+    assert engine_identity_problem(info, Pool.DECODE, "kimi", None) == (
+        "disaggregation_mode is 'prefill', not 'decode'"
+    )
+    assert engine_identity_problem(info, Pool.LOCAL_PREFILL, "kimi", 8999) == (
+        "disaggregation_bootstrap_port is 8998, not 8999"
+    )
+    decode = {"served_model_name": "kimi", "disaggregation_mode": "decode"}
+    assert engine_identity_problem(decode, Pool.DECODE, "kimi", None) is None, (
+        "a decode has no bootstrap port"
+    )
+    assert (
+        engine_identity_problem(["a list"], Pool.DECODE, "kimi", None)
+        == "its /server_info is not a JSON object"
+    )
+    lying = engine_identity_problem(
+        info | {"served_model_name": "x" * 10_000}, Pool.PRFAAS_PREFILL, "kimi", 8998
+    )
+    assert lying is not None and len(lying) < 120, "an engine's answer is shown bounded"
 
 
 def test_workers_ejected_by_timeouts_alone_are_a_last_resort_where_nothing_else_is_left() -> None:

@@ -24,6 +24,7 @@ from prfaas_operator.planning.router_config_builder import (
     PoolChoice,
     build_router_config,
     choose_pools,
+    keep_unobserved,
     ready_endpoints,
 )
 from prfaas_operator.planning.status import PodInfo
@@ -486,6 +487,41 @@ class TestRouterConfig:
         choice = choose_pools(spec(), "fp-new", None, LOCAL)
         assert choice.pools.prfaas_prefill == []
         assert len(choice.pools.local_prefill) == 1
+
+    def test_unobserved_prfaas_endpoints_are_kept_only_for_a_layout_with_a_decode_and_within_the_bound(
+        self,
+    ) -> None:
+        s = spec()
+        remote = [*REMOTE, pod("p-old", "prfaas-prefill", "127.100.1.7", fingerprint="fp-old")]
+        last = build_router_config(s, allocation_of(s), choose_pools(s, "fp-new", remote, LOCAL), None)
+        assert [e.name for e in last.pools.prfaas_prefill] == ["p-0"], "fp-old has no decode"
+        last = last.model_copy(
+            update={
+                "pools": last.pools.model_copy(
+                    update={
+                        "prfaas_prefill": [
+                            *last.pools.prfaas_prefill,
+                            last.pools.prfaas_prefill[0].model_copy(
+                                update={"name": "p-old", "fingerprint": "fp-old"}
+                            ),
+                        ]
+                    }
+                )
+            }
+        )
+        without = choose_pools(s, "fp-new", None, LOCAL)
+        kept = keep_unobserved(without, last, 1000.0, 300)
+        assert [(e.name, e.unobserved_since) for e in kept.pools.prfaas_prefill] == [("p-0", 1000.0)]
+        assert (
+            kept.pools.local_prefill == without.pools.local_prefill
+            and kept.pools.decode == without.pools.decode
+        )
+        assert kept.note and "1 PrfaaS prefill endpoint(s) kept" in kept.note
+        later = build_router_config(s, allocation_of(s), kept, last)
+        assert keep_unobserved(without, later, 1299.0, 300).pools.prfaas_prefill == kept.pools.prfaas_prefill
+        assert keep_unobserved(without, later, 1300.0, 300) == without
+        assert keep_unobserved(without, last, 1000.0, 0) == without
+        assert keep_unobserved(without, None, 1000.0, 300) == without
 
     def test_a_layout_rollout_lists_every_layout_that_can_serve_each_endpoint_tagged(self) -> None:
         old = [

@@ -124,6 +124,7 @@ def run_pass(
     applies: Applies | None = None,
     running: PrfaasDeploymentSpec | None = None,
     slots: Mapping[str, Sequence[Slot] | None] | None = None,
+    wall: datetime = WALL_NOW,
 ) -> Pass:
     """One pass with everything applied as planned; memory is updated as the executor does.
 
@@ -135,7 +136,7 @@ def run_pass(
     pd = pd or default_pd
     live = live or {Role.PD_PREFILL: 3, Role.PD_DECODE: 5, Role.PRFAAS_PREFILL: 4}
     slots = slots if slots is not None else settled_slots(running or s, live)
-    pass_input = PassInput(s, OWNER, 1, previous, Instant(now, WALL_NOW))
+    pass_input = PassInput(s, OWNER, 1, previous, Instant(now, wall))
     engines = plan_pd_engines(pass_input, memory.drains, slots, OPTIONS)
     remote = PrefillClusterSeen(prefill, reachable, slots[Role.PRFAAS_PREFILL] if reachable else None)
     plan = plan_router_and_prefill_cluster(
@@ -343,10 +344,57 @@ def test_backoff_doubles_up_to_its_cap_and_reports_when_it_retries() -> None:
     assert remote_backoff.succeeded(backoff).failures == 0
 
 
-def test_an_unreachable_prfaas_cluster_keeps_its_last_counts_and_leaves_the_router_config() -> None:
+def test_an_unreachable_prfaas_cluster_keeps_its_last_counts_and_its_endpoints_for_a_bounded_time() -> None:
     s, memory = spec(), Memory({})
     before = run_pass(s, memory, 100.0)
     assert listed(before.plan.router_config.config, Pool.PRFAAS_PREFILL)
+    first = before.plan.router_config.config
+    assert first is not None and all(e.unobserved_since is None for e in first.pools.prfaas_prefill)
+    problem = Problem(UNREACHABLE, "the PrfaaS cluster does not answer")
+
+    def cut_at(seconds: float, previous: PrfaasDeploymentStatus) -> Pass:
+        return run_pass(
+            s,
+            memory,
+            100.0 + seconds,
+            prefill=ClusterObservation(problem),
+            reachable=False,
+            previous=previous,
+            wall=WALL_NOW + timedelta(seconds=seconds),
+        )
+
+    cut = cut_at(10, before.conclusion.status)
+    status = cut.conclusion.status
+    assert status.prefill_cluster == RoleCounts(desired=4, ready=4), "unknown is not zero"
+    ok, reason, message = condition(status, "PrefillClusterReady")
+    assert (ok, reason) == ("False", UNREACHABLE)
+    assert "ready counts are the last observed" in message
+    assert condition(status, "Degraded")[:2] == ("True", UNREACHABLE)
+    kept = cut.plan.router_config.config
+    assert kept is not None
+    assert [e.model_copy(update={"unobserved_since": None}) for e in kept.pools.prfaas_prefill] == (
+        first.pools.prfaas_prefill
+    ), "the engines keep serving while their apiserver is away"
+    since = (WALL_NOW + timedelta(seconds=10)).timestamp()
+    assert {e.unobserved_since for e in kept.pools.prfaas_prefill} == {since}, "the router checks them"
+    assert kept.version == first.version + 1
+    assert "not observed: 4 PrfaaS prefill endpoint(s) kept" in condition(status, "RouterReady")[2]
+
+    later = cut_at(300, status)
+    assert later.plan.router_config.config == kept, "the bound counts from the first pass without them"
+    message = condition(later.conclusion.status, "RouterReady")[2]
+    assert "kept from the last observation 290s ago, for at most 300s" in message
+    gone = cut_at(310, later.conclusion.status).plan.router_config.config
+    assert listed(gone, Pool.PRFAAS_PREFILL) == []
+    assert len(listed(gone, Pool.LOCAL_PREFILL)) == 3, "traffic stays local"
+    assert gone is not None and gone.version == kept.version + 1
+    back = run_pass(s, memory, 500.0, previous=status).plan.router_config.config
+    assert back is not None and [e.unobserved_since for e in back.pools.prfaas_prefill] == [None] * 4
+
+
+def test_with_no_time_to_keep_them_the_unobserved_prfaas_endpoints_leave_at_once() -> None:
+    s, memory = spec(**{"prefillCluster.keepUnobservedEndpointsSeconds": 0}), Memory({})
+    before = run_pass(s, memory, 100.0)
     problem = Problem(UNREACHABLE, "the PrfaaS cluster does not answer")
     cut = run_pass(
         s,
@@ -356,16 +404,8 @@ def test_an_unreachable_prfaas_cluster_keeps_its_last_counts_and_leaves_the_rout
         reachable=False,
         previous=before.conclusion.status,
     )
-    status = cut.conclusion.status
-    assert status.prefill_cluster == RoleCounts(desired=4, ready=4), "unknown is not zero"
-    ok, reason, message = condition(status, "PrefillClusterReady")
-    assert (ok, reason) == ("False", UNREACHABLE)
-    assert "ready counts are the last observed" in message
-    assert condition(status, "Degraded")[:2] == ("True", UNREACHABLE)
     assert listed(cut.plan.router_config.config, Pool.PRFAAS_PREFILL) == []
-    assert len(listed(cut.plan.router_config.config, Pool.LOCAL_PREFILL)) == 3, "traffic stays local"
-    assert cut.plan.router_config.config is not None and before.plan.router_config.config is not None
-    assert cut.plan.router_config.config.version == before.plan.router_config.config.version + 1
+    assert len(listed(cut.plan.router_config.config, Pool.LOCAL_PREFILL)) == 3
 
 
 def test_a_prfaas_cluster_that_fails_while_applying_replaces_its_observation() -> None:
