@@ -361,7 +361,7 @@ def _rollout_condition(inputs: StatusInputs) -> Condition:
         message = (
             f"waiting for {' and '.join(unobserved)}: the step holds where it is, nothing is scaled or retired "
             f"in either cluster until the operator can observe it again; the old revision keeps serving. "
-            f"{progress}"
+            f"{progress} (a role of a cluster not observed: its counts as last observed)"
         )
         return _condition(kind, True, WAITING_FOR_CLUSTER, message, inputs)
     if rollout.analysis is not None:

@@ -314,6 +314,7 @@ def test_a_rollout_held_by_an_unobservable_cluster_says_which_and_why() -> None:
     assert (rolling.status, rolling.reason) == ("True", "WaitingForCluster")
     assert rolling.message.startswith(f"waiting for the PrfaaS cluster ({refused.message}): the step holds")
     assert "old revision keeps serving" in rolling.message and "step 0/5" in rolling.message
+    assert rolling.message.endswith("(a role of a cluster not observed: its counts as last observed)")
     observed = compute_status(inputs(rollout=rollout))
     assert condition(observed, "RolloutProgressing").reason == "RolloutInProgress"
     paused = compute_status(
