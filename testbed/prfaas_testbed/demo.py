@@ -47,6 +47,7 @@ from prfaas_core.trace import TRACE_BLOCK_TOKENS
 from prfaas_core.vocabulary import Pool
 
 from prfaas_testbed.clusters import Testbed, TestbedError, ensure_testbed, is_testbed_up, teardown_testbed
+from prfaas_testbed.leftovers import stop_processes_of
 from prfaas_testbed.link import LinkMode, LinkShape, describe
 from prfaas_testbed.pod_workloads import Scales
 from prfaas_testbed.prometheus import PrometheusError
@@ -60,7 +61,6 @@ from prfaas_testbed.system import (
     across_nodes,
     customise_cr,
     load_sample_cr,
-    stop_leftovers,
 )
 from prfaas_testbed.traffic import PlannedRequest, TrafficDriver, lognormal_requests, shrunk, trace_requests
 
@@ -220,7 +220,7 @@ class Demo:
             raise LiveSystemError(str(err)) from None
         self.testbed = ensure_testbed()
         work = self.testbed.state_dir / "demo"
-        stopped = stop_leftovers(work)
+        stopped = stop_processes_of(work, timeout_s=30)
         if stopped:
             say(f"stopped {len(stopped)} process(es) a killed earlier demo left running")
         shutil.rmtree(work, ignore_errors=True)

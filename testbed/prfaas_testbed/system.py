@@ -10,16 +10,13 @@ processes, Prometheus.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,49 +47,11 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "prfaas-operator"
 SAMPLE_CR = REPO / "examples" / "prfaasdeployment.yaml"
 FIELD_MANAGER = "prfaas-testbed"
-PIDS_FILE = "pids.json"
 PrfaasDeployment = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
 
 
 class LiveSystemError(RuntimeError):
     """A step of bringing the system up or down failed; the message says which and why."""
-
-
-def stop_leftovers(work_dir: Path, timeout_s: float = 30.0) -> list[int]:
-    """Stop what a killed earlier run in ``work_dir`` left running: its runner, Prometheus, pod processes.
-
-    Only processes recorded there that still belong to it (by command line or working directory)
-    are signalled, so a recycled pid is left alone.
-    """
-    recorded: list[int] = []
-    with contextlib.suppress(FileNotFoundError, ValueError):
-        recorded += [int(pid) for pid in json.loads((work_dir / PIDS_FILE).read_text()).values()]
-    with contextlib.suppress(FileNotFoundError, ValueError):
-        status = json.loads((work_dir / "runner" / STATUS_FILE).read_text())
-        recorded += [int(pod["pid"]) for pod in status.get("pods", []) if pod.get("pid")]
-    where = str(work_dir.resolve())
-
-    def still_ours(pid: int) -> bool:
-        """Its command line names the work dir (runner, Prometheus) or it runs in it (pod processes)."""
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            cwd = os.readlink(f"/proc/{pid}/cwd")
-        except OSError:
-            return False
-        return where in cmdline or cwd.startswith(where + "/")
-
-    alive = [pid for pid in recorded if still_ours(pid)]
-    for pid in alive:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while any(still_ours(pid) for pid in alive) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for pid in alive:
-        if still_ours(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-    return alive
 
 
 @dataclass(frozen=True)
@@ -286,9 +245,6 @@ class LiveSystem:
                 env=env,
                 start_new_session=True,  # a terminal's Ctrl-C reaches the demo, which stops it in order
             )
-        assert self.prometheus is not None
-        pids = {"runner": self.runner.pid, "prometheus": self.prometheus.process.pid}
-        (self.work_dir / PIDS_FILE).write_text(json.dumps(pids))
 
     def _helm(self, cluster: Cluster, release: str, values: Sequence[str]) -> None:
         argv = [

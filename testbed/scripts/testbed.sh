@@ -250,39 +250,19 @@ apiserver_ready() { # cluster: /readyz answers ok; a few tries, so a busy machin
   return 1
 }
 
-ours() { # pid cluster: the process is alive and its command line names this cluster's workdir
-  [ -r "/proc/$1/cmdline" ] && tr '\0' ' ' <"/proc/$1/cmdline" | grep -qF "$(cluster_workdir "$2")"
-}
-
-kill_leftovers() { # cluster: stop processes kwokctl recorded but did not stop
-  local pids_dir pid_file pid left=() alive
-  pids_dir="$(cluster_workdir "$1")/pids"
-  compgen -G "$pids_dir/*.pid" >/dev/null || return 0
-  for pid_file in "$pids_dir"/*.pid; do
-    pid=$(cat "$pid_file")
-    if ours "$pid" "$1"; then
-      log "stopping leftover $(basename "$pid_file" .pid) (pid $pid) of $1"
-      kill "$pid" 2>/dev/null || true
-      left+=("$pid")
-    fi
-  done
-  for _ in $(seq 50); do # up to 10 s for a clean exit, then SIGKILL
-    alive=0
-    for pid in "${left[@]}"; do ours "$pid" "$1" && alive=1; done
-    [ "$alive" = 0 ] && return 0
-    sleep 0.2
-  done
-  for pid in "${left[@]}"; do ours "$pid" "$1" && kill -9 "$pid" 2>/dev/null; done
-  return 0
+kill_leftovers() { # cluster: stop every process that names its workdir or runs in it, kwokctl's
+  # or not (kwokctl deletes the pid files of what it stopped and knows nothing of the control-plane
+  # processes control_plane.py started again); -P: only the standard library on sys.path
+  python3 -P "$HERE/../prfaas_testbed/leftovers.py" "$(cluster_workdir "$1")" || log "$1: looking for leftovers failed"
 }
 
 delete_cluster() { # cluster
   local cluster=$1 kwokctl=$2
   if [ -d "$(cluster_workdir "$cluster")" ]; then
     "$kwokctl" delete cluster --name "$cluster" >/dev/null 2>&1 9>&- || log "kwokctl could not delete $cluster cleanly"
-    kill_leftovers "$cluster"
-    rm -rf "$(cluster_workdir "$cluster")"
   fi
+  kill_leftovers "$cluster" # also those of a workdir already gone
+  rm -rf "$(cluster_workdir "$cluster")"
   rm -f "$(flat_kubeconfig "$cluster")" "$STATE_DIR/$cluster.kwokctl.yaml"
 }
 
