@@ -18,6 +18,7 @@ from prfaas_sim import replicas, report
 from prfaas_sim.engine import DEFAULT_POOL_FETCH_BYTES_PER_SECOND, SimulationSettings
 from prfaas_sim.planner_loop import PlannerSettings
 from prfaas_sim.scenarios import LinkDropSetup, burst, link_drop, rate_sweep, trace_caches, trace_prefix
+from prfaas_sim.shared_pool import SharedPoolSetup, render, shared_pool_study
 from prfaas_sim.sources import (
     CONVERSATION_SAMPLE_RATE,
     CONVERSATION_SAMPLE_SECONDS,
@@ -166,6 +167,44 @@ def _parser() -> argparse.ArgumentParser:
     tier.add_argument("--duration", type=float, default=1800.0)
     tier.add_argument("--runs", type=int, default=3, help="seeds SEED, SEED+1, ...: one table each")
     tier.add_argument("--out", type=Path, help="also write replicas.md into this directory (docs/sim)")
+
+    pool = _command(
+        commands,
+        "shared-pool",
+        "one PrfaaS pool shared by several PD clusters against dedicated pools of the same GPUs and PD only; "
+        "then one consumer's link drops",
+        _run_shared_pool,
+    )
+    pool.add_argument(
+        "--trace",
+        type=Path,
+        action="append",
+        default=[],
+        help="one consumer per trace given (repeat); default: built-in loads whose bursts are not aligned",
+    )
+    pool.add_argument("--consumers", type=int, default=SharedPoolSetup.consumers, help="built-in consumers")
+    pool.add_argument("--weights", type=float, nargs="+", default=[], help="one per consumer (default all 1)")
+    pool.add_argument(
+        "--base", type=float, default=SharedPoolSetup.base_rps, help="req/s of each mixed traffic"
+    )
+    pool.add_argument(
+        "--burst-rate", type=float, default=SharedPoolSetup.burst_rps, help="long prompts/s in a burst"
+    )
+    pool.add_argument("--long-tokens", type=int, default=SharedPoolSetup.long_tokens)
+    pool.add_argument("--period", type=float, default=SharedPoolSetup.period_seconds)
+    pool.add_argument("--burst-length", type=float, default=SharedPoolSetup.burst_seconds)
+    pool.add_argument("--duration", type=float, default=SharedPoolSetup.duration)
+    pool.add_argument("--warmup", type=float, default=SharedPoolSetup.warmup)
+    pool.add_argument(
+        "--horizon",
+        type=float,
+        help="seconds of its share a consumer's backlog at the pool may hold (default: the TTFT SLO less the pool's prefill of the longest prompt)",
+    )
+    pool.add_argument("--aligned", action="store_true", help="every consumer's bursts at once (contention)")
+    pool.add_argument("--drop-at", type=float, default=SharedPoolSetup.drop_at)
+    pool.add_argument(
+        "--to-gbps", type=float, default=SharedPoolSetup.drop_to_gbps, help="bandwidth after the drop"
+    )
     return parser
 
 
@@ -364,6 +403,28 @@ def _run_replicas(args: argparse.Namespace) -> int:
             + f" --out {args.out}"
         )
         print(replicas.write(studies, command, args.out))
+    return 0
+
+
+def _run_shared_pool(args: argparse.Namespace) -> int:
+    setup = SharedPoolSetup(
+        consumers=args.consumers,
+        weights=tuple(args.weights),
+        base_rps=args.base,
+        burst_rps=args.burst_rate,
+        long_tokens=args.long_tokens,
+        period_seconds=args.period,
+        burst_seconds=args.burst_length,
+        duration=args.duration,
+        warmup=args.warmup,
+        drop_at=args.drop_at,
+        drop_to_gbps=args.to_gbps,
+        aligned=args.aligned,
+        horizon_seconds=args.horizon,
+        traces=tuple(args.trace),
+    )
+    run = shared_pool_study(load_profile(args.profile), setup, seed=args.seed, ttft_slo_seconds=args.ttft_slo)
+    print("\n".join(render(run)))
     return 0
 
 

@@ -45,6 +45,7 @@ class SimRequest:
 
     __slots__ = (
         "arrival",
+        "consumer",
         "counted",
         "decision",
         "decode",
@@ -63,6 +64,7 @@ class SimRequest:
         self.output_tokens = output_tokens
         self.key = key
         self.counted = counted  # arrived after the warm-up: goes into the statistics
+        self.consumer = 0  # which consumer of a shared PrfaaS pool sent it
         self.decision: Decision | None = None
         self.decode: DecodeInstance | None = None
         self.flow: Flow | None = None

@@ -17,7 +17,7 @@ import dataclasses
 import functools
 import heapq
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from prfaas_core import planning
@@ -132,6 +132,41 @@ class LinkChange:
     informed_after: float | None = None
 
 
+class SharedPool:
+    """One PrfaaS pool that several consumers' simulations share (issue 31): its prefill instances,
+    one event heap and one clock, so every consumer's offloads queue at the same engines while each
+    keeps its own PD cluster, link, routers and statistics. Built empty; the first consumer creates
+    the instances; `run_shared` runs them all."""
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[float, int, int, object]] = []
+        self.sequence = itertools.count()
+        self.instances: list[PrefillInstance] = []
+        self.consumers: list[Simulation] = []
+        self.busy_seconds: list[float] = []
+        """Per consumer: the pool's prefill seconds spent on its requests so far (charged when a forward starts)."""
+
+    def charge(self, batch: Sequence[SimRequest], seconds: float) -> None:
+        tokens = sum(request.total_tokens for request in batch)
+        for request in batch:
+            self.busy_seconds[request.consumer] += seconds * request.total_tokens / tokens
+
+    @property
+    def saturated(self) -> bool:
+        """Every instance is busy and work waits: the consumers contend for the pool."""
+        return all(instance.busy for instance in self.instances) and any(
+            instance.queue for instance in self.instances
+        )
+
+    def at(self, time: float, action: Callable[[], None]) -> None:
+        """A pool-side action (its controller's) at simulated `time`."""
+        heapq.heappush(self.heap, (time, next(self.sequence), _CONTROL, action))
+
+    @property
+    def arrivals_open(self) -> bool:
+        return any(consumer.arrivals_open for consumer in self.consumers)
+
+
 class _PdNode:
     """One instance of the PD cluster; its role can change when the planner moves the split."""
 
@@ -153,13 +188,25 @@ class Simulation:
         settings: SimulationSettings,
         link_changes: Iterable[LinkChange] = (),
         routers: RouterTierFactory | None = None,
+        shared: SharedPool | None = None,
     ) -> None:
-        """`routers`: several router replicas (see `replicas`); None: one router."""
+        """`routers`: several router replicas (see `replicas`) or another tier; None: one router.
+        `shared`: the PrfaaS pool is shared with other consumers (`run_shared` runs them)."""
         self.system = system
         self.settings = settings
         self._link_changes = tuple(link_changes)
-        self._heap: list[tuple[float, int, int, object]] = []
-        self._sequence = itertools.count()
+        self._shared = shared
+        self._source: Iterable[RequestSpec] = ()
+        if shared is None:
+            self._heap: list[tuple[float, int, int, object]] = []
+            self._sequence = itertools.count()
+        else:
+            if shared.instances and len(shared.instances) != system.allocation.prfaas_instances:
+                raise ValueError(f"{system.label}: a shared pool's consumers must all count its instances")
+            self._heap, self._sequence = shared.heap, shared.sequence
+            self._consumer = len(shared.consumers)
+            shared.consumers.append(self)
+            shared.busy_seconds.append(0.0)
         self.now = 0.0
         allocation = system.allocation
         series = TimeSeries(settings.series_window_seconds) if settings.series_window_seconds else None
@@ -186,9 +233,14 @@ class Simulation:
             if cache_tokens is not None
         }
         self._cache_tokens = {route: CacheTokens() for route in ROUTES}
-        self._prfaas = [
-            self._new_prefill(f"prfaas-{i}", offloads=True) for i in range(allocation.prfaas_instances)
-        ]
+        if shared is not None and shared.instances:
+            self._prfaas = shared.instances
+        else:
+            self._prfaas = [
+                self._new_prefill(f"prfaas-{i}", offloads=True) for i in range(allocation.prfaas_instances)
+            ]
+            if shared is not None:
+                shared.instances.extend(self._prfaas)
         self._pd = [
             _PdNode(
                 f"pd-{i}",
@@ -228,8 +280,31 @@ class Simulation:
     # ---- the loop -------------------------------------------------------------------------------
 
     def run(self, requests: Iterable[RequestSpec]) -> RunResult:
-        source = iter(requests)
-        self._pull(source)
+        if self._shared is not None:
+            raise ValueError(f"{self.system.label}: a consumer of a shared pool runs through run_shared")
+        self.start(requests)
+        heap = self._heap
+        pop = heapq.heappop
+        handle = self._handle
+        while heap:
+            time, _, kind, payload = pop(heap)
+            self.now = time
+            handle(kind, payload)
+        return self.finish()
+
+    @property
+    def arrivals_open(self) -> bool:
+        return self._arrivals_open
+
+    @property
+    def configured_link(self) -> LinkSpec:
+        """The link as the operator last wrote it into the router config."""
+        return self._configured_link
+
+    def start(self, requests: Iterable[RequestSpec]) -> None:
+        """The first arrival and the periodic loops on the heap."""
+        self._source = iter(requests)
+        self._pull()
         for change in self._link_changes:
             self._at(change.at, functools.partial(self._change_link, change))
         if self.system.planner is not None:
@@ -238,26 +313,26 @@ class Simulation:
             self._at(0.0, self._poll_loads)
         if self.system.link_check is LinkCheck.MEASURED:
             self._at(0.0, self._poll_link)
-        heap = self._heap
-        pop = heapq.heappop
+
+    def _handle(self, kind: int, payload: object) -> None:
+        if kind == _ARRIVAL:
+            self._arrive(payload)  # type: ignore[arg-type]
+            self._pull()
+        elif kind == _PREFILL_DONE:
+            self._prefill_done(payload)  # type: ignore[arg-type]
+        elif kind == _LINK:
+            if payload == self.link.version:
+                self._link_done()
+        elif kind == _KV_ARRIVED:
+            self._kv_arrived(payload)  # type: ignore[arg-type]
+        elif kind == _DECODE_DONE:
+            self._decode_done(payload)  # type: ignore[arg-type]
+        else:
+            payload()  # type: ignore[operator]
+
+    def finish(self) -> RunResult:
+        """The run's aggregates, once the heap is empty."""
         link = self.link
-        while heap:
-            time, _, kind, payload = pop(heap)
-            self.now = time
-            if kind == _ARRIVAL:
-                self._arrive(payload)  # type: ignore[arg-type]
-                self._pull(source)
-            elif kind == _PREFILL_DONE:
-                self._prefill_done(payload)  # type: ignore[arg-type]
-            elif kind == _LINK:
-                if payload == link.version:
-                    self._link_done()
-            elif kind == _KV_ARRIVED:
-                self._kv_arrived(payload)  # type: ignore[arg-type]
-            elif kind == _DECODE_DONE:
-                self._decode_done(payload)  # type: ignore[arg-type]
-            else:
-                payload()  # type: ignore[operator]
         link.advance(self.now)
         result = self.stats.result(
             self.system.label,
@@ -276,13 +351,16 @@ class Simulation:
         )
 
     def _push(self, time: float, kind: int, payload: object) -> None:
+        if self._shared is not None and kind != _CONTROL:
+            # one heap for every consumer: the event carries whose it is
+            kind, payload = _CONTROL, functools.partial(self._handle, kind, payload)
         heapq.heappush(self._heap, (time, next(self._sequence), kind, payload))
 
     def _at(self, time: float, action: Callable[[], None]) -> None:
         self._push(time, _CONTROL, action)
 
-    def _pull(self, source: Iterable[RequestSpec]) -> None:
-        spec = next(source, None)  # type: ignore[call-overload]
+    def _pull(self) -> None:
+        spec = next(self._source, None)  # type: ignore[call-overload]
         if spec is None:
             self._arrivals_open = False
             return
@@ -297,6 +375,8 @@ class Simulation:
         request = SimRequest(
             now, spec.input_tokens, spec.output_tokens, self._key(spec), now >= self.settings.warmup_seconds
         )
+        if self._shared is not None:
+            request.consumer = self._consumer
         outcome = self.router.route(request, now)
         self.stats.routed(request, outcome)
         routed = outcome if isinstance(outcome, policy.Decision) else None
@@ -323,33 +403,48 @@ class Simulation:
 
     def _start_prefill(self, instance: PrefillInstance) -> None:
         now = self.now
-        end = now + instance.start_batch(now)
+        seconds = instance.start_batch(now)
+        end = now + seconds
+        if instance.offloads and self._shared is not None:
+            self._shared.charge(instance.batch, seconds)
         if instance.offloads:
-            link = self.link
             kv = self.system.profile.kv_size
+            owners = []
             for request in instance.batch:
                 assert request.decode is not None
-                # what SGLang sends: the prompt's KV past the prefix its decode holds
+                # what SGLang sends: the prompt's KV past the prefix its decode holds, over its consumer's link
                 crossing = request.total_tokens - request.decode.held_tokens(request)
-                request.flow = link.start(now, request, kv.fixed_bytes + kv.bytes_per_token * crossing, end)
-            self._schedule_link()
+                owner = self._owner(request)
+                request.flow = owner.link.start(
+                    now, request, kv.fixed_bytes + kv.bytes_per_token * crossing, end
+                )
+                if owner not in owners:
+                    owners.append(owner)
+            for owner in owners:
+                owner._schedule_link()
         self._push(end, _PREFILL_DONE, instance)
 
     def _prefill_done(self, instance: PrefillInstance) -> None:
-        released = False
+        released = []
         for request in instance.finish_batch():
             if request.flow is not None:
-                self.link.release(self.now, request.flow)
-                self._transfers.computed(instance.name)
-                released = True
+                owner = self._owner(request)
+                owner.link.release(self.now, request.flow)
+                owner._transfers.computed(instance.name)
+                if owner not in released:
+                    released.append(owner)
             else:
                 self._kv_arrived(request)
-        if released:
-            self._schedule_link()
+        for owner in released:
+            owner._schedule_link()
         if instance.queue:
             self._start_prefill(instance)
         else:
             self._maybe_switch(instance.name)
+
+    def _owner(self, request: SimRequest) -> Simulation:
+        """The consumer whose link, routers and statistics the request belongs to."""
+        return self if self._shared is None else self._shared.consumers[request.consumer]
 
     def _schedule_link(self) -> None:
         soonest = self.link.next_completion()
@@ -598,6 +693,23 @@ def _prefill_load(node: _PdNode) -> tuple[int, str]:
     instance = node.instance
     assert isinstance(instance, PrefillInstance)
     return (len(instance.queue) + instance.busy, node.name)
+
+
+def run_shared(shared: SharedPool, streams: Sequence[Iterable[RequestSpec]]) -> list[RunResult]:
+    """Run every consumer of `shared`, each on its own request stream, on one clock."""
+    consumers = shared.consumers
+    if len(streams) != len(consumers):
+        raise ValueError(f"{len(consumers)} consumers need as many request streams, got {len(streams)}")
+    for consumer, stream in zip(consumers, streams, strict=True):
+        consumer.start(stream)
+    heap = shared.heap
+    pop = heapq.heappop
+    while heap:
+        time, _, _, action = pop(heap)
+        for consumer in consumers:
+            consumer.now = time
+        action()  # type: ignore[operator]
+    return [consumer.finish() for consumer in consumers]
 
 
 def run_system(

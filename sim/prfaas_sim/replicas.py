@@ -205,16 +205,20 @@ class BurstyLoad:
     burst_seconds: float
     """Each period ends with a burst this long."""
     duration: float
+    offset_seconds: float = 0.0
+    """Each burst ends this much before its period does (loads whose bursts are not aligned)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.burst_seconds < self.period_seconds <= self.duration:
             raise ValueError(f"bursts need 0 < burst < period <= duration, got {self}")
+        if not 0 <= self.offset_seconds < self.period_seconds - self.burst_seconds:
+            raise ValueError(f"a burst's offset must be >= 0 and leave it inside its period, got {self}")
 
     def schedule(self) -> RateSchedule:
-        """Off, then on at the end of each whole period; the rest of the run stays off."""
+        """Off, then on at the end of each whole period (less the offset); the rest of the run stays off."""
         starts, rates = [0.0], [0.0]
         for period in range(int(self.duration // self.period_seconds)):
-            end = (period + 1) * self.period_seconds
+            end = (period + 1) * self.period_seconds - self.offset_seconds
             starts += [end - self.burst_seconds, end]
             rates += [self.burst_rps, 0.0]
         if starts[-1] >= self.duration:
