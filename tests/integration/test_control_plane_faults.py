@@ -6,7 +6,9 @@ real Prometheus scraping a stand-in router, as in test_planner_loop.py:
 - the PrfaaS cluster's apiserver stopped for two minutes while one CR's image change is mid-step
   (a new StatefulSet per role surged beside the old one, none retired) and while a second CR,
   switched from Advisory to Auto inside the outage, has its planner apply pending: the PD side
-  keeps its capacity and its local router pools, the conditions name the unreachable cluster, and
+  keeps its capacity and its local router pools, the router config keeps the PrfaaS prefills of
+  both revisions (marked unobserved, for the router to check), the conditions name the
+  unreachable cluster, and
   once it is back the rollout finishes, the apply lands, one StatefulSet per role is left;
 - the PD cluster's apiserver restarted mid-step: the operator's watches (kopf's and its own
   informers) come back, and a spec change made after the restart finishes the rollout.
@@ -162,6 +164,10 @@ class Deployment:
         return router_config(self.pd, self.name, self.namespace)
 
 
+def prfaas_endpoints(config: RouterConfig | None) -> list[str]:
+    return [] if config is None else sorted(e.name for e in config.pools.of(Pool.PRFAAS_PREFILL))
+
+
 def all_statefulsets(client: Client, namespace: str, *names: str) -> list[str]:
     """Every StatefulSet of the CRs `names` in the namespace (an earlier test's may still be collected)."""
     found: Any = client.list(StatefulSet, namespace=namespace)
@@ -226,6 +232,12 @@ def test_prfaas_apiserver_stopped_mid_step_and_mid_planner_apply(
     }
     step = rolled.status()["rollout"]
     print(f"{elapsed()} step in flight: {step['step']}/{step['steps']}; StatefulSets {before}")
+    prfaas_before = eventually(
+        lambda: len(names := prfaas_endpoints(rolled.router_config())) == 2 and names,
+        timeout=20,
+        interval=0.25,
+        what="the router config listing the PrfaaS prefills of both revisions",
+    )
 
     lowest = {role: 99 for role in LOCAL_ROLES}  # fewest ready replicas of a role, both slots together
     local_pools: list[tuple[int, int]] = []  # (local prefill, decode) endpoints in the router config
@@ -246,8 +258,13 @@ def test_prfaas_apiserver_stopped_mid_step_and_mid_planner_apply(
             assert config is not None
             local_pools.append((len(config.pools.of(Pool.LOCAL_PREFILL)), len(config.pools.of(Pool.DECODE))))
             prfaas_pool.append(len(config.pools.of(Pool.PRFAAS_PREFILL)))
+            kept = config.pools.of(Pool.PRFAAS_PREFILL)
+            if any(e.unobserved_since is None for e in kept):  # the operator has not noticed yet
+                assert time.monotonic() - stopped_at < 30, "endpoints listed as observed in an outage"
+            else:
+                assert prfaas_endpoints(config) == prfaas_before, "PrfaaS capacity left the router"
             status = rolled.status()
-            for kind in ("Degraded", "RolloutProgressing", "PrefillClusterReady"):
+            for kind in ("Degraded", "RolloutProgressing", "PrefillClusterReady", "RouterReady"):
                 messages[kind] = (
                     f"{condition(status, kind).get('reason')}: {condition(status, kind).get('message')}"
                 )
@@ -273,6 +290,8 @@ def test_prfaas_apiserver_stopped_mid_step_and_mid_planner_apply(
     rollout_condition = condition(held, "RolloutProgressing")
     assert "PrfaaS cluster" in rollout_condition["message"], rollout_condition  # what the step waits for
     assert applied_at is not None, f"no planner apply during the outage: {planned.status().get('planner')}"
+    assert min(prfaas_pool) == len(prfaas_before), (prfaas_pool, prfaas_before)  # old and new revision
+    assert "the PrfaaS cluster is not observed" in messages["RouterReady"], messages["RouterReady"]
     print(f"{elapsed()} planner applied {applied_at - stopped_at:.1f}s into the outage: {seen_planned}")
 
     # after: the step resumes and finishes, the apply lands, one StatefulSet per role in each cluster
@@ -291,6 +310,9 @@ def test_prfaas_apiserver_stopped_mid_step_and_mid_planner_apply(
         what="the planner's allocation rolled out in both clusters",
     )
     landed_at = time.monotonic()
+    observed = rolled.router_config()
+    assert observed is not None and observed.pools.of(Pool.PRFAAS_PREFILL)
+    assert all(e.unobserved_since is None for e in observed.pools.of(Pool.PRFAAS_PREFILL)), "observed again"
     print(
         f"{elapsed()} step held {returned_at - surged_at:.1f}s in all; rollout finished "
         f"{finished_at - returned_at:.1f}s and the apply landed {landed_at - returned_at:.1f}s after the "
