@@ -140,10 +140,13 @@ def namespaces(testbed: Testbed, pd_client: Client, prfaas_client: Client) -> It
 def operator(
     testbed: Testbed, namespaces: tuple[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    """The operator watching `ana-*`, started after the namespace exists."""
+    """The operator watching `ana-*`, started after the namespace exists. An instance scaled away
+    (a rollback's new slot, a finished rollout's old one) leaves its StatefulSet 2 s after the router
+    config (30 s by default): kwok pods have nothing in flight to drain."""
     install_crd(testbed.pd_kubeconfig)
     log = tmp_path_factory.mktemp("analysis-operator") / "operator.log"
-    with run_operator(testbed.pd_kubeconfig, log, "ana-*", "--resync-seconds", "2") as running:
+    options = ("--resync-seconds", "2", "--drain-seconds", "2")
+    with run_operator(testbed.pd_kubeconfig, log, "ana-*", *options) as running:
         yield running
         assert "Traceback" not in running.log_text(), running.log_tail()
 
