@@ -166,6 +166,11 @@ class SharedPool:
     def arrivals_open(self) -> bool:
         return any(consumer.arrivals_open for consumer in self.consumers)
 
+    @property
+    def now(self) -> float:
+        """The shared clock (`run_shared` moves every consumer's)."""
+        return self.consumers[0].now
+
 
 class _PdNode:
     """One instance of the PD cluster; its role can change when the planner moves the split."""

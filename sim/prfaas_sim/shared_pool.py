@@ -18,6 +18,7 @@ consumer's bursts shifted by period / N so they do not line up; or one consumer 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -126,17 +127,19 @@ class ShareRouter:
     """One consumer's router within its published share; it knows its own offloads and what the pool's
     engines report, nothing of the other consumers."""
 
-    def __init__(self, replica: SimRouter, pool_names: frozenset[str], horizon_seconds: float) -> None:
+    def __init__(
+        self, name: str, replica: SimRouter, pool_names: frozenset[str], horizon_seconds: float
+    ) -> None:
+        self.name = name
         self.replica = replica
         self._pool_names = pool_names
         self._horizon = horizon_seconds
         self._queued: dict[str, int] = {}
-        self._mine: set[int] = set()
         self.backlog_tokens = 0.0
+        """Its offloads' prompt tokens not yet back from the pool."""
         self.demand_tokens = 0.0
         """Since the last division: its prompts at or above its threshold, offloaded or not."""
         self.division: Division | None = None
-        self.name = ""
 
     def route(self, request: SimRequest, now: float) -> Decision | Rejection:
         tokens = request.total_tokens
@@ -158,7 +161,6 @@ class ShareRouter:
             )
         outcome = self.replica.route(request, now, offload=allowed)
         if isinstance(outcome, Decision) and outcome.route == ROUTE_PRFAAS:
-            self._mine.add(id(outcome))
             self.backlog_tokens += outcome.total_tokens
         return outcome
 
@@ -171,8 +173,7 @@ class ShareRouter:
         self.replica.report_link(now, answers)
 
     def prefill_returned(self, decision: Decision) -> None:
-        if id(decision) in self._mine:
-            self._mine.discard(id(decision))
+        if decision.route == ROUTE_PRFAAS:
             self.backlog_tokens = max(0.0, self.backlog_tokens - decision.total_tokens)
         self.replica.prefill_returned(decision)
 
@@ -235,7 +236,7 @@ class PoolController:
     def tick(self) -> None:
         self.publish(PUBLISH_SECONDS)
         if self._pool.arrivals_open:
-            self._pool.at(self._pool.consumers[0].now + PUBLISH_SECONDS, self.tick)
+            self._pool.at(self._pool.now + PUBLISH_SECONDS, self.tick)
 
     def share_over_weight(self, consumer: int) -> float | None:
         """The pool's time it got in the contended periods where it asked at least its entitlement,
@@ -390,9 +391,12 @@ def _shared(
     pool_names = frozenset(f"prfaas-{i}" for i in range(spec.allocation.prfaas_instances))
 
     def tier(
-        replica: Callable[[RouterConfig], SimRouter], config: RouterConfig, clock: Callable[[], float]
+        name: str,
+        replica: Callable[[RouterConfig], SimRouter],
+        config: RouterConfig,
+        clock: Callable[[], float],
     ) -> ShareRouter:
-        router = ShareRouter(replica(config), pool_names, horizon)
+        router = ShareRouter(name, replica(config), pool_names, horizon)
         routers.append(router)
         return router
 
@@ -408,8 +412,8 @@ def _shared(
             if drop and consumer == setup.drop_consumer
             else []
         )
-        Simulation(_named(spec, consumer), settings, changes, routers=tier, shared=pool)
-        routers[-1].name = f"consumer-{consumer}"
+        tiers = functools.partial(tier, f"consumer-{consumer}")
+        Simulation(_named(spec, consumer), settings, changes, routers=tiers, shared=pool)
     controller = PoolController(
         pool,
         routers,

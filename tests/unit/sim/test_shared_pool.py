@@ -7,10 +7,12 @@ import re
 from pathlib import Path
 
 import pytest
+from prfaas_core.router_config import KvSize, LinkSpec
+from prfaas_core.shares import Consumer, divide
 from prfaas_core.throughput import ProfileDocument, Strategy
 from prfaas_sim.cli import main
 from prfaas_sim.engine import SharedPool, Simulation, SimulationSettings, run_shared
-from prfaas_sim.shared_pool import SharedPoolSetup, shared_pool_study
+from prfaas_sim.shared_pool import SharedPoolSetup, ShareRouter, shared_pool_study
 from prfaas_sim.sources import RateSchedule, poisson_requests
 from prfaas_sim.systems import default_slo, deployments, load_profile
 
@@ -40,6 +42,33 @@ def test_one_consumer_of_a_shared_pool_runs_exactly_as_the_same_system_alone(doc
     [shared] = run_shared(pool, [requests()])
     assert shared.completed > 1000
     assert dataclasses.replace(shared, series=None) == dataclasses.replace(alone, series=None)
+
+
+@pytest.mark.parametrize("share", [0.0, 1e9])
+def test_a_consumer_over_its_share_prefills_locally(document, share):
+    """Its router withholds the pool once its own backlog there passes its share's horizon."""
+    workload = document.default_workload()
+    spec = deployments(document, workload, slo=default_slo(document)).specs[Strategy.PRFAAS_PD]
+    pool = SharedPool()
+    division = divide(
+        share, KvSize(bytes_per_token=1.0), [Consumer("me", share, LinkSpec(bandwidth_bytes_per_second=1e12))]
+    )
+    routers = []
+
+    def tier(replica, config, clock):
+        router = ShareRouter("me", replica(config), frozenset(), horizon_seconds=20.0)
+        router.division = division
+        routers.append(router)
+        return router
+
+    Simulation(spec, SimulationSettings(), routers=tier, shared=pool)
+    [result] = run_shared(pool, [poisson_requests(workload, RateSchedule.constant(2.0, 300.0), seed=4)])
+    assert result.completed > 300
+    if share:
+        assert result.offloaded_fraction > 0.3
+    else:
+        assert result.offloaded_fraction == 0
+        assert routers[0].backlog_tokens == 0
 
 
 def test_unaligned_bursts_serve_more_on_one_pool_and_a_link_drop_touches_only_its_consumer(document):
