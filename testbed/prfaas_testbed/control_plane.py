@@ -2,8 +2,10 @@
 
 kwokctl's binary runtime runs each cluster's kube-apiserver as a process whose pid it keeps in
 ``<state>/kwok/clusters/<cluster>/pids/kube-apiserver.pid``. ``apiserver_stopped`` terminates it
-(clients get connection refused) and, on leaving, starts it again with the same command line,
-environment and log, and records the new pid where kwokctl and testbed.sh look for it;
+(clients get connection refused) and, on leaving, starts it again as kwokctl started it (the
+binary, arguments and working directory of the cluster's kwok.yaml, the same log) and records
+the new pid where kwokctl looks for it, so that ``kwokctl delete cluster`` stops it (testbed.sh
+``down`` also stops whatever names the cluster's workdir: leftovers.py);
 ``apiserver_frozen`` stops it with SIGSTOP (connections open but unanswered: a hung apiserver)
 and lets it go on with SIGCONT. etcd keeps the cluster's state through either.
 
@@ -43,59 +45,37 @@ _LEASE_LOST_S = 15.0
 
 @dataclass(frozen=True)
 class ComponentProcess:
-    """What it takes to start one of a cluster's control-plane processes again as kwokctl started it."""
+    """One of a cluster's running control-plane processes: the pid kwokctl's pid file holds, and
+    its command line."""
 
     pid: int
     command: tuple[str, ...]
-    environment: dict[str, str]
-    cwd: str
-    pid_file: Path
-    log_file: Path
 
 
 def apiserver_process(testbed: Testbed, cluster: Cluster) -> ComponentProcess:
-    workdir = _workdir(testbed, cluster)
-    pid_file = workdir / "pids" / "kube-apiserver.pid"
-    pid = int(pid_file.read_text().strip())
-    proc = Path(f"/proc/{pid}")
-    command = tuple(arg.decode() for arg in (proc / "cmdline").read_bytes().split(b"\0") if arg)
-    environment = dict(
-        entry.decode().split("=", 1)
-        for entry in (proc / "environ").read_bytes().split(b"\0")
-        if b"=" in entry
-    )
-    return ComponentProcess(
-        pid,
-        command,
-        environment,
-        os.readlink(proc / "cwd"),
-        pid_file,
-        workdir / "logs" / "kube-apiserver.log",
-    )
+    pid = _recorded_pid(cluster_workdir(testbed, cluster), "kube-apiserver")
+    command = tuple(arg.decode() for arg in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if arg)
+    return ComponentProcess(pid, command)
 
 
-def _workdir(testbed: Testbed, cluster: Cluster) -> Path:
+def cluster_workdir(testbed: Testbed, cluster: Cluster) -> Path:
+    """kwokctl's directory of the cluster (testbed.sh's cluster_workdir)."""
     return testbed.state_dir / "kwok" / "clusters" / cluster.value
+
+
+def _recorded_pid(workdir: Path, name: str) -> int:
+    return int((workdir / "pids" / f"{name}.pid").read_text().strip())
 
 
 def start_exited_components(
     testbed: Testbed, cluster: Cluster, names: tuple[str, ...] = LEADER_ELECTED
 ) -> list[str]:
-    """Start again, as kwokctl started them (its kwok.yaml: binary, args, workDir), those of the
-    cluster's components `names` whose recorded process has exited; the names started."""
-    workdir = _workdir(testbed, cluster)
-    config = next(yaml.safe_load_all((workdir / "kwok.yaml").read_text()))
-    components = {component["name"]: component for component in config["components"]}
-    started = []
-    for name in names:
-        pid_file = workdir / "pids" / f"{name}.pid"
-        if not _gone(int(pid_file.read_text().strip())):
-            continue
-        component = components[name]
-        command = (component["binary"], *component.get("args", ()))
-        log_file = workdir / "logs" / f"{name}.log"
-        _start(ComponentProcess(0, command, dict(os.environ), component["workDir"], pid_file, log_file))
-        started.append(name)
+    """Start again those of the cluster's components `names` whose recorded process has exited;
+    the names started."""
+    workdir = cluster_workdir(testbed, cluster)
+    started = [name for name in names if _gone(_recorded_pid(workdir, name))]
+    for name in started:
+        _start(workdir, name)
     return started
 
 
@@ -137,20 +117,25 @@ def _terminate(pid: int) -> None:
         time.sleep(0.1)
 
 
-def _start(process: ComponentProcess) -> int:
-    """Start it detached (bash backgrounds it and exits, so no test process is its parent) and
-    record the new pid."""
+def _start(workdir: Path, name: str) -> int:
+    """Start component `name` as kwokctl does (kwok.yaml: binary, args, envs, workDir; its log
+    appended to), detached (bash backgrounds it and exits, so no test process is its parent), and
+    record its pid as kwokctl does: digits only, which is all kwokctl's stop can read."""
+    config = next(yaml.safe_load_all((workdir / "kwok.yaml").read_text()))
+    component = next(c for c in config["components"] if c["name"] == name)
+    command = (component["binary"], *component.get("args", ()))
+    envs = {env["name"]: env["value"] for env in component.get("envs") or ()}
     started = subprocess.run(
-        ["bash", "-c", 'setsid "$@" >>"$LOG" 2>&1 </dev/null & echo $!', "start-apiserver", *process.command],
-        env={**process.environment, "LOG": str(process.log_file)},
-        cwd=process.cwd,
+        ["bash", "-c", 'setsid "$@" >>"$LOG" 2>&1 </dev/null & echo $!', f"start-{name}", *command],
+        env={**os.environ, **envs, "LOG": str(workdir / "logs" / f"{name}.log")},
+        cwd=component["workDir"],
         capture_output=True,
         text=True,
         timeout=30,
         check=True,
     )
     pid = int(started.stdout.strip())
-    process.pid_file.write_text(f"{pid}\n")
+    (workdir / "pids" / f"{name}.pid").write_text(str(pid))
     return pid
 
 
@@ -164,7 +149,7 @@ def apiserver_stopped(testbed: Testbed, cluster: Cluster) -> Iterator[ComponentP
     try:
         yield process
     finally:
-        _start(process)
+        _start(cluster_workdir(testbed, cluster), "kube-apiserver")
         eventually(
             lambda: apiserver_ready(testbed, cluster),
             timeout=_READY_TIMEOUT_S,

@@ -38,7 +38,9 @@ from prfaas_testbed.control_plane import (
     apiserver_process,
     apiserver_ready,
     apiserver_stopped,
+    cluster_workdir,
 )
+from prfaas_testbed.leftovers import processes_of
 from prfaas_testbed.polling import eventually
 from prfaas_testbed.ports import free_port
 from prfaas_testbed.prometheus import (
@@ -501,7 +503,9 @@ def test_kubeconfig_secret_gives_access_to_the_other_cluster(
 @pytest.mark.testbed
 def test_a_stopped_or_frozen_apiserver_comes_back_with_the_cluster_state(testbed: Testbed) -> None:
     """The control-plane faults the operator's fault tests inject: a stopped apiserver refuses, a
-    frozen one answers nothing, and both come back with etcd's state and a pid kwokctl knows."""
+    frozen one answers nothing, and both come back with etcd's state and a pid kwokctl knows. The
+    restarted apiserver is one that `testbed.sh down` stops: kwokctl can read its pid file (digits
+    only), and the leftovers `down` stops after kwokctl (whatever names the workdir) include it."""
     kubeconfig = KubeConfig.from_file(testbed.prfaas_kubeconfig)
     name = f"tb-{uuid.uuid4().hex[:8]}"
     with Client(config=kubeconfig, timeout=httpx2.Timeout(3.0)) as client:
@@ -513,6 +517,15 @@ def test_a_stopped_or_frozen_apiserver_comes_back_with_the_cluster_state(testbed
                     client.get(Namespace, name)
             restarted = apiserver_process(testbed, Cluster.PRFAAS)
             assert restarted.pid != stopped.pid and restarted.command == stopped.command
+            workdir = cluster_workdir(testbed, Cluster.PRFAAS)
+            recorded = {
+                int(f.read_text()) for f in (workdir / "pids").glob("*.pid") if f.read_text().isdigit()
+            }
+            assert len(recorded) == len(list((workdir / "pids").glob("*.pid"))) >= 5, (
+                "pid files kwokctl can read"
+            )
+            leftovers = processes_of(workdir)
+            assert restarted.pid in recorded and recorded <= set(leftovers) and stopped.pid not in leftovers
             assert client.get(Namespace, name).metadata is not None  # etcd kept it
             with apiserver_frozen(testbed, Cluster.PRFAAS):
                 started = time.monotonic()
