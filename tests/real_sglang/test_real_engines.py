@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 from prfaas_core import metrics_contract as contract
 from prfaas_core.planning import Observation
+from prfaas_core.router_config import RouterConfig
 from prfaas_core.routing.identity import SERVER_INFO_PATH, engine_identity_problem
 from prfaas_core.vocabulary import Pool, Role
 from prfaas_operator.adapters.prometheus import PrometheusObserver, SeriesSelector
@@ -85,18 +86,20 @@ async def test_each_engine_is_the_one_the_router_checks_an_unobserved_endpoint_f
 ) -> None:
     """The identity the router asks of an engine the operator lists from memory holds for real
     SGLang started as the operator starts it, and a wrong bootstrap port is named."""
-    served = fleet.cr["spec"]["model"]["servedModelName"]
-    for role, pool in ((Role.PRFAAS_PREFILL, Pool.PRFAAS_PREFILL), (Role.PD_DECODE, Pool.DECODE)):
-        engine = fleet.engine(role)
-        async with client.get(engine.url + SERVER_INFO_PATH) as answer:
-            assert answer.status == 200
-            info = await answer.json()
-        assert engine_identity_problem(info, pool, served, engine.bootstrap_port) is None, role
-    prefill = fleet.engine(Role.PRFAAS_PREFILL)
-    async with client.get(prefill.url + SERVER_INFO_PATH) as answer:
-        info = await answer.json()
-    problem = engine_identity_problem(info, Pool.PRFAAS_PREFILL, served, 9)
-    assert problem == f"disaggregation_bootstrap_port is {prefill.bootstrap_port}, not 9"
+    config = RouterConfig.from_json(fleet.router.config_path.read_text())
+    checked = []
+    for pool in Pool:
+        for endpoint in config.pools.of(pool):
+            async with client.get(endpoint.url + SERVER_INFO_PATH) as answer:
+                assert answer.status == 200
+                info = await answer.json()
+            problem = engine_identity_problem(info, pool, config.served_model_name, endpoint.bootstrap_port)
+            assert problem is None, (endpoint.name, problem)
+            checked.append(pool)
+            if pool is Pool.PRFAAS_PREFILL:
+                wrong = engine_identity_problem(info, pool, config.served_model_name, 9)
+                assert wrong == f"disaggregation_bootstrap_port is {endpoint.bootstrap_port}, not 9"
+    assert sorted(checked) == sorted(Pool), "one engine of each pool"
 
 
 @pytest.mark.parametrize("stream", [False, True])
