@@ -11,7 +11,9 @@ serves every scenario, in this order, each starting from the state the previous 
    container is restarted by the kubelet with nothing changed;
 1. the operator restarts mid-traffic: no duplicate object, no rollout, no failed request;
 2. the PrfaaS cluster's engines die: traffic goes local with no failed request among those
-   sent after the outage began, PrefillClusterReady turns False, and all recovers;
+   sent after the outage began, PrefillClusterReady turns False, and all recovers; then its
+   kube-apiserver stops while its engines live: the router keeps offloading to them (their
+   endpoints kept, unobserved, for the router to check) with no failed request;
 3. a scale-down of decode drains: the instance leaves the router config before its pod goes,
    and no request is lost;
 4. the planner in Auto sees long prompts and rescales: threshold and split move, the
@@ -49,7 +51,8 @@ from live_traffic import (
     quick_planner,
 )
 from prfaas_core.vocabulary import LABEL_INSTANCE, LABEL_ROLE, Pool
-from prfaas_testbed.clusters import Cluster
+from prfaas_testbed.clusters import Cluster, Testbed
+from prfaas_testbed.control_plane import apiserver_stopped
 from prfaas_testbed.link import LinkMode, LinkShape
 from prfaas_testbed.pod_workloads import WorkloadKind
 from prfaas_testbed.system import LiveSystem, LiveSystemError, customise_cr, load_sample_cr, wait_until
@@ -521,6 +524,52 @@ def test_prfaas_outage_sends_traffic_local_and_recovers(deployment: LiveSystem) 
     )
     held = [p for p in system.runner_pods(cluster="prfaas") if p["restarts"] != 0 or not p["ready"]]
     assert all(p["ready"] for p in system.runner_pods(cluster="prfaas")), held
+    assert system.is_ready()
+
+
+def test_a_prfaas_apiserver_outage_keeps_the_prfaas_prefills_serving(
+    deployment: LiveSystem, testbed: Testbed
+) -> None:
+    """The PrfaaS cluster's control plane goes, its engines do not: the operator keeps their
+    endpoints (unobserved) and the router keeps offloading to them once their /server_info holds."""
+    system = deployment
+    url = system.router_url()
+    assert url is not None
+
+    def unobserved() -> list[str]:
+        prfaas = ((system.router_config() or {}).get("pools") or {}).get(Pool.PRFAAS_PREFILL, [])
+        return [e["name"] for e in prfaas if e.get("unobserved_since") is not None]
+
+    with start_traffic(system, medium_traffic(45, seed=3)) as traffic:
+        time.sleep(5)
+        with apiserver_stopped(testbed, Cluster.PRFAAS):
+            wait_until(
+                "the router config to keep both PrfaaS endpoints, unobserved",
+                lambda: len(unobserved()) == 2,
+                30,
+            )
+            kept_from = time.monotonic()
+            time.sleep(15)
+            kept_until = time.monotonic()
+            with urllib.request.urlopen(url + "/config", timeout=5) as answer:
+                workers = json.loads(answer.read())["workers"]
+            assert condition_status(system, "PrefillClusterReady") == "False"
+        wait_until(
+            "the router config to list both PrfaaS endpoints as observed",
+            lambda: not unobserved() and len(endpoints(system, Pool.PRFAAS_PREFILL)) == 2,
+            60,
+        )
+        driver = traffic.wait()
+    prfaas = [w for w in workers if w["pool"] == Pool.PRFAAS_PREFILL]
+    assert len(prfaas) == 2 and all(w["available"] and w["unobserved_since"] for w in prfaas), prfaas
+    failed = [(r.outcome, r.error) for r in driver.results if r.outcome != "ok"]
+    assert not failed, f"requests failed around the apiserver outage: {failed} {logs_hint(system)}"
+    during = [r for r in driver.results if kept_from <= r.sent_at < kept_until]
+    offloaded = [r for r in during if r.route == "prfaas"]
+    print(
+        f"apiserver outage: {len(during)} requests sent in 15 s with the endpoints kept, {len(offloaded)} offloaded"
+    )
+    assert offloaded, [(r.route, r.input_tokens) for r in during]
     assert system.is_ready()
 
 
