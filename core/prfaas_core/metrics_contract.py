@@ -47,6 +47,18 @@ OUTCOME_PREFILL_FAILED = "prefill_failed"
 OUTCOME_DECODE_FAILED = "decode_failed"
 OUTCOME_KV_TRANSFER_FAILED = "kv_transfer_failed"
 OUTCOME_STREAM_ERROR = "stream_error"
+# every attempt's KV handoff from its prefill to its decode, by route (where the prefill ran): done
+# (the decode answered, so the KV reached it) or failed, by the class of the engine's error; the
+# operator reads the prfaas route's as whether the data path across the clusters works
+KV_HANDOFFS_TOTAL = PREFIX + "kv_handoffs_total"  # counter {route, outcome}
+KV_HANDOFF_LAST_SECONDS = PREFIX + "kv_handoff_last_seconds"  # gauge {route, outcome}: Unix time of the last
+HANDOFF_OK = "ok"
+HANDOFF_BOOTSTRAP_FAILED = "bootstrap_failed"
+"""The engine's error names the bootstrap: the decode never reached the prefill's bootstrap server
+(a pod IP not routable from the decode's cluster, a bootstrap port closed) or timed out on it."""
+HANDOFF_TRANSFER_FAILED = "transfer_failed"
+"""The engine's error names the KV transfer (or a kvcache not received): the bytes did not arrive."""
+HANDOFF_FAILURES = (HANDOFF_BOOTSTRAP_FAILED, HANDOFF_TRANSFER_FAILED)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
 
 # engine metrics (SGLang names; the fake engine exports the same)

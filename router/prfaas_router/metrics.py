@@ -1,8 +1,8 @@
 """The router's Prometheus metrics: the names of `prfaas_core.metrics_contract` and a few of its own.
 
-The contract names feed the planner; the extra ones (config reload errors, worker availability,
-breakers and the failures that opened them, link bytes in flight, retries, refused clients) are
-for operators and dashboards only.
+The contract names feed the planner and the operator's status; the extra ones (config reload
+errors, worker availability, breakers and the failures that opened them, link bytes in flight,
+retries, refused clients) are for operators and dashboards only.
 """
 
 from __future__ import annotations
@@ -222,6 +222,38 @@ class RevisionMetrics:
             revision.tpot.observe(tpot)
 
 
+class HandoffMetrics:
+    """Every attempt's KV handoff by route and outcome (`metrics_contract.KV_HANDOFFS_TOTAL`), and the
+    Unix time of the last of each: what tells the operator that KV reaches the decodes from the
+    PrfaaS cluster, or why not. An attempt that failed otherwise (a prefill down before any
+    handoff) says nothing of the data path and is not counted."""
+
+    OUTCOMES = (contract.HANDOFF_OK, *contract.HANDOFF_FAILURES)
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._count = LoopCounters(
+            contract.KV_HANDOFFS_TOTAL,
+            "KV handoffs from prefill to decode by route: ok (the decode answered) or the failure's cause",
+            ["route", "outcome"],
+            registry,
+        )
+        self._last = _Cached(
+            Gauge(
+                contract.KV_HANDOFF_LAST_SECONDS,
+                "Unix time of the last KV handoff of each route and outcome",
+                ["route", "outcome"],
+                registry=registry,
+            )
+        )
+        for route in vocabulary.ROUTES:  # from zero, so the first one shows in increase()
+            for outcome in self.OUTCOMES:
+                self._count.labels(route, outcome)
+
+    def record(self, route: str, outcome: str, unix_time: float) -> None:
+        self._count.labels(route, outcome).inc()
+        self._last.labels(route, outcome).set(unix_time)
+
+
 class RouterMetrics:
     """All collectors on one private registry, so several routers can live in one test process."""
 
@@ -271,6 +303,7 @@ class RouterMetrics:
             contract.TTFT_BUCKETS,
         )
         self.revisions = RevisionMetrics(r)
+        self.handoffs = HandoffMetrics(r)
         self.threshold = Gauge(contract.THRESHOLD_TOKENS, "Current offload threshold t in tokens", registry=r)
         self.config_version = Gauge(contract.CONFIG_VERSION, "Version of the config in use", registry=r)
         self.config_errors = Counter(

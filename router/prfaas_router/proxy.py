@@ -34,7 +34,9 @@ learned on the decode's first good event only: SGLang generates nothing before t
 
 Each attempt also counts once under its pair's KV fingerprint (`RevisionMetrics`), by outcome
 (`failure_outcome` names a failed leg by the blame above), with its TTFT and a stream's TPOT:
-what a rollout compares the new revision on, retries included.
+what a rollout compares the new revision on, retries included. And each attempt's KV handoff
+counts by route (`HandoffMetrics`): done once the decode answered, else failed by the cause the
+engine named (`handoff_cause`), which the operator reads as the data path's verdict.
 """
 
 from __future__ import annotations
@@ -137,11 +139,12 @@ class Exchange:
 class LegFailure(Exception):
     """A leg failed before the client got anything, so the request may go to other workers.
 
-    `handoff`: the engine answered that the KV handoff with its peer failed (`reports_handoff`).
+    `handoff`: the engine answered that the KV handoff with its peer failed, and how
+    (`handoff_cause`: one of `metrics_contract.HANDOFF_FAILURES`).
     """
 
     def __init__(
-        self, worker: Worker, message: str, *, unreachable: bool = False, handoff: bool = False
+        self, worker: Worker, message: str, *, unreachable: bool = False, handoff: str | None = None
     ) -> None:
         super().__init__(f"{worker.pool.value} {worker.name}: {message}")
         self.worker = worker
@@ -167,7 +170,7 @@ OUTCOME_ROUTER_ERROR = "router_error"
 def failure_outcome(failure: LegFailure) -> str:
     """The revision outcome of an attempt that failed on a leg (`RevisionMetrics`): a KV handoff
     either leg reported failed, else the leg held at fault."""
-    if failure.handoff:
+    if failure.handoff is not None:
         return contract.OUTCOME_KV_TRANSFER_FAILED
     return (
         contract.OUTCOME_DECODE_FAILED
@@ -224,13 +227,25 @@ def at_fault(*, reports_handoff: bool, other_leg_out: bool) -> Culprit:
     return Culprit.OTHER_LEG if reports_handoff and other_leg_out else Culprit.FAILED_LEG
 
 
-_HANDOFF_FAILURE = re.compile(rb"(?i)bootstrap|kv[ _-]?(?:cache|transfer)|transfer failed")
+_BOOTSTRAP_FAILURE = re.compile(rb"(?i)bootstrap(?![ _-]?room)")  # every transfer error names its room
+_TRANSFER_FAILURE = re.compile(rb"(?i)kv[ _-]?(?:cache|transfer)|transfer failed")
+
+
+def handoff_cause(body: bytes) -> str | None:
+    """How an engine's error body says the KV handoff failed, None when it does not (SGLang's and
+    the fake engine's words): the bootstrap (timed out, never reached) before the transfer (failed
+    KV transfers, a kvcache not received), since a bootstrap that failed fails the transfer too."""
+    head = body[:_HANDOFF_SCAN_BYTES]
+    if _BOOTSTRAP_FAILURE.search(head) is not None:
+        return contract.HANDOFF_BOOTSTRAP_FAILED
+    if _TRANSFER_FAILURE.search(head) is not None:
+        return contract.HANDOFF_TRANSFER_FAILED
+    return None
 
 
 def reports_handoff(body: bytes) -> bool:
-    """An engine's error body that says the KV handoff failed (SGLang's and the fake engine's
-    words: bootstrap timeouts, failed KV transfers, a kvcache not received)."""
-    return _HANDOFF_FAILURE.search(body[:_HANDOFF_SCAN_BYTES]) is not None
+    """An engine's error body that says the KV handoff failed."""
+    return handoff_cause(body) is not None
 
 
 _HANDOFF_SCAN_BYTES = 4096
@@ -469,6 +484,7 @@ class Dispatcher:
         outcome = OUTCOME_ROUTER_ERROR
         answered: float | None = None
         tpot: float | None = None
+        handoff: str | None = None  # the KV handoff's failure, when the attempt failed on it
         try:
             await _first_ended(prefill_leg, decode_task)
             if not decode_task.done():
@@ -494,7 +510,7 @@ class Dispatcher:
             outcome = contract.OUTCOME_OK
             return self._complete(exchange, decision, response, first)
         except LegFailure as failure:
-            outcome = failure_outcome(failure)
+            outcome, handoff = failure_outcome(failure), failure.handoff
             raise
         except _Refused as refused:
             outcome = refused.outcome
@@ -515,6 +531,9 @@ class Dispatcher:
             self._metrics.revisions.attempt(
                 decode.fingerprint, outcome, None if answered is None else answered - started, tpot
             )
+            if answered is not None or handoff is not None:
+                outcome_of_handoff = contract.HANDOFF_OK if handoff is None else handoff
+                self._metrics.handoffs.record(decision.route, outcome_of_handoff, time.time())
             if not decode_task.done():
                 decode_task.cancel()
             if response is not None:
@@ -543,7 +562,7 @@ class Dispatcher:
         pop_transferred / the KVPoll.Failed branch) as its stream's error event, so a decode
         alive to say so is the victim and the prefill the cause.
         """
-        if failure.handoff:
+        if failure.handoff is not None:
             await asyncio.wait((decode_task,), timeout=_BLAME_GRACE_SECONDS)
             if decode_task.done() and not decode_task.cancelled() and decode_task.exception() is None:
                 reply, first = decode_task.result()
@@ -573,9 +592,12 @@ class Dispatcher:
 
     def _judge(self, failure: LegFailure, other: Worker, *, other_leg_out: bool) -> LegFailure:
         """Counts a leg's failure against the engine at fault (`at_fault`); the failure to retry around."""
-        if at_fault(reports_handoff=failure.handoff, other_leg_out=other_leg_out) is Culprit.OTHER_LEG:
+        handoff = failure.handoff is not None
+        if at_fault(reports_handoff=handoff, other_leg_out=other_leg_out) is Culprit.OTHER_LEG:
             self.count_failure(other)
-            return LegFailure(other, f"its peer reported a failed KV handoff ({failure})", handoff=True)
+            return LegFailure(
+                other, f"its peer reported a failed KV handoff ({failure})", handoff=failure.handoff
+            )
         self.count_failure(failure.worker, fatal=failure.unreachable)
         return failure
 
@@ -1001,7 +1023,7 @@ def _prefill_failure(task: asyncio.Future[tuple[int, bytes, str]], worker: Worke
     status, body, content_type = task.result()
     if failed_status(status) or (status < 300 and stream_error(body)):
         return LegFailure(
-            worker, f"prefill answered HTTP {status}: {body[:200]!r}", handoff=reports_handoff(body)
+            worker, f"prefill answered HTTP {status}: {body[:200]!r}", handoff=handoff_cause(body)
         )
     if status >= 400:
         raise _Refused(engine_error(status, body, content_type))
@@ -1020,7 +1042,7 @@ def _decode_result(task: asyncio.Future[tuple[Reply, bytes]], worker: Worker) ->
     if failed_status(reply.status):
         reply.release()
         raise LegFailure(
-            worker, f"decode answered HTTP {reply.status}: {first[:200]!r}", handoff=reports_handoff(first)
+            worker, f"decode answered HTTP {reply.status}: {first[:200]!r}", handoff=handoff_cause(first)
         )
     if reply.status >= 400:
         reply.release()
@@ -1031,7 +1053,7 @@ def _decode_result(task: asyncio.Future[tuple[Reply, bytes]], worker: Worker) ->
     if stream_error(_event_head(first)):  # nothing reached the client yet: retried like a failed status
         reply.close()
         raise LegFailure(
-            worker, f"decode's stream began with an error: {first[:200]!r}", handoff=reports_handoff(first)
+            worker, f"decode's stream began with an error: {first[:200]!r}", handoff=handoff_cause(first)
         )
     return reply, first
 

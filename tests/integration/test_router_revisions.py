@@ -3,7 +3,7 @@ rollout's analysis reads them (issue 33): two revisions serve side by side, the 
 fails a share of its attempts and is slower; the router's retries on the old revision save every
 client, yet the new revision's attempts show its failures, and its TPOT its slowness. A config
 that drops the new revision drops its series. A failed KV handoff and a client that left are
-counted by their cause.
+counted by their cause, and the handoffs by route (what the operator reads as the data path).
 """
 
 from __future__ import annotations
@@ -209,3 +209,19 @@ async def test_a_failed_kv_handoff_and_a_client_that_left_are_counted_by_their_c
     tpot_count, _ = histogram(found, contract.REVISION_TPOT_SECONDS, "old")
     assert ttft_count == 3  # two answers and the stream the client left: all answered
     assert tpot_count == 0  # no stream completed
+    # the data path's view (short prompts: the local route): the decode's report names the transfer
+    handoffs = {
+        outcome: sample(found, contract.KV_HANDOFFS_TOTAL, route="local", outcome=outcome)
+        for outcome in (contract.HANDOFF_OK, *contract.HANDOFF_FAILURES)
+    }
+    assert handoffs == {
+        contract.HANDOFF_OK: 3,  # the decode answered: its KV had arrived (the client left later)
+        contract.HANDOFF_TRANSFER_FAILED: 1,
+        contract.HANDOFF_BOOTSTRAP_FAILED: 0,
+    }
+    failed_at = sample(
+        found, contract.KV_HANDOFF_LAST_SECONDS, route="local", outcome=contract.HANDOFF_TRANSFER_FAILED
+    )
+    assert failed_at <= sample(
+        found, contract.KV_HANDOFF_LAST_SECONDS, route="local", outcome=contract.HANDOFF_OK
+    )

@@ -4,9 +4,10 @@ and how an engine's report of a failure is read."""
 from __future__ import annotations
 
 import pytest
+from prfaas_core import metrics_contract as contract
 from prfaas_router.health import busy
 from prfaas_router.http.client import UpstreamError
-from prfaas_router.proxy import Culprit, at_fault, engine_fault, reports_handoff, stream_error
+from prfaas_router.proxy import Culprit, at_fault, engine_fault, handoff_cause, reports_handoff, stream_error
 
 
 @pytest.mark.parametrize(
@@ -24,22 +25,36 @@ def test_a_failure_counts_against_the_failing_leg_unless_it_reports_its_peer(
     assert at_fault(reports_handoff=handoff, other_leg_out=other_out) is culprit
 
 
+BOOTSTRAP, TRANSFER = contract.HANDOFF_BOOTSTRAP_FAILED, contract.HANDOFF_TRANSFER_FAILED
+
+
 @pytest.mark.parametrize(
-    ("body", "handoff"),
+    ("body", "cause"),
     [
-        (b'{"error": {"message": "bootstrap timed out: no decode connected for bootstrap_room 7"}}', True),
+        (
+            b'{"error": {"message": "bootstrap timed out: no decode connected for bootstrap_room 7"}}',
+            BOOTSTRAP,
+        ),
+        (b'{"message": "bootstrap timed out: the bootstrap server 10.0.0.1:8998 did not answer"}', BOOTSTRAP),
         (
             b'{"message": "KV transfer from 10.0.0.1:8998 for bootstrap_room 3 failed after 0 of 9 bytes"}',
-            True,
+            TRANSFER,  # names its room, not a bootstrap that failed
         ),
-        (b'{"message": "Decode transfer failed for request rank=0 with exception KVTransferError"}', True),
-        (b'{"message": "Failed to get kvcache from prefill instance"}', True),
-        (b'{"object": "error", "message": "boom", "code": 500}', False),
-        (b"", False),
+        (b'{"message": "Decode transfer failed for request bootstrap_room=5 (injected)"}', TRANSFER),
+        (
+            b'{"message": "Decode transfer failed for request rank=0 with exception KVTransferError"}',
+            TRANSFER,
+        ),
+        (b'{"message": "Failed to get kvcache from prefill instance"}', TRANSFER),
+        (b'{"object": "error", "message": "boom", "code": 500}', None),
+        (b"", None),
     ],
 )
-def test_engine_reports_of_a_failed_kv_handoff_are_recognised(body: bytes, handoff: bool) -> None:
-    assert reports_handoff(body) is handoff
+def test_engine_reports_of_a_failed_kv_handoff_are_recognised_by_cause(
+    body: bytes, cause: str | None
+) -> None:
+    assert handoff_cause(body) == cause
+    assert reports_handoff(body) is (cause is not None)
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from prfaas_core import metrics_contract as contract
 from prfaas_core.router_config import Endpoint
 from prfaas_core.routing.workers import CircuitBreaker, Worker
 from prfaas_core.vocabulary import Pool
-from prfaas_router.metrics import RevisionMetrics
+from prfaas_router.metrics import HandoffMetrics, RevisionMetrics
 from prfaas_router.proxy import LegFailure, failure_outcome, time_per_output_token
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -80,6 +80,37 @@ def test_a_revision_the_config_drops_loses_its_series_and_its_late_attempts_are_
     assert attempts(found, "old", contract.OUTCOME_STREAM_ERROR) == -1
 
 
+def test_each_kv_handoff_counts_by_route_and_cause_with_the_time_of_the_last() -> None:
+    registry = CollectorRegistry()
+    handoffs = HandoffMetrics(registry)
+    found = samples(registry)
+
+    def count(route: str, outcome: str) -> float:
+        key = frozenset({("route", route), ("outcome", outcome)})
+        return found.get((contract.KV_HANDOFFS_TOTAL, key), -1.0)
+
+    def last(route: str, outcome: str) -> float | None:
+        return found.get(
+            (contract.KV_HANDOFF_LAST_SECONDS, frozenset({("route", route), ("outcome", outcome)}))
+        )
+
+    # from zero, so increase() sees the first handoff; no time before there was one
+    assert (
+        count("prfaas", contract.HANDOFF_OK) == 0 and count("prfaas", contract.HANDOFF_BOOTSTRAP_FAILED) == 0
+    )
+    assert last("prfaas", contract.HANDOFF_OK) is None
+    handoffs.record("prfaas", contract.HANDOFF_OK, 100.0)
+    handoffs.record("prfaas", contract.HANDOFF_OK, 160.0)
+    handoffs.record("prfaas", contract.HANDOFF_BOOTSTRAP_FAILED, 130.0)
+    handoffs.record("local", contract.HANDOFF_TRANSFER_FAILED, 150.0)
+    found = samples(registry)
+    assert count("prfaas", contract.HANDOFF_OK) == 2 and last("prfaas", contract.HANDOFF_OK) == 160.0
+    assert count("prfaas", contract.HANDOFF_BOOTSTRAP_FAILED) == 1
+    assert last("prfaas", contract.HANDOFF_BOOTSTRAP_FAILED) == 130.0
+    assert count("prfaas", contract.HANDOFF_TRANSFER_FAILED) == 0
+    assert count("local", contract.HANDOFF_TRANSFER_FAILED) == 1 and count("local", contract.HANDOFF_OK) == 0
+
+
 def worker(pool: Pool) -> Worker:
     endpoint = Endpoint(
         name=f"{pool.value}-0", url="http://127.0.0.1:1", bootstrap_port=8998, fingerprint="new"
@@ -90,15 +121,15 @@ def worker(pool: Pool) -> Worker:
 @pytest.mark.parametrize(
     ("pool", "handoff", "outcome"),
     [
-        (Pool.DECODE, False, contract.OUTCOME_DECODE_FAILED),
-        (Pool.LOCAL_PREFILL, False, contract.OUTCOME_PREFILL_FAILED),
-        (Pool.PRFAAS_PREFILL, False, contract.OUTCOME_PREFILL_FAILED),
-        (Pool.DECODE, True, contract.OUTCOME_KV_TRANSFER_FAILED),
-        (Pool.LOCAL_PREFILL, True, contract.OUTCOME_KV_TRANSFER_FAILED),
+        (Pool.DECODE, None, contract.OUTCOME_DECODE_FAILED),
+        (Pool.LOCAL_PREFILL, None, contract.OUTCOME_PREFILL_FAILED),
+        (Pool.PRFAAS_PREFILL, None, contract.OUTCOME_PREFILL_FAILED),
+        (Pool.DECODE, contract.HANDOFF_TRANSFER_FAILED, contract.OUTCOME_KV_TRANSFER_FAILED),
+        (Pool.LOCAL_PREFILL, contract.HANDOFF_BOOTSTRAP_FAILED, contract.OUTCOME_KV_TRANSFER_FAILED),
     ],
 )
 def test_a_failed_leg_is_named_by_the_handoff_else_by_the_leg_at_fault(
-    pool: Pool, handoff: bool, outcome: str
+    pool: Pool, handoff: str | None, outcome: str
 ) -> None:
     assert failure_outcome(LegFailure(worker(pool), "failed", handoff=handoff)) == outcome
 
