@@ -1,5 +1,6 @@
 """Prometheus adapter of the planner loop: the metrics contract over a window -> Observation or NoData,
-and each engine revision's figures for rollout analysis (PrometheusObserver.revisions).
+each engine revision's figures for rollout analysis (PrometheusObserver.revisions), and the
+offloaded attempts' KV handoffs for the data path's verdict (PrometheusObserver.handoffs).
 
 It reads only names of `prfaas_core.metrics_contract`: the router's uncached-token histogram
 (summed over routes: the uncached distribution the model needs), its output-token histogram,
@@ -24,15 +25,17 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx2
 from prfaas_core import metrics_contract as contract
 from prfaas_core.planning import DEFAULT_MIN_REQUESTS, NoData, Observation, Reason, observe_histograms
-from prfaas_core.vocabulary import ENGINE_ROLES
+from prfaas_core.vocabulary import ENGINE_ROLES, ROUTE_PRFAAS
 
 from prfaas_operator.adapters.kube import redacted_server
 from prfaas_operator.planning.analysis import Figures, figures_by_fingerprint
+from prfaas_operator.planning.data_path import Handoffs
 from prfaas_operator.planning.manifests import Names
 
 DEFAULT_MAX_STALENESS_SECONDS = 120.0
@@ -210,6 +213,37 @@ class PrometheusObserver:
         return figures_by_fingerprint(
             attempts, sums(contract.REVISION_TTFT_SECONDS), sums(contract.REVISION_TPOT_SECONDS)
         )
+
+    def handoffs(self, selector: SeriesSelector, window_seconds: float) -> Handoffs | str:
+        """The offloaded attempts' KV handoffs over the window (metrics_contract.KV_HANDOFFS_TOTAL
+        and KV_HANDOFF_LAST_SECONDS of the prfaas route, summed over the router replicas), or why
+        they are unknown: Prometheus unreachable or answering garbage, the router not scraped."""
+        try:
+            return self._handoffs(selector, window_seconds)
+        except _Unusable as err:
+            return str(err)
+
+    def _handoffs(self, selector: SeriesSelector, window_seconds: float) -> Handoffs:
+        window = f"{max(1, round(window_seconds))}s"
+        offloaded = f'{selector.router},route="{ROUTE_PRFAAS}"'
+        at = self._fresh(contract.CONFIG_VERSION, selector.router)  # always exported: no series, not scraped
+        found = self._query(
+            f"sum by (outcome) (increase({contract.KV_HANDOFFS_TOTAL}{{{offloaded}}}[{window}]))", at
+        )
+        if not found:  # the router exports every route's series from zero
+            raise _Unusable(
+                Reason.MISSING_SERIES,
+                f"no {contract.KV_HANDOFFS_TOTAL} series matching {{{offloaded}}}: a router that does not "
+                "export its KV handoffs?",
+            )
+        counts = {series["metric"].get("outcome", ""): _sample(series)[1] for series in found}
+        last = {
+            series["metric"].get("outcome", ""): datetime.fromtimestamp(_sample(series)[1], UTC)
+            for series in self._query(
+                f"max by (outcome) ({contract.KV_HANDOFF_LAST_SECONDS}{{{offloaded}}})", at
+            )
+        }
+        return Handoffs(datetime.fromtimestamp(at, UTC), window_seconds, counts, last)
 
     def _fresh(self, name: str, router: str) -> float:
         """The evaluation instant of the observation, once the router's `name` is found scraped lately."""

@@ -21,6 +21,7 @@ from prfaas_operator.adapters.kube import NOT_SERVED, Cluster, ClusterError
 from prfaas_operator.api import PrefillClusterPlacement
 from prfaas_operator.planning import observation, workloads
 from prfaas_operator.planning.analysis import Observed
+from prfaas_operator.planning.data_path import NOT_LOOKED_AT, DataPath
 from prfaas_operator.planning.drain import Drain
 from prfaas_operator.planning.drift import Applied, manifest_hash, marker
 from prfaas_operator.planning.manifests import Owner, owner_selector
@@ -53,6 +54,7 @@ class Memory:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     drains: Mapping[str, Drain] = field(default_factory=dict)  # engine role -> its scale-down in progress
     observed: Observed | None = None  # the engine revisions' latest figures (rollout analysis)
+    data_path: DataPath = NOT_LOOKED_AT  # the latest verdict on KV reaching the decodes from the PrfaaS pool
 
 
 async def apply_drifted(

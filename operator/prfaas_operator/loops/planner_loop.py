@@ -3,7 +3,9 @@
 The timer ticks often (PLANNER_TICK_SECONDS) and acts only when spec.planner.intervalSeconds
 have passed since the last decision recorded in status.planner, so the interval follows the
 CR without re-registering handlers. Every tick of a rollout that the analysis judges also takes the
-engine revisions' figures from Prometheus for the reconcile to judge (rollout.py, analysis.py). One round: observe Prometheus (prometheus.py), decide
+engine revisions' figures from Prometheus for the reconcile to judge (rollout.py, analysis.py), and
+every tick for a remote PrfaaS cluster the offloaded attempts' KV handoffs, judged as the data path's
+verdict (data_path.py) that the reconcile writes into PrefillClusterReady. One round: observe Prometheus (prometheus.py), decide
 (planner_adapter.planner_input, then prfaas_core.planning.decide: both pure), then write
 status.planner and, for an applied decision, status.allocation (source Planner) in the same
 patch, so prefill and decode change together. The planner never edits the spec (GitOps): the
@@ -30,6 +32,7 @@ from prfaas_operator.api import PrfaasDeploymentSpec, PrfaasDeploymentStatus
 from prfaas_operator.loops.reconcile import Reconciler
 from prfaas_operator.planning.allocation import effective_allocation
 from prfaas_operator.planning.analysis import Figures, Observed, Verdict, not_judged, query_window
+from prfaas_operator.planning.data_path import NO_PROMETHEUS, Handoffs, judge
 from prfaas_operator.planning.planner_adapter import (
     applied_allocation,
     is_due,
@@ -57,6 +60,7 @@ ANALYSIS_TIMEOUT_SECONDS = 5.0
 
 Observe = Callable[[str, SeriesSelector, int], Observation | NoData]
 ObserveRevisions = Callable[[str, SeriesSelector, float], Mapping[str, Figures] | str]
+ObserveHandoffs = Callable[[str, SeriesSelector, float], Handoffs | str]
 
 
 def observe_prometheus(url: str, selector: SeriesSelector, window_seconds: int) -> Observation | NoData:
@@ -79,6 +83,15 @@ def observe_revisions(
         observer.close()
 
 
+def observe_handoffs(url: str, selector: SeriesSelector, window_seconds: float) -> Handoffs | str:
+    """The offloaded attempts' KV handoffs for the data path's verdict, with a client of its own (blocking)."""
+    observer = PrometheusObserver(url, timeout_seconds=ANALYSIS_TIMEOUT_SECONDS)
+    try:
+        return observer.handoffs(selector, window_seconds)
+    finally:
+        observer.close()
+
+
 class PlannerLoop:
     """The planner for every PrfaasDeployment of this operator; one instance per process."""
 
@@ -88,11 +101,13 @@ class PlannerLoop:
         *,
         observe: Observe = observe_prometheus,
         observe_revisions: ObserveRevisions = observe_revisions,
+        observe_handoffs: ObserveHandoffs = observe_handoffs,
         wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.reconciler = reconciler
         self._observe = observe
         self._observe_revisions = observe_revisions
+        self._observe_handoffs = observe_handoffs
         self._wall_clock = wall_clock
         # status in kopf's body may lag our own writes by a watch event: remember them too
         self._decided_at: dict[str, datetime] = {}
@@ -137,6 +152,7 @@ class PlannerLoop:
         uid, name, namespace = metadata["uid"], metadata["name"], metadata["namespace"]
         previous = read_status(body.get("status"))
         await self._analyse(uid, namespace, name, spec, previous)
+        await self._judge_data_path(uid, namespace, name, spec)
         last_decision = _latest(
             parse_time(previous.planner.time if previous.planner else None), self._decided_at.get(uid)
         )
@@ -207,6 +223,19 @@ class PlannerLoop:
                 self._unknown.discard(uid)
                 self._known_since[uid] = now
             self.reconciler.analysed(uid, Observed(now, window, dict(found)))
+
+    async def _judge_data_path(self, uid: str, namespace: str, name: str, spec: PrfaasDeploymentSpec) -> None:
+        """For a PrfaaS cluster that is another cluster: the offloaded attempts' KV handoffs over
+        the planner's window, judged, for the reconcile to write (unknown without a Prometheus)."""
+        if spec.prefill_cluster.kubeconfig_secret_ref is None:
+            return  # one cluster, one pod network: status says InstancesReady
+        url = spec.planner.prometheus_url
+        if url is None:
+            seen: Handoffs | str = NO_PROMETHEUS
+        else:
+            selector = SeriesSelector.for_deployment(namespace, name, spec.prefill_cluster.namespace)
+            seen = await asyncio.to_thread(self._observe_handoffs, url, selector, spec.planner.window_seconds)
+        self.reconciler.data_path_judged(uid, judge(seen))
 
     def _forget(self, uid: str) -> None:
         self._decided_at.pop(uid, None)

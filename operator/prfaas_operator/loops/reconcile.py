@@ -41,6 +41,7 @@ from prfaas_operator.loops.children import Manifest, Memory, apply_drifted, dele
 from prfaas_operator.loops.prefill_cluster import PrefillClusterSide
 from prfaas_operator.planning import observation, remote_backoff
 from prfaas_operator.planning.analysis import Observed
+from prfaas_operator.planning.data_path import DataPath
 from prfaas_operator.planning.manifests import Names, Owner, label_value, selector_labels
 from prfaas_operator.planning.reconcile_pass import (
     Applies,
@@ -160,6 +161,15 @@ class Reconciler:
         mem.due = min(mem.due, self._clock())
         mem.wake.set()
 
+    def data_path_judged(self, uid: str, verdict: DataPath) -> None:
+        """The planner loop judged the data path: a pass writes it now when its reason changed,
+        else with the next pass (the counts in its message change with every look)."""
+        mem = self._mem(uid)
+        changed, mem.data_path = mem.data_path.reason != verdict.reason, verdict
+        if changed:
+            mem.due = min(mem.due, self._clock())
+            mem.wake.set()
+
     def _child_changed(self, child: Mapping[str, Any]) -> None:
         """A cache saw a child change: bring its CR's next pass forward."""
         metadata = child.get("metadata") or {}
@@ -218,7 +228,7 @@ class Reconciler:
         _recall_placement(mem, previous)
         self._owners[f"remote:{label_value(owner.key)}"] = owner.uid
         self._owners[f"local:{owner.namespace}/{label_value(owner.name)}"] = owner.uid
-        pass_input = PassInput(spec, owner, generation, previous, now, mem.observed)
+        pass_input = PassInput(spec, owner, generation, previous, now, mem.observed, mem.data_path)
         names = Names.of(owner.name)
 
         # The local engines need nothing else: they go first, while the PrfaaS client is fetched

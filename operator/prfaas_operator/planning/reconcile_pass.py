@@ -47,6 +47,7 @@ from prfaas_operator.planning.cache_pool import (
     pool_observations,
     router_cache_pools,
 )
+from prfaas_operator.planning.data_path import NOT_LOOKED_AT, DataPath
 from prfaas_operator.planning.drain import Drain
 from prfaas_operator.planning.fingerprint import kv_fingerprint
 from prfaas_operator.planning.manifests import (
@@ -127,6 +128,8 @@ class PassInput:
     now: Instant
     observed: Observed | None = None
     """The latest figures of the engines' revisions from Prometheus (rollout analysis; None: none taken)."""
+    data_path: DataPath = NOT_LOOKED_AT
+    """The latest verdict on KV reaching the decodes from the PrfaaS pool (the planner loop's)."""
 
 
 # ---- step 1: the allocation, the local drains and the PD cluster's children ----------------------
@@ -573,6 +576,7 @@ def conclude_pass(
             extra_problems=applies.prefill_cluster_problems,
             rollout=engines.rollout.status,
             cache_pools=pool_observations(spec, owner, prefill_seen, pd_seen),
+            data_path=pass_input.data_path,
         )
     )
     settling = engines.rollout.come_back_at  # a new instance about to count for the rollout's step

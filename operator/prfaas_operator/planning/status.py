@@ -10,9 +10,11 @@ Two deliberate choices:
   zero) and says so in its condition; the router config meanwhile drops that cluster's
   endpoints (see router_config_builder.ready_endpoints), so traffic stays local.
 - The operator cannot test that decode pods reach PrfaaS prefill pod IPs across clusters (it
-  has no foothold in either pod network). When the PrfaaS cluster is a different cluster,
-  PrefillClusterReady and Ready say so in their message, and PrefillClusterReady's reason is
-  `InstancesReadyReachabilityUnverified` instead of `InstancesReady`.
+  has no foothold in either pod network); the routers see every offloaded attempt's KV handoff.
+  When the PrfaaS cluster is a different cluster and its instances are ready, PrefillClusterReady's
+  reason is the data path's verdict from the routers' figures (data_path.judge:
+  `DataPathVerified`, `DataPathFailing`, `DataPathUnverified`, `DataPathUnknown`) instead of
+  `InstancesReady`, and it and Ready carry the verdict's message.
 """
 
 from __future__ import annotations
@@ -42,10 +44,10 @@ from prfaas_operator.api import (
     RolloutStatus,
     human_bytes,
 )
+from prfaas_operator.planning.data_path import NOT_LOOKED_AT, DataPath
 
 # Reasons (CamelCase, stable: alerts and tests match on them).
 INSTANCES_READY = "InstancesReady"
-REACHABILITY_UNVERIFIED = "InstancesReadyReachabilityUnverified"
 PROGRESSING = "Progressing"
 INSUFFICIENT_GPU = "InsufficientGPU"
 UNSCHEDULABLE = "Unschedulable"
@@ -69,11 +71,6 @@ LEFT_BEHIND = "LeftBehindNotCleaned"
 """A PrfaaS placement the CR moved out of still holds its objects (cannot be cleaned yet)."""
 
 log = logging.getLogger("prfaas_operator.planning.status")
-
-UNVERIFIED_NOTE = (
-    "Not verified by the operator: that decode pods in the PD cluster can reach the PrfaaS prefill "
-    "pods' IPs (bootstrap port and KV transfer ports); it has no path to test it."
-)
 
 
 @dataclass(frozen=True)
@@ -205,6 +202,8 @@ class StatusInputs:
     extra_problems: Sequence[Problem] = ()
     rollout: RolloutStatus | None = None
     cache_pools: Sequence[CachePoolSeen] = ()
+    data_path: DataPath = NOT_LOOKED_AT
+    """The verdict on KV reaching the decodes from the PrfaaS pool (used for a remote PrfaaS cluster)."""
 
 
 def _parse_time(value: object) -> datetime | None:
@@ -435,12 +434,13 @@ def compute_status(inputs: StatusInputs) -> PrfaasDeploymentStatus:
     )
     router = _counts(inputs.router_replicas, Role.ROUTER, inputs.pd_cluster, previous.router)
 
-    note = UNVERIFIED_NOTE if inputs.prefill_cluster_is_remote else ""
+    remote = inputs.prefill_cluster_is_remote
+    note = inputs.data_path.message if remote else ""
     prefill_ready = _workload_condition(
         ConditionType.PREFILL_CLUSTER_READY,
         inputs.prefill_cluster,
         [(Role.PRFAAS_PREFILL, f"PrfaaS prefill in namespace {inputs.prefill_namespace}", prfaas)],
-        REACHABILITY_UNVERIFIED if inputs.prefill_cluster_is_remote else INSTANCES_READY,
+        inputs.data_path.reason if remote else INSTANCES_READY,
         note,
         inputs,
     )

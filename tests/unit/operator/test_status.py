@@ -14,6 +14,7 @@ from prfaas_operator.api import (
     RolloutAnalysis,
     RolloutStatus,
 )
+from prfaas_operator.planning.data_path import DataPath
 from prfaas_operator.planning.status import (
     ClusterObservation,
     PodInfo,
@@ -88,15 +89,22 @@ def test_everything_ready() -> None:
     assert all(c.observed_generation == 2 for c in status.conditions)
 
 
-def test_cross_cluster_reachability_is_declared_unverified_only_for_a_remote_cluster() -> None:
-    remote = compute_status(inputs())
+def test_a_remote_prfaas_cluster_carries_the_data_paths_verdict_and_its_own_cluster_does_not() -> None:
+    unknown = compute_status(inputs())  # the planner loop has not looked yet
+    prefill = condition(unknown, "PrefillClusterReady")
+    assert (prefill.status, prefill.reason) == ("True", "DataPathUnknown")
+    assert "not looked at yet" in prefill.message and "4/4 PrfaaS prefill" in prefill.message
+    failing = DataPath("DataPathFailing", "KV handoffs ... failed once in the last 300 s: bootstrap_failed")
+    remote = compute_status(inputs(data_path=failing))
     prefill = condition(remote, "PrefillClusterReady")
-    assert prefill.reason == "InstancesReadyReachabilityUnverified"
-    assert "Not verified" in prefill.message
-    assert "Not verified" in condition(remote, "Ready").message
-    own = compute_status(inputs(prefill_cluster_is_remote=False))
+    assert (prefill.status, prefill.reason) == ("True", "DataPathFailing")  # readiness is the instances'
+    assert failing.message in prefill.message and failing.message in condition(remote, "Ready").message
+    assert condition(remote, "Degraded").status == "False"
+    own = compute_status(inputs(prefill_cluster_is_remote=False, data_path=failing))
     assert condition(own, "PrefillClusterReady").reason == "InstancesReady"
-    assert "Not verified" not in condition(own, "Ready").message
+    assert failing.message not in condition(own, "Ready").message
+    down = compute_status(inputs(prefill_cluster=ClusterObservation(Problem("Unreachable", "gone"))))
+    assert condition(down, "PrefillClusterReady").reason == "Unreachable"  # a problem comes first
 
 
 def test_unreachable_prefill_cluster_is_degraded_and_keeps_the_last_counts() -> None:
