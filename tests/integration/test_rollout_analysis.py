@@ -6,7 +6,8 @@ attempts, TTFT and TPOT by KV fingerprint as the router does; Prometheus scrapes
 router pod. An image change whose new revision answers half its attempts with errors is halted
 and rolled back by the operator itself (phase Failed, condition AnalysisFailed with the figures,
 a Warning event, the new StatefulSets at 0 and the old at their target, the spec untouched, and
-not tried again); a later change to a revision that serves as well as the old rolls to the end.
+not tried again); a later change to a revision that serves as well as the old rolls to the end, and the offloaded
+KV handoffs the stand-in exported meanwhile make PrefillClusterReady say DataPathVerified.
 Prometheus faults while a step waits for its figures (killed, answering 503, the router's series
 stale) hold the step, say so, and the rollout resumes once figures are known again.
 kwok makes the pods ready at once: how a real rollout under traffic goes is the e2e tests' business.
@@ -29,6 +30,7 @@ from lightkube.resources.core_v1 import Event, Namespace
 from operator_harness import OperatorProcess, install_crd, router_on_kwok, run_operator
 from polling import get_or_none
 from prfaas_core import metrics_contract as contract
+from prfaas_core.vocabulary import ROUTE_PRFAAS
 from prfaas_operator import crd
 from prfaas_operator.adapters.kube import PrfaasDeploymentResource
 from prfaas_operator.api import PrfaasDeploymentSpec
@@ -280,6 +282,8 @@ def test_a_failing_revision_is_rolled_back_by_itself_and_a_good_one_rolls_to_the
     cr.apply(document)
 
     cr.wait_ready()
+    for _ in range(3):  # offloaded attempts whose KV reached the decodes: the data path's verdict
+        router.metrics.handoffs.record(ROUTE_PRFAAS, contract.HANDOFF_OK, time.time())
 
     # a revision that answers half its attempts with errors: halted and rolled back by the operator
     feeder.serve({old: (0.0, 0.2), bad: (0.5, 0.2)})
@@ -347,6 +351,17 @@ def test_a_failing_revision_is_rolled_back_by_itself_and_a_good_one_rolls_to_the
         **{f"{cr.name}-{role}": None for role in ROLES},
         **{f"{cr.name}-{role}-b": 1 for role in ROLES},
     }
+    verified = eventually(  # the planner loop's, read from the router's handoffs (one tick: 10 s)
+        lambda: cr.condition("PrefillClusterReady"),
+        timeout=15,
+        interval=0.25,
+        what="the data path verified",
+        until=lambda condition: condition.get("reason") == "DataPathVerified",
+    )
+    assert (
+        verified["status"] == "True" and "KV reached the decodes from the PrfaaS pool" in verified["message"]
+    )
+    assert verified["message"].split("PrfaaS pool ")[1] in cr.condition("Ready")["message"]
     cr.delete()
 
 
