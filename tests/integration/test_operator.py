@@ -304,7 +304,8 @@ def test_sample_deployment_lifecycle(
     status = cr_status(pd, name, ns)
     for pod in [*prfaas_pods, *prefill_pods, *decode_pods]:
         assert pod.metadata.labels["prfaas.io/fingerprint"] == status["fingerprint"]
-    assert "Not verified" in condition(status, "Ready")["message"]
+    assert "Not verified" in condition(status, "Ready")["message"]  # no Prometheus, or not looked yet
+    assert condition(status, "PrefillClusterReady")["reason"] == "DataPathUnknown"
     assert condition(status, "Degraded")["status"] == "False"
     header, row = Kubectl(testbed.pd_kubeconfig).ok("get", "prfaas", name, "-n", ns).splitlines()
     starts = [match.start() for match in re.finditer(r"\S+", header)]  # cells by position: some are empty

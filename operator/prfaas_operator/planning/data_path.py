@@ -59,7 +59,11 @@ def judge(seen: Handoffs | str | None) -> DataPath:
     """The data path's verdict from the figures, or why they are unknown (a str), or None when the
     operator has not looked yet since it started."""
     if seen is None:
-        return DataPath(UNKNOWN, "KV handoffs to the decodes not looked at yet since the operator started.")
+        return DataPath(
+            UNKNOWN,
+            "Not verified yet that KV reaches the decodes from the PrfaaS pool: the routers' KV handoffs "
+            "not looked at since the operator started.",
+        )
     if isinstance(seen, str):
         return DataPath(UNKNOWN, f"Not verified that KV reaches the decodes from the PrfaaS pool: {seen}.")
     window = f"{seen.window_seconds:g} s"

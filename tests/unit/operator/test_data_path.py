@@ -67,7 +67,7 @@ def test_no_offload_in_the_window_is_unverified_and_names_the_last_handoff_that_
 @pytest.mark.parametrize(
     ("figures", "words"),
     [
-        (None, "not looked at yet"),
+        (None, "not looked at since the operator started"),
         (data_path.NO_PROMETHEUS, "no Prometheus is configured"),
         ("Prometheus at http://prometheus:9090 is unreachable: connection refused", "unreachable"),
         ("no prfaas_router_config_version series matching {...}: is the router scraped?", "scraped"),
@@ -76,4 +76,4 @@ def test_no_offload_in_the_window_is_unverified_and_names_the_last_handoff_that_
 def test_figures_that_cannot_be_read_are_unknown_never_verified(figures: str | None, words: str) -> None:
     verdict = judge(figures)
     assert verdict.reason == data_path.UNKNOWN
-    assert words in verdict.message
+    assert words in verdict.message and verdict.message.startswith("Not verified")

@@ -93,7 +93,7 @@ def test_a_remote_prfaas_cluster_carries_the_data_paths_verdict_and_its_own_clus
     unknown = compute_status(inputs())  # the planner loop has not looked yet
     prefill = condition(unknown, "PrefillClusterReady")
     assert (prefill.status, prefill.reason) == ("True", "DataPathUnknown")
-    assert "not looked at yet" in prefill.message and "4/4 PrfaaS prefill" in prefill.message
+    assert "not looked at since" in prefill.message and "4/4 PrfaaS prefill" in prefill.message
     failing = DataPath("DataPathFailing", "KV handoffs ... failed once in the last 300 s: bootstrap_failed")
     remote = compute_status(inputs(data_path=failing))
     prefill = condition(remote, "PrefillClusterReady")
