@@ -455,10 +455,12 @@ def test_sample_image_change_rolls_both_clusters_together_and_back(
     """An image change (a new KV fingerprint) brings a second StatefulSet per role up beside the
     first in both clusters, never more than maxSurge (1) beyond each role's target, and retires
     the first once the new pods are ready and the old ones drained; setting the image back rolls
-    back the same way. kwok makes the pods ready at once: the timing is the e2e test's business."""
+    back the same way. kwok makes the pods ready at once: the timing is the e2e test's business, so
+    a step waits 2 s of readiness, not the default 10 s."""
     ns, remote_ns = own_namespaces
     name = "rolled"
     cr = small(deployment_manifest(name, ns, remote_ns, "prfaas-cluster-kubeconfig"))
+    cr["spec"]["rollout"] = {"minReadySeconds": 2}
     Kubectl(testbed.pd_kubeconfig).ok("apply", "-f", "-", stdin=yaml.safe_dump(cr))
     eventually(
         lambda: condition(cr_status(pd_client, name, ns), "Ready").get("status") == "True",
@@ -495,7 +497,7 @@ def test_sample_image_change_rolls_both_clusters_together_and_back(
             yaml.safe_dump({"spec": {"model": {"image": image}}}),
         )
         phases: set[str] = set()
-        deadline = time.monotonic() + 180  # each step waits spec.rollout.minReadySeconds (10 s)
+        deadline = time.monotonic() + 180  # each step waits spec.rollout.minReadySeconds (2 s)
         while time.monotonic() < deadline:
             status = cr_status(pd_client, name, ns)
             phases.add((status.get("rollout") or {}).get("phase", "none"))
@@ -548,7 +550,7 @@ def test_sample_image_change_rolls_both_clusters_together_and_back(
     image, old_set, new_set = "lmsysorg/sglang:v0.5.24", f"{name}-pd-decode", f"{name}-pd-decode-b"
     patch({"model": {"image": image}})
     lowered, after = False, []  # after: (old, new) decode replicas once lowered
-    deadline = time.monotonic() + 120  # two steps (10 s minReadySeconds each), then two drains (5 s each)
+    deadline = time.monotonic() + 120  # two steps (2 s minReadySeconds each), then two drains (5 s each)
     while time.monotonic() < deadline:
         config = router_config(pd_client, name, ns)  # read before the StatefulSets: see below
         sets = {role: statefulsets(role) for role in targets}
