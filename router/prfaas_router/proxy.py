@@ -227,14 +227,17 @@ def at_fault(*, reports_handoff: bool, other_leg_out: bool) -> Culprit:
     return Culprit.OTHER_LEG if reports_handoff and other_leg_out else Culprit.FAILED_LEG
 
 
-_BOOTSTRAP_FAILURE = re.compile(rb"(?i)bootstrap(?![ _-]?room)")  # every transfer error names its room
+_BOOTSTRAP_FAILURE = re.compile(
+    rb"(?i)handshake failed|bootstrap(?![ _-]?room)"
+)  # transfer errors name their room
 _TRANSFER_FAILURE = re.compile(rb"(?i)kv[ _-]?(?:cache|transfer)|transfer failed")
 
 
 def handoff_cause(body: bytes) -> str | None:
     """How an engine's error body says the KV handoff failed, None when it does not (SGLang's and
-    the fake engine's words): the bootstrap (timed out, never reached) before the transfer (failed
-    KV transfers, a kvcache not received), since a bootstrap that failed fails the transfer too."""
+    the fake engine's words): the bootstrap (timed out, never reached; SGLang 0.5.23's decode says
+    "Decode handshake failed", observed with a prefill that is gone) before the transfer (failed KV
+    transfers, a kvcache not received), since a bootstrap that failed fails the transfer too."""
     head = body[:_HANDOFF_SCAN_BYTES]
     if _BOOTSTRAP_FAILURE.search(head) is not None:
         return contract.HANDOFF_BOOTSTRAP_FAILED

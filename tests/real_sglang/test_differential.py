@@ -23,6 +23,7 @@ import aiohttp
 import pytest
 from prfaas_core import metrics_contract as contract
 from prfaas_core.vocabulary import Role
+from prfaas_router.proxy import handoff_cause
 from prometheus_client.parser import text_string_to_metric_families
 from real_fleet import Fleet, pd_body, running_fleet
 from support.sse import sse_event
@@ -280,6 +281,8 @@ def test_a_decode_whose_prefill_is_gone_sends_one_error_event_in_a_200_stream(
     assert len(gone["events"]) == 2 and gone["events"][-1] == "[DONE]", gone
     assert "error" in gone["events"][0], gone
     assert gone["first_at"] - gone["headers_at"] < HEADERS_WITH_FIRST_EVENT_S, gone  # it opens with its error
+    cause = handoff_cause(json.dumps(gone["events"][0]).encode())
+    assert cause == contract.HANDOFF_BOOTSTRAP_FAILED, (cause, gone["events"][0])  # the data path's verdict
 
 
 def test_both_export_every_family_the_project_reads(observed: Mapping[str, Any]) -> None:

@@ -46,6 +46,12 @@ BOOTSTRAP, TRANSFER = contract.HANDOFF_BOOTSTRAP_FAILED, contract.HANDOFF_TRANSF
             TRANSFER,
         ),
         (b'{"message": "Failed to get kvcache from prefill instance"}', TRANSFER),
+        (  # real SGLang 0.5.23's decode, its prefill gone (tests/real_sglang/test_differential.py)
+            b'{"message": "Decode handshake failed for request rank=0 decode_req.req.rid=\'a\' '
+            b"decode_req.req.bootstrap_room=5 with exception KVTransferError(bootstrap_room=5): "
+            b'Aborted by AbortReq."}',
+            BOOTSTRAP,
+        ),
         (b'{"object": "error", "message": "boom", "code": 500}', None),
         (b"", None),
     ],
