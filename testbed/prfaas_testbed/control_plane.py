@@ -13,12 +13,15 @@ kube-controller-manager and kube-scheduler exit when they cannot renew their lea
 10 s without an apiserver); a kubelet would start their static pods again, kwokctl's binary
 runtime does not. So leaving ``apiserver_stopped`` or ``apiserver_frozen`` also starts again, from kwokctl's own record of
 the cluster (kwok.yaml), whichever of them exited: else the cluster is left without controllers
-(no pod for a new StatefulSet) and without a scheduler.
+(no pod for a new StatefulSet) and without a scheduler. It waits only until each has either
+renewed its Lease since the apiserver answered again (it kept it) or exited, and never longer
+than it takes one that lost its lease to exit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -26,6 +29,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import yaml
@@ -99,6 +103,49 @@ def apiserver_ready(testbed: Testbed, cluster: Cluster) -> bool:
     return answer.returncode == 0 and answer.stdout.strip() == "ok"
 
 
+def renewed_after(renew_time: str | None, since: float) -> bool:
+    """Whether a Lease's spec.renewTime (RFC 3339, as the holder's clock wrote it) is later than
+    `since` (unix time): its holder renewed after that moment, so it kept the lease."""
+    return renew_time is not None and datetime.fromisoformat(renew_time).timestamp() > since
+
+
+def _lease_renewals(testbed: Testbed, cluster: Cluster) -> dict[str, str | None]:
+    """spec.renewTime of the leader-elected components' Leases; empty while they cannot be read."""
+    kubectl = shutil.which("kubectl") or "kubectl"
+    answer = subprocess.run(
+        [
+            *(kubectl, "--kubeconfig", str(testbed.kubeconfig(cluster)), "--request-timeout=3s"),
+            *("get", "lease", "-n", "kube-system", *LEADER_ELECTED, "-o", "json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    )
+    if answer.returncode != 0:
+        return {}
+    items = json.loads(answer.stdout).get("items", [])
+    return {item["metadata"]["name"]: item.get("spec", {}).get("renewTime") for item in items}
+
+
+def _after_outage(testbed: Testbed, cluster: Cluster, began: float, answering_since: float) -> None:
+    """Wait until each leader-elected component has renewed its Lease since the apiserver answered
+    again (`answering_since`, unix time) or has exited, at most until _LEASE_LOST_S after the
+    outage `began` (monotonic); then start again those that exited."""
+    workdir = cluster_workdir(testbed, cluster)
+
+    def settled() -> bool:
+        renewals = _lease_renewals(testbed, cluster)
+        return all(
+            _gone(_recorded_pid(workdir, name)) or renewed_after(renewals.get(name), answering_since)
+            for name in LEADER_ELECTED
+        )
+
+    while time.monotonic() < began + _LEASE_LOST_S and not settled():
+        time.sleep(0.5)
+    start_exited_components(testbed, cluster)
+
+
 def _gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -156,8 +203,7 @@ def apiserver_stopped(testbed: Testbed, cluster: Cluster) -> Iterator[ComponentP
             interval=0.5,
             what=f"the {cluster.value} cluster's kube-apiserver ready again after a restart",
         )
-        time.sleep(max(0.0, stopped_at + _LEASE_LOST_S - time.monotonic()))
-        start_exited_components(testbed, cluster)
+        _after_outage(testbed, cluster, stopped_at, time.time())
 
 
 def restart_apiserver(testbed: Testbed, cluster: Cluster) -> None:
@@ -178,5 +224,4 @@ def apiserver_frozen(testbed: Testbed, cluster: Cluster) -> Iterator[ComponentPr
         yield process
     finally:
         os.kill(process.pid, signal.SIGCONT)
-        time.sleep(max(0.0, frozen_at + _LEASE_LOST_S - time.monotonic()))
-        start_exited_components(testbed, cluster)
+        _after_outage(testbed, cluster, frozen_at, time.time())
