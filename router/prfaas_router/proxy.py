@@ -227,9 +227,8 @@ def at_fault(*, reports_handoff: bool, other_leg_out: bool) -> Culprit:
     return Culprit.OTHER_LEG if reports_handoff and other_leg_out else Culprit.FAILED_LEG
 
 
-_BOOTSTRAP_FAILURE = re.compile(
-    rb"(?i)handshake failed|bootstrap(?![ _-]?room)"
-)  # transfer errors name their room
+# every transfer error names its bootstrap room: a room named is not a bootstrap that failed
+_BOOTSTRAP_FAILURE = re.compile(rb"(?i)handshake failed|bootstrap(?![ _-]?room)")
 _TRANSFER_FAILURE = re.compile(rb"(?i)kv[ _-]?(?:cache|transfer)|transfer failed")
 
 
