@@ -337,8 +337,11 @@ async def test_retried_attempts_of_large_requests_give_their_memory_back(
     well = start_faulty("d-ok", "ok", "127.0.2.29", tmp_path)
     engines = [prefill, sick, well]
     try:
-        # the breaker never opens: every request meets the sick decode first, then is retried
-        router = start_router(config_doc([], [prefill], [sick, well]), "--breaker-failure-threshold", "1000")
+        # the breaker never opens: every request meets the sick decode first, then is retried; the
+        # SLO admits a 6M-token prompt whatever the failed attempt's prefill leg left queued (in CI a
+        # retry once met that queue and was refused with 429 decode_wait: this test is about memory)
+        doc = config_doc([], [prefill], [sick, well], slo={"ttft_seconds": 1e9, "tpot_seconds": 0.05})
+        router = start_router(doc, "--breaker-failure-threshold", "1000")
         large = chat("x" * (24 * MIB))
 
         async def one() -> None:
