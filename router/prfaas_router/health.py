@@ -113,13 +113,13 @@ class HealthChecker(Periodic):
         except UpstreamError as err:
             ok, error = False, repr(err)
         threshold = self._failure_threshold if timed_out else 1  # a refusal or an error is an answer
-        flipped = worker.record_health(ok, threshold, timed_out=timed_out)
-        never_healthy = not ok and not worker.healthy and worker.health_failures == 1  # say why, once
-        if flipped or never_healthy:
+        if worker.record_health(ok, threshold, timed_out=timed_out):
             if ok:
                 log.info("worker %s/%s is healthy", worker.pool.value, worker.name)
             else:
                 log.warning("worker %s/%s is unhealthy: %s", worker.pool.value, worker.name, error)
+        elif not ok and not worker.healthy and worker.health_failures == 1:  # never healthy: say why, once
+            log.warning("worker %s/%s is not healthy yet: %s", worker.pool.value, worker.name, error)
 
     async def _identity_problem(self, worker: Worker) -> str | None:
         """Why the engine at an unobserved worker's address is not the one listed (None: it is)."""
