@@ -616,6 +616,11 @@ class PrefillClusterSpec(PodPlacement):
         "(their HiCache flags change); its other fields never roll engines.",
     )
 
+    @property
+    def is_remote(self) -> bool:
+        """A cluster of its own (reached through a kubeconfig Secret), not the operator's: another pod network."""
+        return self.kubeconfig_secret_ref is not None
+
     def replicas_minimum(self) -> int:
         """minReplicas, or its default for the replicas the spec asks for."""
         if self.min_replicas is not None:

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import pytest
 from prfaas_core import metrics_contract as contract
 from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS
-from prfaas_operator.adapters.prometheus import PrometheusObserver, SeriesSelector
+from prfaas_operator.adapters.prometheus import SeriesSelector
+from prfaas_operator.loops.planner_loop import observe_handoffs
 from prfaas_operator.planning import data_path
 from prfaas_operator.planning.data_path import DataPath, Handoffs
 from prfaas_router.metrics import RouterMetrics
@@ -46,11 +47,7 @@ def router() -> Iterator[tuple[int, RouterMetrics]]:
 
 
 def look(url: str, name: str = NAME) -> Handoffs | str:
-    observer = PrometheusObserver(url, timeout_seconds=5)
-    try:
-        return observer.handoffs(SeriesSelector.for_deployment(NAMESPACE, name, PREFILL_NAMESPACE), WINDOW)
-    finally:
-        observer.close()
+    return observe_handoffs(url, SeriesSelector.for_deployment(NAMESPACE, name, PREFILL_NAMESPACE), WINDOW)
 
 
 def test_offloaded_handoffs_verify_the_data_path_a_failure_names_its_cause_and_unknown_is_never_verified(

@@ -8,12 +8,13 @@ zeros) when the router is not scraped, a value is garbage, or Prometheus is unre
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import pytest
 from prfaas_core import metrics_contract as contract
-from prfaas_operator.adapters.prometheus import PrometheusObserver, SeriesSelector
+from prfaas_operator.adapters.prometheus import SeriesSelector
+from prfaas_operator.loops.planner_loop import observe_revisions
 from prfaas_operator.planning.analysis import Figures
 from prfaas_testbed.ports import free_port
 
@@ -100,12 +101,8 @@ def prometheus_with_revisions(tmp_path_factory: pytest.TempPathFactory) -> Itera
     server.stop()
 
 
-def revisions(url: str, name: str) -> dict[str, Figures] | str:
-    observer = PrometheusObserver(url, timeout_seconds=5)
-    try:
-        return observer.revisions(SeriesSelector.for_deployment(NAMESPACE, name, PREFILL_NAMESPACE), WINDOW)
-    finally:
-        observer.close()
+def revisions(url: str, name: str) -> Mapping[str, Figures] | str:
+    return observe_revisions(url, SeriesSelector.for_deployment(NAMESPACE, name, PREFILL_NAMESPACE), WINDOW)
 
 
 def test_each_revision_is_summed_over_the_window_by_fingerprint(

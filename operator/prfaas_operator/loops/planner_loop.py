@@ -18,7 +18,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import kopf
 from prfaas_core import planning
@@ -27,7 +27,7 @@ from prfaas_core.vocabulary import KIND
 from pydantic import ValidationError
 
 from prfaas_operator.adapters.kube import ClusterError
-from prfaas_operator.adapters.prometheus import PrometheusObserver, SeriesSelector
+from prfaas_operator.adapters.prometheus import REQUEST_TIMEOUT_SECONDS, PrometheusObserver, SeriesSelector
 from prfaas_operator.api import PrfaasDeploymentSpec, PrfaasDeploymentStatus
 from prfaas_operator.loops.reconcile import Reconciler
 from prfaas_operator.planning.allocation import effective_allocation
@@ -61,35 +61,39 @@ ANALYSIS_TIMEOUT_SECONDS = 5.0
 Observe = Callable[[str, SeriesSelector, int], Observation | NoData]
 ObserveRevisions = Callable[[str, SeriesSelector, float], Mapping[str, Figures] | str]
 ObserveHandoffs = Callable[[str, SeriesSelector, float], Handoffs | str]
+T = TypeVar("T")
+
+
+def _with_observer(url: str, timeout_seconds: float, read: Callable[[PrometheusObserver], T]) -> T:
+    """`read` with a Prometheus client of its own, closed after (blocking: run it in a thread)."""
+    observer = PrometheusObserver(url, timeout_seconds=timeout_seconds)
+    try:
+        return read(observer)
+    finally:
+        observer.close()
 
 
 def observe_prometheus(url: str, selector: SeriesSelector, window_seconds: int) -> Observation | NoData:
-    """One observation with a client of its own (blocking: run it in a thread)."""
-    observer = PrometheusObserver(url)
-    try:
-        return observer.observe(selector, window_seconds)
-    finally:
-        observer.close()
+    """One observation for the planner."""
+    return _with_observer(
+        url, REQUEST_TIMEOUT_SECONDS, lambda observer: observer.observe(selector, window_seconds)
+    )
 
 
 def observe_revisions(
     url: str, selector: SeriesSelector, window_seconds: float
 ) -> Mapping[str, Figures] | str:
-    """The engine revisions' figures for rollout analysis, with a client of its own (blocking)."""
-    observer = PrometheusObserver(url, timeout_seconds=ANALYSIS_TIMEOUT_SECONDS)
-    try:
-        return observer.revisions(selector, window_seconds)
-    finally:
-        observer.close()
+    """The engine revisions' figures for rollout analysis."""
+    return _with_observer(
+        url, ANALYSIS_TIMEOUT_SECONDS, lambda observer: observer.revisions(selector, window_seconds)
+    )
 
 
 def observe_handoffs(url: str, selector: SeriesSelector, window_seconds: float) -> Handoffs | str:
-    """The offloaded attempts' KV handoffs for the data path's verdict, with a client of its own (blocking)."""
-    observer = PrometheusObserver(url, timeout_seconds=ANALYSIS_TIMEOUT_SECONDS)
-    try:
-        return observer.handoffs(selector, window_seconds)
-    finally:
-        observer.close()
+    """The offloaded attempts' KV handoffs for the data path's verdict."""
+    return _with_observer(
+        url, ANALYSIS_TIMEOUT_SECONDS, lambda observer: observer.handoffs(selector, window_seconds)
+    )
 
 
 class PlannerLoop:
@@ -227,7 +231,7 @@ class PlannerLoop:
     async def _judge_data_path(self, uid: str, namespace: str, name: str, spec: PrfaasDeploymentSpec) -> None:
         """For a PrfaaS cluster that is another cluster: the offloaded attempts' KV handoffs over
         the planner's window, judged, for the reconcile to write (unknown without a Prometheus)."""
-        if spec.prefill_cluster.kubeconfig_secret_ref is None:
+        if not spec.prefill_cluster.is_remote:
             return  # one cluster, one pod network: status says InstancesReady
         url = spec.planner.prometheus_url
         if url is None:

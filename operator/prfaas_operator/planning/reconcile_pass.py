@@ -567,7 +567,7 @@ def conclude_pass(
             fingerprint=engines.fingerprint,
             router_replicas=spec.router.replicas,
             prefill_namespace=spec.prefill_cluster.namespace,
-            prefill_cluster_is_remote=spec.prefill_cluster.kubeconfig_secret_ref is not None,
+            prefill_cluster_is_remote=spec.prefill_cluster.is_remote,
             prefill_cluster=prefill_seen,
             pd_cluster=pd_seen,
             router_config=router_outcome,

@@ -130,19 +130,20 @@ def keep_unobserved(
     if last is None or keep_seconds <= 0:
         return choice
     decodes = {endpoint.fingerprint for endpoint in choice.pools.decode}
-    since = [
-        endpoint.model_copy(
-            update={
-                "unobserved_since": now if endpoint.unobserved_since is None else endpoint.unobserved_since
-            }
-        )
+    since = {
+        endpoint.name: now if endpoint.unobserved_since is None else endpoint.unobserved_since
         for endpoint in last.pools.prfaas_prefill
         if endpoint.fingerprint in decodes
-    ]
-    kept = [e for e in since if e.unobserved_since is not None and now - e.unobserved_since < keep_seconds]
-    if not kept:
+    }
+    within = {name: at for name, at in since.items() if now - at < keep_seconds}
+    if not within:
         return choice
-    oldest = min(e.unobserved_since for e in kept if e.unobserved_since is not None)
+    kept = [
+        endpoint.model_copy(update={"unobserved_since": within[endpoint.name]})
+        for endpoint in last.pools.prfaas_prefill
+        if endpoint.name in within
+    ]
+    oldest = min(within.values())
     note = (
         f"the PrfaaS cluster is not observed: {len(kept)} PrfaaS prefill endpoint(s) kept from the last "
         f"observation {now - oldest:.0f}s ago, for at most {keep_seconds:.0f}s, each routed to only while its "

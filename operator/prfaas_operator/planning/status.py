@@ -7,8 +7,8 @@ Degraded, each with a reason and a message a human can act on. Time is passed in
 
 Two deliberate choices:
 - A cluster that could not be observed keeps its last observed ready counts (unknown is not
-  zero) and says so in its condition; the router config meanwhile drops that cluster's
-  endpoints (see router_config_builder.ready_endpoints), so traffic stays local.
+  zero) and says so in its condition; the router config meanwhile keeps the PrfaaS endpoints
+  last observed for a bounded time, for the router to check (router_config_builder.keep_unobserved).
 - The operator cannot test that decode pods reach PrfaaS prefill pod IPs across clusters (it
   has no foothold in either pod network); the routers see every offloaded attempt's KV handoff.
   When the PrfaaS cluster is a different cluster and its instances are ready, PrefillClusterReady's
