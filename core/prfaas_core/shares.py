@@ -159,13 +159,19 @@ def _fill(capacity: float, consumers: Sequence[Consumer], ceilings: Sequence[flo
     low = 0.0
     for kink in kinks:
         if filled(kink) >= capacity:
-            high = kink
+            at_low, at_high = filled(low), filled(kink)
+            level = (
+                kink if at_high == at_low else low + (capacity - at_low) * (kink - low) / (at_high - at_low)
+            )
             break
         low = kink
-    else:  # unreachable: the ceilings together exceed the capacity, so the last finite kink fills it
-        raise AssertionError("no level fills the pool")
-    at_low, at_high = filled(low), filled(high)
-    level = high if at_high == at_low else low + (capacity - at_low) * (high - low) / (at_high - at_low)
+    else:
+        # past the last finite kink only the consumers without a finite ceiling still grow; with
+        # none, every one is at its ceiling (rounding left their sum a hair below the capacity)
+        growing = math.fsum(
+            w for w, ceiling in zip(weights, ceilings, strict=True) if not math.isfinite(ceiling)
+        )
+        level = low + (capacity - filled(low)) / growing if growing > 0 else low
     return [
         min(max(level * weight, floor), ceiling)
         for weight, floor, ceiling in zip(weights, floors, ceilings, strict=True)
