@@ -478,11 +478,16 @@ def test_sample_image_change_rolls_both_clusters_together_and_back(
     def statefulsets(role: str) -> dict[str, tuple[int, str]]:
         client, namespace = clusters[role]
         found = client.list(StatefulSet, namespace=namespace, labels={"prfaas.io/role": role})
-        return {
-            s.metadata.name: (s.spec.replicas, s.spec.template.spec.containers[0].image)
-            for s in found
-            if s.metadata.labels.get("app.kubernetes.io/instance") == name
-        }
+        seen: dict[str, tuple[int, str]] = {}
+        for s in found:
+            assert s.metadata and s.metadata.name and s.spec and s.spec.template.spec
+            assert s.spec.replicas is not None, "the operator always sets replicas"
+            if (s.metadata.labels or {}).get("app.kubernetes.io/instance") == name:
+                seen[s.metadata.name] = (
+                    s.spec.replicas,
+                    s.spec.template.spec.containers[0].image or "",
+                )
+        return seen
 
     def roll_to(image: str, slot_suffix: str) -> set[str]:
         """Patch the image, sample until only the new slot is left; the phases seen."""
