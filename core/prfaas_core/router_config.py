@@ -23,6 +23,8 @@ CONFIG_FILE_NAME = "router-config.json"
 MAX_ANSWER_BYTES = 64 * 1024 * 1024
 """The most of one engine's answer the router holds by default (`--max-answer-bytes`): the
 operator sizes the router's budget for all held answers no lower."""
+MAX_CACHE_SALT_CHARS = 256
+"""A cache salt is a name, not a payload: it rides in every request body the router sends."""
 
 
 class _Strict(BaseModel):
@@ -260,6 +262,15 @@ class RouterConfig(_Strict):
         default=False,
         description="decodes keep finished requests' KV (--disaggregation-decode-enable-radix-cache): a "
         "prefill sends only the KV past the prefix its decode already holds",
+    )
+    cache_salt: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_CACHE_SALT_CHARS,
+        description="the consumer's cache namespace on the engines (SGLang's `cache_salt`): the router sets it "
+        "on every request it sends, replacing any a client sent, so a consumer of a shared PrfaaS pool never "
+        "reuses KV another consumer computed (SGLang reads an empty one as none, so none is empty); None: requests "
+        "go as the client sent them",
     )
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)

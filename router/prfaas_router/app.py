@@ -295,7 +295,7 @@ class RouterService:
                 token_ids = await self.tokenizer.token_buffers_off_loop(parsed.texts)
                 if token_ids is not None:
                     parsed = replace(parsed, texts=(), token_ids=tuple(token_ids))
-            keys = prompt_keys(parsed, config.block_size_tokens, config.chars_per_token)
+            keys = prompt_keys(parsed, config.block_size_tokens, config.chars_per_token, config.cache_salt)
         except ApiError as error:
             self.metrics.requests.labels("none", "bad_request").inc()
             return error_response(error, rid)

@@ -82,6 +82,8 @@ class ParsedRequest:
 _OUTPUT_FIELDS = ("max_tokens", "max_completion_tokens")
 _NUMBER_FIELDS = ("temperature", "top_p")
 _TOKEN_FIELDS = {Kind.COMPLETION: "prompt", Kind.GENERATE: "input_ids"}  # may hold token id arrays
+_SALT = "cache_salt"
+"""SGLang's cache namespace field (GenerateReqInput, CompletionRequest, ChatCompletionRequest)."""
 
 
 def parse(kind: Kind, raw: bytes, limits: Limits = Limits()) -> tuple[dict[str, Any], ParsedRequest]:
@@ -198,19 +200,30 @@ def _string_or_none(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def prompt_keys(request: ParsedRequest, block_size_tokens: int, chars_per_token: float) -> list[PromptKey]:
-    """One key per generated item: a prompt asked for n times is prefilled and shipped n times."""
+def prompt_keys(
+    request: ParsedRequest, block_size_tokens: int, chars_per_token: float, salt: str | None = None
+) -> list[PromptKey]:
+    """One key per generated item: a prompt asked for n times is prefilled and shipped n times.
+    `salt`: the cache namespace the engines get (`with_bootstrap`), which the index keys by too."""
     if not request.token_ids:
-        keys = [key_for_text(text, block_size_tokens, chars_per_token) for text in request.texts]
+        keys = [key_for_text(text, block_size_tokens, chars_per_token, salt) for text in request.texts]
     else:
-        keys = [key_for_tokens(ids, block_size_tokens) for ids in request.token_ids]
+        keys = [key_for_tokens(ids, block_size_tokens, salt) for ids in request.token_ids]
     return keys * request.copies
 
 
 def with_bootstrap(
-    raw: bytes, body: dict[str, Any], request: ParsedRequest, host: str, port: int, rooms: Sequence[int]
+    raw: bytes,
+    body: dict[str, Any],
+    request: ParsedRequest,
+    host: str,
+    port: int,
+    rooms: Sequence[int],
+    salt: str | None = None,
 ) -> bytes:
-    """The body both PD legs get: SGLang's bootstrap fields, one room per sample (`samples`).
+    """The body both PD legs get: SGLang's bootstrap fields, one room per sample (`samples`), and
+    the consumer's `cache_salt` when it has one (RouterConfig.cache_salt), replacing the client's:
+    a client naming another consumer's salt would read that consumer's cached prefixes.
 
     With n > 1 SGLang 0.5.23 pairs every sample of prompt i on one room: `_normalize_bootstrap_params`
     (io_struct.py) expands the rooms, but `_handle_batch_request` (tokenizer_manager.py) sends
@@ -221,7 +234,7 @@ def with_bootstrap(
     Chat has no batch form (`parse` refuses n > 1 there).
     """
     if request.copies > 1:
-        return _samples_as_batch(body, request, host, port, rooms)
+        return _samples_as_batch(body, request, host, port, rooms, salt)
     if request.batch is None:
         fields = f'"bootstrap_host":{json.dumps(host)},"bootstrap_port":{port},"bootstrap_room":{rooms[0]}'
     else:
@@ -229,10 +242,13 @@ def with_bootstrap(
             f'"bootstrap_host":{json.dumps([host] * request.batch)},'
             f'"bootstrap_port":{json.dumps([port] * request.batch)},"bootstrap_room":{json.dumps(list(rooms))}'
         )
+    if salt is not None:  # one string salts every prompt of a batch (io_struct.py _normalize_cache_salt)
+        fields += f',"cache_salt":{json.dumps(salt)}'
     # Spliced in before the closing brace instead of re-encoding the whole body (a long prompt
     # makes that the costliest step); JSON keeps the last duplicate key, so ours override a client's.
+    # A client's cache_salt is never left in beside ours, though: the body is re-encoded without it.
     stripped = raw.rstrip()
-    if stripped.endswith(b"}") and raw.lstrip().startswith(b"{"):
+    if stripped.endswith(b"}") and raw.lstrip().startswith(b"{") and (salt is None or _SALT not in body):
         return stripped[:-1] + b"," + fields.encode() + b"}"
     merged = dict(body)
     merged.update(json.loads("{" + fields + "}"))
@@ -240,7 +256,7 @@ def with_bootstrap(
 
 
 def _samples_as_batch(
-    body: dict[str, Any], request: ParsedRequest, host: str, port: int, rooms: Sequence[int]
+    body: dict[str, Any], request: ParsedRequest, host: str, port: int, rooms: Sequence[int], salt: str | None
 ) -> bytes:
     """n > 1 as a batch of n = 1 samples, each prompt repeated n times in a row (see with_bootstrap)."""
     n = request.copies
@@ -262,6 +278,8 @@ def _samples_as_batch(
         bootstrap_port=[port] * request.samples,
         bootstrap_room=list(rooms),
     )
+    if salt is not None:
+        out[_SALT] = salt
     return json.dumps(out, default=memoryview.tolist).encode()  # token ids back to arrays
 
 

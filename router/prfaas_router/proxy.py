@@ -464,7 +464,13 @@ class Dispatcher:
         rooms = [random.getrandbits(63) for _ in range(parsed.samples)]
         assert prefill.bootstrap_port is not None  # checked when the config was loaded
         payload = with_bootstrap(
-            exchange.raw, exchange.body, parsed, prefill.host, prefill.bootstrap_port, rooms
+            exchange.raw,
+            exchange.body,
+            parsed,
+            prefill.host,
+            prefill.bootstrap_port,
+            rooms,
+            snapshot.config.cache_salt,
         )
         headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: exchange.request_id}
         path = parsed.kind.value

@@ -26,6 +26,11 @@ millisecond. xxh3 is not a keyed hash; that is fine here: the index is a routing
 and dies with one router (nothing persisted), and a collision, accidental or crafted, only
 misroutes the requests that collide (the engines match cached tokens exactly). The seeds are drawn per process
 all the same, which costs nothing and makes crafting one harder.
+
+Tenancy: the engines keep one cache namespace per `cache_salt` (SGLang's radix cache and HiCache
+storage key on it), so the same prompt under two salts shares nothing. A key made with a salt
+starts its chain from a seed derived from the salt: the index then holds one namespace per salt
+too, and a salt changed by a new config finds none of the old one's blocks, as on the engines.
 """
 
 from __future__ import annotations
@@ -149,8 +154,14 @@ def token_buffer(ids: Sequence[int]) -> memoryview:
         raise ValueError("token ids must be between 0 and 2**64 - 1") from err
 
 
-def key_for_tokens(token_ids: memoryview, block_size_tokens: int) -> PromptKey:
-    """Key of a prompt given as uint64 token ids (`token_buffer`); blocks of `block_size_tokens` ids."""
+def _salted(seed: int, salt: str | None) -> int:
+    """The chain's first seed in `salt`'s namespace (None: the unsalted one)."""
+    return seed if salt is None else xxh3_64_intdigest(salt.encode(errors="surrogatepass"), seed=seed)
+
+
+def key_for_tokens(token_ids: memoryview, block_size_tokens: int, salt: str | None = None) -> PromptKey:
+    """Key of a prompt given as uint64 token ids (`token_buffer`); blocks of `block_size_tokens` ids,
+    in the cache namespace of `salt`."""
     if not isinstance(token_ids, memoryview) or token_ids.itemsize != _ID_BYTES:
         raise TypeError(
             f"token ids must be a memoryview of uint64s (see token_buffer), got {type(token_ids).__name__}"
@@ -161,7 +172,7 @@ def key_for_tokens(token_ids: memoryview, block_size_tokens: int) -> PromptKey:
     block_bytes = block_size_tokens * _ID_BYTES
     end = full_blocks * block_bytes
     return PromptKey.chained(
-        _TOKEN_SEED,
+        _salted(_TOKEN_SEED, salt),
         (data[start : start + block_bytes] for start in range(0, end, block_bytes)),
         full_blocks,
         lambda: bytes(data[end:]) + length.to_bytes(8, "little"),
@@ -170,8 +181,11 @@ def key_for_tokens(token_ids: memoryview, block_size_tokens: int) -> PromptKey:
     )
 
 
-def key_for_text(text: str, block_size_tokens: int, chars_per_token: float) -> PromptKey:
-    """Key of a prompt given as text; tokens and block boundaries estimated from characters.
+def key_for_text(
+    text: str, block_size_tokens: int, chars_per_token: float, salt: str | None = None
+) -> PromptKey:
+    """Key of a prompt given as text, in the cache namespace of `salt`; tokens and block
+    boundaries estimated from characters.
 
     Blocks are hashed as UTF-8; "surrogatepass" keeps the lone surrogates json lets through.
     """
@@ -179,7 +193,7 @@ def key_for_text(text: str, block_size_tokens: int, chars_per_token: float) -> P
     full_blocks = len(text) // block_chars
     end = full_blocks * block_chars
     return PromptKey.chained(
-        _TEXT_SEED,
+        _salted(_TEXT_SEED, salt),
         (
             text[start : start + block_chars].encode(errors="surrogatepass")
             for start in range(0, end, block_chars)

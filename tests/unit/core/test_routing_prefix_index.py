@@ -160,6 +160,33 @@ def test_text_and_token_keys_never_share_blocks() -> None:
     assert index.lookup(token_key([97, 98, 99, 100, 97, 98, 99, 100], 4)) == NO_HIT
 
 
+def test_a_prompt_under_one_salt_hits_nothing_learnt_under_another_or_none() -> None:
+    ids = list(range(10))
+    text = "w" * 40
+    indexes = ClusterIndexes(max_blocks=100, max_prompts=10)
+    salted = [key_for_tokens(token_buffer(ids), B, "tenant-a"), key_for_text(text, B, 4.0, "tenant-a")]
+    indexes.learn_computed(ROUTE_PRFAAS, "p0", salted, pooled=True, decode="d0")
+    for salt in ("tenant-b", None):
+        others = [key_for_tokens(token_buffer(ids), B, salt), key_for_text(text, B, 4.0, salt)]
+        for key in others:
+            assert indexes.hits([key]) == (NO_HIT, NO_HIT)
+            assert indexes.pool_hit(ROUTE_PRFAAS, [key]) == NO_HIT
+            assert indexes.decode_hit([key]) == NO_HIT
+    again = [key_for_tokens(token_buffer(ids), B, "tenant-a"), key_for_text(text, B, 4.0, "tenant-a")]
+    for key in again:
+        assert indexes.hits([key])[1].exact
+        assert indexes.pool_hit(ROUTE_PRFAAS, [key]).exact
+        assert indexes.decode_hit([key]).holder == "d0"
+
+
+def test_an_unsalted_key_is_the_key_of_today() -> None:
+    assert (
+        key_for_tokens(token_buffer([1, 2, 3, 4, 5]), B, None).block_hashes
+        == token_key([1, 2, 3, 4, 5]).block_hashes
+    )
+    assert key_for_text("abcdefgh", 2, 1.0, None).full_hash == key_for_text("abcdefgh", 2, 1.0).full_hash
+
+
 def test_the_whole_prompt_hash_covers_the_tail_and_its_length() -> None:
     tails = [token_key(ids) for ids in ([1, 2, 3, 4], [1, 2, 3, 4, 0], [1, 2, 3, 4, 0, 0], [1, 2, 3, 4, 1])]
     assert len({key.block_hashes for key in tails}) == 1 and len({key.full_hash for key in tails}) == 4

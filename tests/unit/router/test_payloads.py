@@ -257,6 +257,42 @@ def test_bootstrap_fields_are_spliced_in_and_override_the_clients() -> None:
     }
 
 
+@pytest.mark.parametrize(
+    ("kind", "raw"),
+    [
+        (Kind.GENERATE, b'{"text": "hi", "cache_salt": "theirs"}'),
+        (
+            Kind.GENERATE,
+            b'{"text": "hi", "cache_salt": "theirs", "cache\\u005fsalt": "theirs"}',
+        ),  # one key, escaped
+        (Kind.GENERATE, b'{"text": ["a", "b"], "cache_salt": ["theirs", "theirs"]}'),
+        (Kind.GENERATE, b'{"text": "a", "sampling_params": {"n": 2}, "cache_salt": "theirs"}'),
+        (Kind.COMPLETION, b'{"prompt": "hi"}'),
+        (Kind.CHAT, b'{"messages": [{"role": "user", "content": "x"}], "cache_salt": "theirs"}'),
+    ],
+)
+def test_the_consumers_salt_replaces_any_salt_a_client_sent(kind: Kind, raw: bytes) -> None:
+    """The engines see the consumer's salt alone: no client salt beside it for a JSON parser that
+    kept the first duplicate key, and one string for a batch (SGLang gives it to every prompt)."""
+    body, parsed = parse(kind, raw)
+    out = with_bootstrap(raw, body, parsed, "h", 1, list(range(parsed.samples)), "mine")
+    assert json.loads(out)["cache_salt"] == "mine"
+    assert b"theirs" not in out and out.count(b"salt") == 1
+
+
+def test_without_a_consumer_salt_the_clients_goes_to_the_engines_as_sent() -> None:
+    raw = b'{"text": "hi", "cache_salt": "theirs"}'
+    body, parsed = parse(Kind.GENERATE, raw)
+    assert json.loads(with_bootstrap(raw, body, parsed, "h", 1, [2]))["cache_salt"] == "theirs"
+
+
+def test_prompt_keys_are_in_the_salts_namespace() -> None:
+    _, parsed = parse(Kind.GENERATE, b'{"text": "a long enough prompt"}')
+    hashes = {salt: prompt_keys(parsed, 2, 1.0, salt)[0].block_hashes for salt in (None, "a", "b")}
+    assert len(set(hashes.values())) == 3
+    assert hashes["a"] == prompt_keys(parsed, 2, 1.0, "a")[0].block_hashes
+
+
 def test_a_batch_gets_arrays_of_bootstrap_fields() -> None:
     raw = b'{"text": ["a", "b"]}'
     body, parsed = parse(Kind.GENERATE, raw)
