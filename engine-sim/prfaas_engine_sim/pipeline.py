@@ -233,9 +233,9 @@ class EnginePipeline:
     def _prefill_job(self, run: ItemRun, transfer: RoomTransfer | None) -> PrefillJob:
         prompt = run.item.prompt
         if prompt.token_ids is not None:
-            keys = block_keys_for_ids(prompt.token_ids, self.cache.block_tokens)
+            keys = block_keys_for_ids(prompt.token_ids, self.cache.block_tokens, prompt.cache_salt)
         else:
-            keys = block_keys_for_text(prompt.text or "", self._block_chars)
+            keys = block_keys_for_text(prompt.text or "", self._block_chars, prompt.cache_salt)
         done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         return PrefillJob(prompt_tokens=prompt.tokens, block_keys=keys, done=done, transfer=transfer)
 

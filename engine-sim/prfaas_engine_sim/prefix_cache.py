@@ -6,7 +6,9 @@ instance. Blocks are ``block_tokens`` token ids, or ``block_tokens * chars_per_t
 characters of text when a request carries no ids (the same calibrated estimate as the token
 count). Each block's key chains its prefix, so a hit on block k implies blocks 0..k-1 matched.
 Keys are Python hashes: meaningful only inside one engine process, which is all a per-instance
-cache needs.
+cache needs. A request's ``cache_salt`` starts its chain, so prompts under two salts (or one
+salt and none) share no block, as SGLang's radix cache keys every child on it (radix_cache.py
+``RadixKey.child_key_at``).
 """
 
 from __future__ import annotations
@@ -15,20 +17,24 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 
-def block_keys_for_ids(token_ids: Sequence[int], block_tokens: int) -> list[int]:
-    """Chained keys of every full block of token ids."""
+def _chain_start(salt: str | None) -> int:
+    return 0 if salt is None else hash(("cache_salt", salt))
+
+
+def block_keys_for_ids(token_ids: Sequence[int], block_tokens: int, salt: str | None = None) -> list[int]:
+    """Chained keys of every full block of token ids, in `salt`'s namespace."""
     keys: list[int] = []
-    key = 0
+    key = _chain_start(salt)
     for start in range(0, len(token_ids) - block_tokens + 1, block_tokens):
         key = hash((key, tuple(token_ids[start : start + block_tokens])))
         keys.append(key)
     return keys
 
 
-def block_keys_for_text(text: str, block_chars: int) -> list[int]:
-    """Chained keys of every full block of characters."""
+def block_keys_for_text(text: str, block_chars: int, salt: str | None = None) -> list[int]:
+    """Chained keys of every full block of characters, in `salt`'s namespace."""
     keys: list[int] = []
-    key = 0
+    key = _chain_start(salt)
     for start in range(0, len(text) - block_chars + 1, block_chars):
         key = hash((key, text[start : start + block_chars]))
         keys.append(key)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http import HTTPStatus
 from typing import Any
 
@@ -72,6 +72,8 @@ class Prompt:
     tokens: int
     token_ids: Sequence[int] | None
     text: str | None
+    cache_salt: str | None = None
+    """The prefix cache namespace it is computed and looked up in (None: the shared one)."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +178,17 @@ def _prompt_rooms(room: Any, count: int) -> list[Any]:
     return [room] * count
 
 
+def _cache_salts(value: Any, count: int) -> list[str | None]:
+    """Each prompt's ``cache_salt`` as SGLang normalizes it (io_struct.py ``_normalize_cache_salt``):
+    one string for every prompt, or one per prompt; an empty one is none."""
+    if value is None:
+        return [None] * count
+    salts = _per_item(value, count, "cache_salt")
+    if not all(isinstance(salt, str) for salt in salts):
+        raise RequestError("Every cache_salt should be a string.")
+    return [salt or None for salt in salts]
+
+
 def _bootstrap_targets(
     body: dict[str, Any], count: int, options: ParseOptions
 ) -> list[BootstrapTarget | None]:
@@ -207,6 +220,8 @@ def _items(
 ) -> tuple[list[Item], list[Item]]:
     """The copies and the warm-ups (see ParsedRequest)."""
     targets = _bootstrap_targets(body, len(prompts), options)
+    salts = _cache_salts(body.get("cache_salt"), len(prompts))
+    prompts = [replace(prompt, cache_salt=salt) for prompt, salt in zip(prompts, salts, strict=True)]
     items = []
     for index in range(len(prompts) * n):
         prompt_index = index // n

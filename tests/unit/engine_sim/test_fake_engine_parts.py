@@ -185,6 +185,17 @@ def test_text_blocks_are_fixed_character_spans() -> None:
         PrefixCache(block_tokens=64, max_tokens=10)
 
 
+def test_a_salted_prompt_shares_no_block_with_another_salt_or_none() -> None:
+    cache = PrefixCache(block_tokens=4, max_tokens=64)
+    ids, text = list(range(8)), "abcdefgh" * 2
+    cache.insert(block_keys_for_ids(ids, 4, "a") + block_keys_for_text(text, 8, "a"))
+    for salt in ("b", None):
+        assert cache.match(block_keys_for_ids(ids, 4, salt)) == 0
+        assert cache.match(block_keys_for_text(text, 8, salt)) == 0
+    assert cache.match(block_keys_for_ids(ids, 4, "a")) == 2
+    assert cache.match(block_keys_for_text(text, 8, "a")) == 2
+
+
 def test_token_bucket_paces_the_aggregate_and_allows_one_burst() -> None:
     bucket = TokenBucket(rate_bytes_per_second=1000.0, burst_bytes=100.0)
     assert bucket.reserve(100, now=10.0) == 0.0  # the burst goes out at once after idling
@@ -271,6 +282,24 @@ def test_rooms_and_copies_as_sglang_expands_them() -> None:
 def test_generate_refuses_bad_bodies_with_the_cause(body: Any, message: str) -> None:
     with pytest.raises(proto.RequestError, match=message):
         proto.parse_generate(body, OPTIONS)
+
+
+def test_cache_salts_per_prompt_as_sglang_normalizes_them() -> None:
+    plain = proto.ParseOptions(4.0, 16, 1000, None)  # no PD mode: no bootstrap fields needed
+    salts = [
+        item.prompt.cache_salt
+        for item in proto.parse_generate({"text": ["a", "b", "c"], "cache_salt": ["x", "", "y"]}, plain).items
+    ]
+    assert salts == ["x", None, "y"]  # an empty salt is none
+    one = proto.parse_generate({"text": ["a", "b"], "cache_salt": "x", "sampling_params": {"n": 2}}, plain)
+    assert [item.prompt.cache_salt for item in (*one.items, *one.warmups)] == ["x"] * 6
+    assert (
+        proto.parse_completions({"prompt": "a", "cache_salt": "z"}, plain).items[0].prompt.cache_salt == "z"
+    )
+    with pytest.raises(proto.RequestError, match="cache_salt"):
+        proto.parse_generate({"text": "a", "cache_salt": 5}, plain)
+    with pytest.raises(proto.RequestError, match="cache_salt has 1 values for a batch of 2"):
+        proto.parse_generate({"text": ["a", "b"], "cache_salt": ["x"]}, plain)
 
 
 def test_chat_counts_the_concatenated_message_text_and_n_choices() -> None:
