@@ -91,7 +91,8 @@ ENGINE_SHARD_LABELS = frozenset({"tp_rank", "pp_rank", "moe_ep_rank"})
 OUTCOME_REJECTED = "rejected"
 REASON_TTFT_REROUTE = "ttft_reroute"  # the router's policy.Reason values of the same names
 REASON_LINK_BUDGET = "link_budget"
-REROUTE_REASONS = (REASON_TTFT_REROUTE, REASON_LINK_BUDGET)
+REASON_POOL_SHARE = "pool_share"
+REROUTE_REASONS = (REASON_TTFT_REROUTE, REASON_LINK_BUDGET, REASON_POOL_SHARE)
 
 
 def token_buckets(low: int = 64, high: int = 262144, ratio: float = 1.25) -> tuple[float, ...]:

@@ -217,6 +217,28 @@ class CachePool(_Strict):
     )
 
 
+class PoolShare(_Strict):
+    """This PD cluster's share of a PrfaaS pool that several PD clusters consume, as the pool's
+    controller last published it (`shares.divide`): the router keeps its offloads within it
+    (`shares.admit`). Prompt tokens prefilled per second, for the whole consumer: each router
+    replica takes 1/router_replicas of the share and of the entitlement, as of the link budget."""
+
+    tokens_per_second: float = Field(
+        ge=0, description="what this cluster may offload now: its entitlement, what others lend it, or less"
+    )
+    entitled_tokens_per_second: float = Field(
+        ge=0,
+        description="its weight's part of the pool when every consumer asks for all it may: taken back at "
+        "once, before the next division lends it back",
+    )
+    unclaimed_tokens_per_second: float = Field(
+        default=0.0,
+        ge=0,
+        description="pool capacity no consumer can use now: borrowed beyond the share only while the "
+        "pool's engines report a queue that leaves room for it",
+    )
+
+
 class RouterConfig(_Strict):
     """Versioned router config. `version` only grows; the router ignores an older one."""
 
@@ -271,6 +293,12 @@ class RouterConfig(_Strict):
         "on every request it sends, replacing any a client sent, so a consumer of a shared PrfaaS pool never "
         "reuses KV another consumer computed (SGLang reads an empty one as none, so none is empty); None: requests "
         "go as the client sent them",
+    )
+
+    pool_share: PoolShare | None = Field(
+        default=None,
+        description="this cluster's published share of a PrfaaS pool shared with other PD clusters; None: "
+        "a pool of its own, offloads bounded by the link and the TTFT SLO alone",
     )
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)

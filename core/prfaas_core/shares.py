@@ -19,6 +19,7 @@ import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from prfaas_core.router_config import KvSize, LinkSpec
 
@@ -203,8 +204,17 @@ class Admit(enum.StrEnum):
     OVER_SHARE = "over its share: prefill locally"
 
 
+class ShareRates(Protocol):
+    """What `admit` reads of a share: a `Share`, or the one a router's config publishes (`PoolShare`)."""
+
+    @property
+    def tokens_per_second(self) -> float: ...
+    @property
+    def entitled_tokens_per_second(self) -> float: ...
+
+
 def admit(
-    share: Share,
+    share: ShareRates,
     unclaimed_tokens_per_second: float,
     *,
     own_backlog_tokens: float,

@@ -125,7 +125,8 @@ class Snapshot:
 class Exchange:
     """One client request on its way through the router."""
 
-    http: Request
+    http: Request | None
+    """The client's HTTP request on the router's own front; None behind the endpoint picker."""
     request_id: str
     raw: bytes
     body: dict[str, object]
@@ -392,15 +393,15 @@ class Dispatcher:
     def _inflight_reader(self, pool: Pool) -> Callable[[], float]:
         return lambda: self.inflight_tokens[pool]
 
-    async def serve(self, exchange: Exchange, snapshot: Snapshot) -> Answer | None:
+    def view(self, exchange: Exchange, snapshot: Snapshot) -> RequestView:
+        """What the policy sees of a request: its size, cache hits, session pin and pools up."""
         keys = exchange.keys
-        metrics = self._metrics
         pin = self._sessions.get(exchange.session_key) if exchange.session_key else None
         indexes = snapshot.indexes
         hit_local, hit_prfaas = indexes.hits(keys)
         pools_up = self._pools_up()
         pooled = snapshot.config.cache_pools
-        view = RequestView(
+        return RequestView(
             total_tokens=sum(key.tokens for key in keys),
             sequences=len(keys),
             hit_local=hit_local,
@@ -416,25 +417,49 @@ class Dispatcher:
             pools_up=pools_up,
             hit_decode=indexes.decode_hit(keys) if snapshot.config.decode_radix_cache else NO_HIT,
         )
+
+    def choose(
+        self,
+        exchange: Exchange,
+        snapshot: Snapshot,
+        view: RequestView,
+        excluded: set[Worker] | None = None,
+        failures: Sequence[str] = (),
+    ) -> Decision | Answer:
+        """One decision over the workers not excluded, counted; a rejection as the error to answer
+        (429 when admission sheds, 503 when nothing is routable)."""
+        metrics = self._metrics
+        pools = self._fleet.routable(time.monotonic(), excluded or set())
+        decision = decide(
+            self._link.limit(snapshot.model),
+            view,
+            pools,
+            self.link_inflight_bytes,
+            self.inflight_tokens[Pool.PRFAAS_PREFILL],
+        )
+        if isinstance(decision, Rejection):
+            metrics.decisions.labels(NO_ROUTE, decision.reason.value).inc()
+            metrics.requests.labels(NO_ROUTE, "rejected" if decision.status == 429 else "unavailable").inc()
+            detail = f" (after: {'; '.join(failures)})" if failures else ""
+            error = ApiError(
+                decision.status,
+                decision.message + detail,
+                type_="rate_limit_error" if decision.status == 429 else "service_unavailable",
+                code=decision.reason.value,
+            )
+            return error_response(error, exchange.request_id, reason=decision.reason.value)
+        metrics.decisions.labels(decision.route, decision.reason.value).inc()
+        return decision
+
+    async def serve(self, exchange: Exchange, snapshot: Snapshot) -> Answer | None:
+        metrics = self._metrics
+        view = self.view(exchange, snapshot)
         excluded: set[Worker] = set()
         failures: list[str] = []
         for _ in range(self._max_attempts):
-            pools = self._fleet.routable(time.monotonic(), excluded)
-            decision = decide(self._link.limit(snapshot.model), view, pools, self.link_inflight_bytes)
-            if isinstance(decision, Rejection):
-                metrics.decisions.labels(NO_ROUTE, decision.reason.value).inc()
-                metrics.requests.labels(
-                    NO_ROUTE, "rejected" if decision.status == 429 else "unavailable"
-                ).inc()
-                detail = f" (after: {'; '.join(failures)})" if failures else ""
-                error = ApiError(
-                    decision.status,
-                    decision.message + detail,
-                    type_="rate_limit_error" if decision.status == 429 else "service_unavailable",
-                    code=decision.reason.value,
-                )
-                return error_response(error, exchange.request_id, reason=decision.reason.value)
-            metrics.decisions.labels(decision.route, decision.reason.value).inc()
+            decision = self.choose(exchange, snapshot, view, excluded, failures)
+            if isinstance(decision, Answer):
+                return decision
             try:
                 return await self._attempt(exchange, snapshot, decision)
             except LegFailure as failure:
@@ -461,31 +486,9 @@ class Dispatcher:
         """The answer, or None when it was streamed to the client."""
         parsed = exchange.parsed
         prefill, decode = decision.prefill, decision.decode
-        rooms = [random.getrandbits(63) for _ in range(parsed.samples)]
-        assert prefill.bootstrap_port is not None  # checked when the config was loaded
-        payload = with_bootstrap(
-            exchange.raw,
-            exchange.body,
-            parsed,
-            prefill.host,
-            prefill.bootstrap_port,
-            rooms,
-            snapshot.config.cache_salt,
-        )
-        headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: exchange.request_id}
+        payload, headers, limit, lease, prefill_leg = self.begin(exchange, snapshot, decision)
+        started = lease.started
         path = parsed.kind.value
-        answers = self._answers
-        limit = answer_limit(
-            parsed,
-            exchange.body,
-            decision.total_tokens,
-            bytes_per_token=answers.bytes_per_token,
-            cap_bytes=answers.cap_bytes,
-        )
-        started = time.monotonic()
-        lease = _Lease(self, decision, started)
-        prefill_leg = self._prefill_leg(target(prefill.url, path), payload, headers, limit)
-        prefill_leg.add_done_callback(lambda task: self._prefill_done(task, exchange, snapshot, lease))
         decode_task = self._decode_leg(target(decode.url, path), payload, headers, parsed.stream, limit)
         response: Reply | None = None
         delivered = False
@@ -558,6 +561,39 @@ class Dispatcher:
                     prefill_leg.add_done_callback(self._background.discard)
                 else:
                     prefill_leg.cancel()
+
+    def begin(
+        self, exchange: Exchange, snapshot: Snapshot, decision: Decision
+    ) -> tuple[bytes, dict[str, str], int, _Lease, asyncio.Future[tuple[int, bytes, str]]]:
+        """A decided attempt under way: the body with its bootstrap fields (what the decode must
+        get), its headers and answer limit, the lease on the workers and the link, and the
+        prefill leg fired (its end accounted by `_prefill_done`)."""
+        parsed = exchange.parsed
+        prefill = decision.prefill
+        rooms = [random.getrandbits(63) for _ in range(parsed.samples)]
+        assert prefill.bootstrap_port is not None  # checked when the config was loaded
+        payload = with_bootstrap(
+            exchange.raw,
+            exchange.body,
+            parsed,
+            prefill.host,
+            prefill.bootstrap_port,
+            rooms,
+            snapshot.config.cache_salt,
+        )
+        headers = {"Content-Type": "application/json", REQUEST_ID_HEADER: exchange.request_id}
+        answers = self._answers
+        limit = answer_limit(
+            parsed,
+            exchange.body,
+            decision.total_tokens,
+            bytes_per_token=answers.bytes_per_token,
+            cap_bytes=answers.cap_bytes,
+        )
+        lease = _Lease(self, decision, time.monotonic())
+        prefill_leg = self._prefill_leg(target(prefill.url, parsed.kind.value), payload, headers, limit)
+        prefill_leg.add_done_callback(lambda task: self._prefill_done(task, exchange, snapshot, lease))
+        return payload, headers, limit, lease, prefill_leg
 
     async def _judge_prefill(
         self, failure: LegFailure, decode_task: asyncio.Future[tuple[Reply, bytes]], decode: Worker
@@ -719,6 +755,7 @@ class Dispatcher:
         stream's TPOT when it completed."""
         metrics = self._metrics
         request = exchange.http
+        assert request is not None  # only the HTTP front streams through the router
         counter = _EventCounter()
         outcome = contract.OUTCOME_OK
         try:
@@ -839,11 +876,13 @@ class _Lease:
         "decode_answered",
         "decode_failed",
         "learned",
+        "started",
     )
 
     def __init__(self, dispatcher: Dispatcher, decision: Decision, now: float) -> None:
         self._dispatcher = dispatcher
         self.decision = decision
+        self.started = now
         decision.prefill.begin(now, decision.uncached_tokens, decision.prefill_seconds)
         decision.decode.begin(now, decision.total_tokens, 0.0)
         decision.decode.expect(decision.kv_claim)

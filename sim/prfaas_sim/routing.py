@@ -63,6 +63,7 @@ class SimRouter:
         "decode_radix_cache",
         "inflight_bytes",
         "model",
+        "offloaded_tokens",
         "peer_inflight_bytes",
         "queue_replicas",
     )
@@ -85,6 +86,7 @@ class SimRouter:
         self._indexes = ClusterIndexes(index_blocks, index_prompts)
         self.inflight_bytes = 0.0
         self.peer_inflight_bytes = 0.0  # the other replicas' last report (shared accounting); 0 alone
+        self.offloaded_tokens = 0.0  # uncached tokens of its offloads not yet back (a shared pool's share)
         self.queue_replicas: int | None = None  # set by a replica tier whose link scheme is not the config's
         self.model: PolicyModel
         self._pooled: frozenset[str] = frozenset()
@@ -129,8 +131,10 @@ class SimRouter:
         model = self.model
         if self._monitor is not None:
             model = limited(model, self._monitor.estimator.estimate(now, model.link_bandwidth))
-        outcome = decide(model, view, pools, inflight)
+        outcome = decide(model, view, pools, inflight, self.offloaded_tokens)
         if isinstance(outcome, Decision):
+            if outcome.route == ROUTE_PRFAAS:
+                self.offloaded_tokens += outcome.uncached_tokens
             outcome.prefill.begin(now, outcome.total_tokens, outcome.prefill_seconds)
             outcome.decode.begin(now, outcome.total_tokens, 0.0)
             outcome.decode.expect(outcome.kv_claim)
@@ -158,6 +162,8 @@ class SimRouter:
     def prefill_returned(self, decision: Decision) -> None:
         decision.prefill.end(decision.total_tokens, decision.prefill_seconds)
         self.inflight_bytes = max(0.0, self.inflight_bytes - decision.link_bytes)
+        if decision.route == ROUTE_PRFAAS:
+            self.offloaded_tokens = max(0.0, self.offloaded_tokens - decision.uncached_tokens)
         decision.decode.kv_arrived(decision.kv_claim)  # the prefill returns once its KV is at the decode
 
     def finished(self, decision: Decision) -> None:

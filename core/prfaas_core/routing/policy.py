@@ -29,6 +29,14 @@ The paper's short-timescale rules (section 3.4.3, docs/design.md "Two loops"):
   behind a congested link.
 - Within a pool: the least outstanding tokens, unless the instance holding the request's prefix
   is behind by less than the tokens its cache saves (cache affinity); decode by outstanding tokens.
+- A PrfaaS pool shared with other PD clusters (`RouterConfig.pool_share`, published by the pool's
+  controller): an offload must also fit this cluster's share (`shares.admit`): its own offloads
+  not yet back (their uncached tokens, the unit of the share) plus this one's stay within what the
+  share prefills in one TTFT SLO, or, beyond it, the pool's whole queue as its engines report it
+  (`/v1/loads`) plus this one's fits what no consumer claims. Over its share a request prefills
+  locally (`pool_share`), never queueing behind the other clusters' work. An engine of the pool
+  whose queue is unknown may hold the others' work, which this router cannot see: it then borrows
+  nothing beyond its share (its own share needs no report: its own backlog it knows).
 - Several router replicas (`router_replicas` > 1) share the link and the engines: each commits
   its share of the horizon and reads its own bytes in flight as its share of the link's backlog.
   An instance's queue is what the engine itself last reported (every replica's work in it) plus
@@ -66,9 +74,10 @@ from dataclasses import dataclass, field, replace
 
 from prfaas_core import metrics_contract
 from prfaas_core.profiles import PrefillTimeModel
-from prfaas_core.router_config import RouterConfig
+from prfaas_core.router_config import PoolShare, RouterConfig
 from prfaas_core.routing.prefix_index import NO_HIT, POOL_HOLDER, PrefixHit
 from prfaas_core.routing.workers import AvailableWorkers, KvClaim, Worker
+from prfaas_core.shares import Admit, admit
 from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS, Pool
 
 DECODE_WAIT_Z = 1.2816
@@ -82,6 +91,9 @@ class Reason(enum.StrEnum):
     CACHED_PREFIX = "cached_prefix"  # a long prompt whose uncached part is at most t: local
     LONG_UNCACHED = "long_uncached"  # more than t uncached tokens: PrfaaS
     LINK_BUDGET = metrics_contract.REASON_LINK_BUDGET  # wanted PrfaaS, the link has no room: local
+    POOL_SHARE = (
+        metrics_contract.REASON_POOL_SHARE
+    )  # wanted PrfaaS, over this cluster's share of the pool: local
     PRFAAS_UNAVAILABLE = "prfaas_unavailable"  # wanted PrfaaS, no healthy PrfaaS prefill: local
     LOCAL_UNAVAILABLE = "local_unavailable"  # wanted local, no healthy local prefill: PrfaaS
     SESSION_AFFINITY = "session_affinity"  # the conversation stays where its prefix is
@@ -140,6 +152,8 @@ class PolicyModel:
     """The clusters (routes) with a shared pool, and the KV bandwidth from it into one prefill."""
     decode_radix_cache: bool = False
     """Decodes keep what they served: only the KV past a decode's prefix crosses to it."""
+    pool_share: PoolShare | None = None
+    """This replica's part of its cluster's published share of a shared PrfaaS pool; None: a pool of its own."""
 
     @classmethod
     def from_config(cls, config: RouterConfig) -> PolicyModel:
@@ -176,11 +190,24 @@ class PolicyModel:
                 route: pool.fetch_bytes_per_second for route, pool in config.cache_pools.items()
             },
             decode_radix_cache=config.decode_radix_cache,
+            pool_share=_replica_share(config.pool_share, config.router_replicas),
         )
 
     def kv_bytes(self, tokens: float, sequences: int) -> float:
         """S_kv of `sequences` prompts holding `tokens` in all (SGLang ships the whole prompt's KV)."""
         return sequences * self.kv_fixed_bytes + self.kv_bytes_per_token * tokens
+
+
+def _replica_share(share: PoolShare | None, replicas: int) -> PoolShare | None:
+    """One replica's part of the share and of the entitlement; the unclaimed capacity is not split:
+    it is judged against the pool's whole queue, which every replica's work is in."""
+    if share is None:
+        return None
+    return PoolShare(
+        tokens_per_second=share.tokens_per_second / replicas,
+        entitled_tokens_per_second=share.entitled_tokens_per_second / replicas,
+        unclaimed_tokens_per_second=share.unclaimed_tokens_per_second,
+    )
 
 
 def prefill_seconds(model: PrefillTimeModel, total: float, cached: float, exact: bool) -> float:
@@ -275,12 +302,21 @@ class _Option:
     breaks_promise: bool
     """A decode slot for it would push one of the router's admitted requests past its due time."""
     decode_cached: int = 0
+    fits_share: bool = True
+    """Within this cluster's share of a shared PrfaaS pool (always, with a pool of its own)."""
 
 
 def decide(
-    model: PolicyModel, request: RequestView, pools: AvailableWorkers, link_inflight_bytes: float
+    model: PolicyModel,
+    request: RequestView,
+    pools: AvailableWorkers,
+    link_inflight_bytes: float,
+    offloaded_tokens: float = 0.0,
 ) -> Decision | Rejection:
     """Choose route, prefill and decode for one request, or refuse it early with a reason.
+
+    `offloaded_tokens`: the uncached tokens of this router's offloads not yet back from the PrfaaS
+    pool, its backlog there (read only with a shared pool's `pool_share`).
 
     Prefill and decode always share a KV fingerprint. While a rollout lists two layouts, each is
     decided on its own and the admitted decision with the earliest first token wins, so traffic
@@ -288,17 +324,52 @@ def decide(
     decode instances says why.
     """
     groups = pools.by_fingerprint()
+    share = (
+        None
+        if model.pool_share is None
+        else _ShareCheck(
+            model.pool_share, offloaded_tokens, pool_queue_tokens(pools.prfaas, offloaded_tokens)
+        )
+    )
     if len(groups) == 1:
-        return _decide(model, request, pools, link_inflight_bytes)
-    outcomes = [_decide(model, request, group, link_inflight_bytes) for group in groups]
+        return _decide(model, request, pools, link_inflight_bytes, share)
+    outcomes = [_decide(model, request, group, link_inflight_bytes, share) for group in groups]
     admitted = [outcome for outcome in outcomes if isinstance(outcome, Decision)]
     if admitted:
         return min(admitted, key=lambda decision: decision.ttft_seconds)
     return max(zip(groups, outcomes, strict=True), key=lambda pair: len(pair[0].decode))[1]
 
 
+@dataclass(frozen=True, slots=True)
+class _ShareCheck:
+    """This replica's part of a shared pool's published share, and its backlog and the pool's queue there."""
+
+    share: PoolShare
+    own_tokens: float
+    pool_tokens: float
+
+
+def pool_queue_tokens(workers: Sequence[Worker], offloaded_tokens: float) -> float:
+    """The PrfaaS pool's queue in uncached tokens: what its engines last reported (every consumer's
+    work) plus this router's offloads not yet back (so its own since the reports is never missed;
+    what the reports already hold of them counts twice, which only borrows less). Unknown (inf)
+    while an engine's report is: it may hold the other consumers' work, which no dispatch of ours
+    tells."""
+    reported = 0
+    for worker in workers:
+        tokens = None if worker.load is None else worker.load.waiting_uncached_tokens
+        if tokens is None:
+            return math.inf
+        reported += tokens
+    return reported + offloaded_tokens
+
+
 def _decide(
-    model: PolicyModel, request: RequestView, pools: AvailableWorkers, link_inflight_bytes: float
+    model: PolicyModel,
+    request: RequestView,
+    pools: AvailableWorkers,
+    link_inflight_bytes: float,
+    share: _ShareCheck | None,
 ) -> Decision | Rejection:
     """`decide` within one KV layout."""
     if not pools.decode:
@@ -317,11 +388,13 @@ def _decide(
         if pools.prfaas
         else None
     )
+    if prfaas is not None and share is not None:
+        prfaas = replace(prfaas, fits_share=_within_share(model, share, prfaas))
 
     route, reason = _paper_rule(model, request, local)
     if pin is not None and (
         (pin.route == ROUTE_LOCAL and local is not None)
-        or (pin.route == ROUTE_PRFAAS and prfaas is not None and prfaas.fits_link)
+        or (pin.route == ROUTE_PRFAAS and prfaas is not None and prfaas.fits_link and prfaas.fits_share)
     ):
         route, reason = pin.route, Reason.SESSION_AFFINITY
 
@@ -331,20 +404,28 @@ def _decide(
             chosen, reason = local, Reason.PRFAAS_UNAVAILABLE
         elif not prfaas.fits_link:
             chosen, reason = local, Reason.LINK_BUDGET
+        elif not prfaas.fits_share:
+            chosen, reason = local, Reason.POOL_SHARE
         else:
             chosen = prfaas
     elif local is not None:
         chosen = local
     else:
         chosen, reason = prfaas, Reason.LOCAL_UNAVAILABLE
-    if chosen is None or not chosen.fits_link:
+    if chosen is None or not chosen.fits_link or not chosen.fits_share:
+        if reason is Reason.POOL_SHARE or (chosen is not None and chosen.fits_link):
+            return Rejection(
+                429,
+                Reason.POOL_SHARE,
+                "no local prefill and this cluster's share of the PrfaaS pool is taken",
+            )
         return Rejection(
             429, Reason.LINK_BUDGET, "no local prefill and the cross-cluster link budget is full"
         )
 
     if not _meets_slo(model, chosen):
         other = local if chosen is prfaas else prfaas
-        if other is not None and other.fits_link and _meets_slo(model, other):
+        if other is not None and other.fits_link and other.fits_share and _meets_slo(model, other):
             chosen, reason = other, Reason.TTFT_REROUTE
         elif (
             chosen.breaks_promise
@@ -383,6 +464,22 @@ def _decide(
         kv_claim=None
         if model.decode_max_running is None
         else KvClaim(arrives_at=now + chosen.kv_seconds, due_at=now + _bar(chosen.unloaded_ttft, model)),
+    )
+
+
+def _within_share(model: PolicyModel, check: _ShareCheck, option: _Option) -> bool:
+    """Whether offloading `option` keeps this replica within its part of the published share, or
+    only takes pool capacity no consumer claims (`shares.admit`, over one TTFT SLO as the link's horizon)."""
+    return (
+        admit(
+            check.share,
+            check.share.unclaimed_tokens_per_second,
+            own_backlog_tokens=check.own_tokens,
+            pool_backlog_tokens=check.pool_tokens,
+            request_tokens=option.uncached,
+            horizon_seconds=model.slo_ttft,
+        )
+        is not Admit.OVER_SHARE
     )
 
 

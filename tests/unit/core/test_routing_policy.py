@@ -622,7 +622,11 @@ def test_without_decode_capacity_a_decision_claims_nothing() -> None:
 
 def test_the_reroutes_the_planner_counts_are_reasons_the_policy_gives() -> None:
     """The planner counts reroutes by these label values: they must stay the policy's own."""
-    assert set(REROUTE_REASONS) == {Reason.TTFT_REROUTE.value, Reason.LINK_BUDGET.value}
+    assert set(REROUTE_REASONS) == {
+        Reason.TTFT_REROUTE.value,
+        Reason.LINK_BUDGET.value,
+        Reason.POOL_SHARE.value,
+    }
 
 
 # ---- two KV layouts side by side (a rollout) ----------------------------------------------------
