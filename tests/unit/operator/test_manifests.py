@@ -582,6 +582,14 @@ class TestRouterConfig:
         recreated = build_router_config(s, allocation_of(s), choice, None, min_version=41)
         assert recreated.version == 42, "a recreated ConfigMap must not go below the version in status"
 
+    def test_a_consumers_cache_salt_goes_into_the_config_and_a_deployment_has_none(self) -> None:
+        s = spec()
+        choice = choose_pools(s, "fp-new", REMOTE, LOCAL)
+        plain = build_router_config(s, allocation_of(s), choice, None)
+        assert plain.cache_salt is None
+        salted = build_router_config(s, allocation_of(s), choice, plain, cache_salt="consumer-a")
+        assert (salted.cache_salt, salted.version) == ("consumer-a", plain.version + 1)
+
     def test_decode_capacity_comes_from_the_planners_measurement_else_the_spec_else_is_left_out(self) -> None:
         s = spec()
         choice = choose_pools(s, "fp-new", REMOTE, LOCAL)
