@@ -1,5 +1,11 @@
-"""A prefill's own /v1/loads report in the router's choice (issue 22, item 5): a real router process,
-fake engines for the PrfaaS prefill and the decode, a local prefill whose report says its queue is long."""
+"""The prefills' load in the router's choice, through a real router process and fake engines.
+
+A prefill's own /v1/loads report (issue 22, item 5): a local prefill whose report says its queue is
+long. The router's own backlog at a PrfaaS pool shared with other PD clusters (issue 31, item 2):
+a PrfaaS prefill slow enough that an offload is still out when the next long prompt comes; within
+the published share a long prompt is offloaded, one that the backlog would take past it prefills
+locally (reason pool_share), and a new config version with a larger share lets it through.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,22 @@ from pathlib import Path
 import aiohttp
 import pytest
 from prfaas_core import metrics_contract
-from router_harness import SHORT, Cluster, RouterFactory, chat, config_doc, metric_samples, post, sample
+from prfaas_testbed.polling import eventually_async
+from router_harness import (
+    SHORT,
+    Answer,
+    Cluster,
+    Router,
+    RouterFactory,
+    chat,
+    config_doc,
+    fresh_long,
+    metric_samples,
+    post,
+    running,
+    sample,
+    start_engine,
+)
 from test_router_faults import CHAT_PATH, start_faulty
 from test_router_trust import refused_reports
 
@@ -47,3 +68,60 @@ async def test_a_short_prompt_leaves_a_local_prefill_whose_reported_queue_breaks
         assert await refused_reports(client, router, "l-busy") == 0
     finally:
         busy.process.stop()
+
+
+SHARE_SLO = {"ttft_seconds": 10.0, "tpot_seconds": 0.05}  # the share's horizon: 10 s of its tokens/s
+SLOW_PREFILL = "1"  # the PrfaaS prefill's time scale: a long prompt (1400 tokens) takes about 0.45 s
+
+
+def share(tokens_per_second: float) -> dict[str, float]:
+    return {"tokens_per_second": tokens_per_second, "entitled_tokens_per_second": tokens_per_second}
+
+
+async def offloaded_tokens(client: aiohttp.ClientSession, router: Router) -> float:
+    samples = await metric_samples(client, router.url)
+    return sample(samples, metrics_contract.INFLIGHT_TOKENS, pool="prfaas_prefill")
+
+
+async def one_out_then(
+    client: aiohttp.ClientSession, router: Router, first: str, second: str
+) -> tuple[Answer, Answer]:
+    """`first` sent, and `second` once the first's prefill is out at the pool; both answers."""
+    out = asyncio.ensure_future(post(client, router.url + CHAT_PATH, chat(first)))
+    try:
+        await eventually_async(
+            lambda: offloaded_tokens(client, router), timeout=5, interval=0.02, what="the first offload out"
+        )
+        then = await post(client, router.url + CHAT_PATH, chat(second))
+    finally:
+        answer = await out
+    return answer, then
+
+
+def route(answer: Answer) -> tuple[int, str, str]:
+    return answer.status, answer.headers["x-prfaas-route"], answer.headers["x-prfaas-reason"]
+
+
+async def test_long_prompts_over_the_published_share_prefill_locally_until_the_share_grows(
+    cluster: Cluster, start_router: RouterFactory, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    slow = start_engine(
+        "p-slow", "prefill", "127.0.1.31", "h200", tmp_path, "--startup-seconds", "0", time_scale=SLOW_PREFILL
+    )
+    with running(Cluster([slow], [], [])):
+        # 200 tokens/s over 10 s: one long prompt (about 1400 tokens) out at the pool at a time, not two
+        doc = config_doc([slow], cluster.local, cluster.decode, slo=SHARE_SLO, pool_share=share(200))
+        router = start_router(doc)
+        first, second = await one_out_then(client, router, fresh_long("a"), fresh_long("b"))
+        assert route(first) == (200, "prfaas", "long_uncached")
+        assert route(second) == (200, "local", "pool_share")
+        assert await offloaded_tokens(client, router) == 0  # the first is back: its share is free again
+
+        router.write_config(doc | {"version": 2, "pool_share": share(400)})
+        await eventually_async(
+            lambda: router.config_page()["version"] == 2, timeout=5, interval=0.05, what="version 2"
+        )
+        first, second = await one_out_then(client, router, fresh_long("c"), fresh_long("d"))
+        assert route(first) == route(second) == (200, "prfaas", "long_uncached")
+        assert await decisions(client, router.url, "local", "pool_share") == 1
+        assert await decisions(client, router.url, "prfaas", "long_uncached") == 3
