@@ -19,6 +19,16 @@ KIND = "PrfaasDeployment"
 PLURAL = "prfaasdeployments"
 SINGULAR = "prfaasdeployment"
 SHORT_NAMES = ("prfaas", "pfd")
+POOL_KIND = "PrfaasPool"
+"""One PrfaaS prefill fleet shared by several PD clusters (docs/shared-pool.md)."""
+POOL_PLURAL = "prfaaspools"
+POOL_SINGULAR = "prfaaspool"
+POOL_SHORT_NAMES = ("pfpool",)
+CLAIM_KIND = "PrfaasPoolClaim"
+"""One PD cluster's claim on a PrfaasPool, beside the pool in the PrfaaS cluster."""
+CLAIM_PLURAL = "prfaaspoolclaims"
+CLAIM_SINGULAR = "prfaaspoolclaim"
+CLAIM_SHORT_NAMES = ("pfclaim",)
 
 
 class Role(enum.StrEnum):

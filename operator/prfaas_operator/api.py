@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from prfaas_core import planning, router_config
+from prfaas_core import planning, router_config, shares
 from prfaas_core.throughput import OperatingPoint
 from prfaas_core.vocabulary import API_VERSION, KV_FINGERPRINT_ENV, gbit_per_second_to_bytes
 from pydantic import (
@@ -239,6 +239,10 @@ class KvProfile(_Model):
         default=KvDtype.AUTO, description="SGLang --kv-cache-dtype; must match on both sides."
     )
 
+    def size(self) -> router_config.KvSize:
+        """S_kv(l) in the core's terms: what the router config and the pool's shares both use."""
+        return router_config.KvSize(bytes_per_token=self.bytes_per_token, fixed_bytes=self.fixed_state_bytes)
+
 
 def last_flag_value(args: Sequence[str], flag: str) -> str | None:
     """The value of the last `flag VALUE` or `flag=VALUE` in args (argparse: the last one wins)."""
@@ -272,6 +276,23 @@ class ModelSpec(_Model):
     def extra_arg(self, flag: str) -> str | None:
         """The value extraArgs give `flag`, as SGLang will read it; None when they do not set it."""
         return last_flag_value(self.extra_args, flag)
+
+
+class KvLayout(_Model):
+    """How an engine lays out the KV cache it hands over, as SGLang will see it: a prefill and a
+    decode exchange KV only when every field agrees (the KV fingerprint is its hash)."""
+
+    image: str = Field(min_length=1, description="SGLang image: the KV transfer and bootstrap protocol.")
+    model_path: str = Field(
+        min_length=1, description="--model-path: layers, head sizes, which layers keep KV."
+    )
+    revision: str = Field(min_length=1, description="The model's revision.")
+    page_size: str = Field(min_length=1, description="--page-size (extraArgs' last one, else kv.pageSize).")
+    kv_cache_dtype: str = Field(
+        min_length=1, description="--kv-cache-dtype (extraArgs' last one, else kv.dtype)."
+    )
+    dtype: str | None = Field(default=None, description="--dtype from extraArgs, if set.")
+    quantization: str | None = Field(default=None, description="--quantization from extraArgs, if set.")
 
 
 PLACEMENT_RULES = [
@@ -547,8 +568,9 @@ class PrefixCacheSpec(_Model):
     )
 
 
-class PrefillClusterSpec(PodPlacement):
-    """The PrfaaS cluster: compute-dense GPUs that only prefill long prompts and ship the KV out."""
+class PrefillFleetSpec(PodPlacement):
+    """PrfaaS prefill instances: compute-dense GPUs that only prefill long prompts and ship the KV out
+    (a PrfaasDeployment's own prefillCluster, or a PrfaasPool shared by several PD clusters)."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -568,16 +590,6 @@ class PrefillClusterSpec(PodPlacement):
         }
     )
 
-    kubeconfig_secret_ref: SecretKeyRef | None = Field(
-        default=None,
-        description="Secret with a kubeconfig for the PrfaaS cluster. Absent: the operator's own cluster.",
-    )
-    namespace: str = Field(
-        min_length=1,
-        max_length=63,
-        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
-        description="Namespace in the PrfaaS cluster for the prefill StatefulSet (created if missing).",
-    )
     replicas: int = Field(
         ge=0, le=256, description="PrfaaS prefill instances (the planner may move it within bounds)."
     )
@@ -596,6 +608,34 @@ class PrefillClusterSpec(PodPlacement):
     bootstrap_port: int = Field(
         default=8998, ge=1, le=65535, description="PD bootstrap port decode instances dial."
     )
+    prefill_profile: PrefillProfile
+    cache_pool: CachePoolSpec | None = Field(
+        default=None,
+        description="A shared KV pool for this cluster's PrfaaS prefills (Mooncake Store, deployed by the operator in this cluster's namespace); "
+        "absent: each prefill reuses only its own radix cache. Adding or removing it rolls the PrfaaS prefills "
+        "(their HiCache flags change); its other fields never roll engines.",
+    )
+
+    def replicas_minimum(self) -> int:
+        """minReplicas, or its default for the replicas the spec asks for."""
+        if self.min_replicas is not None:
+            return self.min_replicas
+        return planning.default_prfaas_minimum(self.replicas)
+
+
+class PrefillClusterSpec(PrefillFleetSpec):
+    """The PrfaaS cluster of one PrfaasDeployment: its prefill instances, and where they run."""
+
+    kubeconfig_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret with a kubeconfig for the PrfaaS cluster. Absent: the operator's own cluster.",
+    )
+    namespace: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="Namespace in the PrfaaS cluster for the prefill StatefulSet (created if missing).",
+    )
     keep_unobserved_endpoints_seconds: int = Field(
         default=300,
         ge=0,
@@ -608,24 +648,11 @@ class PrefillClusterSpec(PodPlacement):
             "router config at once and every prefill is local until the cluster is observed again."
         ),
     )
-    prefill_profile: PrefillProfile
-    cache_pool: CachePoolSpec | None = Field(
-        default=None,
-        description="A shared KV pool for this cluster's PrfaaS prefills (Mooncake Store, deployed by the operator in this cluster's namespace); "
-        "absent: each prefill reuses only its own radix cache. Adding or removing it rolls the PrfaaS prefills "
-        "(their HiCache flags change); its other fields never roll engines.",
-    )
 
     @property
     def is_remote(self) -> bool:
         """A cluster of its own (reached through a kubeconfig Secret), not the operator's: another pod network."""
         return self.kubeconfig_secret_ref is not None
-
-    def replicas_minimum(self) -> int:
-        """minReplicas, or its default for the replicas the spec asks for."""
-        if self.min_replicas is not None:
-            return self.min_replicas
-        return planning.default_prfaas_minimum(self.replicas)
 
 
 class PdClusterSpec(PodPlacement):
@@ -1453,6 +1480,227 @@ PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
         "type": "string",
         "priority": 1,
         "jsonPath": ".status.conditions[?(@.type=='Ready')].reason",
+    },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+)
+
+
+# ---- PrfaasPool and PrfaasPoolClaim: one PrfaaS prefill fleet shared by several PD clusters ----
+# (docs/shared-pool.md says where each lives and who writes what.)
+
+
+class PrfaasPoolSpec(_Model):
+    """One PrfaaS prefill fleet, in the PrfaaS cluster, shared by the PD clusters that claim it."""
+
+    model: ModelSpec = Field(
+        description="The model the pool's engines serve; a claim binds only with the same KV layout."
+    )
+    prefill: PrefillFleetSpec = Field(
+        description="The pool's prefill instances: shape, placement, replica bounds, measured profile."
+    )
+
+
+class PoolClaimSpec(_Model):
+    """What one PD cluster asks of a PrfaasPool: its link and its part of the pool's prefill capacity."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.maximumTokensPerSecond) || !has(self.guaranteedTokensPerSecond) "
+                    "|| self.guaranteedTokensPerSecond <= self.maximumTokensPerSecond",
+                    "guaranteedTokensPerSecond must be <= maximumTokensPerSecond",
+                    ".guaranteedTokensPerSecond",
+                ),
+                cel("self.poolName == oldSelf.poolName", "poolName is immutable", ".poolName"),
+            ]
+        }
+    )
+
+    pool_name: str = Field(
+        min_length=1,
+        max_length=253,
+        description="The PrfaasPool, in this claim's namespace, this claim binds to.",
+    )
+    kv_layout: KvLayout = Field(
+        description="The KV layout of the consumer's decodes, written by its operator: the claim is refused "
+        "(condition Bound False, reason KvLayoutMismatch, naming the field) unless it equals the pool's."
+    )
+    link: LinkSpec = Field(description="The link from the pool to this consumer's decodes.")
+    weight: float = Field(
+        default=1,
+        gt=0,
+        le=1000000,
+        description="This consumer's weight: a contended pool is divided in proportion to the weights "
+        "(weighted max-min; what one consumer leaves unused is lent to the others).",
+    )
+    guaranteed_tokens_per_second: int = Field(
+        default=0,
+        ge=0,
+        le=10**12,
+        description="Prefill tokens per second kept for this consumer whenever it has that much demand. "
+        "A claim is refused (reason GuaranteesOverCapacity) when the guarantees of the claims already "
+        "bound and its own exceed what the pool prefills at its minimum replicas.",
+    )
+    maximum_tokens_per_second: int | None = Field(
+        default=None,
+        ge=1,
+        le=10**12,
+        description="The most prefill tokens per second this consumer gets, lent or not. Unset: no maximum "
+        "beyond its link's budget.",
+    )
+
+    @model_validator(mode="after")
+    def _guarantee_within_maximum(self) -> PoolClaimSpec:
+        maximum = self.maximum_tokens_per_second
+        if maximum is not None and self.guaranteed_tokens_per_second > maximum:
+            raise ValueError(
+                f"guaranteedTokensPerSecond {self.guaranteed_tokens_per_second} must be <= "
+                f"maximumTokensPerSecond {maximum}"
+            )
+        return self
+
+
+class PoolConsumer(_Model):
+    """One bound claim's part of the pool, as the last division gave it."""
+
+    claim: str = Field(description="The PrfaasPoolClaim's name.")
+    weight: float = Field(description="Its weight.")
+    tokens_per_second: float = Field(
+        description="What it may offload now: its entitlement, what others lend it, or less when it asks less."
+    )
+    entitled_tokens_per_second: float = Field(
+        description="What it gets when every consumer asks for all it may: it may take this back at once."
+    )
+    bound: shares.Bound = Field(
+        description="What sets its share: demand, link, maximum, guarantee or weight."
+    )
+    reason: str = Field(description="The share and why, in words.")
+
+
+class RefusedClaim(_Model):
+    """A claim the pool does not serve, and why."""
+
+    claim: str = Field(description="The PrfaasPoolClaim's name.")
+    reason: str = Field(description="KvLayoutMismatch or GuaranteesOverCapacity.")
+    message: str = Field(description="Which field differs, or which guarantees do not fit.")
+
+
+class PrfaasPoolStatus(_Model):
+    """The pool's capacity and how it is divided among its consumers."""
+
+    observed_generation: int | None = Field(default=None, description="Generation last reconciled.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    fingerprint: str | None = Field(default=None, description="The KV fingerprint of the pool's engines.")
+    ready_replicas: int = Field(default=0, description="Prefill instances ready to serve.")
+    capacity_tokens_per_second: float = Field(
+        default=0, description="What the ready instances prefill per second: what is divided."
+    )
+    guaranteed_tokens_per_second: float = Field(
+        default=0, description="The bound claims' guarantees together."
+    )
+    unclaimed_tokens_per_second: float = Field(
+        default=0, description="Capacity no consumer can use now (every one is bounded below the pool)."
+    )
+    consumers: list[PoolConsumer] = Field(
+        default_factory=list,
+        description="The bound claims with their shares.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["claim"]},
+    )
+    refused: list[RefusedClaim] = Field(
+        default_factory=list,
+        description="The claims refused, with why.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["claim"]},
+    )
+
+
+class PoolEndpoint(_Model):
+    """One ready prefill instance of the pool, as a consumer's router dials it."""
+
+    name: str = Field(description="The instance's pod (its leader's, for a multi-node instance).")
+    url: str = Field(description="Base URL, e.g. http://10.1.2.3:30000.")
+    bootstrap_port: int = Field(ge=1, le=65535, description="The PD bootstrap port decodes dial.")
+
+
+class PoolClaimStatus(_Model):
+    """What the pool gives this claim: written by the pool's controller, read by the consumer's operator."""
+
+    observed_generation: int | None = Field(default=None, description="Generation last reconciled.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Bound: True when the pool serves this claim; False with KvLayoutMismatch, "
+        "GuaranteesOverCapacity or PoolNotFound.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    pool_fingerprint: str | None = Field(
+        default=None, description="The KV fingerprint of the pool's engines."
+    )
+    share: PoolConsumer | None = Field(default=None, description="Its share of the pool (while bound).")
+    unclaimed_tokens_per_second: float = Field(
+        default=0,
+        description="Capacity no consumer claims now: its routers may offload into it beyond its share.",
+    )
+    endpoints: list[PoolEndpoint] = Field(
+        default_factory=list, description="The pool's ready prefill instances (while bound)."
+    )
+
+
+class PrfaasPool(_Model):
+    """A PrfaasPool object as read from the API."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: PrfaasPoolSpec
+    status: PrfaasPoolStatus = Field(default_factory=PrfaasPoolStatus)
+
+
+class PrfaasPoolClaim(_Model):
+    """A PrfaasPoolClaim object as read from the API."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: PoolClaimSpec
+    status: PoolClaimStatus = Field(default_factory=PoolClaimStatus)
+
+
+POOL_PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
+    {"name": "Ready", "type": "string", "jsonPath": ".status.conditions[?(@.type=='Ready')].status"},
+    {"name": "Replicas", "type": "integer", "jsonPath": ".status.readyReplicas"},
+    {
+        "name": "Capacity",
+        "type": "number",
+        "jsonPath": ".status.capacityTokensPerSecond",
+        "description": "Prefill tokens per second of the ready instances",
+    },
+    {
+        "name": "Consumers",
+        "type": "string",
+        "jsonPath": ".status.consumers[*].claim",
+        "description": "The bound claims",
+    },
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+)
+
+POOL_CLAIM_PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
+    {"name": "Pool", "type": "string", "jsonPath": ".spec.poolName"},
+    {"name": "Bound", "type": "string", "jsonPath": ".status.conditions[?(@.type=='Bound')].status"},
+    {"name": "Weight", "type": "number", "jsonPath": ".spec.weight"},
+    {
+        "name": "Share",
+        "type": "number",
+        "jsonPath": ".status.share.tokensPerSecond",
+        "description": "Prefill tokens per second it may offload now",
+    },
+    {
+        "name": "Reason",
+        "type": "string",
+        "jsonPath": ".status.conditions[?(@.type=='Bound')].reason",
     },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 )

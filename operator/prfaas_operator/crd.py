@@ -1,4 +1,4 @@
-"""Generates the PrfaasDeployment CRD from the pydantic models in `api`.
+"""Generates the CRDs (PrfaasDeployment, PrfaasPool, PrfaasPoolClaim) from the pydantic models in `api`.
 
 One source of truth: the models validate in Python and, through this module, at admission.
 The apiserver only takes *structural* OpenAPI v3 schemas, so pydantic's JSON Schema is
@@ -7,7 +7,7 @@ rewritten: `$ref`s inlined, `Optional` turned into "not required", JSON Schema 2
 made explicit. Anything this module does not know how to express is refused with the path,
 never dropped silently.
 
-    python -m prfaas_operator.crd            # print the CRD
+    python -m prfaas_operator.crd            # print the CRDs
     python -m prfaas_operator.crd --write    # write crds/ and the chart's copy
     python -m prfaas_operator.crd --check    # exit 1 when the files drifted from api.py
 """
@@ -18,6 +18,7 @@ import argparse
 import difflib
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -30,11 +31,6 @@ from pydantic_core import core_schema
 from prfaas_operator import api
 from prfaas_operator.planning.manifests import MAX_CR_NAME_LENGTH, MAX_GROUP_CR_NAME_LENGTH
 
-CRD_NAME = f"{vocabulary.PLURAL}.{vocabulary.GROUP}"
-CRD_FILE_NAME = f"{CRD_NAME}.yaml"
-# Where --write puts the CRD, relative to the repository root: the plain copy users apply
-# and the chart's crds/ directory (Helm installs it before the templates).
-CRD_OUTPUTS = (Path("crds") / CRD_FILE_NAME, Path("charts/prfaas-operator/crds") / CRD_FILE_NAME)
 # "all" puts the CRs in `kubectl get all`; "prfaas-all" lists every kind of this project. Not
 # "prfaas": that is a short name and kubectl expands categories before short names.
 CATEGORIES = ("all", "prfaas-all")
@@ -43,33 +39,115 @@ HEADER = (
     "# Do not edit by hand: change the models and regenerate (a unit test fails on drift).\n"
 )
 # Child objects are named `<cr>-<role>` (manifests.Names) and must be valid names themselves.
-NAME_RULES = [
-    api.cel(
-        f"size(self.metadata.name) <= {MAX_CR_NAME_LENGTH}",
-        f"metadata.name may have at most {MAX_CR_NAME_LENGTH} characters: the child StatefulSet "
-        "<name>-prfaas-prefill labels its pods with controller-revision-hash <statefulset>-<hash>, "
-        "which must fit in 63 characters",
-    ),
-    api.cel(
-        "(!has(self.spec.prefillCluster.nodesPerInstance) || self.spec.prefillCluster.nodesPerInstance == 1) "
-        "&& (!has(self.spec.pdCluster.nodesPerInstance) || self.spec.pdCluster.nodesPerInstance == 1) "
-        f"|| size(self.metadata.name) <= {MAX_GROUP_CR_NAME_LENGTH}",
+_NAME_LENGTH_RULE = api.cel(
+    f"size(self.metadata.name) <= {MAX_CR_NAME_LENGTH}",
+    f"metadata.name may have at most {MAX_CR_NAME_LENGTH} characters: the child StatefulSet "
+    "<name>-prfaas-prefill labels its pods with controller-revision-hash <statefulset>-<hash>, "
+    "which must fit in 63 characters",
+)
+_RFC1035_NAME_RULE = api.cel(
+    "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+    "metadata.name must start with a letter and hold only lowercase letters, digits and '-' "
+    "(no '.'): the children's Services need such a name (an RFC 1035 label)",
+)
+
+
+def _group_name_rule(*nodes_per_instance: str) -> dict[str, Any]:
+    """Names short enough for LeaderWorkerSet's group StatefulSets when any pool spans nodes."""
+    single = " && ".join(f"(!has({path}) || {path} == 1)" for path in nodes_per_instance)
+    return api.cel(
+        f"{single} || size(self.metadata.name) <= {MAX_GROUP_CR_NAME_LENGTH}",
         f"metadata.name may have at most {MAX_GROUP_CR_NAME_LENGTH} characters when a pool has "
         "nodesPerInstance > 1: LeaderWorkerSet names each group's StatefulSet <workload>-<group>, whose "
         "controller-revision-hash label must fit in 63 characters",
+    )
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One custom resource of this project, and what its CRD is generated from."""
+
+    kind: str
+    plural: str
+    singular: str
+    short_names: tuple[str, ...]
+    spec: type[BaseModel]
+    status: type[BaseModel]
+    description: str
+    printer_columns: tuple[dict[str, Any], ...]
+    name_rules: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def crd_name(self) -> str:
+        return f"{self.plural}.{vocabulary.GROUP}"
+
+    @property
+    def outputs(self) -> tuple[Path, ...]:
+        """Where --write puts the CRD, relative to the repository root: the plain copy users apply
+        and the chart's crds/ directory (Helm installs it before the templates)."""
+        file_name = f"{self.crd_name}.yaml"
+        return (Path("crds") / file_name, Path("charts/prfaas-operator/crds") / file_name)
+
+
+DEPLOYMENT = Kind(
+    kind=vocabulary.KIND,
+    plural=vocabulary.PLURAL,
+    singular=vocabulary.SINGULAR,
+    short_names=vocabulary.SHORT_NAMES,
+    spec=api.PrfaasDeploymentSpec,
+    status=api.PrfaasDeploymentStatus,
+    description=(
+        "PrfaasDeployment serves one model with Prefill-as-a-Service: long prompts are prefilled in a "
+        "remote PrfaaS cluster and their KV cache shipped over Ethernet to decode instances in the "
+        "local PD cluster, which also prefills short prompts. The operator reconciles both clusters "
+        "and the router from this one object."
     ),
-    api.cel(
-        "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
-        "metadata.name must start with a letter and hold only lowercase letters, digits and '-' "
-        "(no '.'): the children's Services need such a name (an RFC 1035 label)",
+    printer_columns=api.PRINTER_COLUMNS,
+    name_rules=(
+        _NAME_LENGTH_RULE,
+        _group_name_rule("self.spec.prefillCluster.nodesPerInstance", "self.spec.pdCluster.nodesPerInstance"),
+        _RFC1035_NAME_RULE,
     ),
-]
-ROOT_DESCRIPTION = (
-    "PrfaasDeployment serves one model with Prefill-as-a-Service: long prompts are prefilled in a "
-    "remote PrfaaS cluster and their KV cache shipped over Ethernet to decode instances in the "
-    "local PD cluster, which also prefills short prompts. The operator reconciles both clusters "
-    "and the router from this one object."
 )
+POOL = Kind(
+    kind=vocabulary.POOL_KIND,
+    plural=vocabulary.POOL_PLURAL,
+    singular=vocabulary.POOL_SINGULAR,
+    short_names=vocabulary.POOL_SHORT_NAMES,
+    spec=api.PrfaasPoolSpec,
+    status=api.PrfaasPoolStatus,
+    description=(
+        "PrfaasPool is one PrfaaS prefill fleet in the PrfaaS cluster, shared by several PD clusters: "
+        "each consumes it through a PrfaasPoolClaim beside it, and the pool's prefill capacity is divided "
+        "among the bound claims by weighted max-min. The pool outlives its consumers: deleting a claim "
+        "frees its share; the pool goes only when it is deleted itself."
+    ),
+    printer_columns=api.POOL_PRINTER_COLUMNS,
+    name_rules=(
+        _NAME_LENGTH_RULE,
+        _group_name_rule("self.spec.prefill.nodesPerInstance"),
+        _RFC1035_NAME_RULE,
+    ),
+)
+POOL_CLAIM = Kind(
+    kind=vocabulary.CLAIM_KIND,
+    plural=vocabulary.CLAIM_PLURAL,
+    singular=vocabulary.CLAIM_SINGULAR,
+    short_names=vocabulary.CLAIM_SHORT_NAMES,
+    spec=api.PoolClaimSpec,
+    status=api.PoolClaimStatus,
+    description=(
+        "PrfaasPoolClaim is one PD cluster's claim on a PrfaasPool in the same namespace, written by that "
+        "cluster's operator (its identity here may write this claim and nothing else): its link, weight, "
+        "guarantee and maximum, and the KV layout of its decodes. The pool's controller binds it, as a "
+        "PersistentVolumeClaim binds a volume, and writes its share and the pool's endpoints in its status."
+    ),
+    printer_columns=api.POOL_CLAIM_PRINTER_COLUMNS,
+)
+KINDS = (DEPLOYMENT, POOL, POOL_CLAIM)
+CRD_NAME = DEPLOYMENT.crd_name
+"""The PrfaasDeployment CRD, which the chart's upgrade hook applies."""
+CRD_OUTPUTS = DEPLOYMENT.outputs
 
 # Keys of a structural schema node this generator emits; anything else is refused.
 _PASSTHROUGH_KEYS = frozenset(
@@ -269,14 +347,14 @@ def _key_rank(key: str) -> tuple[int, str]:
     return (_KEY_ORDER.index(key) if key in _KEY_ORDER else len(_KEY_ORDER), key)
 
 
-def crd_manifest() -> dict[str, Any]:
-    """The CustomResourceDefinition object for PrfaasDeployment."""
-    spec_schema = structural_schema(api.PrfaasDeploymentSpec, "validation", keep_defaults=True)
+def crd_manifest(kind: Kind = DEPLOYMENT) -> dict[str, Any]:
+    """The CustomResourceDefinition object for `kind`."""
+    spec_schema = structural_schema(kind.spec, "validation", keep_defaults=True)
     # The operator writes the status whole from its model: defaults there would only hide what
     # it did not write, so the status schema only validates.
-    status_schema = structural_schema(api.PrfaasDeploymentStatus, "serialization", keep_defaults=False)
-    root = {
-        "description": ROOT_DESCRIPTION,
+    status_schema = structural_schema(kind.status, "serialization", keep_defaults=False)
+    root: dict[str, Any] = {
+        "description": kind.description,
         "type": "object",
         "required": ["spec"],
         "properties": {
@@ -289,21 +367,22 @@ def crd_manifest() -> dict[str, Any]:
             "spec": spec_schema,
             "status": status_schema,
         },
-        "x-kubernetes-validations": NAME_RULES,
     }
+    if kind.name_rules:
+        root["x-kubernetes-validations"] = list(kind.name_rules)
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": CRD_NAME},
+        "metadata": {"name": kind.crd_name},
         "spec": {
             "group": vocabulary.GROUP,
             "scope": "Namespaced",
             "names": {
-                "kind": vocabulary.KIND,
-                "listKind": f"{vocabulary.KIND}List",
-                "plural": vocabulary.PLURAL,
-                "singular": vocabulary.SINGULAR,
-                "shortNames": list(vocabulary.SHORT_NAMES),
+                "kind": kind.kind,
+                "listKind": f"{kind.kind}List",
+                "plural": kind.plural,
+                "singular": kind.singular,
+                "shortNames": list(kind.short_names),
                 "categories": list(CATEGORIES),
             },
             "versions": [
@@ -312,7 +391,7 @@ def crd_manifest() -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": [dict(column) for column in api.PRINTER_COLUMNS],
+                    "additionalPrinterColumns": [dict(column) for column in kind.printer_columns],
                     "schema": {"openAPIV3Schema": root},
                 }
             ],
@@ -327,10 +406,10 @@ class _PlainDumper(yaml.SafeDumper):
         return True
 
 
-def render() -> str:
+def render(kind: Kind = DEPLOYMENT) -> str:
     """The CRD as the YAML text written to the repository."""
     body = yaml.dump(
-        crd_manifest(), Dumper=_PlainDumper, sort_keys=False, default_flow_style=False, width=100
+        crd_manifest(kind), Dumper=_PlainDumper, sort_keys=False, default_flow_style=False, width=100
     )
     return HEADER + body
 
@@ -342,9 +421,9 @@ def repository_root() -> Path:
 
 def drifted(root: Path) -> dict[Path, str]:
     """Each output file that differs from the models, with a unified diff (or why it is missing)."""
-    expected = render()
     problems: dict[Path, str] = {}
-    for relative in CRD_OUTPUTS:
+    for kind, relative in _outputs():
+        expected = render(kind)
         target = root / relative
         if not target.is_file():
             problems[relative] = "missing"
@@ -362,13 +441,16 @@ def drifted(root: Path) -> dict[Path, str]:
     return problems
 
 
+def _outputs() -> list[tuple[Kind, Path]]:
+    return [(kind, relative) for kind in KINDS for relative in kind.outputs]
+
+
 def write(root: Path) -> list[Path]:
-    text = render()
     written = []
-    for relative in CRD_OUTPUTS:
+    for kind, relative in _outputs():
         target = root / relative
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
+        target.write_text(render(kind))
         written.append(target)
     return written
 
@@ -396,7 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("regenerate with: python -m prfaas_operator.crd --write", file=sys.stderr)
             return 1
         return 0
-    sys.stdout.write(render())
+    sys.stdout.write("---\n".join(render(kind) for kind in KINDS))
     return 0
 
 

@@ -229,11 +229,11 @@ def test_every_default_value_is_described_by_the_schema() -> None:
 # ---- the rendered objects -----------------------------------------------------------------------
 
 
-def test_default_render_is_the_operator_with_its_crd(helm: Path) -> None:
+def test_default_render_is_the_operator_with_its_crds(helm: Path) -> None:
     objects = render(helm, include_crds=True)
     assert sorted(o["kind"] for o in objects) == sorted(
         [
-            "CustomResourceDefinition",
+            *["CustomResourceDefinition"] * len(crd.KINDS),
             "ServiceAccount",
             "ClusterRole",
             "ClusterRoleBinding",
@@ -244,7 +244,8 @@ def test_default_render_is_the_operator_with_its_crd(helm: Path) -> None:
             "PodDisruptionBudget",
         ]
     )
-    assert only(objects, "CustomResourceDefinition") == crd.crd_manifest()
+    shipped = {o["metadata"]["name"]: o for o in objects if o["kind"] == "CustomResourceDefinition"}
+    assert shipped == {kind.crd_name: crd.crd_manifest(kind) for kind in crd.KINDS}
     namespaced_kinds = {
         "ServiceAccount",
         "Service",

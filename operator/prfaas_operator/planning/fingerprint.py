@@ -22,25 +22,40 @@ from __future__ import annotations
 import hashlib
 import json
 
-from prfaas_operator.api import ModelSpec
+from prfaas_operator.api import KvLayout, ModelSpec
 
 FINGERPRINT_LENGTH = 12  # hex digits: a label value, and 48 bits make accidental equality negligible
 
 
-def kv_layout(model: ModelSpec) -> dict[str, str | None]:
+def kv_layout(model: ModelSpec) -> KvLayout:
     """The inputs of the fingerprint, as SGLang will see them."""
-    return {
-        "image": model.image,
-        "modelPath": model.model_path,
-        "revision": model.revision,
-        "pageSize": model.extra_arg("--page-size") or str(model.kv.page_size),
-        "kvCacheDtype": model.extra_arg("--kv-cache-dtype") or model.kv.dtype.value,
-        "dtype": model.extra_arg("--dtype"),
-        "quantization": model.extra_arg("--quantization"),
-    }
+    return KvLayout(
+        image=model.image,
+        model_path=model.model_path,
+        revision=model.revision,
+        page_size=model.extra_arg("--page-size") or str(model.kv.page_size),
+        kv_cache_dtype=model.extra_arg("--kv-cache-dtype") or model.kv.dtype.value,
+        dtype=model.extra_arg("--dtype"),
+        quantization=model.extra_arg("--quantization"),
+    )
+
+
+def layout_fingerprint(layout: KvLayout) -> str:
+    """A short, stable hash of a KV layout: equal fingerprints mean compatible engines."""
+    canonical = json.dumps(layout.model_dump(by_alias=True), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:FINGERPRINT_LENGTH]
 
 
 def kv_fingerprint(model: ModelSpec) -> str:
-    """A short, stable hash of the KV layout: equal fingerprints mean compatible engines."""
-    canonical = json.dumps(kv_layout(model), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()[:FINGERPRINT_LENGTH]
+    """The fingerprint of the engines serving `model`."""
+    return layout_fingerprint(kv_layout(model))
+
+
+def layout_difference(ours: KvLayout, theirs: KvLayout) -> str | None:
+    """The first field (by its wire name) on which two layouts differ, with both values; None when
+    they agree."""
+    mine, other = ours.model_dump(by_alias=True), theirs.model_dump(by_alias=True)
+    for field, value in mine.items():
+        if value != other[field]:
+            return f"{field} {value!r} against {other[field]!r}"
+    return None

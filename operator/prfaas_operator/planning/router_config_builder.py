@@ -16,7 +16,6 @@ from prfaas_core.router_config import (
     CachePool,
     DecodeCapacity,
     Endpoint,
-    KvSize,
     Pools,
     RouterConfig,
     Slo,
@@ -205,9 +204,7 @@ def build_router_config(
         session_affinity_header=spec.routing.session_affinity_header,
         router_replicas=spec.router.replicas,
         link=spec.link.budget(),
-        kv_size=KvSize(
-            bytes_per_token=spec.model.kv.bytes_per_token, fixed_bytes=spec.model.kv.fixed_state_bytes
-        ),
+        kv_size=spec.model.kv.size(),
         prefill_time={
             "prfaas": fitted_prefill_time(spec.prefill_cluster.prefill_profile),
             "local": fitted_prefill_time(spec.pd_cluster.prefill_profile),

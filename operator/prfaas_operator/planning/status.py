@@ -249,17 +249,39 @@ def scheduling_problem(pods: Iterable[PodInfo], what: str) -> Problem | None:
     )
 
 
-def _condition(kind: ConditionType, ok: bool, reason: str, message: str, inputs: StatusInputs) -> Condition:
+def condition(
+    kind: str,
+    ok: bool,
+    reason: str,
+    message: str,
+    *,
+    previous: Sequence[Condition],
+    generation: int | None,
+    now: str,
+) -> Condition:
+    """A condition whose lastTransitionTime moves only when its status does (any kind's status)."""
     status: Literal["True", "False"] = "True" if ok else "False"
-    before = next((c for c in inputs.previous.conditions if c.type == kind.value), None)
+    before = next((c for c in previous if c.type == kind), None)
     since = before.last_transition_time if before is not None and before.status == status else None
     return Condition(
-        type=kind.value,
+        type=kind,
         status=status,
         reason=reason,
         message=message,
-        last_transition_time=since or inputs.now,
-        observed_generation=inputs.generation,
+        last_transition_time=since or now,
+        observed_generation=generation,
+    )
+
+
+def _condition(kind: ConditionType, ok: bool, reason: str, message: str, inputs: StatusInputs) -> Condition:
+    return condition(
+        kind.value,
+        ok,
+        reason,
+        message,
+        previous=inputs.previous.conditions,
+        generation=inputs.generation,
+        now=inputs.now,
     )
 
 

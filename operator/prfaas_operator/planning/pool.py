@@ -1,0 +1,251 @@
+"""A PrfaasPool and its PrfaasPoolClaims: which claims bind, each one's share, both statuses (pure).
+
+A claim binds as a PersistentVolumeClaim binds a volume: the pool's controller accepts it or
+refuses it with a reason, and a binding holds while the claim lives, so a newer claim never takes
+an older one's place. What refuses a claim:
+- PoolNotFound: no PrfaasPool of its poolName beside it;
+- KvLayoutMismatch: its decodes' KV layout differs from the pool's engines' (the message names the
+  first field that differs): a prefill of the pool could not hand them its KV;
+- GuaranteesOverCapacity: its guarantee, with those of the claims already accepted, exceeds what the
+  pool prefills at its minimum replicas (the fewest the planner keeps), so a guarantee holds however
+  the pool is scaled. A bound claim is never refused for capacity: when the pool's minimum is
+  lowered under the guarantees already given, the pool says so (GuaranteesFit False) and the
+  division keeps each guarantee's part (shares.divide).
+
+The bound claims divide the ready instances' capacity by weighted max-min (prfaas_core.shares);
+a claim whose demand is unknown asks for all it may (unknown is not zero).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from prfaas_core import shares
+
+from prfaas_operator.api import (
+    PoolClaimSpec,
+    PoolClaimStatus,
+    PoolConsumer,
+    PoolEndpoint,
+    PrfaasPoolSpec,
+    PrfaasPoolStatus,
+    ProfilePoint,
+    RefusedClaim,
+)
+from prfaas_operator.planning.fingerprint import kv_fingerprint, kv_layout, layout_difference
+from prfaas_operator.planning.status import condition
+
+BOUND = "Bound"
+"""The claim's condition, and its reason when the pool serves it."""
+POOL_NOT_FOUND = "PoolNotFound"
+KV_LAYOUT_MISMATCH = "KvLayoutMismatch"
+GUARANTEES_OVER_CAPACITY = "GuaranteesOverCapacity"
+READY = "Ready"
+GUARANTEES_FIT = "GuaranteesFit"
+
+
+@dataclass(frozen=True)
+class ClaimSeen:
+    """One PrfaasPoolClaim as the pool's controller lists it."""
+
+    name: str
+    spec: PoolClaimSpec
+    created: str
+    """Its creationTimestamp (RFC 3339): earlier claims bind first."""
+    bound: bool = False
+    """Its Bound condition was True: the binding holds (claims are bound first, in that order)."""
+
+
+@dataclass(frozen=True)
+class Binding:
+    """One claim accepted, or refused with its reason."""
+
+    claim: str
+    accepted: bool
+    reason: str
+    message: str
+
+
+def instance_tokens_per_second(profile: Sequence[ProfilePoint]) -> float:
+    """What one instance prefills per second, at the profile's longest prompt: offloaded prompts
+    are the long ones, and T(l) grows faster than l, so that is the slowest rate measured and a
+    guarantee sized on it holds."""
+    longest = max(profile, key=lambda point: point.tokens)
+    return longest.tokens / longest.seconds
+
+
+def floor_tokens_per_second(pool: PrfaasPoolSpec) -> float:
+    """What the pool prefills at its minimum replicas: the most its guarantees may add up to."""
+    return pool.prefill.replicas_minimum() * instance_tokens_per_second(pool.prefill.prefill_profile)
+
+
+def bind(pool: PrfaasPoolSpec | None, claims: Sequence[ClaimSeen]) -> list[Binding]:
+    """Each claim accepted or refused, in the order given; decided the bound ones first, then by
+    creation time and name."""
+    if pool is None:
+        return [
+            Binding(
+                claim.name, False, POOL_NOT_FOUND, f"no PrfaasPool {claim.spec.pool_name} in this namespace"
+            )
+            for claim in claims
+        ]
+    layout = kv_layout(pool.model)
+    floor = floor_tokens_per_second(pool)
+    guaranteed = 0.0
+    out: dict[str, Binding] = {}
+    for claim in sorted(claims, key=lambda claim: (not claim.bound, claim.created, claim.name)):
+        difference = layout_difference(claim.spec.kv_layout, layout)
+        wanted = claim.spec.guaranteed_tokens_per_second
+        if difference is not None:
+            out[claim.name] = Binding(
+                claim.name, False, KV_LAYOUT_MISMATCH, f"kvLayout.{difference} (claim against pool)"
+            )
+        elif not claim.bound and guaranteed + wanted > floor:
+            out[claim.name] = Binding(
+                claim.name,
+                False,
+                GUARANTEES_OVER_CAPACITY,
+                f"guaranteedTokensPerSecond {wanted} on top of {guaranteed:.0f} already guaranteed exceeds "
+                f"{floor:.0f} tokens/s, what the pool prefills at its minimum of "
+                f"{pool.prefill.replicas_minimum()} instances",
+            )
+        else:
+            guaranteed += wanted
+            out[claim.name] = Binding(claim.name, True, BOUND, f"bound to PrfaasPool {claim.spec.pool_name}")
+    return [out[claim.name] for claim in claims]
+
+
+def divide(
+    pool: PrfaasPoolSpec,
+    claims: Sequence[ClaimSeen],
+    bindings: Sequence[Binding],
+    *,
+    ready_replicas: int,
+    demands: Mapping[str, float],
+) -> shares.Division:
+    """The ready instances' capacity divided among the accepted claims (`demands` in prefill tokens
+    per second, by claim; a claim without one asks for all it may)."""
+    accepted = {binding.claim for binding in bindings if binding.accepted}
+    kv_size = pool.model.kv.size()
+    consumers = [
+        shares.Consumer(
+            name=claim.name,
+            demand_tokens_per_second=demands.get(claim.name, math.inf),
+            link=claim.spec.link.budget(),
+            weight=claim.spec.weight,
+            guaranteed_tokens_per_second=claim.spec.guaranteed_tokens_per_second,
+            maximum_tokens_per_second=(
+                math.inf
+                if claim.spec.maximum_tokens_per_second is None
+                else claim.spec.maximum_tokens_per_second
+            ),
+        )
+        for claim in claims
+        if claim.name in accepted
+    ]
+    capacity = ready_replicas * instance_tokens_per_second(pool.prefill.prefill_profile)
+    return shares.divide(capacity, kv_size, consumers)
+
+
+def _consumer(claim: ClaimSeen, division: shares.Division) -> PoolConsumer:
+    share = division.share(claim.name)
+    return PoolConsumer(
+        claim=claim.name,
+        weight=claim.spec.weight,
+        tokens_per_second=share.tokens_per_second,
+        entitled_tokens_per_second=share.entitled_tokens_per_second,
+        bound=share.bound,
+        reason=share.reason,
+    )
+
+
+def pool_status(
+    pool: PrfaasPoolSpec,
+    claims: Sequence[ClaimSeen],
+    bindings: Sequence[Binding],
+    division: shares.Division,
+    *,
+    ready_replicas: int,
+    previous: PrfaasPoolStatus,
+    generation: int | None,
+    now: str,
+) -> PrfaasPoolStatus:
+    """The pool's capacity, its consumers with their shares, the claims it refused, Ready and GuaranteesFit."""
+    by_name = {claim.name: claim for claim in claims}
+    accepted = [by_name[binding.claim] for binding in bindings if binding.accepted]
+    guaranteed = math.fsum(claim.spec.guaranteed_tokens_per_second for claim in accepted)
+    floor = floor_tokens_per_second(pool)
+    conditions = [
+        condition(
+            READY,
+            ready_replicas > 0,
+            "InstancesReady" if ready_replicas > 0 else "NoInstancesReady",
+            f"{ready_replicas}/{pool.prefill.replicas} prefill instances ready, "
+            f"{division.capacity_tokens_per_second:.0f} tokens/s",
+            previous=previous.conditions,
+            generation=generation,
+            now=now,
+        ),
+        condition(
+            GUARANTEES_FIT,
+            guaranteed <= floor,
+            "WithinMinimum" if guaranteed <= floor else "OverMinimum",
+            f"the bound claims guarantee {guaranteed:.0f} tokens/s; the pool prefills {floor:.0f} at its "
+            f"minimum of {pool.prefill.replicas_minimum()} instances",
+            previous=previous.conditions,
+            generation=generation,
+            now=now,
+        ),
+    ]
+    return PrfaasPoolStatus(
+        observed_generation=generation,
+        conditions=conditions,
+        fingerprint=kv_fingerprint(pool.model),
+        ready_replicas=ready_replicas,
+        capacity_tokens_per_second=division.capacity_tokens_per_second,
+        guaranteed_tokens_per_second=guaranteed,
+        unclaimed_tokens_per_second=division.unclaimed_tokens_per_second,
+        consumers=[_consumer(claim, division) for claim in accepted],
+        refused=[
+            RefusedClaim(claim=binding.claim, reason=binding.reason, message=binding.message)
+            for binding in bindings
+            if not binding.accepted
+        ],
+    )
+
+
+def claim_status(
+    claim: ClaimSeen,
+    binding: Binding,
+    division: shares.Division | None,
+    *,
+    pool_fingerprint: str | None,
+    endpoints: Sequence[PoolEndpoint],
+    previous: PoolClaimStatus,
+    generation: int | None,
+    now: str,
+) -> PoolClaimStatus:
+    """Bound, with its share and the pool's endpoints while the pool serves it; else why not.
+    (`division` is None only when the pool is unknown.)"""
+    bound = condition(
+        BOUND,
+        binding.accepted,
+        binding.reason,
+        binding.message,
+        previous=previous.conditions,
+        generation=generation,
+        now=now,
+    )
+    share = _consumer(claim, division) if binding.accepted and division is not None else None
+    return PoolClaimStatus(
+        observed_generation=generation,
+        conditions=[bound],
+        pool_fingerprint=pool_fingerprint,
+        share=share,
+        unclaimed_tokens_per_second=(
+            division.unclaimed_tokens_per_second if share is not None and division is not None else 0
+        ),
+        endpoints=list(endpoints) if share is not None else [],
+    )
