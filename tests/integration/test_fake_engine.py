@@ -626,6 +626,23 @@ async def test_second_concurrent_prefill_waits_and_a_repeated_prompt_hits_the_ca
         assert cached_single * 0.95 <= again["meta_info"]["e2e_latency"] < 0.7 * first_latency
 
 
+async def test_a_prompt_hits_the_cache_only_under_the_salt_it_was_computed_under(
+    http: aiohttp.ClientSession,
+) -> None:
+    """As SGLang's radix cache (tests/real_sglang/test_real_prefix_cache.py observes it)."""
+    settings = EngineSettings(
+        mode="null", port=0, profile="h200", time_scale=0.01, max_decode_batch=8, decode_step_seconds=0
+    )
+    async with engines(settings) as (engine,):
+        cached = []
+        for salt in ("a", "b", "a", None):
+            body = {"input_ids": [3] * 1000, "sampling_params": {"max_new_tokens": 1}, "cache_salt": salt}
+            status, answer = await post(http, engine.url + "/generate", body)
+            assert status == 200, answer
+            cached.append(answer["meta_info"]["cached_tokens"])
+        assert cached == [0, 0, 1000 // 64 * 64, 0]
+
+
 async def test_decode_slots_queue_requests_and_client_disconnects_free_queue_places_and_slots(
     http: aiohttp.ClientSession,
 ) -> None:

@@ -22,8 +22,8 @@ import pytest
 from prfaas_core.vocabulary import Role
 from prfaas_testbed import sglang_cpu
 from prfaas_testbed.polling import eventually_async
-from real_fleet import Fleet, pd_body
-from router_harness import metric_samples, post, total
+from real_fleet import Fleet, pd_body, start_router, stop
+from router_harness import Router, metric_samples, post, total
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -73,10 +73,13 @@ async def _prefill_cached(client: aiohttp.ClientSession, url: str, before: tuple
     return int(cached - before[1])
 
 
-async def via_router(fleet: Fleet, client: aiohttp.ClientSession, text: str) -> Served:
+async def via_router(
+    fleet: Fleet, client: aiohttp.ClientSession, text: str, router: Router | None = None, **extra: Any
+) -> Served:
+    """`text` through `router` (the fleet's when None), with `extra` fields in the body."""
     urls = {route: fleet.engine(role).url for route, role in PREFILLS.items()}
     before = {route: await _counters(client, url) for route, url in urls.items()}
-    answer = await post(client, fleet.router.url + "/generate", generate(text))
+    answer = await post(client, (router or fleet.router).url + "/generate", generate(text, **extra))
     assert answer.status == 200, answer.body
     route = answer.headers["x-prfaas-route"]
     meta = answer.body["meta_info"]
@@ -90,12 +93,15 @@ async def via_router(fleet: Fleet, client: aiohttp.ClientSession, text: str) -> 
     )
 
 
-async def direct(fleet: Fleet, client: aiohttp.ClientSession, prefill: Role, text: str) -> Served:
-    """SGLang's PD protocol without the router: one body to `prefill` and the decode at once."""
+async def direct(
+    fleet: Fleet, client: aiohttp.ClientSession, prefill: Role, text: str, **extra: Any
+) -> Served:
+    """SGLang's PD protocol without the router: one body to `prefill` and the decode at once,
+    with `extra` fields in it."""
     config = sglang_cpu.router_config(fleet.cr, fleet.addresses)
     pool = config.pools.prfaas_prefill if prefill is Role.PRFAAS_PREFILL else config.pools.local_prefill
     (endpoint,) = pool
-    body = pd_body(generate(text), fleet.addresses[prefill], endpoint.bootstrap_port)
+    body = pd_body(generate(text, **extra), fleet.addresses[prefill], endpoint.bootstrap_port)
     url = fleet.engine(prefill).url
     before = await _counters(client, url)
     prefill_leg = asyncio.ensure_future(post(client, url + "/generate", body))
@@ -168,3 +174,31 @@ async def test_a_prefix_is_reused_only_by_the_prefill_that_computed_it(
     assert served["prfaas"].prefill_cached == 0
     assert served["local after prfaas"].prefill_cached == 0  # the decode got its KV; no prefill can use it
     assert tokens - BLOCK <= served["local again"].prefill_cached < tokens
+
+
+async def test_a_consumers_salt_keeps_its_prefixes_from_every_other_consumer(
+    fleet: Fleet, client: aiohttp.ClientSession
+) -> None:
+    """Two consumers of one PrfaaS prefill: B's prompt is computed under B's salt (as B's router
+    sends it), then A's router (cache_salt "a") gets the same prompt from a client naming B's
+    salt. SGLang namespaces its radix cache by cache_salt: A's router replaced the salt, so A
+    reuses nothing of B's, and the same prompt again under A's salt is a hit the router counted."""
+    prompt = words("s", 90)  # about 450 tokens: over the 256-token threshold, offloaded
+    served = {"b": await direct(fleet, client, Role.PRFAAS_PREFILL, prompt, cache_salt="b")}
+    logs = fleet.logs / "salted-router"  # a config file of its own: the fleet's router reads the other
+    logs.mkdir()
+    config = sglang_cpu.router_config(fleet.cr, fleet.addresses).model_copy(update={"cache_salt": "a"})
+    router = start_router(fleet.cr, fleet.addresses, logs, config)
+    try:
+        served["a naming b's salt"] = await via_router(fleet, client, prompt, router, cache_salt="b")
+        served["a again"] = await via_router(fleet, client, prompt, router)
+    finally:
+        stop(router, [])
+    await record(fleet, client, "salts", served)
+    assert served["b"].prefill_cached == 0
+    assert [(s.route, s.assumed, s.prefill_cached, s.decode_cached) for s in list(served.values())[1:2]] == [
+        ("prfaas", 0, 0, 0)
+    ]
+    again = served["a again"]
+    assert again.route == "prfaas" and again.assumed > 0 and again.decode_cached == again.prefill_cached
+    assert abs(again.prefill_cached - again.assumed) <= BLOCK, again
