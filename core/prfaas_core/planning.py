@@ -43,6 +43,8 @@ from prfaas_core.throughput import (
     OperatingPoint,
     Plan,
     PlanError,
+    ProfileDocument,
+    ProfileFileError,
     Stage,
     SystemProfile,
     Workload,
@@ -208,6 +210,31 @@ class MeasuredProfile:
             pd_prefill=fitted_prefill_time(self.pd_prefill).model(),
             decode=DecodeProfile(max_batch=self.max_decode_batch, step_seconds=self.decode_step_seconds),
         )
+
+
+def measured_profile(document: ProfileDocument, *, prfaas_gpu: str, pd_gpu: str) -> MeasuredProfile:
+    """A profile file's hardware as a PrfaasDeployment holds it (so the simulator and the joint
+    `prfaas plan` decide from what the operator would): measured prefill points in whole tokens,
+    the fitted KV size S_kv(l) in whole bytes, the decode limits."""
+    pd_hardware = document.hardware[pd_gpu]
+    if pd_hardware.decode is None:
+        raise ProfileFileError(f"hardware.{pd_gpu}.decode is missing")
+    kv = document.system_profile(prfaas_gpu=prfaas_gpu, pd_gpu=pd_gpu).kv_size
+
+    def points(gpu: str) -> tuple[MeasuredPoint, ...]:
+        return tuple(
+            point.model_copy(update={"tokens": round(point.tokens)})
+            for point in document.hardware[gpu].prefill_seconds_points
+        )
+
+    return MeasuredProfile(
+        kv_bytes_per_token=round(kv.bytes_per_token),
+        kv_fixed_bytes=round(kv.fixed_bytes),
+        prfaas_prefill=points(prfaas_gpu),
+        pd_prefill=points(pd_gpu),
+        max_decode_batch=pd_hardware.decode.max_batch,
+        decode_step_seconds=pd_hardware.decode.step_seconds,
+    )
 
 
 @dataclass(frozen=True)

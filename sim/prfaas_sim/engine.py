@@ -76,7 +76,7 @@ class SystemSpec:
     planner: PlannerSettings | None = None
     """None: the allocation stays as it is (no long-timescale loop)."""
     measured: planning.MeasuredProfile | None = None
-    """The hardware as the planner reads it (see `planner_loop.measured_profile`); needed with `planner`."""
+    """The hardware as the planner reads it (see `prfaas_core.planning.measured_profile`); needed with `planner`."""
     mean_output_tokens: float | None = None
     """Gives the router config its decode capacity (BS_max, mean output x T_decode); None: the router
     leaves the wait for a decode slot out of its TTFT estimate (as it did before it knew decode)."""

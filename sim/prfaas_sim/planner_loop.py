@@ -25,9 +25,9 @@ from datetime import UTC, datetime, timedelta
 from prfaas_core import planning
 from prfaas_core.metrics_contract import REROUTE_REASONS, TOKEN_BUCKETS
 from prfaas_core.planning import NoData, Observation, observe_histograms
-from prfaas_core.router_config import LinkSpec, MeasuredPoint
+from prfaas_core.router_config import LinkSpec
 from prfaas_core.routing import policy
-from prfaas_core.throughput import ModelForm, OperatingPoint, ProfileDocument
+from prfaas_core.throughput import ModelForm, OperatingPoint
 from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS
 
 DEFAULT_ROLE_SWITCH_SECONDS = 120.0
@@ -57,30 +57,6 @@ class PlannerSettings:
 def moment(seconds: float) -> datetime:
     """Simulated seconds as the wall-clock time the planner's decision is given."""
     return SIMULATION_EPOCH + timedelta(seconds=seconds)
-
-
-def measured_profile(document: ProfileDocument, *, prfaas_gpu: str, pd_gpu: str) -> planning.MeasuredProfile:
-    """The profile's hardware as a PrfaasDeployment holds it: measured prefill points in whole tokens,
-    the fitted KV size S_kv(l) in whole bytes, the decode limits."""
-    pd_hardware = document.hardware[pd_gpu]
-    if pd_hardware.decode is None:
-        raise ValueError(f"hardware.{pd_gpu}.decode is missing")
-    kv = document.system_profile(prfaas_gpu=prfaas_gpu, pd_gpu=pd_gpu).kv_size
-
-    def points(gpu: str) -> tuple[MeasuredPoint, ...]:
-        return tuple(
-            point.model_copy(update={"tokens": round(point.tokens)})
-            for point in document.hardware[gpu].prefill_seconds_points
-        )
-
-    return planning.MeasuredProfile(
-        kv_bytes_per_token=round(kv.bytes_per_token),
-        kv_fixed_bytes=round(kv.fixed_bytes),
-        prfaas_prefill=points(prfaas_gpu),
-        pd_prefill=points(pd_gpu),
-        max_decode_batch=pd_hardware.decode.max_batch,
-        decode_step_seconds=pd_hardware.decode.step_seconds,
-    )
 
 
 def planner_input(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from prfaas_core import planning
 from prfaas_core.router_config import DEFAULT_TTFT_SECONDS, LinkSpec, Slo
 from prfaas_core.throughput import (
     Comparison,
@@ -24,7 +25,7 @@ from prfaas_core.throughput import (
 )
 
 from prfaas_sim.engine import SystemSpec
-from prfaas_sim.planner_loop import PlannerSettings, measured_profile
+from prfaas_sim.planner_loop import PlannerSettings
 from prfaas_sim.routing import LinkCheck
 
 DEFAULT_LINK_LATENCY_SECONDS = 0.005
@@ -106,7 +107,7 @@ def deployments(
             slo=slo,
             link_check=link_check,
             planner=planner if looped else None,
-            measured=measured_profile(document, prfaas_gpu=prfaas_gpu, pd_gpu=pd_gpu)
+            measured=planning.measured_profile(document, prfaas_gpu=prfaas_gpu, pd_gpu=pd_gpu)
             if looped and planner is not None
             else None,
             mean_output_tokens=workload.mean_output_tokens,
