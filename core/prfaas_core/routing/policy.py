@@ -91,9 +91,7 @@ class Reason(enum.StrEnum):
     CACHED_PREFIX = "cached_prefix"  # a long prompt whose uncached part is at most t: local
     LONG_UNCACHED = "long_uncached"  # more than t uncached tokens: PrfaaS
     LINK_BUDGET = metrics_contract.REASON_LINK_BUDGET  # wanted PrfaaS, the link has no room: local
-    POOL_SHARE = (
-        metrics_contract.REASON_POOL_SHARE
-    )  # wanted PrfaaS, over this cluster's share of the pool: local
+    POOL_SHARE = metrics_contract.REASON_POOL_SHARE  # wanted PrfaaS, over its share of the pool: local
     PRFAAS_UNAVAILABLE = "prfaas_unavailable"  # wanted PrfaaS, no healthy PrfaaS prefill: local
     LOCAL_UNAVAILABLE = "local_unavailable"  # wanted local, no healthy local prefill: PrfaaS
     SESSION_AFFINITY = "session_affinity"  # the conversation stays where its prefix is
@@ -328,7 +326,7 @@ def decide(
         None
         if model.pool_share is None
         else _ShareCheck(
-            model.pool_share, offloaded_tokens, pool_queue_tokens(pools.prfaas, offloaded_tokens)
+            model.pool_share, offloaded_tokens, _pool_queue_tokens(pools.prfaas, offloaded_tokens)
         )
     )
     if len(groups) == 1:
@@ -349,7 +347,7 @@ class _ShareCheck:
     pool_tokens: float
 
 
-def pool_queue_tokens(workers: Sequence[Worker], offloaded_tokens: float) -> float:
+def _pool_queue_tokens(workers: Sequence[Worker], offloaded_tokens: float) -> float:
     """The PrfaaS pool's queue in uncached tokens: what its engines last reported (every consumer's
     work) plus this router's offloads not yet back (so its own since the reports is never missed;
     what the reports already hold of them counts twice, which only borrows less). Unknown (inf)
