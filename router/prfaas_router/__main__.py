@@ -15,6 +15,7 @@ from prometheus_client import disable_created_metrics
 from prfaas_router.app import RouterService, error_answer
 from prfaas_router.drain import DRAIN_SIGNAL, ShutdownDrain
 from prfaas_router.http.server import Server
+from prfaas_router.picker import start_picker
 from prfaas_router.settings import RouterSettings, add_flags, from_flags
 from prfaas_router.tokenizer import TokenizerError
 
@@ -51,6 +52,10 @@ async def serve(settings: RouterSettings) -> int:
     _tune_gc()
     await server.start(settings.host, settings.port)
     log.info("listening on http://%s:%d (config %s)", settings.host, settings.port, settings.config_path)
+    picker = None
+    if settings.picker_port is not None:
+        picker = await start_picker(service, settings.host, settings.picker_port)
+        log.info("endpoint picker (ext_proc, gRPC health) on %s:%d", settings.host, settings.picker_port)
     try:
         await stop.wait()
         drain.begin()
@@ -60,6 +65,8 @@ async def serve(settings: RouterSettings) -> int:
             "shutting down: listener closed, requests in flight get up to %gs", settings.drain_timeout_seconds
         )
         await server.shutdown(settings.drain_timeout_seconds)
+        if picker is not None:
+            await picker.stop(settings.drain_timeout_seconds)
         await service.stop()
     return 0 if service.failed_loop is None else 1
 

@@ -265,8 +265,23 @@ class RouterService:
 
     async def _generation(self, request: Request, kind: Kind) -> Answer | None:
         """The body is whole here: the HTTP server enforced its size limit and timeout."""
+        taken = await self.intake(kind, request.body, request.header, request)
+        if isinstance(taken, Answer):
+            return taken
+        exchange, snapshot, dispatcher = taken
+        return await dispatcher.serve(exchange, snapshot)
+
+    async def intake(
+        self,
+        kind: Kind,
+        raw: bytes,
+        header: Callable[[str], str | None],
+        request: Request | None = None,
+    ) -> tuple[Exchange, Snapshot, Dispatcher] | Answer:
+        """A whole request body checked and keyed for the policy, or the error to answer: what
+        both fronts (the HTTP server, the endpoint picker) do before deciding."""
         started = time.monotonic()
-        rid = request_id(request.header(REQUEST_ID_HEADER))
+        rid = request_id(header(REQUEST_ID_HEADER))
         snapshot, dispatcher = self.snapshot, self._dispatcher
         if snapshot is None or dispatcher is None:
             error = ApiError(
@@ -278,7 +293,6 @@ class RouterService:
             return error_response(error, rid)
         config = snapshot.config
         try:
-            raw = request.body
             body, parsed = parse(kind, raw, self.limits)
             if (
                 kind is not Kind.GENERATE
@@ -299,8 +313,8 @@ class RouterService:
         except ApiError as error:
             self.metrics.requests.labels("none", "bad_request").inc()
             return error_response(error, rid)
-        header = config.session_affinity_header
-        session = request.header(header) if header else None
+        affinity = config.session_affinity_header
+        session = header(affinity) if affinity else None
         exchange = Exchange(
             http=request,
             request_id=rid,
@@ -311,7 +325,7 @@ class RouterService:
             session_key=None if session is None else session_key(session.encode("latin-1")),
             started=started,
         )
-        return await dispatcher.serve(exchange, snapshot)
+        return exchange, snapshot, dispatcher
 
     async def _models(self, request: Request) -> Answer:
         snapshot = self.snapshot

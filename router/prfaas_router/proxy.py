@@ -595,6 +595,56 @@ class Dispatcher:
         prefill_leg.add_done_callback(lambda task: self._prefill_done(task, exchange, snapshot, lease))
         return payload, headers, limit, lease, prefill_leg
 
+    def prefill_failure(
+        self, prefill_leg: asyncio.Future[tuple[int, bytes, str]], decision: Decision
+    ) -> LegFailure | None:
+        """For a front whose decode leg another proxy carries (the endpoint picker): the prefill
+        leg's failure once it ended, counted against the prefill (its decode never answered)."""
+        if not prefill_leg.done():
+            return None
+        failure = _prefill_failure(prefill_leg, decision.prefill)
+        if failure is not None:
+            self.count_failure(decision.prefill, fatal=failure.unreachable)
+        return failure
+
+    def decode_answered(self, exchange: Exchange, snapshot: Snapshot, lease: _Lease, status: int) -> str:
+        """The decode's response status, seen by that front: judged as the router's own path
+        judges it; the attempt's outcome so far."""
+        decode = lease.decision.decode
+        if failed_status(status):
+            lease.decode_failed = True
+            self.count_failure(decode)
+            return contract.OUTCOME_DECODE_FAILED
+        if status >= 400:
+            return "bad_request"
+        lease.decode_answered = True
+        decode.breaker.record_success()
+        self._learn(exchange, snapshot, lease)
+        return contract.OUTCOME_OK
+
+    def release(
+        self,
+        exchange: Exchange,
+        lease: _Lease,
+        prefill_leg: asyncio.Future[tuple[int, bytes, str]],
+        outcome: str,
+    ) -> None:
+        """The end of an attempt carried by another proxy: the decode's part given back, the
+        prefill left to drain when the decode answered (else cancelled), the request counted."""
+        decision = lease.decision
+        lease.release_decode()
+        self._metrics.revisions.attempt(decision.decode.fingerprint, outcome, None, None)
+        if not prefill_leg.done():
+            if lease.decode_answered:
+                self._background.add(prefill_leg)
+                prefill_leg.add_done_callback(self._background.discard)
+            else:
+                prefill_leg.cancel()
+        if outcome == contract.OUTCOME_OK:
+            self._finish(exchange, decision, outcome, None)
+        else:
+            self._metrics.requests.labels(decision.route, outcome).inc()
+
     async def _judge_prefill(
         self, failure: LegFailure, decode_task: asyncio.Future[tuple[Reply, bytes]], decode: Worker
     ) -> LegFailure:

