@@ -1,0 +1,41 @@
+"""The endpoint picker's pure pieces: what Envoy is told (headers, metadata, body chunks)."""
+
+from __future__ import annotations
+
+from envoy.config.core.v3 import base_pb2
+from prfaas_router.picker import BODY_CHUNK_BYTES, chunks, forged, header_map, routed
+
+
+def test_a_body_goes_back_in_chunks_of_at_most_62000_bytes_that_add_up_to_it() -> None:
+    body = bytes(range(256)) * 900  # 230,400 bytes
+    pieces = list(chunks(body))
+    assert [len(piece) for piece in pieces] == [62_000, 62_000, 62_000, 44_400]
+    assert b"".join(pieces) == body
+    assert BODY_CHUNK_BYTES == 62_000
+    assert list(chunks(b"")) == [b""]
+
+
+def test_the_reserved_control_headers_a_client_sent_are_found_whatever_their_case() -> None:
+    sent = base_pb2.HeaderMap(
+        headers=[
+            base_pb2.HeaderValue(key="X-Prefiller-Host-Port", raw_value=b"10.0.0.1:8000"),
+            base_pb2.HeaderValue(key="x-gateway-inference-objective", raw_value=b"gold"),
+            base_pb2.HeaderValue(key="content-type", raw_value=b"application/json"),
+        ]
+    )
+    headers = header_map(sent)
+    assert headers["x-prefiller-host-port"] == "10.0.0.1:8000"
+    assert forged(headers) == ["x-gateway-inference-objective", "x-prefiller-host-port"]
+
+
+def test_the_answer_names_the_decode_in_the_header_and_the_metadata_and_removes_forged_headers() -> None:
+    answer = routed("127.0.2.11:30000", 1234, ["x-gateway-destination-endpoint", "x-prefiller-host-port"])
+    common = answer.request_headers.response
+    assert common.clear_route_cache
+    set_headers = {
+        option.header.key: option.header.raw_value for option in common.header_mutation.set_headers
+    }
+    assert set_headers == {"x-gateway-destination-endpoint": b"127.0.2.11:30000", "content-length": b"1234"}
+    assert list(common.header_mutation.remove_headers) == ["x-prefiller-host-port"]
+    metadata = answer.dynamic_metadata.fields["envoy.lb"].struct_value.fields
+    assert metadata["x-gateway-destination-endpoint"].string_value == "127.0.2.11:30000"
