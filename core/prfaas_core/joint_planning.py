@@ -226,8 +226,15 @@ def _pool_decision(
     if unknown and proposed < in_force:
         proposed = in_force
     proposed = min(max(proposed, low), high)
+    limit = (
+        f", at its maximum of {high}"
+        if proposed == high < needed
+        else f", at its minimum of {low}"
+        if proposed == low > needed
+        else ""
+    )
     why = (
-        f"the consumers' operating points keep {busy:.2f} replica(s) busy"
+        f"the consumers' operating points keep {busy:.2f} replica(s) busy{limit}"
         + (f" ({', '.join(moving)} changing)" if moving else ", none of them changing")
         + (f"; not scaled down while the demand of {', '.join(unknown)} is unknown" if unknown else "")
     )
@@ -350,7 +357,7 @@ class SharingGain:
     shared_rps: Mapping[str, float]
     """Each consumer's capacity in the joint plan (req/s as the router routes)."""
     dedicated_replicas: Mapping[str, int]
-    """The best split of the same replicas into one dedicated pool per consumer."""
+    """The same replicas split into one dedicated pool per consumer by weight."""
     dedicated_rps: Mapping[str, float]
     replicas_for_shared_rps: Mapping[str, int]
     """Each consumer's fewest dedicated replicas that serve what it gets shared."""
@@ -379,8 +386,8 @@ class SharingGain:
 
 
 def against_dedicated(plan: JointPlan, consumers: Sequence[ConsumerInput]) -> SharingGain:
-    """What sharing the pool gains: the consumers' capacities in `plan` against the best split of
-    its replicas into dedicated pools, and the dedicated replicas those capacities would take.
+    """What sharing the pool gains: the consumers' capacities in `plan` against its replicas split
+    into dedicated pools by weight, and the dedicated replicas those capacities would take.
     Every consumer needs data (a consumer without it has no capacity to compare)."""
     replicas = plan.pool.proposed
     curves: dict[str, list[float]] = {}
@@ -393,7 +400,7 @@ def against_dedicated(plan: JointPlan, consumers: Sequence[ConsumerInput]) -> Sh
             )
         shared[consumer.name] = predicted
         curves[consumer.name] = [_dedicated_rps(consumer.planner, count) for count in range(replicas + 1)]
-    split = _best_split([curves[consumer.name] for consumer in consumers], replicas)
+    split = _weights_split([consumer.weight for consumer in consumers], replicas)
     return SharingGain(
         replicas=replicas,
         shared_rps=shared,
@@ -431,19 +438,95 @@ def _dedicated_rps(planner: PlannerInput, replicas: int) -> float:
     return plan.evaluation.routed_throughput_rps
 
 
-def _best_split(curves: Sequence[Sequence[float]], replicas: int) -> list[int]:
-    """Whole replicas per consumer, summing to at most `replicas`, that serve the most together
-    (dynamic programming over the consumers; each curve is its capacity at 0..replicas)."""
-    best: list[tuple[float, list[int]]] = [(0.0, [])] * (replicas + 1)
-    for curve in curves:
-        best = [
-            max(
-                (
-                    (best[budget - count][0] + curve[count], [*best[budget - count][1], count])
-                    for count in range(budget + 1)
-                ),
-                key=lambda option: option[0],
-            )
-            for budget in range(replicas + 1)
-        ]
-    return best[replicas][1]
+def _weights_split(weights: Sequence[float], replicas: int) -> list[int]:
+    """Whole replicas in proportion to the weights (largest remainder, the first on a tie)."""
+    total = math.fsum(weights)
+    quotas = [replicas * weight / total for weight in weights]
+    counts = [math.floor(quota) for quota in quotas]
+    by_remainder = sorted(range(len(quotas)), key=lambda index: counts[index] - quotas[index])
+    for index in by_remainder[: replicas - sum(counts)]:
+        counts[index] += 1
+    return counts
+
+
+def as_dict(plan: JointPlan, gain: SharingGain | None = None) -> dict[str, Any]:
+    """The joint plan (and what it gains against dedicated pools), JSON-safe."""
+    division = plan.division
+    consumers = []
+    for consumer in plan.consumers:
+        decision = consumer.decision
+        share = None if division is None else division.share(consumer.name)
+        consumers.append(
+            {
+                "name": consumer.name,
+                "action": decision.action.value,
+                "code": decision.code.value,
+                "reason": decision.reason,
+                "proposed": None if decision.proposed is None else decision.proposed.as_dict(),
+                "predicted_rps": decision.predicted_rps,
+                "current_rps": decision.current_rps,
+                "demand": None if consumer.demand is None else consumer.demand.as_dict(),
+                "share": None
+                if share is None
+                else {
+                    "tokens_per_second": share.tokens_per_second,
+                    "entitled_tokens_per_second": share.entitled_tokens_per_second,
+                    "bound": share.bound.value,
+                    "reason": share.reason,
+                },
+            }
+        )
+    pool = plan.pool
+    return {
+        "pool": {
+            "action": pool.action.value,
+            "code": pool.code.value,
+            "reason": pool.reason,
+            "proposed": pool.proposed,
+            "in_force": pool.in_force,
+            "capacity_tokens_per_second": None if division is None else division.capacity_tokens_per_second,
+        },
+        "consumers": consumers,
+        "against_dedicated": None if gain is None else gain.as_dict(),
+    }
+
+
+def render(plan: JointPlan, gain: SharingGain) -> str:
+    """`prfaas plan` for several consumers: the pool, one row per consumer, and the sharing line."""
+    rows = [
+        f"pool: {plan.pool.proposed} replica(s), {plan.pool.action.value} ({plan.pool.code.value}): {plan.pool.reason}",
+        "",
+        f"{'consumer':<12} {'t':>7} {'N_p':>4} {'N_d':>4} {'demand':>8} {'share':>9} {'bound':<9} "
+        f"{'Λ shared':>9} {'dedicated':>9} {'Λ dedic.':>9} {'alone for':>9}",
+        f"{'':<12} {'tokens':>7} {'':>4} {'':>4} {'replicas':>8} {'tokens/s':>9} {'':<9} "
+        f"{'req/s':>9} {'replicas':>9} {'req/s':>9} {'Λ shared':>9}",
+    ]
+    for consumer in plan.consumers:
+        proposed = consumer.decision.proposed
+        share = None if plan.division is None else plan.division.share(consumer.name)
+        threshold = "-" if proposed is None else _or_none(proposed.threshold_tokens)
+        rows.append(
+            f"{consumer.name:<12} {threshold:>7} "
+            f"{'-' if proposed is None else proposed.pd_prefill_instances:>4} "
+            f"{'-' if proposed is None else proposed.decode_instances:>4} "
+            f"{'-' if consumer.demand is None else f'{consumer.demand.replicas:.2f}':>8} "
+            f"{'-' if share is None else f'{share.tokens_per_second:.0f}':>9} "
+            f"{'-' if share is None else share.bound.value:<9} "
+            f"{gain.shared_rps[consumer.name]:>9.3f} {gain.dedicated_replicas[consumer.name]:>9} "
+            f"{gain.dedicated_rps[consumer.name]:>9.3f} {gain.replicas_for_shared_rps[consumer.name]:>9}"
+        )
+    split = "+".join(str(count) for count in gain.dedicated_replicas.values())
+    rows += [
+        "",
+        f"sharing: {math.fsum(gain.shared_rps.values()):.3f} req/s shared against "
+        f"{math.fsum(gain.dedicated_rps.values()):.3f} in dedicated pools of the same {gain.replicas} "
+        f"replica(s) split by weight ({split}): {gain.goodput_ratio:.2f}x; dedicated pools would need "
+        f"{sum(gain.replicas_for_shared_rps.values())} replica(s) for the shared capacities "
+        f"({gain.replicas_saved} saved)",
+    ]
+    rows += [f"  {consumer.name}: {consumer.decision.reason}" for consumer in plan.consumers]
+    return "\n".join(rows)
+
+
+def _or_none(threshold: int | None) -> str:
+    return "none" if threshold is None else str(threshold)

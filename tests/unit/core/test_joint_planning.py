@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -29,9 +30,9 @@ MEDIANS = (2000, 4000, 8000, 16000)
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def consumer(name: str, median: float = 4000, **changes: object) -> ConsumerInput:
+def consumer(name: str, median: float = 4000, **changes: Any) -> ConsumerInput:
     planner = replace(tick(observed=observed(median)), bounds=Bounds(pd_instances=8))
-    return ConsumerInput(name, planner, **changes)  # type: ignore[arg-type]
+    return ConsumerInput(name, planner, **changes)
 
 
 def pool(*consumers: ConsumerInput, replicas: int = 12, bounds: tuple[int, int] = (0, 12)) -> JointPlan:
