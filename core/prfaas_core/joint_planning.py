@@ -271,10 +271,10 @@ def _divide(
     replicas: int,
 ) -> Division | None:
     """The pool's capacity in prefill tokens/s at the consumers' mix, divided by weighted max-min."""
-    known = [demand for demand in demands if demand is not None and demand.replicas > 0]
-    if not known or not consumers:
+    tokens_per_replica = _tokens_per_replica(demands)
+    if tokens_per_replica is None:
         return None
-    tokens_per_replica = math.fsum(d.tokens_per_second for d in known) / math.fsum(d.replicas for d in known)
+    # one pool serves one model: every consumer's KV size is the pool's
     profile = planners[0].profile
     kv_size = KvSize(bytes_per_token=profile.kv_bytes_per_token, fixed_bytes=profile.kv_fixed_bytes)
     return divide(
@@ -294,6 +294,14 @@ def _divide(
     )
 
 
+def _tokens_per_replica(demands: Sequence[Demand | None]) -> float | None:
+    """Prompt tokens one replica prefills per second on the known demands' mix; None when none is known."""
+    known = [demand for demand in demands if demand is not None and demand.replicas > 0]
+    if not known:
+        return None
+    return math.fsum(d.tokens_per_second for d in known) / math.fsum(d.replicas for d in known)
+
+
 def _parts(
     division: Division,
     consumers: Sequence[ConsumerInput],
@@ -305,8 +313,7 @@ def _parts(
     decided again from) gets: its share's tokens at its own prefill rate per replica, scaled down
     so the pool's replicas are not promised twice (a mix of longer prompts prefills more tokens per
     replica-second than the pool's average, by which the capacity was counted)."""
-    known = [demand for demand in demands if demand is not None and demand.replicas > 0]
-    average = math.fsum(d.tokens_per_second for d in known) / math.fsum(d.replicas for d in known)
+    average = _tokens_per_replica(demands) or math.inf
     parts: dict[str, float] = {}
     taken = 0.0
     for consumer, (_, decision), demand in zip(consumers, alone, demands, strict=True):
