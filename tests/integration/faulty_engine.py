@@ -4,6 +4,7 @@ GET (health checks) answers 200, except under `busy`, where it answers late whil
 in flight (as a decode busy with long answers does). Every POST meets the fault:
 
 - `500`: SGLang's JSON error, HTTP 500
+- `late-500`: the same after `--busy-seconds` (a prefill that dies while its decode waits)
 - `413`: a plain-text 413, as SGLang's HTTP server answers an oversized body
 - `302`: a redirect elsewhere (SGLang never redirects)
 - `empty`: a 200 with an empty body
@@ -103,7 +104,9 @@ class FaultyEngine:
     async def _post(self, writer: asyncio.StreamWriter) -> bool:
         """Answers one POST with the fault; False when the connection is to be closed."""
         fault = self.fault
-        if fault == "500":
+        if fault in ("500", "late-500"):
+            if fault == "late-500":
+                await asyncio.sleep(self.busy_seconds)
             writer.write(_answer("500 Internal Server Error", "application/json", _SGLANG_ERROR))
         elif fault == "302":
             writer.write(b"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:9/\r\nContent-Length: 0\r\n\r\n")
@@ -167,6 +170,7 @@ async def main() -> None:
         required=True,
         choices=[
             "500",
+            "late-500",
             "413",
             "302",
             "empty",

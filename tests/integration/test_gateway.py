@@ -33,6 +33,7 @@ from router_harness import (
     metric_samples,
     post,
     sample,
+    total,
 )
 from test_router_faults import start_faulty
 
@@ -211,26 +212,49 @@ async def test_a_clients_forged_control_headers_are_stripped_and_the_picker_deci
 async def test_a_failed_prefill_aborts_its_decode_instead_of_leaving_it_in_the_bootstrap_wait(
     cluster: Cluster, gateway: Gateway, client: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
-    # the faulty prefill answers 500 and holds a bootstrap port that never answers: the decode
-    # alone would wait out its bootstrap timeout (5 s at least in the fake engine)
-    sick = start_faulty("l-sick", "500", "127.0.2.23", tmp_path, prefill=True)
+    # the prefill answers 500 after 0.5 s and its bootstrap port never answers: the decode alone
+    # would wait out its bootstrap timeout (5 s at least in the fake engine)
+    sick = start_faulty("l-sick", "late-500", "127.0.2.23", tmp_path, prefill=True, busy=0.5)
+    decode = cluster.decode[0]
     try:
-        _, url = gateway(config_doc(cluster.prfaas, [sick], cluster.decode))
+        router, url = gateway(config_doc(cluster.prfaas, [sick], cluster.decode))
         started = time.monotonic()
-        answer = await post(client, url + CHAT_PATH, chat(SHORT))
-        assert time.monotonic() - started < 3.0
+        request = asyncio.create_task(post(client, url + CHAT_PATH, chat(SHORT)))
+        await asyncio.sleep(0.3)
+        assert await waiting_for_kv(client, decode.url) == 1  # the decode got it from Envoy
+        answer = await request
+        assert time.monotonic() - started < 2.0
         assert answer.status == 502, answer.body
+        assert answer.body["error"]["type"] == "upstream_error"
+        for _ in range(50):  # Envoy reset the decode's connection: the engine dropped the request
+            if await waiting_for_kv(client, decode.url) == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert await waiting_for_kv(client, decode.url) == 0
+        samples = await metric_samples(client, router.url)
+        assert sample(samples, "prfaas_router_engine_failures_total", worker="l-sick") == 1
     finally:
         sick.process.stop()
 
 
-def test_grpc_health_says_live_and_ready_once_the_router_has_a_config(
+async def waiting_for_kv(client: aiohttp.ClientSession, engine_url: str) -> float:
+    """The decode's requests waiting for their prefill's KV (SGLang's prealloc queue)."""
+    return total(await metric_samples(client, engine_url), "sglang:num_decode_prealloc_queue_reqs")
+
+
+def test_grpc_health_is_live_at_once_and_ready_only_once_the_router_has_a_config(
     cluster: Cluster, start_router: RouterFactory, tmp_path: Path
 ) -> None:
     picker = free_port("127.0.0.1")
-    start_router(config_doc(cluster.prfaas, cluster.local, cluster.decode), "--picker-port", str(picker))
+    router = start_router({"schema": "not a config"}, "--picker-port", str(picker), wait_ready=False)
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
     with grpc.insecure_channel(f"127.0.0.1:{picker}") as channel:
         health = health_pb2_grpc.HealthStub(channel)
-        for service in ("liveness", "readiness", ""):
-            reply = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
-            assert reply.status == health_pb2.HealthCheckResponse.SERVING, service
+
+        def status(service: str) -> int:
+            return health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+
+        assert (status("liveness"), status("readiness"), status("")) == (serving, not_serving, not_serving)
+        router.write_config(config_doc(cluster.prfaas, cluster.local, cluster.decode))
+        eventually(lambda: status("readiness") == serving, timeout=10.0, interval=0.05, what="readiness")
+        assert (status("liveness"), status("")) == (serving, serving)
