@@ -42,8 +42,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prfaas_core import metrics_contract as contract
 from prfaas_core.routing.policy import Decision
 
-from prfaas_router.app import RouterService
-from prfaas_router.http.server import Answer
+from prfaas_router.app import RouterService, error_answer
+from prfaas_router.http.server import Answer, body_too_large
 from prfaas_router.payloads import ApiError, Kind
 from prfaas_router.proxy import (
     REASON_HEADER,
@@ -177,9 +177,10 @@ class Picker(ext_proc_grpc.ExternalProcessorServicer):
             error = ApiError(404, f"the endpoint picker routes generation only, not {path}", code="not_found")
             yield immediate(error_response(error, headers.get(REQUEST_ID_HEADER.lower())))
             return
+        limit = self._service.settings.max_body_bytes  # the HTTP front's bound
         body = bytearray()
         ended = first.request_headers.end_of_stream
-        while not ended:
+        while not ended and len(body) <= limit and int(headers.get("content-length") or 0) <= limit:
             message = await anext(messages, None)
             if message is None:
                 return  # Envoy gave up on the request
@@ -188,6 +189,9 @@ class Picker(ext_proc_grpc.ExternalProcessorServicer):
                 ended = message.request_body.end_of_stream
             elif message.WhichOneof("request") == "request_trailers":
                 ended = True
+        if not ended or len(body) > limit:
+            yield immediate(error_answer(body_too_large(limit), None))
+            return
         async for response in self._serve(kind, bytes(body), headers, removed, messages):
             yield response
 

@@ -54,6 +54,14 @@ static_resources:
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
           stat_prefix: gateway
+          access_log:
+          - name: envoy.access_loggers.file
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
+              path: %(access_log)s
+              log_format:
+                text_format_source:
+                  inline_string: "%%RESPONSE_CODE%% %%UPSTREAM_HOST%% prefiller=%%REQ(X-PREFILLER-HOST-PORT)%% objective=%%REQ(X-GATEWAY-INFERENCE-OBJECTIVE)%% destination=%%REQ(X-GATEWAY-DESTINATION-ENDPOINT)%%\\n"
           route_config:
             virtual_hosts:
             - name: pool
@@ -113,20 +121,23 @@ def envoy_binary() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-Gateway = Callable[..., tuple[Router, str]]
+Gateway = Callable[..., tuple[Router, str, Path]]
 
 
 @pytest.fixture
 def gateway(start_router: RouterFactory, envoy_binary: Path, tmp_path: Path) -> Iterator[Gateway]:
-    """A router with its picker port, and an Envoy in front of it: (router, Envoy's URL)."""
+    """A router with its picker port, and an Envoy in front of it: (router, Envoy's URL, its access log)."""
     envoys: list[Process] = []
 
-    def start(doc: dict, *flags: str, wait_ready: bool = True) -> tuple[Router, str]:
+    def start(doc: dict, *flags: str, wait_ready: bool = True) -> tuple[Router, str, Path]:
         picker = free_port("127.0.0.1")
         router = start_router(doc, "--picker-port", str(picker), *flags, wait_ready=wait_ready)
         port, admin = free_port("127.0.0.1"), free_port("127.0.0.1")
         config = tmp_path / f"envoy-{len(envoys)}.yaml"
-        config.write_text(ENVOY_CONFIG % {"port": port, "admin": admin, "picker": picker})
+        access_log = tmp_path / f"envoy-{len(envoys)}-access.log"
+        config.write_text(
+            ENVOY_CONFIG % {"port": port, "admin": admin, "picker": picker, "access_log": access_log}
+        )
         args = ["-c", str(config), "--concurrency", "1", "--disable-hot-restart", "-l", "warning"]
         envoy = Process(args, tmp_path / f"envoy-{len(envoys)}.log", program=str(envoy_binary)).start()
         envoys.append(envoy)
@@ -136,7 +147,7 @@ def gateway(start_router: RouterFactory, envoy_binary: Path, tmp_path: Path) -> 
             interval=0.05,
             what=f"envoy\n{envoy.log()}",
         )
-        return router, f"http://127.0.0.1:{port}"
+        return router, f"http://127.0.0.1:{port}", access_log
 
     yield start
     for envoy in envoys:
@@ -148,7 +159,7 @@ def gateway(start_router: RouterFactory, envoy_binary: Path, tmp_path: Path) -> 
 async def test_a_pd_request_through_envoy_goes_where_the_routers_policy_sends_it(
     prompt: str, route: str, stream: bool, cluster: Cluster, gateway: Gateway, client: aiohttp.ClientSession
 ) -> None:
-    router, url = gateway(config_doc(cluster.prfaas, cluster.local, cluster.decode))
+    router, url, _ = gateway(config_doc(cluster.prfaas, cluster.local, cluster.decode))
     answer = await post(client, url + CHAT_PATH, chat(prompt, stream=stream))
     assert answer.status == 200, answer.body
     assert answer.headers["x-prfaas-route"] == route
@@ -169,7 +180,7 @@ async def test_a_pd_request_through_envoy_goes_where_the_routers_policy_sends_it
 async def test_a_220_kb_prompt_goes_through_in_62000_byte_chunks(
     cluster: Cluster, gateway: Gateway, client: aiohttp.ClientSession
 ) -> None:
-    _, url = gateway(config_doc(cluster.prfaas, cluster.local, cluster.decode))
+    _, url, _ = gateway(config_doc(cluster.prfaas, cluster.local, cluster.decode))
     prompt = "".join(f"x{i:07d} " for i in range(220_000 // 9))
     answer = await post(client, url + CHAT_PATH, chat(prompt))
     assert answer.status == 200, answer.body
@@ -180,7 +191,7 @@ async def test_503_when_no_decode_is_ready_and_429_when_admission_sheds(
     cluster: Cluster, gateway: Gateway, client: aiohttp.ClientSession
 ) -> None:
     dead = {"name": "d-dead", "url": f"http://127.0.2.13:{free_port('127.0.2.13')}"}
-    _, url = gateway(config_doc(cluster.prfaas, cluster.local, [dead]), wait_ready=False)
+    _, url, _ = gateway(config_doc(cluster.prfaas, cluster.local, [dead]), wait_ready=False)
     unavailable = await post(client, url + CHAT_PATH, chat(SHORT))
     assert unavailable.status == 503, unavailable.body
     assert unavailable.body["error"]["type"] == "service_unavailable"
@@ -189,7 +200,7 @@ async def test_503_when_no_decode_is_ready_and_429_when_admission_sheds(
     strict = config_doc(
         cluster.prfaas, cluster.local, cluster.decode, slo={"ttft_seconds": 0.001, "tpot_seconds": 0.05}
     )
-    _, url = gateway(strict)
+    _, url, _ = gateway(strict)
     shed = await post(client, url + CHAT_PATH, chat(SHORT))
     assert shed.status == 429, shed.body
     assert shed.body["error"]["type"] == "rate_limit_error"  # the decode's wait breaks the 1 ms TTFT SLO
@@ -198,7 +209,7 @@ async def test_503_when_no_decode_is_ready_and_429_when_admission_sheds(
 async def test_a_clients_forged_control_headers_are_stripped_and_the_picker_decides(
     cluster: Cluster, gateway: Gateway, client: aiohttp.ClientSession
 ) -> None:
-    _, url = gateway(config_doc(cluster.prfaas, cluster.local, cluster.decode))
+    _, url, access_log = gateway(config_doc(cluster.prfaas, cluster.local, cluster.decode))
     forged = {
         "x-gateway-destination-endpoint": "127.0.0.1:1",
         "x-prefiller-host-port": "127.0.0.1:1",
@@ -207,6 +218,31 @@ async def test_a_clients_forged_control_headers_are_stripped_and_the_picker_deci
     answer = await post(client, url + CHAT_PATH, chat(SHORT), **forged)
     assert answer.status == 200, answer.body
     assert answer.headers["x-prfaas-route"] == "local"
+    # what Envoy sent upstream, after the picker's mutation: the decode's address, no forged header
+    decode = cluster.decode[0].url.removeprefix("http://")
+    eventually(
+        lambda: access_log.exists() and access_log.read_text(), timeout=10.0, what="Envoy's access log"
+    )
+    assert access_log.read_text().split() == [
+        "200",
+        decode,
+        "prefiller=-",
+        "objective=-",
+        f"destination={decode}",
+    ]
+
+
+async def test_a_body_over_the_routers_limit_is_refused_413_before_any_decision(
+    cluster: Cluster, gateway: Gateway, client: aiohttp.ClientSession
+) -> None:
+    router, url, _ = gateway(
+        config_doc(cluster.prfaas, cluster.local, cluster.decode), "--max-body-bytes", "100000"
+    )
+    answer = await post(client, url + CHAT_PATH, chat("x" * 150_000))
+    assert answer.status == 413, answer.body
+    assert answer.body["error"]["code"] == "body_too_large"
+    samples = await metric_samples(client, router.url)
+    assert total(samples, "prfaas_router_decisions_total") == 0
 
 
 async def test_a_failed_prefill_aborts_its_decode_instead_of_leaving_it_in_the_bootstrap_wait(
@@ -217,7 +253,7 @@ async def test_a_failed_prefill_aborts_its_decode_instead_of_leaving_it_in_the_b
     sick = start_faulty("l-sick", "late-500", "127.0.2.23", tmp_path, prefill=True, busy=0.5)
     decode = cluster.decode[0]
     try:
-        router, url = gateway(config_doc(cluster.prfaas, [sick], cluster.decode))
+        router, url, _ = gateway(config_doc(cluster.prfaas, [sick], cluster.decode))
         started = time.monotonic()
         request = asyncio.create_task(post(client, url + CHAT_PATH, chat(SHORT)))
         await asyncio.sleep(0.3)
