@@ -50,7 +50,6 @@ from prfaas_router.proxy import (
     REQUEST_ID_HEADER,
     ROUTE_HEADER,
     error_response,
-    failure_outcome,
 )
 
 log = logging.getLogger("prfaas_router.picker")
@@ -224,15 +223,10 @@ class Picker(ext_proc_grpc.ExternalProcessorServicer):
                 yield body_piece(piece, index == len(pieces) - 1)
             answered = False
             while True:
-                failure = None if answered else dispatcher.prefill_failure(prefill_leg, decision)
-                if failure is not None:
-                    log.warning("request %s: %s; the decode is aborted", exchange.request_id, failure)
-                    outcome = failure_outcome(failure)
-                    error = ApiError(502, str(failure), type_="upstream_error", code="upstream_failed")
-                    reason = decision.reason.value
-                    yield immediate(
-                        error_response(error, exchange.request_id, route=decision.route, reason=reason)
-                    )
+                ended = None if answered else dispatcher.prefill_ended(prefill_leg, exchange, decision)
+                if ended is not None:
+                    outcome, answer = ended
+                    yield immediate(answer)
                     return
                 if next_message is None:
                     next_message = asyncio.ensure_future(anext(messages, None))
@@ -251,7 +245,7 @@ class Picker(ext_proc_grpc.ExternalProcessorServicer):
                     answered = True
                     outcome = dispatcher.decode_answered(exchange, snapshot, lease, status)
                     yield answered_headers(decision)
-                elif which == "response_body":  # only when the filter sends it: passed on as it came
+                elif which == "response_body":  # when the filter streams answers too: passed on as they came
                     yield ext_proc.ProcessingResponse(
                         response_body=ext_proc.BodyResponse(
                             response=ext_proc.CommonResponse(
@@ -264,6 +258,8 @@ class Picker(ext_proc_grpc.ExternalProcessorServicer):
                             )
                         )
                     )
+                elif which == "response_trailers":
+                    yield ext_proc.ProcessingResponse(response_trailers=ext_proc.TrailersResponse())
         finally:
             if next_message is not None and not next_message.done():
                 next_message.cancel()

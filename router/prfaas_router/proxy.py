@@ -595,17 +595,31 @@ class Dispatcher:
         prefill_leg.add_done_callback(lambda task: self._prefill_done(task, exchange, snapshot, lease))
         return payload, headers, limit, lease, prefill_leg
 
-    def prefill_failure(
-        self, prefill_leg: asyncio.Future[tuple[int, bytes, str]], decision: Decision
-    ) -> LegFailure | None:
-        """For a front whose decode leg another proxy carries (the endpoint picker): the prefill
-        leg's failure once it ended, counted against the prefill (its decode never answered)."""
+    def prefill_ended(
+        self, prefill_leg: asyncio.Future[tuple[int, bytes, str]], exchange: Exchange, decision: Decision
+    ) -> tuple[str, Answer] | None:
+        """For a front whose decode leg another proxy carries (the endpoint picker), once the
+        prefill leg ended badly: the attempt's outcome and what the client gets instead of the
+        decode's answer (502 for the engine's failure, counted against the prefill since its
+        decode never answered; an engine's refusal as it came). None while it runs or after it
+        answered well."""
         if not prefill_leg.done():
             return None
-        failure = _prefill_failure(prefill_leg, decision.prefill)
-        if failure is not None:
-            self.count_failure(decision.prefill, fatal=failure.unreachable)
-        return failure
+        route, reason = decision.route, decision.reason.value
+        try:
+            failure = _prefill_failure(prefill_leg, decision.prefill)
+        except _Refused as refused:
+            return refused.outcome, error_response(
+                refused.error, exchange.request_id, route=route, reason=reason
+            )
+        if failure is None:
+            return None
+        self.count_failure(decision.prefill, fatal=failure.unreachable)
+        log.warning("request %s: %s; its decode is aborted", exchange.request_id, failure)
+        error = ApiError(502, str(failure), type_="upstream_error", code="upstream_failed")
+        return failure_outcome(failure), error_response(
+            error, exchange.request_id, route=route, reason=reason
+        )
 
     def decode_answered(self, exchange: Exchange, snapshot: Snapshot, lease: _Lease, status: int) -> str:
         """The decode's response status, seen by that front: judged as the router's own path

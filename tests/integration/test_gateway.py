@@ -80,9 +80,9 @@ static_resources:
                 request_header_mode: SEND
                 response_header_mode: SEND
                 request_body_mode: FULL_DUPLEX_STREAMED
-                response_body_mode: NONE
+                response_body_mode: %(response_body_mode)s
                 request_trailer_mode: SEND
-                response_trailer_mode: SKIP
+                response_trailer_mode: %(response_trailer_mode)s
           - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
@@ -129,14 +129,25 @@ def gateway(start_router: RouterFactory, envoy_binary: Path, tmp_path: Path) -> 
     """A router with its picker port, and an Envoy in front of it: (router, Envoy's URL, its access log)."""
     envoys: list[Process] = []
 
-    def start(doc: dict, *flags: str, wait_ready: bool = True) -> tuple[Router, str, Path]:
+    def start(
+        doc: dict, *flags: str, wait_ready: bool = True, response_bodies: bool = False
+    ) -> tuple[Router, str, Path]:
         picker = free_port("127.0.0.1")
         router = start_router(doc, "--picker-port", str(picker), *flags, wait_ready=wait_ready)
         port, admin = free_port("127.0.0.1"), free_port("127.0.0.1")
         config = tmp_path / f"envoy-{len(envoys)}.yaml"
         access_log = tmp_path / f"envoy-{len(envoys)}-access.log"
         config.write_text(
-            ENVOY_CONFIG % {"port": port, "admin": admin, "picker": picker, "access_log": access_log}
+            ENVOY_CONFIG
+            % {
+                "port": port,
+                "admin": admin,
+                "picker": picker,
+                "access_log": access_log,
+                # the inference extension's own gateways stream the answers through the picker too
+                "response_body_mode": "FULL_DUPLEX_STREAMED" if response_bodies else "NONE",
+                "response_trailer_mode": "SEND" if response_bodies else "SKIP",
+            }
         )
         args = ["-c", str(config), "--concurrency", "1", "--disable-hot-restart", "-l", "warning"]
         envoy = Process(args, tmp_path / f"envoy-{len(envoys)}.log", program=str(envoy_binary)).start()
@@ -154,12 +165,35 @@ def gateway(start_router: RouterFactory, envoy_binary: Path, tmp_path: Path) -> 
         envoy.stop()
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-@pytest.mark.parametrize(("prompt", "route"), [(SHORT, "local"), (LONG, "prfaas")], ids=["local", "prfaas"])
+@pytest.mark.parametrize(
+    ("prompt", "route", "stream", "response_bodies"),
+    [
+        (SHORT, "local", False, False),
+        (SHORT, "local", True, False),
+        (LONG, "prfaas", False, False),
+        (LONG, "prfaas", True, False),
+        (LONG, "prfaas", True, True),
+    ],
+    ids=[
+        "local-whole",
+        "local-streamed",
+        "prfaas-whole",
+        "prfaas-streamed",
+        "prfaas-streamed-answer-via-picker",
+    ],
+)
 async def test_a_pd_request_through_envoy_goes_where_the_routers_policy_sends_it(
-    prompt: str, route: str, stream: bool, cluster: Cluster, gateway: Gateway, client: aiohttp.ClientSession
+    prompt: str,
+    route: str,
+    stream: bool,
+    response_bodies: bool,
+    cluster: Cluster,
+    gateway: Gateway,
+    client: aiohttp.ClientSession,
 ) -> None:
-    router, url, _ = gateway(config_doc(cluster.prfaas, cluster.local, cluster.decode))
+    router, url, _ = gateway(
+        config_doc(cluster.prfaas, cluster.local, cluster.decode), response_bodies=response_bodies
+    )
     answer = await post(client, url + CHAT_PATH, chat(prompt, stream=stream))
     assert answer.status == 200, answer.body
     assert answer.headers["x-prfaas-route"] == route
