@@ -615,6 +615,8 @@ class Dispatcher:
         if failure is None:
             return None
         self.count_failure(decision.prefill, fatal=failure.unreachable)
+        if failure.handoff is not None:
+            self._metrics.handoffs.record(route, failure.handoff, time.time())
         log.warning("request %s: %s; its decode is aborted", exchange.request_id, failure)
         error = ApiError(502, str(failure), type_="upstream_error", code="upstream_failed")
         return failure_outcome(failure), error_response(
@@ -634,6 +636,7 @@ class Dispatcher:
         lease.decode_answered = True
         decode.breaker.record_success()
         self._learn(exchange, snapshot, lease)
+        self._metrics.handoffs.record(lease.decision.route, contract.HANDOFF_OK, time.time())
         return contract.OUTCOME_OK
 
     def release(

@@ -209,6 +209,7 @@ async def test_a_pd_request_through_envoy_goes_where_the_routers_policy_sends_it
             break
         await asyncio.sleep(0.02)
     assert sample(samples, "prfaas_router_requests_total", route=route, outcome="ok") == 1
+    assert sample(samples, "prfaas_router_kv_handoffs_total", route=route, outcome="ok") == 1
 
 
 async def test_a_220_kb_prompt_goes_through_in_62000_byte_chunks(
