@@ -13,23 +13,23 @@ sidecar is needed on the decode.
 Protocol (Envoy's ext_proc filter, bodies in `FULL_DUPLEX_STREAMED`): the request's headers,
 then its body in chunks, are read whole; the answer is the headers' mutation (destination,
 Content-Length, the clients' forged control headers removed, the route cache cleared), then the
-new body in chunks of at most `BODY_CHUNK_BYTES`. A refusal is an immediate response in the
+new body in chunks of at most `BODY_CHUNK_BYTES`. A gateway's subset hint (`envoy.lb.subset_hint`
+in the request's metadata) limits the decodes the policy may choose. A refusal is an immediate response in the
 router's error shape: 429 when admission sheds, 503 when nothing is routable. The decode's
 response headers close the attempt's accounting (its breaker, the prefix index); a prefill leg
 that fails before the decode answered ends the request with a 502 immediate response, which
 makes Envoy reset the decode's connection, so the decode does not sit in its bootstrap wait.
 No fallback endpoint is offered: once the room is bound, another decode could not pull its KV.
 
-Not done yet: llm-d's decode-sidecar mode (`x-prefiller-host-port`), the subset hint
-(`envoy.lb.subset_hint`), learning the served endpoint, TLS, and the response body (Envoy
-passes it through untouched; output tokens are not counted on this front).
+Not done yet: llm-d's decode-sidecar mode (`x-prefiller-host-port`), learning the served endpoint,
+TLS, and reading the response body (passed on unread; output tokens are not counted on this front).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -41,6 +41,8 @@ from envoy.type.v3 import http_status_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prfaas_core import metrics_contract as contract
 from prfaas_core.routing.policy import Decision
+from prfaas_core.routing.workers import Worker
+from prfaas_core.vocabulary import Pool
 
 from prfaas_router.app import RouterService, error_answer
 from prfaas_router.http.server import Answer, body_too_large
@@ -57,8 +59,13 @@ log = logging.getLogger("prfaas_router.picker")
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 """Where Envoy sends the request (`ip:port`), in a header and in the dynamic metadata below."""
 DESTINATION_NAMESPACE = "envoy.lb"
+SUBSET_NAMESPACE = "envoy.lb.subset_hint"
+SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+"""The gateway's hint, in the request's filter metadata: the endpoints (`ip:port`) to pick from."""
 RESERVED_HEADERS = (
     DESTINATION_HEADER,
+    SUBSET_KEY,
+    "x-gateway-destination-endpoint-served",
     "x-gateway-inference-objective",
     "x-gateway-inference-fairness-id",
     "x-gateway-model-name-rewrite",
@@ -83,6 +90,22 @@ def header_map(headers: base_pb2.HeaderMap) -> dict[str, str]:
 def forged(headers: Mapping[str, str]) -> list[str]:
     """The reserved control headers a client sent: the gateway alone may set them."""
     return [name for name in RESERVED_HEADERS if name in headers]
+
+
+def subset_hint(metadata: base_pb2.Metadata) -> frozenset[str] | None:
+    """The endpoints the gateway allows for this request; None when it sent no hint (then any
+    decode of the pool may serve)."""
+    namespace = metadata.filter_metadata.get(SUBSET_NAMESPACE)
+    if namespace is None or SUBSET_KEY not in namespace.fields:
+        return None
+    return frozenset(value.string_value for value in namespace.fields[SUBSET_KEY].list_value.values)
+
+
+def outside(subset: frozenset[str] | None, decodes: Iterable[Worker]) -> set[Worker]:
+    """The decodes a subset hint rules out (an empty subset rules out every one: 503)."""
+    if subset is None:
+        return set()
+    return {worker for worker in decodes if urlsplit(worker.url).netloc not in subset}
 
 
 def chunks(body: bytes, size: int = BODY_CHUNK_BYTES) -> Iterator[bytes]:
@@ -191,7 +214,8 @@ class Picker(ext_proc_grpc.ExternalProcessorServicer):
         if not ended or len(body) > limit:
             yield immediate(error_answer(body_too_large(limit), None))
             return
-        async for response in self._serve(kind, bytes(body), headers, removed, messages):
+        subset = subset_hint(first.metadata_context)
+        async for response in self._serve(kind, bytes(body), headers, removed, subset, messages):
             yield response
 
     async def _serve(
@@ -200,6 +224,7 @@ class Picker(ext_proc_grpc.ExternalProcessorServicer):
         raw: bytes,
         headers: dict[str, str],
         removed: list[str],
+        subset: frozenset[str] | None,
         messages: AsyncIterator[ext_proc.ProcessingRequest],
     ) -> AsyncIterator[ext_proc.ProcessingResponse]:
         service = self._service
@@ -208,7 +233,8 @@ class Picker(ext_proc_grpc.ExternalProcessorServicer):
             yield immediate(taken)
             return
         exchange, snapshot, dispatcher = taken
-        decision = dispatcher.choose(exchange, snapshot, dispatcher.view(exchange, snapshot))
+        excluded = outside(subset, service.fleet.pools[Pool.DECODE])
+        decision = dispatcher.choose(exchange, snapshot, dispatcher.view(exchange, snapshot), excluded)
         if isinstance(decision, Answer):
             yield immediate(decision)
             return

@@ -9,6 +9,7 @@ itself. The engines are the fake ones (and `faulty_engine.py` for a prefill that
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -33,7 +34,9 @@ from router_harness import (
     metric_samples,
     post,
     sample,
+    start_engine,
     total,
+    wait_healthy,
 )
 from test_router_faults import start_faulty
 
@@ -69,10 +72,11 @@ static_resources:
               routes:
               - match: {prefix: "/"}
                 route: {cluster: pool, timeout: 30s}
-          http_filters:
+          http_filters:%(subset_filter)s
           - name: envoy.filters.http.ext_proc
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+              metadata_options: {forwarding_namespaces: {untyped: [envoy.lb.subset_hint]}}
               grpc_service: {envoy_grpc: {cluster_name: picker}, timeout: 30s}
               failure_mode_allow: false
               message_timeout: 10s
@@ -107,6 +111,17 @@ static_resources:
 """
 
 
+SUBSET_FILTER = """
+          - name: envoy.filters.http.set_metadata
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config
+              metadata:
+              - metadata_namespace: envoy.lb.subset_hint
+                value: {x-gateway-destination-endpoint-subset: %s}"""
+"""What a gateway adds before the picker to say which endpoints it may pick (the inference
+extension's subset hint), here as a static filter."""
+
+
 @pytest.fixture(scope="session")
 def envoy_binary() -> Path:
     done = subprocess.run(
@@ -130,7 +145,11 @@ def gateway(start_router: RouterFactory, envoy_binary: Path, tmp_path: Path) -> 
     envoys: list[Process] = []
 
     def start(
-        doc: dict, *flags: str, wait_ready: bool = True, response_bodies: bool = False
+        doc: dict,
+        *flags: str,
+        wait_ready: bool = True,
+        response_bodies: bool = False,
+        subset: list[str] | None = None,
     ) -> tuple[Router, str, Path]:
         picker = free_port("127.0.0.1")
         router = start_router(doc, "--picker-port", str(picker), *flags, wait_ready=wait_ready)
@@ -147,9 +166,11 @@ def gateway(start_router: RouterFactory, envoy_binary: Path, tmp_path: Path) -> 
                 # the inference extension's own gateways stream the answers through the picker too
                 "response_body_mode": "FULL_DUPLEX_STREAMED" if response_bodies else "NONE",
                 "response_trailer_mode": "SEND" if response_bodies else "SKIP",
+                "subset_filter": "" if subset is None else SUBSET_FILTER % json.dumps(subset),
             }
         )
         args = ["-c", str(config), "--concurrency", "1", "--disable-hot-restart", "-l", "warning"]
+        args += ["--file-flush-interval-msec", "50"]  # the access log, read by the tests
         envoy = Process(args, tmp_path / f"envoy-{len(envoys)}.log", program=str(envoy_binary)).start()
         envoys.append(envoy)
         eventually(
@@ -210,6 +231,28 @@ async def test_a_pd_request_through_envoy_goes_where_the_routers_policy_sends_it
         await asyncio.sleep(0.02)
     assert sample(samples, "prfaas_router_requests_total", route=route, outcome="ok") == 1
     assert sample(samples, "prfaas_router_kv_handoffs_total", route=route, outcome="ok") == 1
+
+
+async def test_the_gateways_subset_hint_limits_the_decodes_and_an_empty_choice_is_503(
+    cluster: Cluster, gateway: Gateway, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    other = start_engine("d1", "decode", "127.0.2.14", "h20", tmp_path)
+    try:
+        wait_healthy(other)
+        doc = config_doc(cluster.prfaas, cluster.local, [*cluster.decode, other])
+        only = other.url.removeprefix("http://")
+        _, url, access_log = gateway(doc, subset=[only])
+        for _ in range(3):
+            answer = await post(client, url + CHAT_PATH, chat(SHORT))
+            assert answer.status == 200, answer.body
+        eventually(lambda: len(access_log.read_text().splitlines()) == 3, timeout=10.0, what="access log")
+        assert {line.split()[1] for line in access_log.read_text().splitlines()} == {only}
+
+        _, url, _ = gateway(doc, subset=["127.0.0.1:1"])  # none of the pool's decodes
+        refused = await post(client, url + CHAT_PATH, chat(SHORT))
+        assert refused.status == 503, refused.body
+    finally:
+        other.process.stop()
 
 
 async def test_a_220_kb_prompt_goes_through_in_62000_byte_chunks(

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from envoy.config.core.v3 import base_pb2
-from prfaas_router.picker import BODY_CHUNK_BYTES, chunks, forged, header_map, routed
+from google.protobuf import struct_pb2
+from prfaas_router.picker import BODY_CHUNK_BYTES, chunks, forged, header_map, routed, subset_hint
 
 
 def test_a_body_goes_back_in_chunks_of_at_most_62000_bytes_that_add_up_to_it() -> None:
@@ -39,3 +40,14 @@ def test_the_answer_names_the_decode_in_the_header_and_the_metadata_and_removes_
     assert list(common.header_mutation.remove_headers) == ["x-prefiller-host-port"]
     metadata = answer.dynamic_metadata.fields["envoy.lb"].struct_value.fields
     assert metadata["x-gateway-destination-endpoint"].string_value == "127.0.2.11:30000"
+
+
+def test_the_subset_hint_is_read_from_the_filter_metadata_and_absent_means_no_limit() -> None:
+    hint = struct_pb2.Struct()
+    hint.update({"x-gateway-destination-endpoint-subset": ["10.0.0.1:8000", "10.0.0.2:8000"]})
+    metadata = base_pb2.Metadata(filter_metadata={"envoy.lb.subset_hint": hint})
+    assert subset_hint(metadata) == {"10.0.0.1:8000", "10.0.0.2:8000"}
+    assert subset_hint(base_pb2.Metadata()) is None
+    empty = struct_pb2.Struct()
+    empty.update({"x-gateway-destination-endpoint-subset": []})
+    assert subset_hint(base_pb2.Metadata(filter_metadata={"envoy.lb.subset_hint": empty})) == frozenset()
