@@ -30,6 +30,7 @@ from router_harness import (
     RouterFactory,
     chat,
     config_doc,
+    fresh_long,
     http_get,
     metric_samples,
     post,
@@ -253,6 +254,26 @@ async def test_the_gateways_subset_hint_limits_the_decodes_and_an_empty_choice_i
         assert refused.status == 503, refused.body
     finally:
         other.process.stop()
+
+
+async def test_concurrent_requests_through_envoy_are_all_served_and_leave_no_lease_behind(
+    cluster: Cluster, gateway: Gateway, client: aiohttp.ClientSession
+) -> None:
+    router, url, _ = gateway(config_doc(cluster.prfaas, cluster.local, cluster.decode))
+    prompts = [SHORT, fresh_long("a"), fresh_long("b"), SHORT] * 4
+    answers = await asyncio.gather(
+        *(post(client, url + CHAT_PATH, chat(prompt, stream=i % 2 == 0)) for i, prompt in enumerate(prompts))
+    )
+    assert [answer.status for answer in answers] == [200] * len(prompts)
+    for _ in range(100):  # each stream's lease is given back when Envoy ends it
+        samples = await metric_samples(client, router.url)
+        if total(samples, "prfaas_router_requests_total", outcome="ok") == len(prompts):
+            break
+        await asyncio.sleep(0.02)
+    assert total(samples, "prfaas_router_requests_total", outcome="ok") == len(prompts)
+    assert ("prfaas_router_inflight_tokens", frozenset({("pool", "decode")})) in samples
+    assert total(samples, "prfaas_router_inflight_tokens") == 0
+    assert sample(samples, "prfaas_router_link_inflight_bytes") == 0
 
 
 async def test_a_220_kb_prompt_goes_through_in_62000_byte_chunks(
