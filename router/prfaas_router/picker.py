@@ -46,7 +46,7 @@ from prfaas_core.vocabulary import Pool
 
 from prfaas_router.app import RouterService, error_answer
 from prfaas_router.http.server import Answer, body_too_large
-from prfaas_router.payloads import ApiError, Kind
+from prfaas_router.payloads import ApiError, Kind, request_id
 from prfaas_router.proxy import (
     REASON_HEADER,
     REQUEST_ID_HEADER,
@@ -197,7 +197,7 @@ class Picker(ext_proc_grpc.ExternalProcessorServicer):
         kind = _KINDS.get(path)
         if kind is None or headers.get(":method") != "POST":
             error = ApiError(404, f"the endpoint picker routes generation only, not {path}", code="not_found")
-            yield immediate(error_response(error, headers.get(REQUEST_ID_HEADER.lower())))
+            yield immediate(error_response(error, request_id(headers.get(REQUEST_ID_HEADER.lower()))))
             return
         limit = self._service.settings.max_body_bytes  # the HTTP front's bound
         body = bytearray()

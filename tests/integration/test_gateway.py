@@ -329,6 +329,11 @@ async def test_a_clients_forged_control_headers_are_stripped_and_the_picker_deci
         "objective=-",
         f"destination={decode}",
     ]
+    # the picker routes generation only: anything else is its own 404, in the router's error shape
+    async with client.get(url + "/v1/models", headers={"X-Request-Id": "models-1"}) as reply:
+        assert reply.status == 404
+        assert reply.headers["x-request-id"] == "models-1"
+        assert (await reply.json())["error"]["code"] == "not_found"
 
 
 async def test_a_body_over_the_routers_limit_is_refused_413_before_any_decision(
