@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from prfaas_core.router_config import KvSize, LinkSpec
+from prfaas_core.router_config import KvSize, LinkSpec, PoolShare
 
 
 class Bound(enum.StrEnum):
@@ -84,6 +84,15 @@ class Division:
 
     def share(self, name: str) -> Share:
         return next(share for share in self.shares if share.name == name)
+
+    def published(self, name: str) -> PoolShare:
+        """`name`'s share as the pool's controller publishes it in that consumer's router config."""
+        share = self.share(name)
+        return PoolShare(
+            tokens_per_second=share.tokens_per_second,
+            entitled_tokens_per_second=share.entitled_tokens_per_second,
+            unclaimed_tokens_per_second=self.unclaimed_tokens_per_second,
+        )
 
 
 def link_tokens_per_second(link: LinkSpec, kv_size: KvSize) -> float:
@@ -213,6 +222,17 @@ class ShareRates(Protocol):
     def entitled_tokens_per_second(self) -> float: ...
 
 
+ENTITLED_HORIZON_PART = 0.5
+"""The part of the horizon a consumer's entitlement may hold queued at the pool. The entitlements
+together are the pool's capacity and each is taken back at once: were each to hold a whole horizon
+(one TTFT SLO), the consumers' backlogs alone would fill the wait a request may afford at the pool,
+the policy's TTFT check would turn a consumer away before its share did, and the pool would go by
+who arrives, not by weight (prfaas-sim shared-pool, weights 2 1 1, bursts aligned: the heavier
+consumer got 0.79-0.83 of its entitlement with a whole SLO, 0.95-0.98 with half; docs/simulation.md).
+Half leaves the other half for the request's own prefill, its transfer and the spread of the
+instances' queues."""
+
+
 def admit(
     share: ShareRates,
     unclaimed_tokens_per_second: float,
@@ -224,14 +244,19 @@ def admit(
 ) -> Admit:
     """May this consumer's router offload a request of `request_tokens` now?
 
-    Within its share: its own offloads not yet back (its backlog at the pool) stay within what its
-    share prefills in `horizon_seconds` (the TTFT SLO, as the link's horizon), taking the larger of
-    its share and its entitlement, so a consumer whose demand returns takes its lent share back at
-    once. Beyond that, only into capacity the division left unclaimed, judged by the pool's whole
-    queue as the engines report it. Otherwise over its share: the request prefills locally, never
-    queueing behind the other consumers.
+    Within its share: its own offloads not yet back (its backlog at the pool) plus this one stay
+    within what its entitlement prefills in `ENTITLED_HORIZON_PART` of `horizon_seconds` (the TTFT
+    SLO, as the link's horizon), so a consumer whose demand returns takes its lent share back at
+    once, plus what it borrows beyond its entitlement (its share less its entitlement) over the whole
+    horizon: no one claims that now, and the policy's TTFT check bounds how deep it queues. Beyond
+    that, only into capacity the division left unclaimed, judged by the pool's whole queue as the
+    engines report it. Otherwise over its share: the request prefills locally, never queueing behind
+    the other consumers.
     """
-    limit = max(share.tokens_per_second, share.entitled_tokens_per_second) * horizon_seconds
+    entitled = share.entitled_tokens_per_second
+    limit = (
+        entitled * ENTITLED_HORIZON_PART + max(0.0, share.tokens_per_second - entitled)
+    ) * horizon_seconds
     if own_backlog_tokens + request_tokens <= limit:
         return Admit.WITHIN_SHARE
     if pool_backlog_tokens + request_tokens <= unclaimed_tokens_per_second * horizon_seconds:

@@ -70,7 +70,7 @@ async def test_a_short_prompt_leaves_a_local_prefill_whose_reported_queue_breaks
         busy.process.stop()
 
 
-SHARE_SLO = {"ttft_seconds": 10.0, "tpot_seconds": 0.05}  # the share's horizon: 10 s of its tokens/s
+SHARE_SLO = {"ttft_seconds": 10.0, "tpot_seconds": 0.05}  # the share's horizon: 5 s of its entitlement
 SLOW_PREFILL = "1"  # the PrfaaS prefill's time scale: a long prompt (1400 tokens) takes about 0.45 s
 
 
@@ -109,15 +109,15 @@ async def test_long_prompts_over_the_published_share_prefill_locally_until_the_s
         "p-slow", "prefill", "127.0.1.31", "h200", tmp_path, "--startup-seconds", "0", time_scale=SLOW_PREFILL
     )
     with running(Cluster([slow], [], [])):
-        # 200 tokens/s over 10 s: one long prompt (about 1400 tokens) out at the pool at a time, not two
-        doc = config_doc([slow], cluster.local, cluster.decode, slo=SHARE_SLO, pool_share=share(200))
+        # 400 tokens/s over 5 s: one long prompt (about 1400 tokens) out at the pool at a time, not two
+        doc = config_doc([slow], cluster.local, cluster.decode, slo=SHARE_SLO, pool_share=share(400))
         router = start_router(doc)
         first, second = await one_out_then(client, router, fresh_long("a"), fresh_long("b"))
         assert route(first) == (200, "prfaas", "long_uncached")
         assert route(second) == (200, "local", "pool_share")
         assert await offloaded_tokens(client, router) == 0  # the first is back: its share is free again
 
-        router.write_config(doc | {"version": 2, "pool_share": share(400)})
+        router.write_config(doc | {"version": 2, "pool_share": share(800)})
         await eventually_async(
             lambda: router.config_page()["version"] == 2, timeout=5, interval=0.05, what="version 2"
         )

@@ -31,9 +31,11 @@ The paper's short-timescale rules (section 3.4.3, docs/design.md "Two loops"):
   is behind by less than the tokens its cache saves (cache affinity); decode by outstanding tokens.
 - A PrfaaS pool shared with other PD clusters (`RouterConfig.pool_share`, published by the pool's
   controller): an offload must also fit this cluster's share (`shares.admit`): its own offloads
-  not yet back (their uncached tokens, the unit of the share) plus this one's stay within what the
-  share prefills in one TTFT SLO, or, beyond it, the pool's whole queue as its engines report it
-  (`/v1/loads`) plus this one's fits what no consumer claims. Over its share a request prefills
+  not yet back (their uncached tokens, the unit of the share) plus this one's stay within what its
+  entitlement prefills in half a TTFT SLO and what it borrows beyond it in a whole one (so the
+  clusters' entitlements together leave a request the time for its own prefill, and the shares,
+  not the TTFT check, decide who gets the pool), or, beyond it, the pool's whole queue as its
+  engines report it (`/v1/loads`) plus this one's fits what no consumer claims. Over its share a request prefills
   locally (`pool_share`), never queueing behind the other clusters' work. An engine of the pool
   whose queue is unknown may hold the others' work, which this router cannot see: it then borrows
   nothing beyond its share (its own share needs no report: its own backlog it knows).

@@ -11,7 +11,7 @@ from prfaas_core.routing.policy import Decision, Reason, Rejection, RequestView,
 from prfaas_core.routing.workers import EngineLoad
 from support.router_cases import make_model, pools
 
-SLO = 30.0  # the test config's TTFT SLO: the share's horizon
+SLO = 30.0  # the test config's TTFT SLO: the share's horizon (half of it for the entitlement)
 LONG = 20_000  # above the test config's threshold (8192)
 
 
@@ -38,11 +38,11 @@ def test_a_long_prompt_within_the_share_is_offloaded_and_over_it_prefills_locall
     one_slo = 1000 * SLO  # what a share of 1000 tokens/s prefills in one SLO
     assert route_of(long_prompt(one_slo - LONG, pool_share=share(1000))) == ("prfaas", Reason.LONG_UNCACHED)
     assert route_of(long_prompt(one_slo - LONG + 1, pool_share=share(1000))) == ("local", Reason.POOL_SHARE)
-    # its entitlement is taken back at once, before the next division lends it back
-    assert route_of(long_prompt(one_slo, pool_share=share(1000, entitled=2000))) == (
-        "prfaas",
-        Reason.LONG_UNCACHED,
-    )
+    # its entitlement is taken back at once, before the next division lends it back: half an SLO of it
+    assert route_of(long_prompt(one_slo - LONG, pool_share=share(500))) == ("local", Reason.POOL_SHARE)
+    entitled = share(500, entitled=2000)
+    assert route_of(long_prompt(one_slo - LONG, pool_share=entitled)) == ("prfaas", Reason.LONG_UNCACHED)
+    assert route_of(long_prompt(one_slo - LONG + 1, pool_share=entitled)) == ("local", Reason.POOL_SHARE)
 
 
 def test_each_router_replica_keeps_its_part_of_the_share() -> None:

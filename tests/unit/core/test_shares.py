@@ -8,7 +8,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from prfaas_core.router_config import KvSize, LinkSpec
-from prfaas_core.shares import Admit, Bound, Consumer, Division, admit, divide, link_tokens_per_second
+from prfaas_core.shares import (
+    ENTITLED_HORIZON_PART,
+    Admit,
+    Bound,
+    Consumer,
+    Division,
+    admit,
+    divide,
+    link_tokens_per_second,
+)
 
 KV = KvSize(bytes_per_token=1000.0)
 WIDE = LinkSpec(bandwidth_bytes_per_second=1e12)
@@ -183,17 +192,37 @@ def _one(demand: float, capacity: float = 1000.0) -> Division:
 
 
 def test_admit_within_share_then_unclaimed_then_local() -> None:
-    busy = _one(demand=100.0)  # a: 100, entitled 500; b: 900
+    busy = _one(demand=100.0)  # a: 100, entitled 500; b: 900, entitled 500
     share = busy.share("a")
-    assert admit(
-        share, 0.0, own_backlog_tokens=0, pool_backlog_tokens=0, request_tokens=900, horizon_seconds=2
-    ) is (Admit.WITHIN_SHARE)  # its entitlement is taken back at once
-    assert (
-        admit(
-            share, 0.0, own_backlog_tokens=900, pool_backlog_tokens=0, request_tokens=200, horizon_seconds=2
+
+    def a(own: float, request: float) -> Admit:
+        return admit(
+            share,
+            0.0,
+            own_backlog_tokens=own,
+            pool_backlog_tokens=0,
+            request_tokens=request,
+            horizon_seconds=2,
         )
-        is Admit.OVER_SHARE
-    )
+
+    # its entitlement is taken back at once, half a horizon of it: 500 x 2 x 0.5
+    assert a(0, 500) is Admit.WITHIN_SHARE
+    assert a(400, 101) is Admit.OVER_SHARE
+    # what b borrows beyond its entitlement (400 of its 900) queues a whole horizon: 500 + 400 x 2
+    assert ENTITLED_HORIZON_PART == 0.5
+    lent = busy.share("b")
+    for request, expected in ((1300, Admit.WITHIN_SHARE), (1301, Admit.OVER_SHARE)):
+        assert (
+            admit(
+                lent,
+                0.0,
+                own_backlog_tokens=0,
+                pool_backlog_tokens=0,
+                request_tokens=request,
+                horizon_seconds=2,
+            )
+            is expected
+        )
     idle = divide(1000.0, KV, [Consumer("a", 100.0, WIDE), Consumer("b", 100.0, WIDE)])
     assert idle.unclaimed_tokens_per_second == pytest.approx(800.0)
     spare = idle.share("a")
