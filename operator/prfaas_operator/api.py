@@ -569,8 +569,8 @@ class PrefixCacheSpec(_Model):
 
 
 class PrefillFleetSpec(PodPlacement):
-    """PrfaaS prefill instances: compute-dense GPUs that only prefill long prompts and ship the KV out
-    (a PrfaasDeployment's own prefillCluster, or a PrfaasPool shared by several PD clusters)."""
+    """PrfaaS prefill instances, their shape and bounds: a PrfaasDeployment's own prefillCluster, or
+    the fleet of a PrfaasPool that several PD clusters share."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -624,7 +624,7 @@ class PrefillFleetSpec(PodPlacement):
 
 
 class PrefillClusterSpec(PrefillFleetSpec):
-    """The PrfaaS cluster of one PrfaasDeployment: its prefill instances, and where they run."""
+    """The PrfaaS cluster: compute-dense GPUs that only prefill long prompts and ship the KV out."""
 
     kubeconfig_secret_ref: SecretKeyRef | None = Field(
         default=None,
@@ -1566,10 +1566,11 @@ class PoolConsumer(_Model):
 
     claim: str = Field(description="The PrfaasPoolClaim's name.")
     weight: float = Field(description="Its weight.")
-    tokens_per_second: float = Field(
-        description="What it may offload now: its entitlement, what others lend it, or less when it asks less."
+    tokens_per_second: int = Field(
+        description="Prefill tokens per second it may offload now: its entitlement, what others lend it, or "
+        "less when it asks less."
     )
-    entitled_tokens_per_second: float = Field(
+    entitled_tokens_per_second: int = Field(
         description="What it gets when every consumer asks for all it may: it may take this back at once."
     )
     bound: shares.Bound = Field(
@@ -1597,14 +1598,16 @@ class PrfaasPoolStatus(_Model):
     )
     fingerprint: str | None = Field(default=None, description="The KV fingerprint of the pool's engines.")
     ready_replicas: int = Field(default=0, description="Prefill instances ready to serve.")
-    capacity_tokens_per_second: float = Field(
-        default=0, description="What the ready instances prefill per second: what is divided."
+    capacity_tokens_per_second: int = Field(
+        default=0, description="Prefill tokens per second of the ready instances: what is divided."
     )
-    guaranteed_tokens_per_second: float = Field(
-        default=0, description="The bound claims' guarantees together."
-    )
-    unclaimed_tokens_per_second: float = Field(
+    guaranteed_tokens_per_second: int = Field(default=0, description="The bound claims' guarantees together.")
+    unclaimed_tokens_per_second: int = Field(
         default=0, description="Capacity no consumer can use now (every one is bounded below the pool)."
+    )
+    shares: str = Field(
+        default="",
+        description="Each bound claim's share in tokens/s (claim=share, space-separated), for kubectl get.",
     )
     consumers: list[PoolConsumer] = Field(
         default_factory=list,
@@ -1640,7 +1643,7 @@ class PoolClaimStatus(_Model):
         default=None, description="The KV fingerprint of the pool's engines."
     )
     share: PoolConsumer | None = Field(default=None, description="Its share of the pool (while bound).")
-    unclaimed_tokens_per_second: float = Field(
+    unclaimed_tokens_per_second: int = Field(
         default=0,
         description="Capacity no consumer claims now: its routers may offload into it beyond its share.",
     )
@@ -1674,15 +1677,15 @@ POOL_PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
     {"name": "Replicas", "type": "integer", "jsonPath": ".status.readyReplicas"},
     {
         "name": "Capacity",
-        "type": "number",
+        "type": "integer",
         "jsonPath": ".status.capacityTokensPerSecond",
         "description": "Prefill tokens per second of the ready instances",
     },
     {
-        "name": "Consumers",
+        "name": "Shares",
         "type": "string",
-        "jsonPath": ".status.consumers[*].claim",
-        "description": "The bound claims",
+        "jsonPath": ".status.shares",
+        "description": "Each bound claim's share in tokens/s",
     },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 )
@@ -1693,7 +1696,7 @@ POOL_CLAIM_PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
     {"name": "Weight", "type": "number", "jsonPath": ".spec.weight"},
     {
         "name": "Share",
-        "type": "number",
+        "type": "integer",
         "jsonPath": ".status.share.tokensPerSecond",
         "description": "Prefill tokens per second it may offload now",
     },

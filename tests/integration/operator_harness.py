@@ -21,6 +21,7 @@ from typing import IO, Any
 
 from lightkube import Client
 from prfaas_operator.adapters.kube import PrfaasDeploymentResource
+from prfaas_operator.crd import Kind
 from prfaas_testbed.polling import eventually
 from prfaas_testbed.ports import free_port
 from support.kubectl import Kubectl
@@ -60,20 +61,21 @@ class OperatorProcess:
             return text
 
 
-def install_crd(kubeconfig: Path) -> None:
-    """The generated PrfaasDeployment CRD applied to a cluster and Established."""
-    from prfaas_operator.crd import CRD_NAME, CRD_OUTPUTS, repository_root
+def install_crd(kubeconfig: Path, *kinds: Kind) -> None:
+    """The generated CRDs of `kinds` (none: PrfaasDeployment's) applied to a cluster and Established."""
+    from prfaas_operator.crd import DEPLOYMENT, repository_root
 
     kubectl = Kubectl(kubeconfig, timeout_s=90)
-    kubectl.ok(
-        "apply",
-        "--server-side",
-        "--force-conflicts",
-        "--field-manager=prfaas-tests",
-        "-f",
-        str(repository_root() / CRD_OUTPUTS[0]),
-    )
-    kubectl.ok("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    for kind in kinds or (DEPLOYMENT,):
+        kubectl.ok(
+            "apply",
+            "--server-side",
+            "--force-conflicts",
+            "--field-manager=prfaas-tests",
+            "-f",
+            str(repository_root() / kind.outputs[0]),
+        )
+        kubectl.ok("wait", "--for=condition=Established", f"crd/{kind.crd_name}", "--timeout=60s")
 
 
 def _healthy(url: str) -> bool:

@@ -13,7 +13,8 @@ an older one's place. What refuses a claim:
   division keeps each guarantee's part (shares.divide).
 
 The bound claims divide the ready instances' capacity by weighted max-min (prfaas_core.shares);
-a claim whose demand is unknown asks for all it may (unknown is not zero).
+a claim whose demand is unknown asks for all it may (unknown is not zero). Statuses carry whole
+tokens per second, rounded down, so the published shares never add up to more than the pool.
 """
 
 from __future__ import annotations
@@ -154,8 +155,8 @@ def _consumer(claim: ClaimSeen, division: shares.Division) -> PoolConsumer:
     return PoolConsumer(
         claim=claim.name,
         weight=claim.spec.weight,
-        tokens_per_second=share.tokens_per_second,
-        entitled_tokens_per_second=share.entitled_tokens_per_second,
+        tokens_per_second=math.floor(share.tokens_per_second),
+        entitled_tokens_per_second=math.floor(share.entitled_tokens_per_second),
         bound=share.bound,
         reason=share.reason,
     )
@@ -175,7 +176,8 @@ def pool_status(
     """The pool's capacity, its consumers with their shares, the claims it refused, Ready and GuaranteesFit."""
     by_name = {claim.name: claim for claim in claims}
     accepted = [by_name[binding.claim] for binding in bindings if binding.accepted]
-    guaranteed = math.fsum(claim.spec.guaranteed_tokens_per_second for claim in accepted)
+    guaranteed = sum(claim.spec.guaranteed_tokens_per_second for claim in accepted)
+    consumers = [_consumer(claim, division) for claim in accepted]
     floor = floor_tokens_per_second(pool)
     conditions = [
         condition(
@@ -204,10 +206,11 @@ def pool_status(
         conditions=conditions,
         fingerprint=kv_fingerprint(pool.model),
         ready_replicas=ready_replicas,
-        capacity_tokens_per_second=division.capacity_tokens_per_second,
+        capacity_tokens_per_second=math.floor(division.capacity_tokens_per_second),
         guaranteed_tokens_per_second=guaranteed,
-        unclaimed_tokens_per_second=division.unclaimed_tokens_per_second,
-        consumers=[_consumer(claim, division) for claim in accepted],
+        unclaimed_tokens_per_second=math.floor(division.unclaimed_tokens_per_second),
+        shares=" ".join(f"{c.claim}={c.tokens_per_second}" for c in consumers),
+        consumers=consumers,
         refused=[
             RefusedClaim(claim=binding.claim, reason=binding.reason, message=binding.message)
             for binding in bindings
@@ -245,7 +248,9 @@ def claim_status(
         pool_fingerprint=pool_fingerprint,
         share=share,
         unclaimed_tokens_per_second=(
-            division.unclaimed_tokens_per_second if share is not None and division is not None else 0
+            math.floor(division.unclaimed_tokens_per_second)
+            if share is not None and division is not None
+            else 0
         ),
         endpoints=list(endpoints) if share is not None else [],
     )
