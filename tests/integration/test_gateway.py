@@ -133,7 +133,7 @@ def envoy_binary() -> Path:
         check=False,
     )
     if done.returncode != 0:
-        pytest.skip(f"no Envoy binary (scripts/fetch-envoy.sh): {done.stderr[-500:]}")
+        pytest.fail(f"no Envoy binary (scripts/fetch-envoy.sh): {done.stderr[-500:]}")
     return Path(done.stdout.strip().splitlines()[-1])
 
 
