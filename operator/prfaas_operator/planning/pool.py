@@ -22,8 +22,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from prfaas_core import shares
+from prfaas_core.vocabulary import CLAIM_PLURAL, GROUP
 
 from prfaas_operator.api import (
     PoolClaimSpec,
@@ -254,3 +256,35 @@ def claim_status(
         ),
         endpoints=list(endpoints) if share is not None else [],
     )
+
+
+def claim_access(claim: str, namespace: str, subject: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The Role and RoleBinding a consumer's identity gets in the PrfaaS cluster: its own claim, by
+    name, and nothing else. It creates the claim by server-side apply (a PATCH that names it, so
+    `create` can be limited by name), reads its status (its share and the pool's endpoints) by get,
+    or a list or watch whose field selector names it (metadata.name); it cannot write the status, list the claims, or read the pool, the
+    pods or another consumer's claim. `subject` is an RBAC subject (a ServiceAccount or the user of
+    the consumer's kubeconfig)."""
+    name = f"prfaas-claim-{claim}"
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": name, "namespace": namespace},
+            "rules": [
+                {
+                    "apiGroups": [GROUP],
+                    "resources": [CLAIM_PLURAL],
+                    "resourceNames": [claim],
+                    "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": name, "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [dict(subject)],
+        },
+    ]

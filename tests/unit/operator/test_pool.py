@@ -290,3 +290,12 @@ def test_the_example_pool_binds_its_claim() -> None:
     pool_resource = api.PrfaasPool.model_validate(example_pool)
     (binding,) = pool.bind(pool_resource.spec, [pool.ClaimSeen("pd-eu-west", resource.spec, NOW)])
     assert binding.accepted, binding.message
+
+
+def test_a_consumers_role_names_its_claim_and_nothing_else() -> None:
+    subject = {"kind": "User", "name": "pd-eu-west"}
+    role, binding = pool.claim_access("pd-eu-west", "prfaas-pools", subject)
+    (rule,) = role["rules"]
+    assert (rule["resources"], rule["resourceNames"]) == (["prfaaspoolclaims"], ["pd-eu-west"])
+    assert "update" not in rule["verbs"] and "deletecollection" not in rule["verbs"]
+    assert binding["subjects"] == [subject] and binding["roleRef"]["name"] == role["metadata"]["name"]
