@@ -9,8 +9,6 @@ itself. The engines are the fake ones (and `faulty_engine.py` for a prefill that
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,102 +37,19 @@ from router_harness import (
     total,
     wait_healthy,
 )
+from support.envoy import envoy_args, envoy_config, fetch_envoy
 from test_router_faults import start_faulty
 
 pytestmark = pytest.mark.timeout(60)
-ROOT = Path(__file__).resolve().parents[2]
 CHAT_PATH = "/v1/chat/completions"
-
-ENVOY_CONFIG = """
-admin:
-  address: {socket_address: {address: 127.0.0.1, port_value: %(admin)d}}
-static_resources:
-  listeners:
-  - name: gateway
-    address: {socket_address: {address: 127.0.0.1, port_value: %(port)d}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: gateway
-          access_log:
-          - name: envoy.access_loggers.file
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
-              path: %(access_log)s
-              log_format:
-                text_format_source:
-                  inline_string: "%%RESPONSE_CODE%% %%UPSTREAM_HOST%% prefiller=%%REQ(X-PREFILLER-HOST-PORT)%% objective=%%REQ(X-GATEWAY-INFERENCE-OBJECTIVE)%% destination=%%REQ(X-GATEWAY-DESTINATION-ENDPOINT)%%\\n"
-          route_config:
-            virtual_hosts:
-            - name: pool
-              domains: ["*"]
-              routes:
-              - match: {prefix: "/"}
-                route: {cluster: pool, timeout: 30s}
-          http_filters:%(subset_filter)s
-          - name: envoy.filters.http.ext_proc
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
-              metadata_options: {forwarding_namespaces: {untyped: [envoy.lb.subset_hint]}}
-              grpc_service: {envoy_grpc: {cluster_name: picker}, timeout: 30s}
-              failure_mode_allow: false
-              message_timeout: 10s
-              processing_mode:
-                request_header_mode: SEND
-                response_header_mode: SEND
-                request_body_mode: FULL_DUPLEX_STREAMED
-                response_body_mode: %(response_body_mode)s
-                request_trailer_mode: SEND
-                response_trailer_mode: %(response_trailer_mode)s
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: pool
-    type: ORIGINAL_DST
-    lb_policy: CLUSTER_PROVIDED
-    connect_timeout: 1s
-    original_dst_lb_config: {use_http_header: true, http_header_name: x-gateway-destination-endpoint}
-  - name: picker
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {http2_protocol_options: {}}
-    load_assignment:
-      cluster_name: picker
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %(picker)d}}}
-"""
-
-
-SUBSET_FILTER = """
-          - name: envoy.filters.http.set_metadata
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config
-              metadata:
-              - metadata_namespace: envoy.lb.subset_hint
-                value: {x-gateway-destination-endpoint-subset: %s}"""
-"""What a gateway adds before the picker to say which endpoints it may pick (the inference
-extension's subset hint), here as a static filter."""
 
 
 @pytest.fixture(scope="session")
 def envoy_binary() -> Path:
-    done = subprocess.run(
-        ["bash", str(ROOT / "scripts/fetch-envoy.sh")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.fail(f"no Envoy binary (scripts/fetch-envoy.sh): {done.stderr[-500:]}")
-    return Path(done.stdout.strip().splitlines()[-1])
+    try:
+        return fetch_envoy()
+    except RuntimeError as err:
+        pytest.fail(str(err))
 
 
 Gateway = Callable[..., tuple[Router, str, Path]]
@@ -158,21 +73,17 @@ def gateway(start_router: RouterFactory, envoy_binary: Path, tmp_path: Path) -> 
         config = tmp_path / f"envoy-{len(envoys)}.yaml"
         access_log = tmp_path / f"envoy-{len(envoys)}-access.log"
         config.write_text(
-            ENVOY_CONFIG
-            % {
-                "port": port,
-                "admin": admin,
-                "picker": picker,
-                "access_log": access_log,
-                # the inference extension's own gateways stream the answers through the picker too
-                "response_body_mode": "FULL_DUPLEX_STREAMED" if response_bodies else "NONE",
-                "response_trailer_mode": "SEND" if response_bodies else "SKIP",
-                "subset_filter": "" if subset is None else SUBSET_FILTER % json.dumps(subset),
-            }
+            envoy_config(
+                port=port,
+                admin=admin,
+                picker=picker,
+                access_log=access_log,
+                response_bodies=response_bodies,
+                subset=subset,
+            )
         )
-        args = ["-c", str(config), "--concurrency", "1", "--disable-hot-restart", "-l", "warning"]
-        args += ["--file-flush-interval-msec", "50"]  # the access log, read by the tests
-        envoy = Process(args, tmp_path / f"envoy-{len(envoys)}.log", program=str(envoy_binary)).start()
+        envoy = Process(envoy_args(config), tmp_path / f"envoy-{len(envoys)}.log", program=str(envoy_binary))
+        envoy.start()
         envoys.append(envoy)
         eventually(
             lambda: http_get(f"http://127.0.0.1:{admin}", "/ready")[0] == 200,
@@ -385,16 +296,33 @@ async def waiting_for_kv(client: aiohttp.ClientSession, engine_url: str) -> floa
 def test_grpc_health_is_live_at_once_and_ready_only_once_the_router_has_a_config(
     cluster: Cluster, start_router: RouterFactory, tmp_path: Path
 ) -> None:
-    picker = free_port("127.0.0.1")
-    router = start_router({"schema": "not a config"}, "--picker-port", str(picker), wait_ready=False)
+    picker, health_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+    router = start_router(
+        {"schema": "not a config"},
+        "--picker-port", str(picker), "--picker-health-port", str(health_port),
+        wait_ready=False,
+    )  # fmt: skip
     serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
-    with grpc.insecure_channel(f"127.0.0.1:{picker}") as channel:
-        health = health_pb2_grpc.HealthStub(channel)
+    with (
+        grpc.insecure_channel(f"127.0.0.1:{picker}") as channel,
+        grpc.insecure_channel(f"127.0.0.1:{health_port}") as health_channel,
+    ):
+        stubs = (health_pb2_grpc.HealthStub(channel), health_pb2_grpc.HealthStub(health_channel))
 
         def status(service: str) -> int:
-            return health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+            # both ports answer alike (the health port is what the operator's probes ask)
+            answers = {
+                s.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status for s in stubs
+            }
+            assert len(answers) == 1, answers
+            return answers.pop()
 
         assert (status("liveness"), status("readiness"), status("")) == (serving, not_serving, not_serving)
         router.write_config(config_doc(cluster.prfaas, cluster.local, cluster.decode))
         eventually(lambda: status("readiness") == serving, timeout=10.0, interval=0.05, what="readiness")
         assert (status("liveness"), status("")) == (serving, serving)
+        # the health port serves health alone: no picker behind it
+        process = health_channel.stream_stream("/envoy.service.ext_proc.v3.ExternalProcessor/Process")
+        with pytest.raises(grpc.RpcError) as refused:
+            list(process(iter(()), timeout=5))
+        assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
