@@ -52,9 +52,11 @@ async def serve(settings: RouterSettings) -> int:
     _tune_gc()
     await server.start(settings.host, settings.port)
     log.info("listening on http://%s:%d (config %s)", settings.host, settings.port, settings.config_path)
-    picker = None
+    pickers = []
     if settings.picker_port is not None:
-        picker = await start_picker(service, settings.host, settings.picker_port)
+        pickers = await start_picker(
+            service, settings.host, settings.picker_port, settings.picker_health_port
+        )
         log.info("endpoint picker (ext_proc, gRPC health) on %s:%d", settings.host, settings.picker_port)
     try:
         await stop.wait()
@@ -65,8 +67,7 @@ async def serve(settings: RouterSettings) -> int:
             "shutting down: listener closed, requests in flight get up to %gs", settings.drain_timeout_seconds
         )
         await server.shutdown(settings.drain_timeout_seconds)
-        if picker is not None:
-            await picker.stop(settings.drain_timeout_seconds)
+        await asyncio.gather(*(picker.stop(settings.drain_timeout_seconds) for picker in pickers))
         await service.stop()
     return 0 if service.failed_loop is None else 1
 

@@ -314,11 +314,21 @@ class PickerHealth(health_pb2_grpc.HealthServicer):
         )
 
 
-async def start_picker(service: RouterService, host: str, port: int) -> grpc.aio.Server:
-    """The picker's gRPC server (ext_proc and health) on the router's event loop."""
+async def start_picker(
+    service: RouterService, host: str, port: int, health_port: int | None = None
+) -> list[grpc.aio.Server]:
+    """The picker's gRPC servers on the router's event loop: ext_proc and health on `port`, and
+    health alone on `health_port` when given (a probe there never reaches the picker itself)."""
+    health = PickerHealth(service)
     server = grpc.aio.server()
     ext_proc_grpc.add_ExternalProcessorServicer_to_server(Picker(service), server)
-    health_pb2_grpc.add_HealthServicer_to_server(PickerHealth(service), server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
     server.add_insecure_port(f"{host}:{port}")
-    await server.start()
-    return server
+    servers = [server]
+    if health_port is not None:
+        servers.append(grpc.aio.server())
+        health_pb2_grpc.add_HealthServicer_to_server(health, servers[-1])
+        servers[-1].add_insecure_port(f"{host}:{health_port}")
+    for each in servers:
+        await each.start()
+    return servers

@@ -48,6 +48,11 @@ class RouterSettings:
         "also serve as a gateway's endpoint picker on this port: Envoy's external processing and "
         "gRPC health (prfaas_router.picker); the same policy as the HTTP port's",
     )
+    picker_health_port: int | None = setting(
+        None,
+        "with --picker-port: gRPC health alone on this port too, for the kubelet's probes and gateways "
+        "that health-check a picker on its own port (GKE: 9003)",
+    )
     config_poll_seconds: float = setting(1.0)
     # why these four: prfaas_router.health
     health_path: str = setting(
