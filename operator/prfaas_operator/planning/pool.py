@@ -288,3 +288,16 @@ def claim_access(claim: str, namespace: str, subject: Mapping[str, str]) -> list
             "subjects": [dict(subject)],
         },
     ]
+
+
+POOL_PROTECTION_FINALIZER = f"{GROUP}/pool-protection"
+"""Holds a deleted pool while claims are bound to it, as kubernetes.io/pv-protection holds a bound volume."""
+
+
+def holding_deletion(bindings: Sequence[Binding]) -> str | None:
+    """Why a deleted pool is not let go yet (its finalizer stays): the claims still bound to it, which
+    would all lose their prefill at once. None: let it go."""
+    bound = sorted(binding.claim for binding in bindings if binding.accepted)
+    if not bound:
+        return None
+    return f"deletion waits for the bound claims to be deleted: {', '.join(bound)}"

@@ -299,3 +299,10 @@ def test_a_consumers_role_names_its_claim_and_nothing_else() -> None:
     assert (rule["resources"], rule["resourceNames"]) == (["prfaaspoolclaims"], ["pd-eu-west"])
     assert "update" not in rule["verbs"] and "deletecollection" not in rule["verbs"]
     assert binding["subjects"] == [subject] and binding["roleRef"]["name"] == role["metadata"]["name"]
+
+
+def test_a_deleted_pool_waits_for_its_bound_claims_only() -> None:
+    claims = [seen("us"), seen("eu"), seen("odd", kvLayout={**LAYOUT, "revision": "r2"})]
+    held = pool.holding_deletion(pool.bind(POOL, claims))
+    assert held == "deletion waits for the bound claims to be deleted: eu, us"
+    assert pool.holding_deletion(pool.bind(POOL, claims[2:])) is None
