@@ -195,11 +195,6 @@ def _parser() -> argparse.ArgumentParser:
     pool.add_argument("--burst-length", type=float, default=SharedPoolSetup.burst_seconds)
     pool.add_argument("--duration", type=float, default=SharedPoolSetup.duration)
     pool.add_argument("--warmup", type=float, default=SharedPoolSetup.warmup)
-    pool.add_argument(
-        "--horizon",
-        type=float,
-        help="seconds of its share a consumer's backlog at the pool may hold (default: the TTFT SLO less the pool's prefill of the longest prompt)",
-    )
     pool.add_argument("--aligned", action="store_true", help="every consumer's bursts at once (contention)")
     pool.add_argument("--drop-at", type=float, default=SharedPoolSetup.drop_at)
     pool.add_argument(
@@ -420,7 +415,6 @@ def _run_shared_pool(args: argparse.Namespace) -> int:
         drop_at=args.drop_at,
         drop_to_gbps=args.to_gbps,
         aligned=args.aligned,
-        horizon_seconds=args.horizon,
         traces=tuple(args.trace),
     )
     run = shared_pool_study(load_profile(args.profile), setup, seed=args.seed, ttft_slo_seconds=args.ttft_slo)

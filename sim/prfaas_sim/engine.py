@@ -28,6 +28,7 @@ from prfaas_core.router_config import (
     KvSize,
     LinkSpec,
     Pools,
+    PoolShare,
     PrefillTime,
     RouterConfig,
     Slo,
@@ -262,6 +263,7 @@ class Simulation:
         for node in self._pd:
             self._register(node)
         self._config_version = 0
+        self._pool_share: PoolShare | None = None
 
         def replica(config: RouterConfig) -> SimRouter:
             return SimRouter(
@@ -530,6 +532,7 @@ class Simulation:
                 for route in self._pools
             },
             decode_radix_cache=self.settings.decode_radix_cache,
+            pool_share=self._pool_share,
             decode=None
             if self.system.mean_output_tokens is None
             else DecodeCapacity(
@@ -608,6 +611,11 @@ class Simulation:
         self.router.apply(self._config())
         self._log(f"link now configured at {bytes_per_second_to_gbit(bandwidth):g} Gbit/s")
 
+    def publish_share(self, share: PoolShare) -> None:
+        """The shared pool's controller publishes this consumer's share: a new router config version."""
+        self._pool_share = share
+        self.router.apply(self._config())
+
     def _plan_tick(self) -> None:
         """The product's decision (`prfaas_core.planning.decide`) on the simulated window."""
         planner, measured = self.system.planner, self.system.measured
@@ -682,7 +690,9 @@ class Simulation:
             self._planner_log.append(f"t={self.now:.0f}s {line}")
 
 
+@functools.cache
 def _endpoint(name: str, *, prefill: bool) -> Endpoint:
+    """Built once per name: a config written every few seconds (a shared pool's share) need not check every URL again."""
     return Endpoint(
         name=name, url=f"http://{name}:{ENGINE_PORT}", bootstrap_port=BOOTSTRAP_PORT if prefill else None
     )

@@ -27,7 +27,7 @@ from prfaas_core.routing.link_estimate import (
 )
 from prfaas_core.routing.policy import Decision, PolicyModel, Rejection, RequestView, decide
 from prfaas_core.routing.prefix_index import NO_HIT, ClusterIndexes
-from prfaas_core.routing.workers import AvailableWorkers, EngineLoad, Fleet
+from prfaas_core.routing.workers import EngineLoad, Fleet
 from prfaas_core.vocabulary import ROUTE_LOCAL, ROUTE_PRFAAS
 
 from prfaas_sim.cluster import SimRequest
@@ -105,8 +105,7 @@ class SimRouter:
         """See the engines' outstanding work as `other` does: replicas that share the load of every worker."""
         self._fleet = other._fleet
 
-    def route(self, request: SimRequest, now: float, *, offload: bool = True) -> Decision | Rejection:
-        """`offload` False: the PrfaaS pool is not offered (the consumer is over its share of it)."""
+    def route(self, request: SimRequest, now: float) -> Decision | Rejection:
         keys = () if request.key is None else (request.key,)
         indexes, pooled = self._indexes, self._pooled
         hit_local, hit_prfaas = indexes.hits(keys)
@@ -121,10 +120,6 @@ class SimRouter:
             hit_decode=indexes.decode_hit(keys) if self.decode_radix_cache else NO_HIT,
         )
         pools = self._fleet.routable(now)
-        if not offload:
-            pools = AvailableWorkers(
-                pools.local, (), pools.decode, now=pools.now, one_layout=pools.one_layout
-            )
         inflight = (
             0.0 if self._link_check is LinkCheck.BLIND else self.inflight_bytes + self.peer_inflight_bytes
         )

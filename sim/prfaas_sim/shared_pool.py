@@ -6,10 +6,11 @@ its own link, its routers); shared, their PrfaaS instances are one pool (`engine
 dedicated each keeps its own. In the shared pool the pool's controller divides its capacity every
 `PUBLISH_SECONDS` with `prfaas_core.shares.divide` from each consumer's demand over the last
 period (the tokens of its prompts at or above its threshold, offloaded or not) and its link as
-its router config says it; each consumer's routers (`ShareRouter`) enforce their share with
-`shares.admit` from their own backlog at the pool and the pool's queue as the engines report
-it (`/v1/loads`), talking to no other consumer's routers; over its share a request is routed
-with the pool withheld, so the product's policy prefills it locally.
+its router config says it, and publishes each consumer's share in that consumer's router config
+(`RouterConfig.pool_share`, a new version), as the operator does. Each consumer's router keeps
+within it by the product's policy alone (its own backlog at the pool and the pool's queue as the
+engines report it, `/v1/loads`), talking to no other consumer's routers; over its share a request
+prefills locally (reason `pool_share`).
 
 Built-in loads: the profile's mixed traffic (Poisson) plus bursts of its long prompts, each
 consumer's bursts shifted by period / N so they do not line up; or one consumer per trace.
@@ -18,7 +19,6 @@ consumer's bursts shifted by period / N so they do not line up; or one consumer 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -30,9 +30,9 @@ from prfaas_core.router_config import KvSize, RouterConfig
 from prfaas_core.routing.link_estimate import EngineTransfers
 from prfaas_core.routing.policy import Decision, Rejection
 from prfaas_core.routing.workers import EngineLoad
-from prfaas_core.shares import Admit, Consumer, Division, admit, divide
+from prfaas_core.shares import Consumer, Division, divide
 from prfaas_core.throughput import ProfileDocument, Strategy, Workload
-from prfaas_core.vocabulary import ROUTE_PRFAAS, gbit_per_second_to_bytes
+from prfaas_core.vocabulary import gbit_per_second_to_bytes
 
 from prfaas_sim.cluster import SimRequest
 from prfaas_sim.engine import LinkChange, SharedPool, Simulation, SimulationSettings, SystemSpec, run_shared
@@ -67,9 +67,6 @@ class SharedPoolSetup:
     drop_at: float = 240.0
     drop_to_gbps: float = 5.0
     informed_after: float = 30.0
-    horizon_seconds: float | None = None
-    """A consumer's backlog at the pool may reach what its share prefills in this long; None:
-    `queueing_budget_seconds`."""
     aligned: bool = False
     """Every consumer's bursts at once (contention) instead of shifted apart."""
     traces: tuple[Path, ...] = ()
@@ -123,58 +120,29 @@ class Period:
     """The pool's prefill seconds spent on its requests."""
 
 
-class ShareRouter:
-    """One consumer's router within its published share; it knows its own offloads and what the pool's
-    engines report, nothing of the other consumers."""
+class DemandRouter:
+    """One consumer's router tier, counting what the pool's controller divides by: the tokens of its
+    prompts at or above its threshold, offloaded or not (the router's metrics would tell it). The
+    share itself its router keeps by the product's policy, from the config the controller publishes."""
 
-    def __init__(
-        self, name: str, replica: SimRouter, pool_names: frozenset[str], horizon_seconds: float
-    ) -> None:
-        self.name = name
+    def __init__(self, replica: SimRouter) -> None:
         self.replica = replica
-        self._pool_names = pool_names
-        self._horizon = horizon_seconds
-        self._queued: dict[str, int] = {}
-        self.backlog_tokens = 0.0
-        """Its offloads' prompt tokens not yet back from the pool."""
         self.demand_tokens = 0.0
-        """Since the last division: its prompts at or above its threshold, offloaded or not."""
-        self.division: Division | None = None
+        """Since the last division."""
 
     def route(self, request: SimRequest, now: float) -> Decision | Rejection:
-        tokens = request.total_tokens
         threshold = self.replica.model.threshold_tokens
-        if threshold is not None and tokens >= threshold:
-            self.demand_tokens += tokens
-        allowed = True
-        if self.division is not None:
-            allowed = (
-                admit(
-                    self.division.share(self.name),
-                    self.division.unclaimed_tokens_per_second,
-                    own_backlog_tokens=self.backlog_tokens,
-                    pool_backlog_tokens=sum(self._queued.values()),
-                    request_tokens=tokens,
-                    horizon_seconds=self._horizon,
-                )
-                is not Admit.OVER_SHARE
-            )
-        outcome = self.replica.route(request, now, offload=allowed)
-        if isinstance(outcome, Decision) and outcome.route == ROUTE_PRFAAS:
-            self.backlog_tokens += outcome.total_tokens
-        return outcome
+        if request.total_tokens >= threshold:
+            self.demand_tokens += request.total_tokens
+        return self.replica.route(request, now)
 
     def report_load(self, name: str, load: EngineLoad) -> None:
-        if name in self._pool_names:
-            self._queued[name] = load.waiting_uncached_tokens or 0
         self.replica.report_load(name, load)
 
     def report_link(self, now: float, answers: dict[str, EngineTransfers | None]) -> None:
         self.replica.report_link(now, answers)
 
     def prefill_returned(self, decision: Decision) -> None:
-        if decision.route == ROUTE_PRFAAS:
-            self.backlog_tokens = max(0.0, self.backlog_tokens - decision.total_tokens)
         self.replica.prefill_returned(decision)
 
     def finished(self, decision: Decision) -> None:
@@ -185,12 +153,13 @@ class ShareRouter:
 
 
 class PoolController:
-    """The pool's side: every `PUBLISH_SECONDS` it divides its capacity by what each consumer asked."""
+    """The pool's side: every `PUBLISH_SECONDS` it divides its capacity by what each consumer asked and
+    publishes each one's share in that consumer's router config (a new version), as the operator does."""
 
     def __init__(
         self,
         pool: SharedPool,
-        routers: Sequence[ShareRouter],
+        routers: Sequence[DemandRouter],
         weights: Sequence[float],
         capacity_tokens_per_second: float,
         kv_size: KvSize,
@@ -204,33 +173,33 @@ class PoolController:
         self.contended: list[bool] = []
         """Per period: the pool was saturated at its end (every instance busy, work waiting)."""
         self._busy = list(pool.busy_seconds)
+        self._division: Division | None = None
         self.publish(math.inf)
 
     def publish(self, seconds: float) -> None:
         """Divide by the demand of the last `seconds` (inf: the first, every consumer as much as it may)."""
         demands = [router.demand_tokens / seconds for router in self._routers]
-        if math.isfinite(seconds):
+        if self._division is not None:
             busy = self._pool.busy_seconds
-            for index, router in enumerate(self._routers):
-                assert router.division is not None
-                entitled = router.division.share(router.name).entitled_tokens_per_second / self.capacity
+            for index, share in enumerate(self._division.shares):
+                entitled = share.entitled_tokens_per_second / self.capacity
                 self.periods[index].append(Period(demands[index], entitled, busy[index] - self._busy[index]))
             self._busy = list(busy)
             self.contended.append(self._pool.saturated)
         else:
             demands = [math.inf] * len(self._routers)
-        division = divide(
+        self._division = divide(
             self.capacity,
             self._kv,
             [
-                Consumer(router.name, demand, consumer.configured_link, weight)
-                for router, consumer, demand, weight in zip(
-                    self._routers, self._pool.consumers, demands, self._weights, strict=True
+                Consumer(_consumer_name(index), demand, consumer.configured_link, weight)
+                for index, (consumer, demand, weight) in enumerate(
+                    zip(self._pool.consumers, demands, self._weights, strict=True)
                 )
             ],
         )
-        for router in self._routers:
-            router.division = division
+        for index, (router, consumer) in enumerate(zip(self._routers, self._pool.consumers, strict=True)):
+            consumer.publish_share(self._division.published(_consumer_name(index)))
             router.demand_tokens = 0.0
 
     def tick(self) -> None:
@@ -284,7 +253,6 @@ class SharedPoolRun:
     setup: SharedPoolSetup
     pool_instances: int
     capacity_tokens_per_second: float
-    horizon_seconds: float
     pd_only: tuple[RunResult, ...]
     dedicated: tuple[RunResult, ...]
     shared: SharedRun
@@ -339,37 +307,23 @@ def shared_pool_study(
         ),
     )
     capacity = pool_tokens_per_second(pool_spec, workload)
-    horizon = setup.horizon_seconds or queueing_budget_seconds(pool_spec, workload)
     aligned = dataclasses.replace(setup, aligned=True)
     return SharedPoolRun(
         setup=setup,
         pool_instances=pool_spec.allocation.prfaas_instances,
         capacity_tokens_per_second=capacity,
-        horizon_seconds=horizon,
         pd_only=pd_only,
         dedicated=dedicated,
-        shared=_shared(pool_spec, setup, settings, capacity, horizon, streams(), drop=False),
-        dropped=_shared(pool_spec, setup, settings, capacity, horizon, streams(), drop=True),
+        shared=_shared(pool_spec, setup, settings, capacity, streams(), drop=False),
+        dropped=_shared(pool_spec, setup, settings, capacity, streams(), drop=True),
         contention=None
         if setup.traces or setup.aligned
-        else _shared(pool_spec, aligned, settings, capacity, horizon, streams(aligned), drop=False),
+        else _shared(pool_spec, aligned, settings, capacity, streams(aligned), drop=False),
     )
 
 
-def queueing_budget_seconds(spec: SystemSpec, workload: Workload) -> float:
-    """How long a request may wait at the pool and still meet the TTFT SLO: the SLO less the pool's
-    prefill of the workload's longest prompt. A consumer's backlog at the pool is held to what its
-    share prefills in that long, so the consumers' backlogs together never make one wait past it
-    (with the SLO itself the others' backlogs alone can fill the wait a request may afford, and
-    the policy then keeps a consumer with a larger weight off the pool)."""
-    budget = spec.slo.ttft_seconds - float(
-        spec.profile.prfaas_prefill.seconds_for(float(workload.lengths.max()))
-    )
-    if budget <= 0:
-        raise ValueError(
-            "the TTFT SLO leaves no time to queue at the pool for the longest prompt: give --horizon"
-        )
-    return budget
+def _consumer_name(consumer: int) -> str:
+    return f"consumer-{consumer}"
 
 
 def _named(spec: SystemSpec, consumer: int) -> SystemSpec:
@@ -381,22 +335,17 @@ def _shared(
     setup: SharedPoolSetup,
     settings: SimulationSettings,
     capacity: float,
-    horizon: float,
     streams: Sequence[Iterator[RequestSpec]],
     *,
     drop: bool,
 ) -> SharedRun:
     pool = SharedPool()
-    routers: list[ShareRouter] = []
-    pool_names = frozenset(f"prfaas-{i}" for i in range(spec.allocation.prfaas_instances))
+    routers: list[DemandRouter] = []
 
     def tier(
-        name: str,
-        replica: Callable[[RouterConfig], SimRouter],
-        config: RouterConfig,
-        clock: Callable[[], float],
-    ) -> ShareRouter:
-        router = ShareRouter(name, replica(config), pool_names, horizon)
+        replica: Callable[[RouterConfig], SimRouter], config: RouterConfig, clock: Callable[[], float]
+    ) -> DemandRouter:
+        router = DemandRouter(replica(config))
         routers.append(router)
         return router
 
@@ -412,8 +361,7 @@ def _shared(
             if drop and consumer == setup.drop_consumer
             else []
         )
-        tiers = functools.partial(tier, f"consumer-{consumer}")
-        Simulation(_named(spec, consumer), settings, changes, routers=tiers, shared=pool)
+        Simulation(_named(spec, consumer), settings, changes, routers=tier, shared=pool)
     controller = PoolController(
         pool,
         routers,
@@ -490,8 +438,8 @@ def render(run: SharedPoolRun) -> list[str]:
         f"{setup.count} consumers; a shared pool of {run.pool_instances} PrfaaS instances "
         f"({run.capacity_tokens_per_second:.0f} tokens/s on the offloaded mix) against {setup.count} dedicated "
         f"pools of {run.pool_instances // setup.count}; PD only: the homogeneous PD cluster of the same GPU count "
-        f"per consumer. Shares published every {PUBLISH_SECONDS:g} s; a consumer's backlog at the pool held to "
-        f"{run.horizon_seconds:.1f} s of its share. Pool saturated at the end of {run.shared.contended_periods} "
+        f"per consumer. Shares published every {PUBLISH_SECONDS:g} s in each consumer's router config, kept by "
+        f"its router's policy. Pool saturated at the end of {run.shared.contended_periods} "
         f"of {run.shared.periods} periods. Link drop: consumer {setup.drop_consumer}'s link to "
         f"{setup.drop_to_gbps:g} Gbit/s at {setup.drop_at:g} s (its routers and the pool told "
         f"{setup.informed_after:g} s later).",

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 from prfaas_core.router_config import KvSize, LinkSpec
+from prfaas_core.routing.policy import Reason
 from prfaas_core.shares import Consumer, divide
 from prfaas_core.throughput import ProfileDocument, Strategy
 from prfaas_sim.cli import main
 from prfaas_sim.engine import SharedPool, Simulation, SimulationSettings, run_shared
-from prfaas_sim.shared_pool import SharedPoolSetup, ShareRouter, shared_pool_study
+from prfaas_sim.shared_pool import SharedPoolSetup, shared_pool_study
 from prfaas_sim.sources import RateSchedule, poisson_requests
 from prfaas_sim.systems import default_slo, deployments, load_profile
 
@@ -46,29 +47,24 @@ def test_one_consumer_of_a_shared_pool_runs_exactly_as_the_same_system_alone(doc
 
 @pytest.mark.parametrize("share", [0.0, 1e9])
 def test_a_consumer_over_its_share_prefills_locally(document, share):
-    """Its router withholds the pool once its own backlog there passes its share's horizon."""
+    """The share the controller publishes in its router config is kept by the product's policy: with none
+    left every long prompt prefills locally for the reason pool_share."""
     workload = document.default_workload()
     spec = deployments(document, workload, slo=default_slo(document)).specs[Strategy.PRFAAS_PD]
     pool = SharedPool()
     division = divide(
         share, KvSize(bytes_per_token=1.0), [Consumer("me", share, LinkSpec(bandwidth_bytes_per_second=1e12))]
     )
-    routers = []
-
-    def tier(replica, config, clock):
-        router = ShareRouter("me", replica(config), frozenset(), horizon_seconds=20.0)
-        router.division = division
-        routers.append(router)
-        return router
-
-    Simulation(spec, SimulationSettings(), routers=tier, shared=pool)
+    consumer = Simulation(spec, SimulationSettings(), shared=pool)
+    consumer.publish_share(division.published("me"))
     [result] = run_shared(pool, [poisson_requests(workload, RateSchedule.constant(2.0, 300.0), seed=4)])
     assert result.completed > 300
     if share:
         assert result.offloaded_fraction > 0.3
+        assert f"local/{Reason.POOL_SHARE}" not in result.decisions
     else:
         assert result.offloaded_fraction == 0
-        assert routers[0].backlog_tokens == 0
+        assert result.decisions[f"local/{Reason.POOL_SHARE}"] > 50
 
 
 def test_unaligned_bursts_serve_more_on_one_pool_and_a_link_drop_touches_only_its_consumer(document):
@@ -86,17 +82,15 @@ def test_unaligned_bursts_serve_more_on_one_pool_and_a_link_drop_touches_only_it
 
 
 def test_under_contention_the_pool_follows_the_weights(document):
-    """Bursts aligned: the consumer of weight 3 gets more of the pool than each of weight 1, as it does not
-    with equal weights."""
-    aligned = dataclasses.replace(SHORT, aligned=True)
-    equal = shared_pool_study(document, aligned, seed=1).shared
+    """Bursts aligned, weights 2 1 1: the heavier consumer gets about its entitlement while it asks for it
+    (with a whole TTFT SLO of backlog per entitlement the others' backlogs filled the wait and it got 0.78)."""
     weighted = shared_pool_study(
-        document, dataclasses.replace(aligned, weights=(3.0, 1.0, 1.0)), seed=1
+        document, dataclasses.replace(SHORT, aligned=True, weights=(2.0, 1.0, 1.0)), seed=1
     ).shared
-    assert equal.contended_periods > 0 and weighted.contended_periods > 0
-    assert equal.pool_share[0] < 0.4
-    assert weighted.pool_share[0] > max(weighted.pool_share[1:]) + 0.1
-    assert weighted.pool_share[0] > equal.pool_share[0] + 0.1
+    assert weighted.contended_periods > 0
+    heavy = weighted.share_over_weight[0]
+    assert heavy is not None and heavy >= 0.9, heavy
+    assert weighted.pool_share[0] > max(weighted.pool_share[1:]) + 0.05
 
 
 def test_the_subcommand_ends_with_the_ratio_line(capsys):
