@@ -1,11 +1,12 @@
-"""`python -m prfaas_operator.crd_apply`: install or upgrade the PrfaasDeployment CRD in a cluster.
+"""`python -m prfaas_operator.crd_apply`: install or upgrade this project's CRDs in a cluster.
 
 Helm installs a chart's crds/ on the first install only and never upgrades them. The chart's
 pre-install/pre-upgrade hook Job runs this module from the product image instead, so `helm
 upgrade` (and a GitOps tool that renders the chart's hooks) brings the CRD to the version the
 operator needs before the operator's new Deployment rolls out.
 
-The CRD is generated in-process from this image's models (`crd.crd_manifest()`, the same text
+Each CRD (crd.KINDS: PrfaasDeployment, PrfaasPool, PrfaasPoolClaim) is generated in-process
+from this image's models (`crd.crd_manifest(kind)`, the same text
 the repository's crds/ files hold: a unit test fails on drift), so the image and the CRD it
 needs never disagree and no YAML file has to ship in the image.
 
@@ -115,10 +116,8 @@ def removed_fields(live: Mapping[str, Any], desired: Mapping[str, Any]) -> list[
 def refusal(code: int, message: str) -> str:
     """One line on an apiserver refusal, with what to do about the usual ones."""
     if code == 403:
-        return (
-            f"forbidden: {message} (the hook's ClusterRole grants get, create and patch on "
-            f"customresourcedefinitions/{crd.CRD_NAME}; was rbac.create=false?)"
-        )
+        names = ", ".join(f"customresourcedefinitions/{kind.crd_name}" for kind in crd.KINDS)
+        return f"forbidden: {message} (the hook's ClusterRole grants get, create and patch on {names}; was rbac.create=false?)"
     if code == 401:
         return f"the apiserver rejected the credentials (HTTP 401: {message})"
     if code == 422:
@@ -129,9 +128,9 @@ def refusal(code: int, message: str) -> str:
 # ---- the cluster ----------------------------------------------------------------------------------
 
 
-def _get(client: Client) -> dict[str, Any] | None:
+def _get(client: Client, name: str) -> dict[str, Any] | None:
     try:
-        found = client.get(CustomResourceDefinition, crd.CRD_NAME)
+        found = client.get(CustomResourceDefinition, name)
     except ApiError as exc:
         if exc.status.code == 404:
             return None
@@ -143,7 +142,7 @@ def _get(client: Client) -> dict[str, Any] | None:
 def apply(client: Client, manifest: Mapping[str, Any], *, dry_run: bool) -> dict[str, Any]:
     applied = client.patch(
         CustomResourceDefinition,
-        crd.CRD_NAME,
+        manifest["metadata"]["name"],
         dict(manifest),
         patch_type=PatchType.APPLY,
         field_manager=FIELD_MANAGER,
@@ -154,39 +153,68 @@ def apply(client: Client, manifest: Mapping[str, Any], *, dry_run: bool) -> dict
     return as_dict
 
 
-def wait_established(client: Client, timeout: float, out: TextIO) -> bool:
+def wait_established(client: Client, name: str, timeout: float, out: TextIO) -> bool:
     deadline = time.monotonic() + timeout
     while True:
-        live = _get(client)
+        live = _get(client, name)
         why = "the CRD is gone" if live is None else not_established(live)
         if why is None:
             return True
         if time.monotonic() >= deadline:
-            print(f"{crd.CRD_NAME}: not Established after {timeout:g} s: {why}", file=out)
+            print(f"{name}: not Established after {timeout:g} s: {why}", file=out)
             return False
         time.sleep(POLL_SECONDS)
 
 
 def run(client: Client, *, dry_run: bool, timeout: float, out: TextIO, err: TextIO) -> int:
-    desired = crd.crd_manifest()
-    before = _get(client)
+    """Every CRD applied in turn (PrfaasDeployment's first); the first that fails ends the run."""
+    for kind in crd.KINDS:
+        if not _run_one(client, kind, dry_run=dry_run, timeout=timeout, out=out, err=err):
+            return 1
+    return 0
+
+
+def _run_one(
+    client: Client, kind: crd.Kind, *, dry_run: bool, timeout: float, out: TextIO, err: TextIO
+) -> bool:
+    name = kind.crd_name
+    try:
+        return _apply_one(
+            client, name, crd.crd_manifest(kind), dry_run=dry_run, timeout=timeout, out=out, err=err
+        )
+    except ApiError as exc:
+        code = exc.status.code or exc.response.status_code
+        print(f"{name}: {refusal(code, exc.status.message or str(exc))}", file=err)
+    except httpx2.TransportError as exc:
+        print(f"{name}: cannot reach the apiserver: {exc or type(exc).__name__}", file=err)
+    return False
+
+
+def _apply_one(
+    client: Client,
+    name: str,
+    desired: dict[str, Any],
+    *,
+    dry_run: bool,
+    timeout: float,
+    out: TextIO,
+    err: TextIO,
+) -> bool:
+    before = _get(client, name)
     if before is not None:
         for field in removed_fields(before, desired):
-            print(
-                f"warning: {crd.CRD_NAME}: this CRD drops {field}; objects written from now on lose it",
-                file=err,
-            )
+            print(f"warning: {name}: this CRD drops {field}; objects written from now on lose it", file=err)
     after = apply(client, desired, dry_run=dry_run)
     what = change(before, after)
     generation = after.get("metadata", {}).get("generation")
     suffix = " (server-side dry run: nothing was written)" if dry_run else ""
-    print(f"{crd.CRD_NAME}: {what}, generation {generation}, field manager {FIELD_MANAGER}{suffix}", file=out)
+    print(f"{name}: {what}, generation {generation}, field manager {FIELD_MANAGER}{suffix}", file=out)
     if dry_run:
-        return 0
-    if not wait_established(client, timeout, err):
-        return 1
-    print(f"{crd.CRD_NAME}: Established", file=out)
-    return 0
+        return True
+    if not wait_established(client, name, timeout, err):
+        return False
+    print(f"{name}: Established", file=out)
+    return True
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -211,18 +239,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--timeout must be >= 0")
     try:
         client = Client(field_manager=FIELD_MANAGER)
-        return run(client, dry_run=args.dry_run, timeout=args.timeout, out=sys.stdout, err=sys.stderr)
     except ConfigError as exc:
         print(
             f"no cluster to talk to (no in-cluster ServiceAccount, no usable KUBECONFIG): {exc}",
             file=sys.stderr,
         )
-    except ApiError as exc:
-        code = exc.status.code or exc.response.status_code
-        print(f"{crd.CRD_NAME}: {refusal(code, exc.status.message or str(exc))}", file=sys.stderr)
-    except httpx2.TransportError as exc:
-        print(f"{crd.CRD_NAME}: cannot reach the apiserver: {exc or type(exc).__name__}", file=sys.stderr)
-    return 1
+        return 1
+    return run(client, dry_run=args.dry_run, timeout=args.timeout, out=sys.stdout, err=sys.stderr)
 
 
 if __name__ == "__main__":

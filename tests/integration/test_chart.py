@@ -427,7 +427,7 @@ def test_no_rbac_rule_uses_a_wildcard(helm: Path, sets: tuple[str, ...]) -> None
         for rule in role["rules"]:
             assert "nonResourceURLs" not in rule, rule
             if HOOK in role["metadata"].get("annotations", {}):
-                assert rule["resourceNames"] == [crd.CRD_NAME], rule  # narrower still, see below
+                assert rule["resourceNames"] == [kind.crd_name for kind in crd.KINDS], rule  # see below
             elif role["metadata"]["name"].endswith("-leader-election"):
                 assert rule["verbs"] == ["create"] or rule.get("resourceNames"), rule  # see the Lease test
             else:
@@ -489,14 +489,14 @@ def test_crd_upgrade_hook_runs_the_product_image_as_locked_down_as_the_operator(
     assert account == f"{RELEASE}-prfaas-operator-crd-upgrade" != operator_pod["serviceAccountName"]
 
 
-def test_crd_upgrade_hook_may_get_create_and_patch_this_crd_only(helm: Path) -> None:
+def test_crd_upgrade_hook_may_get_create_and_patch_these_crds_only(helm: Path) -> None:
     hooks = hooks_of(render(helm, hooks=True))
     role = only(hooks, "ClusterRole")
     assert role["rules"] == [
         {
             "apiGroups": ["apiextensions.k8s.io"],
             "resources": ["customresourcedefinitions"],
-            "resourceNames": [crd.CRD_NAME],
+            "resourceNames": [kind.crd_name for kind in crd.KINDS],
             "verbs": ["get", "create", "patch"],
         }
     ]
@@ -1024,6 +1024,8 @@ def test_crd_upgrade_hook_brings_an_older_crd_to_the_models_with_only_its_rights
         done = run_crd_apply(kubeconfig, "--timeout", "30")
         assert done.returncode == 0, done.stdout + done.stderr
         assert f"{crd.CRD_NAME}: updated" in done.stdout and "Established" in done.stdout
+        for kind in crd.KINDS[1:]:  # the pool's CRDs too, as the models have them
+            assert f"{kind.crd_name}: Established" in done.stdout, done.stdout
         assert "v1alpha1:.spec.obsoleteField" in done.stderr  # the warning of a field removal
         live = live_crd(admin)
         (served,) = live["spec"]["versions"]
@@ -1056,11 +1058,12 @@ def test_crd_upgrade_hook_identity_may_touch_no_other_crd(
     def allowed(verb: str, resource: str) -> bool:
         return can_i(admin, verb, resource, namespace=None, user=user)
 
-    ours = f"customresourcedefinitions/{crd.CRD_NAME}"
-    for verb in ("get", "create", "patch"):
-        assert allowed(verb, ours), f"the hook may not {verb} {ours}"
-    for verb in ("delete", "update", "list", "watch"):
-        assert not allowed(verb, ours), f"the hook may {verb} {ours}"
+    for kind in crd.KINDS:
+        ours = f"customresourcedefinitions/{kind.crd_name}"
+        for verb in ("get", "create", "patch"):
+            assert allowed(verb, ours), f"the hook may not {verb} {ours}"
+        for verb in ("delete", "update", "list", "watch"):
+            assert not allowed(verb, ours), f"the hook may {verb} {ours}"
     for verb in ("get", "create", "patch", "delete"):
         assert not allowed(verb, "customresourcedefinitions/others.example.com"), verb
     assert not allowed("create", "customresourcedefinitions"), "a nameless create (POST) must be refused"

@@ -100,9 +100,14 @@ watched namespace; never a wildcard.
 {{- printf "%s-crd-upgrade" (include "prfaas-operator.fullname" . | trunc 51 | trimSuffix "-") -}}
 {{- end -}}
 
-{{/* The CRD this chart owns; the hook may touch no other. */}}
+{{/* The PrfaasDeployment CRD. */}}
 {{- define "prfaas-operator.crdName" -}}
 prfaasdeployments.prfaas.io
+{{- end -}}
+
+{{/* The CRDs this chart owns (crd.KINDS); the hook may touch no other. */}}
+{{- define "prfaas-operator.crdNames" -}}
+{{ include "prfaas-operator.crdName" . }}, prfaaspools.prfaas.io, prfaaspoolclaims.prfaas.io
 {{- end -}}
 
 {{/* The leader-election Lease (in the release namespace). */}}
