@@ -42,6 +42,8 @@ class Role(enum.StrEnum):
     PRFAAS_KV_STORE = "prfaas-kv-store"
     PD_KV_MASTER = "pd-kv-master"
     PD_KV_STORE = "pd-kv-store"
+    PICKER = "picker"
+    """The router run as a gateway's endpoint picker (spec.gateway); its InferencePool carries it too."""
 
 
 ENGINE_ROLES = (Role.PRFAAS_PREFILL, Role.PD_PREFILL, Role.PD_DECODE)
@@ -94,6 +96,11 @@ LWS_GROUP = "leaderworkerset.x-k8s.io"
 LWS_VERSION = "v1"
 LWS_KIND = "LeaderWorkerSet"
 LWS_PLURAL = "leaderworkersets"
+# The Gateway API Inference Extension's pool (installed by the gateway, not by us).
+INFERENCE_POOL_GROUP = "inference.networking.k8s.io"
+INFERENCE_POOL_VERSION = "v1"
+INFERENCE_POOL_KIND = "InferencePool"
+INFERENCE_POOL_PLURAL = "inferencepools"
 LWS_WORKER_INDEX_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
 """On every pod of a group: "0" on its leader (SGLang's node rank 0), 1.. on the others."""
 LWS_ENV_LEADER_ADDRESS = "LWS_LEADER_ADDRESS"

@@ -1004,6 +1004,79 @@ class RouterSpec(_Model):
     )
 
 
+class InferencePoolSpec(_Model):
+    """The InferencePool (inference.networking.k8s.io/v1) the operator writes over the decode pods:
+    a gateway of the Gateway API Inference Extension (Istio, kgateway, GKE, ...) sends the requests of
+    an HTTPRoute to it and asks the picker which decode serves each. The CRD is the gateway's: where
+    the cluster serves none, the condition GatewayReady says so and the rest is unaffected."""
+
+    enabled: bool = Field(
+        default=False,
+        description=(
+            "Write the InferencePool and run the picker (Deployment, Service, ServiceAccount, Role, "
+            "RoleBinding and PodDisruptionBudget <name>-picker). False: the router's Service is the only "
+            "front, and the gateway's objects are deleted."
+        ),
+    )
+    target_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="The decode pods' port the gateway sends to. Unset: pdCluster.port.",
+    )
+    failure_mode: Literal["FailClose", "FailOpen"] = Field(
+        default="FailClose",
+        description=(
+            "What the gateway does when the picker does not answer: FailClose refuses the request; "
+            "FailOpen sends it to a decode of the gateway's choosing, with no prefill (a PD request "
+            "then fails in the decode's bootstrap wait): keep FailClose."
+        ),
+    )
+
+
+class PickerSpec(_Model):
+    """The endpoint picker: the router's image and config run with --picker-port (Envoy's external
+    processing over gRPC), with the router's resources, placement and tokenizer."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel("self.grpcPort != self.healthPort", "grpcPort and healthPort must differ", ".healthPort")
+            ]
+        }
+    )
+
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Picker replicas; each decides on its own, as router replicas do. With FailClose a "
+        "gateway refuses requests while no picker is ready: 2 keeps one through a rollout or a drain.",
+    )
+    grpc_port: int = Field(
+        default=9002,
+        ge=1,
+        le=65535,
+        description="The ext_proc port (gRPC, plain text), the InferencePool's endpointPickerRef.port.",
+    )
+    health_port: int = Field(
+        default=9003,
+        ge=1,
+        le=65535,
+        description="gRPC health (grpc.health.v1: liveness, readiness) alone, for the kubelet's "
+        "probes and gateways that health-check the picker there (GKE: 9003).",
+    )
+
+
+class GatewaySpec(_Model):
+    """Serving behind a gateway of the Gateway API Inference Extension besides the router Service."""
+
+    inference_pool: InferencePoolSpec = Field(
+        default_factory=InferencePoolSpec, description="The InferencePool over the decode pods."
+    )
+    picker: PickerSpec = Field(default_factory=PickerSpec, description="The endpoint picker it names.")
+
+
 class DisruptionBudgetSpec(_Model):
     """The PodDisruptionBudgets (policy/v1) the operator writes: one per engine StatefulSet (in its
     cluster, named like it) and one for the router Deployment."""
@@ -1156,6 +1229,11 @@ class PrfaasDeploymentSpec(_Model):
         default_factory=DisruptionBudgetSpec,
         description="Disruption budgets of the engine pools and the router.",
     )
+    gateway: GatewaySpec = Field(
+        default_factory=GatewaySpec,
+        description="An InferencePool and its endpoint picker, for a gateway in front (off by default: "
+        "clients call the router Service).",
+    )
     prefix_cache: PrefixCacheSpec = Field(
         default_factory=PrefixCacheSpec,
         description="Caches beyond each prefill's own radix cache (the shared pools are "
@@ -1182,6 +1260,7 @@ class ConditionType(enum.StrEnum):
     DEGRADED = "Degraded"
     ROLLOUT_PROGRESSING = "RolloutProgressing"
     CACHE_POOL_READY = "CachePoolReady"
+    GATEWAY_READY = "GatewayReady"
 
 
 class Condition(_Model):
@@ -1189,7 +1268,8 @@ class Condition(_Model):
 
     type: str = Field(
         description="Ready, PrefillClusterReady, PDClusterReady, RouterReady, Degraded, RolloutProgressing or "
-        "CachePoolReady (present while a cachePool is declared)."
+        "CachePoolReady (present while a cachePool is declared), GatewayReady (while "
+        "gateway.inferencePool.enabled)."
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="CamelCase reason.")

@@ -57,6 +57,7 @@ OPERATOR_NAMESPACED = (
     | {("prfaas.io", "prfaasdeployments/finalizers", "update")}
     | {("apps", resource, verb) for resource in ("statefulsets", "deployments") for verb in WRITE}
     | {("leaderworkerset.x-k8s.io", "leaderworkersets", verb) for verb in WRITE}  # multi-node pools
+    | {("inference.networking.k8s.io", "inferencepools", verb) for verb in WRITE}  # spec.gateway
     | {("", resource, verb) for resource in ("services", "configmaps") for verb in WRITE}
     | {("", "pods", verb) for verb in ("get", "list", "watch")}
     | {("policy", "poddisruptionbudgets", verb) for verb in WRITE}

@@ -68,6 +68,11 @@ watched namespace; never a wildcard.
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, list, watch, create, patch, update, delete]
+# A PrfaasDeployment's spec.gateway: an InferencePool over its decode pods (the CRD is the
+# gateway's; where it is not installed the operator says so in GatewayReady).
+- apiGroups: [inference.networking.k8s.io]
+  resources: [inferencepools]
+  verbs: [get, list, watch, create, patch, update, delete]
 # Each router's identity: a ServiceAccount whose Role reads only its config ConfigMap (the
 # operator can grant that because it reads ConfigMaps itself).
 - apiGroups: [""]

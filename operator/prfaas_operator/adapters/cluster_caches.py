@@ -20,7 +20,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from prfaas_core.vocabulary import LWS_KIND
+from prfaas_core.vocabulary import INFERENCE_POOL_KIND, LWS_KIND
 
 from prfaas_operator.adapters.informers import ClusterCache, OnChange, ScopedCache
 from prfaas_operator.adapters.kube import Cluster
@@ -40,10 +40,11 @@ PD_KINDS = (
     "ServiceAccount",
     "Role",
     "RoleBinding",
+    INFERENCE_POOL_KIND,
 )
 # What the operator writes in a PrfaaS cluster (found by owner label to prune and to delete).
 PRFAAS_OWNED_KINDS = ("StatefulSet", LWS_KIND, "Service", "PodDisruptionBudget")
-ADD_ON_KINDS = (LWS_KIND,)
+ADD_ON_KINDS = (LWS_KIND, INFERENCE_POOL_KIND)
 """Kinds a cluster serves only with an add-on installed: one that does not is observed all the same."""
 PRFAAS_KINDS = (*PRFAAS_OWNED_KINDS, "Pod")
 

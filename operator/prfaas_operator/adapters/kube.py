@@ -43,6 +43,10 @@ from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 from lightkube.types import PatchType
 from prfaas_core.vocabulary import (
     GROUP,
+    INFERENCE_POOL_GROUP,
+    INFERENCE_POOL_KIND,
+    INFERENCE_POOL_PLURAL,
+    INFERENCE_POOL_VERSION,
     KIND,
     LWS_GROUP,
     LWS_KIND,
@@ -76,6 +80,9 @@ HTTP2 = importlib.util.find_spec("h2") is not None  # httpx2 speaks HTTP/2 only 
 
 PrfaasDeploymentResource = create_namespaced_resource(GROUP, VERSION, KIND, PLURAL)
 LeaderWorkerSetResource = create_namespaced_resource(LWS_GROUP, LWS_VERSION, LWS_KIND, LWS_PLURAL)
+InferencePoolResource = create_namespaced_resource(
+    INFERENCE_POOL_GROUP, INFERENCE_POOL_VERSION, INFERENCE_POOL_KIND, INFERENCE_POOL_PLURAL
+)
 
 # Any: lightkube overloads its methods per resource flavour; this table mixes them.
 _KINDS: dict[str, Any] = {
@@ -92,6 +99,7 @@ _KINDS: dict[str, Any] = {
     "PodDisruptionBudget": PodDisruptionBudget,
     KIND: PrfaasDeploymentResource,
     LWS_KIND: LeaderWorkerSetResource,
+    INFERENCE_POOL_KIND: InferencePoolResource,
 }
 
 

@@ -228,13 +228,22 @@ class Reconciler:
         _recall_placement(mem, previous)
         self._owners[f"remote:{label_value(owner.key)}"] = owner.uid
         self._owners[f"local:{owner.namespace}/{label_value(owner.name)}"] = owner.uid
-        pass_input = PassInput(spec, owner, generation, previous, now, mem.observed, mem.data_path)
         names = Names.of(owner.name)
 
         # The local engines need nothing else: they go first, while the PrfaaS client is fetched
         # (which may read its Secret). Then observe both caches, decide the router config, and
         # apply what drifted in the PrfaaS cluster and the router's objects at once.
         local_cache = self._caches.of(self.clusters.local)
+        pass_input = PassInput(
+            spec,
+            owner,
+            generation,
+            previous,
+            now,
+            mem.observed,
+            mem.data_path,
+            observation.inference_pool_served(local_cache),
+        )
         remote_cache = self._caches.prefill_cluster_cache(owner.uid)  # last pass's; no I/O
         settle = spec.rollout.min_ready_seconds
         slots: dict[str, Sequence[Slot] | None] = {
@@ -254,7 +263,12 @@ class Reconciler:
             else None
         )
         engines = plan_pd_engines(
-            pass_input, mem.drains, slots, self.options, observation.pool_objects(local_cache, owner)
+            pass_input,
+            mem.drains,
+            slots,
+            self.options,
+            observation.pool_objects(local_cache, owner),
+            observation.gateway_objects(local_cache, owner),
         )
         mem.drains = engines.drains
         _log_notes(engines.notes)
@@ -381,7 +395,7 @@ class Reconciler:
             await apply_drifted(self.clusters.local, cache, wanted, mem, "pd")
             await delete_retired(self.clusters.local, owner, retire)
             for kind, namespace, name in prune:
-                log.info("%s: cachePool removed; deleting %s %s/%s", owner.key, kind, namespace, name)
+                log.info("%s: no longer wanted; deleting %s %s/%s", owner.key, kind, namespace, name)
                 await self.clusters.local.delete(kind, name, namespace)
         except ClusterError as err:
             self.metrics.cluster_errors.labels(cluster="pd", reason=err.problem.reason).inc()

@@ -122,6 +122,8 @@ class Names:
     prfaas_kv_store: str
     pd_kv_master: str
     pd_kv_store: str
+    picker: str
+    inference_pool: str
 
     @classmethod
     def of(cls, cr_name: str) -> Names:
@@ -135,6 +137,8 @@ class Names:
             prfaas_kv_store=f"{cr_name}-prfaas-kv-store",
             pd_kv_master=f"{cr_name}-pd-kv-master",
             pd_kv_store=f"{cr_name}-pd-kv-store",
+            picker=f"{cr_name}-picker",
+            inference_pool=cr_name,  # what a gateway's HTTPRoute names: the deployment itself
         )
 
 
@@ -734,9 +738,42 @@ def router_deployment(spec: PrfaasDeploymentSpec, owner: Owner, config_json: str
     A rolling update starts a new pod before it stops an old one, which leaves through its
     preStop hook (`prfaas_router.drain`): out of rotation first, then its streams finish.
     """
+    return router_process_deployment(
+        spec,
+        owner,
+        config_json,
+        RouterProcess(
+            name=Names.of(owner.name).router,
+            role=Role.ROUTER,
+            replicas=spec.router.replicas,
+            readiness=_http_probe("/readiness", period=5, timeout=3, failures=3),
+            liveness=_http_probe("/liveness", period=10, timeout=5, failures=3),
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class RouterProcess:
+    """What tells one Deployment of the router's process from another (the router, the picker):
+    its name and role, replicas, the flags and ports it adds, and its probes."""
+
+    name: str
+    role: str
+    replicas: int
+    readiness: dict[str, Any]
+    liveness: dict[str, Any]
+    args: tuple[str, ...] = ()
+    ports: tuple[dict[str, Any], ...] = ()
+
+
+def router_process_deployment(
+    spec: PrfaasDeploymentSpec, owner: Owner, config_json: str | None, process: RouterProcess
+) -> Manifest:
+    """A Deployment running the router's process with spec.router's image, resources, placement,
+    tokenizer and shutdown, reading the router's config ConfigMap as the ServiceAccount of its own name."""
     names = Names.of(owner.name)
     router = spec.router
-    metadata = _metadata(names.router, owner.namespace, owner, Role.ROUTER, remote=False)
+    metadata = _metadata(process.name, owner.namespace, owner, process.role, remote=False)
     if config_json is not None:
         metadata["annotations"] = {ANNOTATION_CONFIG_CHECKSUM: config_checksum(config_json)}
     args = [
@@ -752,6 +789,7 @@ def router_deployment(spec: PrfaasDeploymentSpec, owner: Owner, config_json: str
         str(router.shutdown.delay_seconds),
         "--drain-timeout-seconds",
         str(router_drain_seconds(spec)),
+        *process.args,
     ]
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True},
@@ -776,11 +814,11 @@ def router_deployment(spec: PrfaasDeploymentSpec, owner: Owner, config_json: str
         "image": router.image,
         "command": ["prfaas-router"],
         "args": args,
-        "ports": [{"name": "http", "containerPort": router.port, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": router.port, "protocol": "TCP"}, *process.ports],
         "resources": router.resources.model_dump(by_alias=True),
         "volumeMounts": mounts,
-        "readinessProbe": _http_probe("/readiness", period=5, timeout=3, failures=3),
-        "livenessProbe": _http_probe("/liveness", period=10, timeout=5, failures=3),
+        "readinessProbe": process.readiness,
+        "livenessProbe": process.liveness,
         "lifecycle": {
             "preStop": {
                 "exec": {"command": ["prfaas-router-drain", "--seconds", str(router.shutdown.delay_seconds)]}
@@ -794,11 +832,11 @@ def router_deployment(spec: PrfaasDeploymentSpec, owner: Owner, config_json: str
         "kind": "Deployment",
         "metadata": metadata,
         "spec": {
-            "replicas": router.replicas,
+            "replicas": process.replicas,
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-            "selector": {"matchLabels": selector_labels(owner, Role.ROUTER)},
+            "selector": {"matchLabels": selector_labels(owner, process.role)},
             "template": {
-                "metadata": {"labels": child_labels(owner, Role.ROUTER, remote=False)},
+                "metadata": {"labels": child_labels(owner, process.role, remote=False)},
                 "spec": {
                     "containers": [container],
                     "terminationGracePeriodSeconds": grace,
@@ -808,8 +846,8 @@ def router_deployment(spec: PrfaasDeploymentSpec, owner: Owner, config_json: str
                     "tolerations": [
                         t.model_dump(by_alias=True, exclude_none=True) for t in router.tolerations
                     ],
-                    # its token may read its own config ConfigMap and nothing else (router_access)
-                    "serviceAccountName": names.router,
+                    # its token may read the config ConfigMap and nothing else (router_access)
+                    "serviceAccountName": process.name,
                     "automountServiceAccountToken": True,
                     "securityContext": RESTRICTED_POD,
                 },
@@ -818,15 +856,17 @@ def router_deployment(spec: PrfaasDeploymentSpec, owner: Owner, config_json: str
     }
 
 
-def router_access(owner: Owner) -> list[Manifest]:
-    """The router's identity: a ServiceAccount that may read its one config ConfigMap, nothing else.
+def router_access(owner: Owner, name: str | None = None, role: str = Role.ROUTER) -> list[Manifest]:
+    """The router's identity (or the picker's, `name`): a ServiceAccount that may read the one
+    config ConfigMap, nothing else.
 
     The kubelet refreshes a mounted ConfigMap in a minute or more; through the API the router
     sees a new config in about a second (it watches it with ``fieldSelector=metadata.name``,
     which RBAC's resourceNames allows for list and watch too).
     """
     names = Names.of(owner.name)
-    metadata = _metadata(names.router, owner.namespace, owner, Role.ROUTER, remote=False)
+    name = name or names.router
+    metadata = _metadata(name, owner.namespace, owner, role, remote=False)
     rbac = "rbac.authorization.k8s.io"
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata},
@@ -847,8 +887,8 @@ def router_access(owner: Owner) -> list[Manifest]:
             "apiVersion": f"{rbac}/v1",
             "kind": "RoleBinding",
             "metadata": metadata,
-            "roleRef": {"apiGroup": rbac, "kind": "Role", "name": names.router},
-            "subjects": [{"kind": "ServiceAccount", "name": names.router, "namespace": owner.namespace}],
+            "roleRef": {"apiGroup": rbac, "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": owner.namespace}],
         },
     ]
 

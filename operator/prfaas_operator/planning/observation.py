@@ -11,11 +11,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
-from prfaas_core.vocabulary import LABEL_FINGERPRINT, LABEL_INSTANCE, LABEL_NAME, LABEL_OWNER, LWS_KIND, Role
+from prfaas_core.vocabulary import (
+    INFERENCE_POOL_KIND,
+    LABEL_FINGERPRINT,
+    LABEL_INSTANCE,
+    LABEL_NAME,
+    LABEL_OWNER,
+    LWS_KIND,
+    Role,
+)
 
 from prfaas_operator.planning import drain, workloads
 from prfaas_operator.planning.cache_pool import POOL_KINDS
 from prfaas_operator.planning.drift import Applied, needs_apply
+from prfaas_operator.planning.gateway import GATEWAY_KINDS
 from prfaas_operator.planning.manifests import Names, Owner, label_value, revision_of, selector_labels
 from prfaas_operator.planning.rollout import Slot, settled, slot_names
 from prfaas_operator.planning.status import ClusterObservation, PodInfo, Problem
@@ -138,6 +147,7 @@ def pd_cluster(owner: Owner, cache: CacheView) -> ClusterObservation:
     ready: dict[str, int] = {
         **ready_by_role(engines),
         Role.ROUTER: workloads.ready_replicas(cache["Deployment"].get(owner.namespace, names.router)),
+        Role.PICKER: workloads.ready_replicas(cache["Deployment"].get(owner.namespace, names.picker)),
         Role.PD_KV_MASTER: workloads.ready_replicas(
             cache["StatefulSet"].get(owner.namespace, names.pd_kv_master)
         ),
@@ -188,6 +198,23 @@ def pool_objects(cache: CacheView, owner: Owner) -> list[tuple[str, str, str]]:
         for kind in POOL_KINDS
         for obj in cache[kind].select(owner.namespace, selector_labels(owner, role))
     ]
+
+
+def gateway_objects(cache: CacheView, owner: Owner) -> list[tuple[str, str, str]]:
+    """This CR's gateway objects in the PD cluster (kind, namespace, name); none while the cache is
+    not known (nothing is pruned on what is not known)."""
+    if not known(cache):
+        return []
+    return [
+        (kind, obj["metadata"]["namespace"], obj["metadata"]["name"])
+        for kind in GATEWAY_KINDS
+        for obj in cache[kind].select(owner.namespace, selector_labels(owner, Role.PICKER))
+    ]
+
+
+def inference_pool_served(cache: CacheView) -> bool | None:
+    """Whether the PD cluster serves InferencePool (None: not known yet)."""
+    return cache[INFERENCE_POOL_KIND].served if known(cache) else None
 
 
 def owned_objects(cache: CacheView, owner: Owner, kinds: Iterable[str]) -> list[tuple[str, str, str]]:

@@ -50,6 +50,7 @@ from prfaas_operator.planning.cache_pool import (
 from prfaas_operator.planning.data_path import NOT_LOOKED_AT, DataPath
 from prfaas_operator.planning.drain import Drain
 from prfaas_operator.planning.fingerprint import kv_fingerprint
+from prfaas_operator.planning.gateway import gateway_enabled, gateway_manifests, gateway_problem
 from prfaas_operator.planning.manifests import (
     ROUTER_CONFIG_KEY,
     DesiredRevision,
@@ -74,6 +75,7 @@ from prfaas_operator.planning.status import (
     INVALID_PROFILE,
     INVALID_SPEC,
     ClusterObservation,
+    GatewaySeen,
     PodInfo,
     Problem,
     RouterConfigOutcome,
@@ -130,6 +132,8 @@ class PassInput:
     """The latest figures of the engines' revisions from Prometheus (rollout analysis; None: none taken)."""
     data_path: DataPath = NOT_LOOKED_AT
     """The latest verdict on KV reaching the decodes from the PrfaaS pool (the planner loop's)."""
+    inference_pool_served: bool | None = None
+    """Whether the PD cluster serves InferencePool (None: its cache has not said yet)."""
 
 
 # ---- step 1: the allocation, the local drains and the PD cluster's children ----------------------
@@ -158,9 +162,12 @@ def plan_pd_engines(
     slots: Mapping[str, Sequence[Slot] | None],
     options: ReconcileOptions,
     pool_objects_found: Sequence[tuple[str, str, str]] = (),
+    gateway_objects_found: Sequence[tuple[str, str, str]] = (),
 ) -> EnginePlan:
     """Step 1. `slots`: each engine role's live StatefulSets (None: its cluster not looked at);
-    `pool_objects_found`: the PD cluster's cache-pool objects of this CR (kind, namespace, name).
+    `pool_objects_found`, `gateway_objects_found`: the PD cluster's cache-pool and gateway objects
+    of this CR (kind, namespace, name); those no longer wanted are pruned (the gateway's are
+    applied in step 2, with the router's Deployment: its picker carries the config's checksum).
 
     The rollout is decided here for the roles of both clusters (it steps them together); the
     PrfaaS cluster's share is applied in step 2. The PD cluster's cache pool goes with the local
@@ -196,7 +203,10 @@ def plan_pd_engines(
     ]
     pool = pool_manifests(spec, owner, remote=False)
     manifests += pool
-    prune = leftover_pool_objects(pool_objects_found, pool)
+    gateway = gateway_manifests(
+        spec, owner, None, inference_pool_served=pass_input.inference_pool_served is True
+    )
+    prune = leftover_pool_objects(pool_objects_found, pool) + stale_children(gateway_objects_found, gateway)
     retire = retired(rolled, local_roles, owner.namespace)
     if rolled.event is not None:
         notes.append(f"{owner.key}: {rolled.event[0]}: {rolled.event[1]}")
@@ -447,6 +457,12 @@ def plan_router_and_prefill_cluster(
     config = decision.config
     router = [router_deployment(spec, owner, config.to_json() if config else None)]
     router += [router_configmap(owner, config)] if config is not None else []
+    router += gateway_manifests(
+        spec,
+        owner,
+        config.to_json() if config else None,
+        inference_pool_served=pass_input.inference_pool_served is True,
+    )
     if prefill_seen.slots is None:  # step 1 could not see its StatefulSets: nothing there this pass
         return PassPlan(drains, decision, router, None, (), notes)
     remote = held(rolled_engine_objects(spec, engines.revisions[Role.PRFAAS_PREFILL], owner, plan), drains)
@@ -577,6 +593,7 @@ def conclude_pass(
             rollout=engines.rollout.status,
             cache_pools=pool_observations(spec, owner, prefill_seen, pd_seen),
             data_path=pass_input.data_path,
+            gateway=gateway_seen(pass_input),
         )
     )
     settling = engines.rollout.come_back_at  # a new instance about to count for the rollout's step
@@ -587,6 +604,22 @@ def conclude_pass(
         if delay is not None
     ]
     return Conclusion(drains, last_config, new_version, status, min(soon, default=None), notes)
+
+
+def gateway_seen(pass_input: PassInput) -> GatewaySeen | None:
+    """The gateway side for the status, while the spec asks for it."""
+    spec = pass_input.spec
+    if not gateway_enabled(spec):
+        return None
+    names = Names.of(pass_input.owner.name)
+    return GatewaySeen(
+        inference_pool=names.inference_pool,
+        picker=names.picker,
+        grpc_port=spec.gateway.picker.grpc_port,
+        replicas=spec.gateway.picker.replicas,
+        inference_pool_served=pass_input.inference_pool_served,
+        problem=gateway_problem(spec, pass_input.inference_pool_served),
+    )
 
 
 def follow_drains(

@@ -67,6 +67,7 @@ ANALYSIS_FAILED = "AnalysisFailed"
 POOL_READY = "PoolReady"
 MASTER_NOT_READY = "MasterNotReady"
 STORES_NOT_READY = "StoresNotReady"
+PICKER_READY = "PickerReady"
 LEFT_BEHIND = "LeftBehindNotCleaned"
 """A PrfaaS placement the CR moved out of still holds its objects (cannot be cleaned yet)."""
 
@@ -185,6 +186,19 @@ class CachePoolSeen:
 
 
 @dataclass(frozen=True)
+class GatewaySeen:
+    """The gateway side, while spec.gateway asks for it: the InferencePool and the picker's names,
+    its replicas, and why the pool could not be written (None: it could, or not known yet)."""
+
+    inference_pool: str
+    picker: str
+    grpc_port: int
+    replicas: int
+    inference_pool_served: bool | None
+    problem: Problem | None = None
+
+
+@dataclass(frozen=True)
 class StatusInputs:
     """Everything compute_status needs, gathered by the reconcile."""
 
@@ -204,6 +218,7 @@ class StatusInputs:
     cache_pools: Sequence[CachePoolSeen] = ()
     data_path: DataPath = NOT_LOOKED_AT
     """The verdict on KV reaching the decodes from the PrfaaS pool (used for a remote PrfaaS cluster)."""
+    gateway: GatewaySeen | None = None
 
 
 def _parse_time(value: object) -> datetime | None:
@@ -420,8 +435,39 @@ def _cache_pool_condition(inputs: StatusInputs) -> Condition | None:
     return _condition(kind, ok, POOL_READY if ok else reasons[0], "; ".join(parts), inputs)
 
 
+def _gateway_condition(inputs: StatusInputs) -> Condition | None:
+    """GatewayReady, while spec.gateway asks for an InferencePool: True once the pool is written and
+    every picker replica is ready. Never part of Ready: the router Service serves either way; a
+    pool the cluster cannot hold makes Degraded too (the spec asks for what cannot be)."""
+    gateway = inputs.gateway
+    if gateway is None:
+        return None
+    kind = ConditionType.GATEWAY_READY
+    seen = inputs.pd_cluster
+    ready = seen.ready.get(Role.PICKER)
+    pickers = f"{'?' if ready is None else ready}/{gateway.replicas} picker replicas ready"
+    if gateway.problem is not None:
+        return _condition(
+            kind, False, gateway.problem.reason, f"{gateway.problem.message}; {pickers}", inputs
+        )
+    if seen.problem is not None:
+        return _condition(kind, False, seen.problem.reason, seen.problem.message, inputs)
+    if gateway.inference_pool_served is None:
+        message = f"the PD cluster's InferencePools are not listed yet; {pickers}"
+        return _condition(kind, False, PROGRESSING, message, inputs)
+    if ready is None or ready < gateway.replicas:
+        return _condition(kind, False, PROGRESSING, pickers, inputs)
+    message = (
+        f"InferencePool {gateway.inference_pool} names the picker Service "
+        f"{gateway.picker}:{gateway.grpc_port}; {pickers}"
+    )
+    return _condition(kind, True, PICKER_READY, message, inputs)
+
+
 def _problems(inputs: StatusInputs, parts: Sequence[Condition]) -> list[Problem]:
     problems: list[Problem] = list(inputs.extra_problems)
+    if inputs.gateway is not None and inputs.gateway.problem is not None:
+        problems.append(inputs.gateway.problem)
     for label, seen in (("PrfaaS cluster", inputs.prefill_cluster), ("PD cluster", inputs.pd_cluster)):
         if seen.problem is not None:
             problems.append(Problem(seen.problem.reason, f"{label}: {seen.problem.message}"))
@@ -487,8 +533,7 @@ def compute_status(inputs: StatusInputs) -> PrfaasDeploymentStatus:
             ConditionType.READY, False, f"{blocking.type.removesuffix('Ready')}NotReady", message, inputs
         )
 
-    cache_pool = _cache_pool_condition(inputs)
-    optional = [cache_pool] if cache_pool is not None else []
+    optional = [c for c in (_cache_pool_condition(inputs), _gateway_condition(inputs)) if c is not None]
     problems = _problems(inputs, [*parts, rollout])
     if problems:
         degraded = _condition(
