@@ -213,31 +213,31 @@ def patch_status(kubectl: Kubectl, namespace: str, resource: str, name: str, sta
 
 
 def test_a_consumer_identity_writes_its_own_claim_and_nothing_else(kubectl: Kubectl, namespace: str) -> None:
-    kubectl.ok("create", "serviceaccount", "pd-eu-west", "-n", namespace)
-    subject = {"kind": "ServiceAccount", "name": "pd-eu-west", "namespace": namespace}
-    for access in pool.claim_access("pd-eu-west", namespace, subject):
+    kubectl.ok("create", "serviceaccount", "pd-ap-south", "-n", namespace)
+    subject = {"kind": "ServiceAccount", "name": "pd-ap-south", "namespace": namespace}
+    for access in pool.claim_access("pd-ap-south", namespace, subject):
         kubectl.ok("apply", "-f", "-", stdin=yaml.safe_dump(access))
     kubectl.ok("apply", "-f", "-", stdin=placed(POOL, namespace, "rbac-pool"))
     kubectl.ok("apply", "-f", "-", stdin=placed(CLAIM, namespace, "pd-us-east", poolName="rbac-pool"))
-    consumer = f"--as=system:serviceaccount:{namespace}:pd-eu-west"
+    consumer = f"--as=system:serviceaccount:{namespace}:pd-ap-south"
 
     def can(*args: str) -> bool:
         answer = kubectl.run("auth", "can-i", consumer, "-n", namespace, *args).stdout.strip()
         return answer == "yes"
 
     eventually(
-        lambda: can("get", "prfaaspoolclaims/pd-eu-west"), timeout=30, interval=0.5, what="the Role to apply"
+        lambda: can("get", "prfaaspoolclaims/pd-ap-south"), timeout=30, interval=0.5, what="the Role to apply"
     )
-    assert can("patch", "prfaaspoolclaims/pd-eu-west") and can("delete", "prfaaspoolclaims/pd-eu-west")
+    assert can("patch", "prfaaspoolclaims/pd-ap-south") and can("delete", "prfaaspoolclaims/pd-ap-south")
     assert not can("get", "prfaaspoolclaims/pd-us-east") and not can("patch", "prfaaspoolclaims/pd-us-east")
     assert not can("list", "prfaaspoolclaims") and not can("create", "prfaaspoolclaims")
-    assert not can("patch", "prfaaspoolclaims/pd-eu-west", "--subresource=status")
+    assert not can("patch", "prfaaspoolclaims/pd-ap-south", "--subresource=status")
     assert not can("get", "prfaaspools/rbac-pool") and not can("list", "pods")
     # as that identity: its claim created by server-side apply, read back, another's refused
-    mine = placed(CLAIM, namespace, "pd-eu-west", poolName="rbac-pool")
+    mine = placed(CLAIM, namespace, "pd-ap-south", poolName="rbac-pool")
     kubectl.ok("apply", consumer, "--server-side", "--field-manager=prfaas-operator", "-f", "-", stdin=mine)
     assert (
-        json.loads(kubectl.ok("get", consumer, "pfclaim", "pd-eu-west", "-n", namespace, "-o", "json"))[
+        json.loads(kubectl.ok("get", consumer, "pfclaim", "pd-ap-south", "-n", namespace, "-o", "json"))[
             "spec"
         ]["poolName"]
         == "rbac-pool"
@@ -252,8 +252,8 @@ def test_a_consumer_identity_writes_its_own_claim_and_nothing_else(kubectl: Kube
         "pfclaim",
         "-n",
         namespace,
-        "--field-selector=metadata.name=pd-eu-west",
+        "--field-selector=metadata.name=pd-ap-south",
         "--watch",
         "--request-timeout=2s",
     )
-    assert "pd-eu-west" in watched.stdout, watched.stderr
+    assert "pd-ap-south" in watched.stdout, watched.stderr
