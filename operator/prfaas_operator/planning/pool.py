@@ -73,8 +73,8 @@ class Binding:
 
 def instance_tokens_per_second(profile: Sequence[ProfilePoint]) -> float:
     """What one instance prefills per second, at the profile's longest prompt: offloaded prompts
-    are the long ones, and T(l) grows faster than l, so that is the slowest rate measured and a
-    guarantee sized on it holds."""
+    are the long ones, and once the fixed overhead is amortised T(l) grows faster than l, so the
+    longest is the slowest rate among them and a guarantee sized on it holds."""
     longest = max(profile, key=lambda point: point.tokens)
     return longest.tokens / longest.seconds
 
@@ -85,8 +85,8 @@ def floor_tokens_per_second(pool: PrfaasPoolSpec) -> float:
 
 
 def bind(pool: PrfaasPoolSpec | None, claims: Sequence[ClaimSeen]) -> list[Binding]:
-    """Each claim accepted or refused, in the order given; decided the bound ones first, then by
-    creation time and name."""
+    """Each of the claims naming this pool accepted or refused, in the order given; decided the bound
+    ones first, then by creation time and name (so a newer claim never takes an older one's place)."""
     if pool is None:
         return [
             Binding(
