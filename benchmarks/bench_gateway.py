@@ -237,6 +237,8 @@ class Bench:
 
 @dataclass
 class FrontServer(Server):
+    """A front's process and the URL the load generator sends to."""
+
     url: str = ""
 
 
