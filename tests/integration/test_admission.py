@@ -522,6 +522,8 @@ def test_explain_shows_the_descriptions(kubectl: Kubectl, namespace: str) -> Non
     assert "mamba-track-interval" in page_size
     nodes = " ".join(kubectl.ok("explain", "prfaas.spec.pdCluster.nodesPerInstance").split())
     assert "LeaderWorkerSet" in nodes and "--node-rank" in nodes
+    gateway = " ".join(kubectl.ok("explain", "prfaas.spec.gateway.inferencePool").split())
+    assert "InferencePool (inference.networking.k8s.io/v1)" in gateway and "failureMode" in gateway
 
 
 def test_status_the_operator_writes_is_kept_and_shown_in_printer_columns(
