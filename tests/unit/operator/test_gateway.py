@@ -37,6 +37,7 @@ from prfaas_operator.planning.reconcile_pass import (
     plan_router_and_prefill_cluster,
 )
 from prfaas_operator.planning.status import ClusterObservation
+from prfaas_router.__main__ import parse_args
 from pydantic import ValidationError
 from support.sample_cr import spec
 
@@ -185,6 +186,14 @@ def test_the_picker_is_the_router_process_with_its_grpc_ports_probed_over_grpc_h
     assert RESTRICTED_CONTAINER["readOnlyRootFilesystem"] is True and RESTRICTED_POD["runAsNonRoot"] is True
     assert pod["serviceAccountName"] == NAMES.picker
     assert deployment["metadata"]["annotations"]  # the config's checksum, as on the router
+
+
+def test_the_router_reads_the_pickers_args_as_the_operator_means_them() -> None:
+    s = spec(**ON)
+    (container,) = named(rendered(s), "Deployment", NAMES.picker)["spec"]["template"]["spec"]["containers"]
+    settings = parse_args(container["args"])
+    assert (settings.picker_port, settings.picker_health_port, settings.port) == (9002, 9003, s.router.port)
+    assert settings.config_map == f"{OWNER.namespace}/{NAMES.router_config}"
 
 
 def test_the_picker_service_serves_ext_proc_and_health_to_the_picker_pods_only() -> None:
