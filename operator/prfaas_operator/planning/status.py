@@ -453,7 +453,10 @@ def _gateway_condition(inputs: StatusInputs) -> Condition | None:
     if seen.problem is not None:
         return _condition(kind, False, seen.problem.reason, seen.problem.message, inputs)
     if gateway.inference_pool_served is None:
-        message = f"the PD cluster's InferencePools are not listed yet; {pickers}"
+        message = (
+            "the PD cluster's InferencePools are not listed yet (a failed list is retried every 30 s and "
+            f"logged: a Forbidden one needs the chart's RBAC for inferencepools); {pickers}"
+        )
         return _condition(kind, False, PROGRESSING, message, inputs)
     if ready is None or ready < gateway.replicas:
         return _condition(kind, False, PROGRESSING, pickers, inputs)
