@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,21 +46,18 @@ from typing import Any
 
 from bench_router import (
     BIN,
-    LOADGEN,
     STREAM_STEP_SECONDS,
-    CpuWindow,
     Engine,
     Phase,
     Run,
     Server,
     free_port,
-    kv_transfers,
     machine_line,
+    measured_run,
     ms,
     percentile,
-    reduce_run,
     router_config,
-    start_engine,
+    start_engines,
 )
 from prfaas_router.settings import RouterSettings, to_flags
 
@@ -113,25 +109,9 @@ class Bench:
 
     def start(self) -> None:
         logs = self.logs
-        self.local = start_engine("local-prefill", "prefill", "127.0.0.1", "h20", logs)
-        self.decode = start_engine("decode", "decode", "127.0.0.1", "h20", logs)
-        self.prfaas = start_engine("prfaas-prefill", "prefill", "127.0.1.1", "h200", logs)
-        self.paced = start_engine(
-            "paced-decode",
-            "decode",
-            "127.0.0.1",
-            "h20",
-            logs,
-            "--time-scale",
-            "1",
-            "--decode-step-seconds",
-            str(STREAM_STEP_SECONDS),
-            "--max-running-requests",
-            "1024",
-            "--startup-seconds",
-            "0",  # SGLang's warm-up, scaled by time: not what this measures
-        )
-        engines = (self.local, self.decode, self.prfaas, self.paced)
+        # SGLang's warm-up, scaled by time, is not what this measures
+        engines = start_engines(logs, "--startup-seconds", "0")
+        self.local, self.decode, self.prfaas, self.paced = engines
         self.servers += [engine.server for engine in engines]
         self.ready += [(engine.server, engine.url + "/ready") for engine in engines]
         for paced, decode in ((False, self.decode), (True, self.paced)):
@@ -192,26 +172,7 @@ class Bench:
             "stagger": phase.stagger,
             "tag": f"{self.tag}-{phase.name}-{front}-{round_}",
         }
-        prefills = (self.local, self.prfaas)
-        before = kv_transfers(prefills)
-        started = time.monotonic()
-        with CpuWindow(self.servers) as cpu:
-            done = subprocess.run(
-                [sys.executable, str(LOADGEN), json.dumps(spec)],
-                capture_output=True,
-                timeout=phase.warmup + phase.seconds + 120,
-                check=False,
-            )
-        if done.returncode != 0:
-            raise RuntimeError(f"load generator failed ({done.returncode}):\n{done.stderr.decode()[-2000:]}")
-        wall = time.monotonic() - started
-        time.sleep(0.3)  # let drained prefill legs and the engines' counters settle
-        return Run(
-            **reduce_run(phase, front, round_, json.loads(done.stdout)),
-            transfers=kv_transfers(prefills) - before,
-            cpu=cpu.by_process,
-            others_cores=cpu.others / wall,
-        )
+        return measured_run(spec, phase, front, round_, self.servers, (self.local, self.prfaas))
 
     def measure(self, rounds: int, quick: bool) -> None:
         for round_ in range(rounds):

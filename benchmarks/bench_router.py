@@ -356,6 +356,60 @@ def reduce_run(phase: Phase, path: str, round_: int, raw: dict[str, Any]) -> dic
     }
 
 
+def start_engines(logs: Path, *paced_extra: str) -> tuple[Engine, Engine, Engine, Engine]:
+    """The fake engines every front is measured on: a local prefill, a decode, a PrfaaS prefill and
+    the streams-256 decode, whose tokens come STREAM_STEP_SECONDS apart, up to 1024 at once."""
+    return (
+        start_engine("local-prefill", "prefill", "127.0.0.1", "h20", logs),
+        start_engine("decode", "decode", "127.0.0.1", "h20", logs),
+        start_engine("prfaas-prefill", "prefill", "127.0.1.1", "h200", logs),
+        start_engine(
+            "paced-decode",
+            "decode",
+            "127.0.0.1",
+            "h20",
+            logs,
+            "--time-scale",
+            "1",
+            "--decode-step-seconds",
+            str(STREAM_STEP_SECONDS),
+            "--max-running-requests",
+            "1024",
+            *paced_extra,
+        ),
+    )
+
+
+def measured_run(
+    spec: dict[str, Any],
+    phase: Phase,
+    path: str,
+    round_: int,
+    servers: Sequence[Server],
+    prefills: Sequence[Engine],
+) -> Run:
+    """One phase of the load generator against one front, with the KV transfers and the CPU it took."""
+    before = kv_transfers(prefills)
+    started = time.monotonic()
+    with CpuWindow(servers) as cpu:
+        done = subprocess.run(
+            [sys.executable, str(LOADGEN), json.dumps(spec)],
+            capture_output=True,
+            timeout=phase.warmup + phase.seconds + 120,
+            check=False,
+        )
+    if done.returncode != 0:
+        raise RuntimeError(f"load generator failed ({done.returncode}):\n{done.stderr.decode()[-2000:]}")
+    wall = time.monotonic() - started
+    time.sleep(0.3)  # let drained prefill legs and the decode's counters settle
+    return Run(
+        **reduce_run(phase, path, round_, json.loads(done.stdout)),
+        transfers=kv_transfers(prefills) - before,
+        cpu=cpu.by_process,
+        others_cores=cpu.others / wall,
+    )
+
+
 class Bench:
     def __init__(self, logs: Path) -> None:
         self.logs = logs
@@ -370,24 +424,7 @@ class Bench:
 
     def start(self, smg: str) -> None:
         logs = self.logs
-        self.local = start_engine("local-prefill", "prefill", "127.0.0.1", "h20", logs)
-        self.decode = start_engine("decode", "decode", "127.0.0.1", "h20", logs)
-        self.prfaas = start_engine("prfaas-prefill", "prefill", "127.0.1.1", "h200", logs)
-        # the streams-256 decode: its tokens come STREAM_STEP_SECONDS apart, up to 1024 at once
-        self.paced = start_engine(
-            "paced-decode",
-            "decode",
-            "127.0.0.1",
-            "h20",
-            logs,
-            "--time-scale",
-            "1",
-            "--decode-step-seconds",
-            str(STREAM_STEP_SECONDS),
-            "--max-running-requests",
-            "1024",
-        )
-        engines = (self.local, self.decode, self.prfaas, self.paced)
+        self.local, self.decode, self.prfaas, self.paced = engines = start_engines(logs)
         self.servers += [engine.server for engine in engines]
         for engine in engines:
             engine.server.wait_http(engine.url + "/ready")  # SGLang's /health takes a second
@@ -446,25 +483,7 @@ class Bench:
             "stagger": phase.stagger,
             "tag": f"{self.tag}-{phase.name}-{path}-{round_}",
         }
-        before = kv_transfers(self.prefills)
-        started = time.monotonic()
-        with CpuWindow(self.servers) as cpu:
-            done = subprocess.run(
-                [sys.executable, str(LOADGEN), json.dumps(spec)],
-                capture_output=True,
-                timeout=phase.warmup + phase.seconds + 120,
-                check=False,
-            )
-        if done.returncode != 0:
-            raise RuntimeError(f"load generator failed ({done.returncode}):\n{done.stderr.decode()[-2000:]}")
-        wall = time.monotonic() - started
-        time.sleep(0.3)  # let drained prefill legs and the decode's counters settle
-        return Run(
-            **reduce_run(phase, path, round_, json.loads(done.stdout)),
-            transfers=kv_transfers(self.prefills) - before,
-            cpu=cpu.by_process,
-            others_cores=cpu.others / wall,
-        )
+        return measured_run(spec, phase, path, round_, self.servers, self.prefills)
 
     def measure(self, rounds: int, quick: bool) -> None:
         for round_ in range(rounds):
