@@ -1,4 +1,5 @@
-"""`python -m prfaas_operator`: run the PrfaasDeployment operator (kopf, standalone).
+"""`python -m prfaas_operator`: run the PrfaasDeployment operator, or with --pool-controller the
+PrfaaS cluster's pool controller (kopf, standalone).
 
 Serves kopf's liveness probe at http://<bind>:<liveness-port>/healthz (or at the URL given
 with --liveness, kopf's own spelling, which the Helm chart uses) and the operator's Prometheus
@@ -63,7 +64,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     # HTTP libraries log request details (and HTTP/2 header tables) at debug level: keep them out
     for noisy in ("httpx2", "httpcore2", "hpack", "h2"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    from prfaas_operator.loops import handlers  # noqa: F401  (registers the handlers)
+    # registers the handlers of the mode asked for, and only those: their kinds are what kopf watches
+    if settings.pool_controller:
+        from prfaas_operator.loops import pool_handlers  # noqa: F401
+    else:
+        from prfaas_operator.loops import handlers  # noqa: F401
 
     metrics = OperatorMetrics()
     elector = _elector(settings, metrics) if settings.leader_elect else None

@@ -61,6 +61,11 @@ class OperatorSettings:
         _RECONCILE.drain_seconds,
         "how long an instance being scaled away stays out of the router config before it is removed",
     )
+    pool_controller: bool = setting(
+        False,
+        "run as the pool controller of the PrfaaS cluster: serve PrfaasPools and their PrfaasPoolClaims "
+        "(binding, shares, statuses, the pool-protection finalizer) instead of PrfaasDeployments",
+    )
     leader_elect: bool = setting(False, "reconcile only while holding the Lease", group=ELECTION)
     leader_elect_lease: str = setting("prfaas-operator", "the Lease's name", metavar="NAME", group=ELECTION)
     leader_elect_namespace: str | None = setting(

@@ -22,7 +22,7 @@ import hashlib
 import importlib.util
 import logging
 import time
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -42,6 +42,8 @@ from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 from lightkube.types import PatchType
 from prfaas_core.vocabulary import (
+    CLAIM_KIND,
+    CLAIM_PLURAL,
     GROUP,
     INFERENCE_POOL_GROUP,
     INFERENCE_POOL_KIND,
@@ -54,6 +56,8 @@ from prfaas_core.vocabulary import (
     LWS_VERSION,
     MANAGER,
     PLURAL,
+    POOL_KIND,
+    POOL_PLURAL,
     VERSION,
 )
 
@@ -83,6 +87,8 @@ LeaderWorkerSetResource = create_namespaced_resource(LWS_GROUP, LWS_VERSION, LWS
 InferencePoolResource = create_namespaced_resource(
     INFERENCE_POOL_GROUP, INFERENCE_POOL_VERSION, INFERENCE_POOL_KIND, INFERENCE_POOL_PLURAL
 )
+PrfaasPoolResource = create_namespaced_resource(GROUP, VERSION, POOL_KIND, POOL_PLURAL)
+PrfaasPoolClaimResource = create_namespaced_resource(GROUP, VERSION, CLAIM_KIND, CLAIM_PLURAL)
 
 # Any: lightkube overloads its methods per resource flavour; this table mixes them.
 _KINDS: dict[str, Any] = {
@@ -100,6 +106,8 @@ _KINDS: dict[str, Any] = {
     KIND: PrfaasDeploymentResource,
     LWS_KIND: LeaderWorkerSetResource,
     INFERENCE_POOL_KIND: InferencePoolResource,
+    POOL_KIND: PrfaasPoolResource,
+    CLAIM_KIND: PrfaasPoolClaimResource,
 }
 
 
@@ -325,21 +333,39 @@ class Cluster:
         return False
 
     async def patch_status(
-        self, name: str, namespace: str, status: Mapping[str, Any], resource_version: str | None
+        self,
+        name: str,
+        namespace: str,
+        status: Mapping[str, Any],
+        resource_version: str | None,
+        *,
+        kind: str = KIND,
     ) -> bool:
-        """Merge-patch a PrfaasDeployment's status; False when resourceVersion no longer matches (409)."""
+        """Merge-patch the status of one of our kinds (a PrfaasDeployment unless `kind` names
+        another); False when resourceVersion no longer matches (409) or the object is gone."""
         body: dict[str, Any] = {"status": dict(status)}
         if resource_version:
             body["metadata"] = {"resourceVersion": resource_version}
-        with self._request(f"patch the status of {KIND} {namespace}/{name}", answers=(404, 409)):
+        with self._request(f"patch the status of {kind} {namespace}/{name}", answers=(404, 409)):
             await self.client.patch(
-                PrfaasDeploymentResource.Status,
+                _KINDS[kind].Status,
                 name,
                 body,
                 namespace=namespace,
                 patch_type=PatchType.MERGE,
                 field_manager=FIELD_MANAGER,
             )
+            return True
+        return False
+
+    async def set_finalizers(
+        self, kind: str, name: str, namespace: str, finalizers: Sequence[str], resource_version: str
+    ) -> bool:
+        """Write an object's finalizers whole, as they were read at `resource_version`; False when it
+        changed since (409) or is gone."""
+        body = {"metadata": {"finalizers": list(finalizers), "resourceVersion": resource_version}}
+        with self._request(f"set the finalizers of {kind} {namespace}/{name}", answers=(404, 409)):
+            await self.client.patch(_KINDS[kind], name, body, namespace=namespace, patch_type=PatchType.MERGE)
             return True
         return False
 

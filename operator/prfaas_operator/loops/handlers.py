@@ -12,37 +12,22 @@ structural and belongs to the operator and the planner).
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-import logging
-import os
 from typing import Any
 
 import kopf
-from prfaas_core.vocabulary import ANNOTATION_PREFIX, FINALIZER, GROUP, PLURAL, VERSION
+from prfaas_core.vocabulary import GROUP, PLURAL, VERSION
 from prometheus_client import CollectorRegistry
 
 from prfaas_operator.adapters.kube import Clusters
 from prfaas_operator.adapters.metrics import OperatorMetrics
 from prfaas_operator.loops.planner_loop import PLANNER_TICK_SECONDS, PlannerLoop
 from prfaas_operator.loops.reconcile import ReconcileOutcome, Reconciler
+from prfaas_operator.loops.session import configure
 from prfaas_operator.planning import remote_backoff
 from prfaas_operator.planning.reconcile_pass import ReconcileOptions
 
 RESOURCE = (GROUP, VERSION, PLURAL)
-
-
-def configure(settings: kopf.OperatorSettings) -> None:
-    """Our own finalizer and annotation prefix; events from logs only for warnings; bounded watches."""
-    settings.persistence.finalizer = FINALIZER
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
-    )
-    settings.posting.level = logging.WARNING
-    settings.watching.server_timeout = 300  # the API server ends each watch; kopf re-lists
-    settings.watching.client_timeout = 330
-    settings.watching.connect_timeout = 10
 
 
 def _reconciler(memo: kopf.Memo) -> Reconciler:
@@ -73,22 +58,6 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     release_leadership = memo.get("release_leadership")
     if release_leadership is not None:
         await release_leadership()
-
-
-@kopf.on.login()
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """Pinned: the in-cluster service account, else KUBECONFIG; never another library's config.
-
-    In a pod, the apiserver is the address the kubelet puts in KUBERNETES_SERVICE_HOST/PORT, as
-    client-go and lightkube (our own clients) find it: kopf's own choice, the name
-    kubernetes.default.svc, needs cluster DNS, which a cluster need not run.
-    """
-    in_cluster = kopf.login_with_service_account(**kwargs)
-    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
-    if in_cluster is not None and host and port:
-        host = f"[{host}]" if ":" in host else host
-        return dataclasses.replace(in_cluster, server=f"https://{host}:{port}")
-    return in_cluster or kopf.login_with_kubeconfig(**kwargs)
 
 
 @kopf.on.resume(*RESOURCE)

@@ -28,10 +28,13 @@ from prfaas_core import shares
 from prfaas_core.vocabulary import CLAIM_PLURAL, GROUP
 
 from prfaas_operator.api import (
+    Condition,
     PoolClaimSpec,
     PoolClaimStatus,
     PoolConsumer,
     PoolEndpoint,
+    PrfaasPool,
+    PrfaasPoolClaim,
     PrfaasPoolSpec,
     PrfaasPoolStatus,
     ProfilePoint,
@@ -46,7 +49,11 @@ POOL_NOT_FOUND = "PoolNotFound"
 KV_LAYOUT_MISMATCH = "KvLayoutMismatch"
 GUARANTEES_OVER_CAPACITY = "GuaranteesOverCapacity"
 READY = "Ready"
+CAPACITY_FROM_PROFILE = "CapacityFromProfile"
+"""Ready's reason while the pool's instances are not observed: its capacity is assumed from its profile."""
 GUARANTEES_FIT = "GuaranteesFit"
+DELETION_HELD = "DeletionHeld"
+"""The pool's condition while its deletion waits for its bound claims (its finalizer stays)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,15 @@ def instance_tokens_per_second(profile: Sequence[ProfilePoint]) -> float:
 def floor_tokens_per_second(pool: PrfaasPoolSpec) -> float:
     """What the pool prefills at its minimum replicas: the most its guarantees may add up to."""
     return pool.prefill.replicas_minimum() * instance_tokens_per_second(pool.prefill.prefill_profile)
+
+
+def capacity_tokens_per_second(pool: PrfaasPoolSpec, ready_replicas: int | None) -> float:
+    """What the ready instances prefill; while they are not observed (None: the pool's controller
+    does not run its StatefulSets yet), what the pool prefills at its minimum replicas by its
+    measured profile, the capacity its guarantees are sized on: unknown is not zero."""
+    if ready_replicas is None:
+        return floor_tokens_per_second(pool)
+    return ready_replicas * instance_tokens_per_second(pool.prefill.prefill_profile)
 
 
 def bind(pool: PrfaasPoolSpec | None, claims: Sequence[ClaimSeen]) -> list[Binding]:
@@ -125,11 +141,12 @@ def divide(
     claims: Sequence[ClaimSeen],
     bindings: Sequence[Binding],
     *,
-    ready_replicas: int,
+    ready_replicas: int | None,
     demands: Mapping[str, float],
 ) -> shares.Division:
     """The ready instances' capacity divided among the accepted claims (`demands` in prefill tokens
-    per second, by claim; a claim without one asks for all it may)."""
+    per second, by claim; a claim without one asks for all it may). `ready_replicas` None: the
+    instances are not observed (see capacity_tokens_per_second)."""
     accepted = {binding.claim for binding in bindings if binding.accepted}
     kv_size = pool.model.kv.size()
     consumers = [
@@ -148,8 +165,7 @@ def divide(
         for claim in claims
         if claim.name in accepted
     ]
-    capacity = ready_replicas * instance_tokens_per_second(pool.prefill.prefill_profile)
-    return shares.divide(capacity, kv_size, consumers)
+    return shares.divide(capacity_tokens_per_second(pool, ready_replicas), kv_size, consumers)
 
 
 def _consumer(claim: ClaimSeen, division: shares.Division) -> PoolConsumer:
@@ -170,28 +186,20 @@ def pool_status(
     bindings: Sequence[Binding],
     division: shares.Division,
     *,
-    ready_replicas: int,
+    ready_replicas: int | None,
     previous: PrfaasPoolStatus,
     generation: int | None,
     now: str,
 ) -> PrfaasPoolStatus:
-    """The pool's capacity, its consumers with their shares, the claims it refused, Ready and GuaranteesFit."""
+    """The pool's capacity, its consumers with their shares, the claims it refused, Ready and GuaranteesFit
+    (`ready_replicas` None: not observed; Ready False, CapacityFromProfile, says the capacity is assumed)."""
     by_name = {claim.name: claim for claim in claims}
     accepted = [by_name[binding.claim] for binding in bindings if binding.accepted]
     guaranteed = sum(claim.spec.guaranteed_tokens_per_second for claim in accepted)
     consumers = [_consumer(claim, division) for claim in accepted]
     floor = floor_tokens_per_second(pool)
     conditions = [
-        condition(
-            READY,
-            ready_replicas > 0,
-            "InstancesReady" if ready_replicas > 0 else "NoInstancesReady",
-            f"{ready_replicas}/{pool.prefill.replicas} prefill instances ready, "
-            f"{division.capacity_tokens_per_second:.0f} tokens/s",
-            previous=previous.conditions,
-            generation=generation,
-            now=now,
-        ),
+        _ready(pool, ready_replicas, division, previous=previous, generation=generation, now=now),
         condition(
             GUARANTEES_FIT,
             guaranteed <= floor,
@@ -207,7 +215,7 @@ def pool_status(
         observed_generation=generation,
         conditions=conditions,
         fingerprint=kv_fingerprint(pool.model),
-        ready_replicas=ready_replicas,
+        ready_replicas=ready_replicas or 0,
         capacity_tokens_per_second=math.floor(division.capacity_tokens_per_second),
         guaranteed_tokens_per_second=guaranteed,
         unclaimed_tokens_per_second=math.floor(division.unclaimed_tokens_per_second),
@@ -219,6 +227,29 @@ def pool_status(
             if not binding.accepted
         ],
     )
+
+
+def _ready(
+    pool: PrfaasPoolSpec,
+    ready_replicas: int | None,
+    division: shares.Division,
+    *,
+    previous: PrfaasPoolStatus,
+    generation: int | None,
+    now: str,
+) -> Condition:
+    capacity = f"{division.capacity_tokens_per_second:.0f} tokens/s"
+    if ready_replicas is None:
+        ok, reason = False, CAPACITY_FROM_PROFILE
+        message = (
+            f"the pool's prefill instances are not run yet; capacity {capacity} is assumed from "
+            f"prefillProfile at minReplicas ({pool.prefill.replicas_minimum()} instances)"
+        )
+    else:
+        ok = ready_replicas > 0
+        reason = "InstancesReady" if ok else "NoInstancesReady"
+        message = f"{ready_replicas}/{pool.prefill.replicas} prefill instances ready, {capacity}"
+    return condition(READY, ok, reason, message, previous=previous.conditions, generation=generation, now=now)
 
 
 def claim_status(
@@ -301,3 +332,94 @@ def holding_deletion(bindings: Sequence[Binding]) -> str | None:
     if not bound:
         return None
     return f"deletion waits for the bound claims to be deleted: {', '.join(bound)}"
+
+
+def pool_finalizers(finalizers: Sequence[str], *, deleting: bool, holding: str | None) -> list[str] | None:
+    """The pool's finalizers as they should be, or None when they are: pool-protection added while the
+    pool lives, kept while its deletion is held, removed once no claim is bound (the API server
+    refuses a finalizer added to an object being deleted, so none is)."""
+    has = POOL_PROTECTION_FINALIZER in finalizers
+    if deleting:
+        return [f for f in finalizers if f != POOL_PROTECTION_FINALIZER] if has and holding is None else None
+    return None if has else [*finalizers, POOL_PROTECTION_FINALIZER]
+
+
+@dataclass(frozen=True)
+class PoolPass:
+    """What one pass over a pool and the claims naming it writes: only what changed."""
+
+    pool_status: PrfaasPoolStatus | None
+    """None: unchanged, or no such pool."""
+    claim_statuses: dict[str, PoolClaimStatus]
+    """By claim name."""
+    finalizers: list[str] | None
+    """The pool's finalizers to write; None: they are right."""
+
+
+def _seen(claim: PrfaasPoolClaim) -> ClaimSeen:
+    bound = any(c.type == BOUND and c.status == "True" for c in claim.status.conditions)
+    return ClaimSeen(claim.metadata["name"], claim.spec, claim.metadata.get("creationTimestamp", ""), bound)
+
+
+def pool_pass(
+    pool: PrfaasPool | None,
+    claims: Sequence[PrfaasPoolClaim],
+    *,
+    ready_replicas: int | None,
+    now: str,
+) -> PoolPass:
+    """Bind the claims naming `pool` (None: it does not exist), divide its capacity, and say which
+    statuses and finalizers to write. A claim bound before stays bound (its Bound condition is read
+    back), so a newer claim never displaces it."""
+    seen = [_seen(claim) for claim in claims]
+    bindings = bind(None if pool is None else pool.spec, seen)
+    division = (
+        None if pool is None else divide(pool.spec, seen, bindings, ready_replicas=ready_replicas, demands={})
+    )
+    new_pool: PrfaasPoolStatus | None = None
+    finalizers = holding = None
+    if pool is not None and division is not None:
+        generation = pool.metadata.get("generation")
+        new_pool = pool_status(
+            pool.spec,
+            seen,
+            bindings,
+            division,
+            ready_replicas=ready_replicas,
+            previous=pool.status,
+            generation=generation,
+            now=now,
+        )
+        deleting = "deletionTimestamp" in pool.metadata
+        holding = holding_deletion(bindings) if deleting else None
+        if holding is not None:
+            held = condition(
+                DELETION_HELD,
+                True,
+                "ClaimsBound",
+                holding,
+                previous=pool.status.conditions,
+                generation=generation,
+                now=now,
+            )
+            new_pool.conditions.append(held)
+        finalizers = pool_finalizers(pool.metadata.get("finalizers", []), deleting=deleting, holding=holding)
+    claim_statuses = {}
+    for claim, one, binding in zip(claims, seen, bindings, strict=True):
+        status = claim_status(
+            one,
+            binding,
+            division,
+            pool_fingerprint=None if new_pool is None else new_pool.fingerprint,
+            endpoints=[],
+            previous=claim.status,
+            generation=claim.metadata.get("generation"),
+            now=now,
+        )
+        if status != claim.status:
+            claim_statuses[one.name] = status
+    return PoolPass(
+        pool_status=None if pool is None or new_pool == pool.status else new_pool,
+        claim_statuses=claim_statuses,
+        finalizers=finalizers,
+    )
