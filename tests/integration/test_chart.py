@@ -70,6 +70,13 @@ OPERATOR_NAMESPACED = (
     }
     | {("", "secrets", "get"), ("", "events", "create"), ("", "events", "patch")}
 )
+# What the pool controller (operator.poolController) may do: its pools, the claims beside them.
+POOL_CONTROLLER_NAMESPACED = (
+    {("prfaas.io", "prfaaspools", verb) for verb in ("get", "list", "watch", "patch")}
+    | {("prfaas.io", "prfaaspoolclaims", verb) for verb in ("get", "list", "watch")}
+    | {("prfaas.io", f"{kind}/status", "patch") for kind in ("prfaaspools", "prfaaspoolclaims")}
+    | {("", "events", "create"), ("", "events", "patch")}
+)
 # What the operator's identity may do inside the PrfaaS cluster.
 ACCESS_NAMESPACES = {("", "namespaces", "get"), ("", "namespaces", "create"), ("", "namespaces", "delete")}
 ACCESS_WORKLOADS = (
@@ -153,6 +160,7 @@ def granted(objects: list[dict[str, Any]], kind: str) -> set[tuple[str, str, str
         ACCESS_MODE,
         ("watchNamespaces={team-a,team-b}", "prefillClusterAccess.enabled=true"),
         ("crds.upgradeJob.enabled=false", "rbac.create=false"),
+        ("operator.poolController=true", "watchNamespaces={prfaas-pools}"),
         (
             "monitoring.serviceMonitor.enabled=true",
             "monitoring.podMonitors.enabled=true",
@@ -160,7 +168,14 @@ def granted(objects: list[dict[str, Any]], kind: str) -> set[tuple[str, str, str
             "dashboards.enabled=true",
         ),
     ],
-    ids=["operator", "prefill-cluster-access", "both-namespaced", "no-crd-upgrade-hook", "monitoring"],
+    ids=[
+        "operator",
+        "prefill-cluster-access",
+        "both-namespaced",
+        "no-crd-upgrade-hook",
+        "pool-controller",
+        "monitoring",
+    ],
 )
 def test_helm_lint_passes(helm: Path, sets: tuple[str, ...]) -> None:
     args = ["lint", "--strict", str(CHART)]
@@ -377,6 +392,22 @@ def test_watched_namespaces_get_roles_and_only_cluster_reads_stay_cluster_wide(h
     args = only(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[:2] == ["--namespace=team-a", "--namespace=team-b"]
     assert "--all-namespaces" not in args
+
+
+def test_the_pool_controller_mode_runs_the_flag_with_the_pools_rights_only(helm: Path) -> None:
+    for sets, role in ((), "ClusterRole"), (("watchNamespaces={prfaas-pools}",), "Role"):
+        objects = render(helm, "operator.poolController=true", *sets)
+        args = only(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert "--pool-controller" in args
+        namespaced = [
+            o for o in objects if o["kind"] == role and not o["metadata"]["name"].endswith("-leader-election")
+        ]
+        rights = granted(namespaced, role) - (OPERATOR_CLUSTER_SCOPED if role == "ClusterRole" else set())
+        assert rights == POOL_CONTROLLER_NAMESPACED  # nothing of PrfaasDeployments, workloads or Secrets
+    assert (
+        "--pool-controller"
+        not in only(render(helm), "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    )
 
 
 def test_namespace_creation_is_granted_only_on_request(helm: Path) -> None:

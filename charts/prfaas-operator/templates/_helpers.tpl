@@ -41,6 +41,21 @@ Namespaced permissions of the operator in its own (PD) cluster. Granted cluster-
 watched namespace; never a wildcard.
 */}}
 {{- define "prfaas-operator.namespacedRules" -}}
+{{- if .Values.operator.poolController -}}
+# The pool controller: its pools (patch: their finalizer), the claims beside them, both statuses.
+- apiGroups: [prfaas.io]
+  resources: [prfaaspools]
+  verbs: [get, list, watch, patch]
+- apiGroups: [prfaas.io]
+  resources: [prfaaspoolclaims]
+  verbs: [get, list, watch]
+- apiGroups: [prfaas.io]
+  resources: [prfaaspools/status, prfaaspoolclaims/status]
+  verbs: [patch]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create, patch]
+{{- else -}}
 - apiGroups: [prfaas.io]
   resources: [prfaasdeployments]
   verbs: [get, list, watch, patch]
@@ -88,6 +103,7 @@ watched namespace; never a wildcard.
 - apiGroups: [""]
   resources: [events]
   verbs: [create, patch]
+{{- end }}
 {{- end -}}
 
 {{/* Cluster-scoped reads kopf needs to discover namespaces and the CRD. */}}
