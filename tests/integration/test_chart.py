@@ -1240,3 +1240,75 @@ def test_helm_install_and_upgrade_bring_the_crd_to_the_image_models_and_uninstal
         Kubectl(admin).run("delete", "--ignore-not-found", *hook_objects[2:])  # the cluster-scoped ones
         Kubectl(admin).run("delete", "namespace", namespace, "--wait=false")
         Kubectl(admin).run("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+
+
+@pytest.mark.testbed
+def test_the_pool_controller_serves_a_pool_with_the_charts_rights_only(
+    helm: Path, testbed: Testbed, tmp_path: Path
+) -> None:
+    """The pool controller as the chart's ServiceAccount (operator.poolController, one watched
+    namespace) in the PrfaaS cluster: it binds a claim, puts the pool's finalizer on and lets the
+    pool go once the claim is deleted, and nothing it does is forbidden."""
+    suffix = uuid.uuid4().hex[:6]
+    release, home, pools = f"pools-{suffix}", f"prfaas-pools-home-{suffix}", f"prfaas-pools-{suffix}"
+    admin = Kubectl(testbed.prfaas_kubeconfig)
+    install_crd(admin.kubeconfig, crd.POOL, crd.POOL_CLAIM)
+    done = run_helm(
+        helm,
+        "template",
+        release,
+        str(CHART),
+        "--namespace",
+        home,
+        "--set",
+        "operator.poolController=true",
+        "--set",
+        f"watchNamespaces={{{pools}}}",
+        "--no-hooks",
+    )
+    assert done.returncode == 0, done.stderr
+    objects = [o for o in yaml.safe_load_all(done.stdout) if o and o["kind"] in RBAC_KINDS]
+    account = only(objects, "ServiceAccount")["metadata"]["name"]
+    for name in (home, pools):
+        admin.ok("create", "namespace", name)
+    rbac = yaml.safe_dump_all(objects)
+    try:
+        admin.ok("apply", "-f", "-", stdin=rbac)
+        token = admin.ok("-n", home, "create", "token", account, "--duration=10m").strip()
+        kubeconfig = token_kubeconfig(admin.kubeconfig, token, tmp_path / "pool-controller.kubeconfig")
+        wait_for_grant(admin.kubeconfig, "list", "namespaces", f"system:serviceaccount:{home}:{account}")
+        pool_doc, claim_doc = yaml.safe_load_all((ROOT / "examples/prfaaspool.yaml").read_text())
+        for document in (pool_doc, claim_doc):
+            document["metadata"]["namespace"] = pools
+        log = tmp_path / "pool-controller.log"
+        with run_operator(kubeconfig, log, pools, "--pool-controller") as controller:
+            admin.ok("apply", "-f", "-", stdin=yaml.safe_dump_all([pool_doc, claim_doc]))
+
+            def bound() -> bool:
+                claim = json.loads(admin.ok("get", "pfclaim", "pd-eu-west", "-n", pools, "-o", "json"))
+                pool_now = json.loads(admin.ok("get", "pfpool", "kimi-linear", "-n", pools, "-o", "json"))
+                conditions = claim.get("status", {}).get("conditions", [])
+                return any(c["type"] == "Bound" and c["status"] == "True" for c in conditions) and (
+                    "prfaas.io/pool-protection" in pool_now["metadata"].get("finalizers", [])
+                )
+
+            eventually(bound, timeout=20, interval=0.2, what="the claim bound and the pool protected")
+            admin.ok("delete", "pfclaim", "pd-eu-west", "-n", pools)
+            admin.ok("delete", "pfpool", "kimi-linear", "-n", pools, "--timeout=20s")
+            log_text = controller.log_text()
+        assert "Forbidden" not in log_text, log_text[-3000:]
+    finally:
+        admin.run("delete", "pfclaim,pfpool", "--all", "-n", pools, "--wait=false")
+        admin.run(
+            "patch",
+            "pfpool",
+            "kimi-linear",
+            "-n",
+            pools,
+            "--type=merge",
+            "-p",
+            '{"metadata":{"finalizers":null}}',
+        )
+        admin.run("delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=rbac)
+        for name in (home, pools):
+            admin.run("delete", "namespace", name, "--wait=false")
