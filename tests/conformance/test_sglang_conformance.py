@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SGLANG_PYTHON = ROOT / ".venv-sglang" / "bin" / "python"
 PIN = (Path(__file__).parent / "requirements-sglang.txt").read_text()
 SAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+"""Every example file; the PrfaasDeployments in them are what the operator starts engines for."""
 PREFILL_HOST, BOOTSTRAP_PORT = "10.1.2.3", 8998
 
 
@@ -44,7 +45,12 @@ def _roles(spec: PrfaasDeploymentSpec) -> list[manifests.EngineRole]:
 
 
 def _sample_specs() -> list[PrfaasDeploymentSpec]:
-    return [PrfaasDeploymentSpec.model_validate(yaml.safe_load(path.read_text())["spec"]) for path in SAMPLES]
+    return [
+        PrfaasDeploymentSpec.model_validate(document["spec"])
+        for path in SAMPLES
+        for document in yaml.safe_load_all(path.read_text())
+        if document and document.get("kind") == "PrfaasDeployment"
+    ]
 
 
 def _variants(spec: PrfaasDeploymentSpec) -> list[PrfaasDeploymentSpec]:
