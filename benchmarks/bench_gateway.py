@@ -35,12 +35,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +50,7 @@ from bench_router import (
     Phase,
     Run,
     Server,
+    finish,
     free_port,
     machine_line,
     measured_run,
@@ -335,15 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.protocol()
     report.table(args.quick)
     report.ratios(args.quick)
-    print(f"\nmachine at end: {machine_line()}; took {time.monotonic() - started:.0f} s")
-    if args.json:
-        args.json.write_text(json.dumps([asdict(run) for run in bench.runs]))
-    if args.keep_logs:
-        print(f"logs: {logs}")
-    else:
-        shutil.rmtree(logs, ignore_errors=True)
-    print("all targets met" if report.met else "some targets missed (see above)")
-    return 0
+    return finish(bench.runs, report.met, started, logs, args)
 
 
 if __name__ == "__main__":

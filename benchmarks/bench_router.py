@@ -896,6 +896,19 @@ class Report:
             print(line)
 
 
+def finish(runs: Sequence[Run], met: bool, started: float, logs: Path, args: argparse.Namespace) -> int:
+    """A benchmark's last lines: the machine, the runs to --json, the logs kept or removed, the verdict."""
+    print(f"\nmachine at end: {machine_line()}; took {time.monotonic() - started:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps([asdict(run) for run in runs]))
+    if args.keep_logs:
+        print(f"logs: {logs}")
+    else:
+        shutil.rmtree(logs, ignore_errors=True)
+    print("all targets met" if met else "some targets missed (see above)")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one short round (about a minute)")
@@ -936,15 +949,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.added_latency()
     report.ratios()
     report.decision(decision)
-    print(f"\nmachine at end: {machine_line()}; took {time.monotonic() - started:.0f} s")
-    if args.json:
-        args.json.write_text(json.dumps([asdict(run) for run in bench.runs]))
-    if args.keep_logs:
-        print(f"logs: {logs}")
-    else:
-        shutil.rmtree(logs, ignore_errors=True)
-    print("all targets met" if report.met else "some targets missed (see above)")
-    return 0
+    return finish(bench.runs, report.met, started, logs, args)
 
 
 if __name__ == "__main__":
