@@ -12,7 +12,7 @@ import enum
 import math
 import re
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from prfaas_core import planning, router_config, shares
 from prfaas_core.throughput import OperatingPoint
@@ -1196,6 +1196,75 @@ class RolloutSpec(_Model):
     )
 
 
+GUARANTEE_WITHIN_MAXIMUM = cel(
+    "!has(self.maximumTokensPerSecond) || !has(self.guaranteedTokensPerSecond) "
+    "|| self.guaranteedTokensPerSecond <= self.maximumTokensPerSecond",
+    "guaranteedTokensPerSecond must be <= maximumTokensPerSecond",
+    ".guaranteedTokensPerSecond",
+)
+
+
+class ClaimTerms(_Model):
+    """A consumer's part of a PrfaasPool's prefill capacity: its weight, guarantee and maximum (a
+    PrfaasPoolClaim's, and a PrfaasDeployment's spec.poolClaim that writes one)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [GUARANTEE_WITHIN_MAXIMUM]})
+
+    weight: float = Field(
+        default=1,
+        gt=0,
+        le=1000000,
+        description="This consumer's weight: a contended pool is divided in proportion to the weights "
+        "(weighted max-min; what one consumer leaves unused is lent to the others).",
+    )
+    guaranteed_tokens_per_second: int = Field(
+        default=0,
+        ge=0,
+        le=10**12,
+        description="Prefill tokens per second kept for this consumer whenever it has that much demand. "
+        "A claim is refused (reason GuaranteesOverCapacity) when the guarantees of the claims already "
+        "bound and its own exceed what the pool prefills at its minimum replicas.",
+    )
+    maximum_tokens_per_second: int | None = Field(
+        default=None,
+        ge=1,
+        le=10**12,
+        description="The most prefill tokens per second this consumer gets, lent or not. Unset: no maximum "
+        "beyond its link's budget.",
+    )
+
+    @model_validator(mode="after")
+    def _guarantee_within_maximum(self) -> Self:
+        maximum = self.maximum_tokens_per_second
+        if maximum is not None and self.guaranteed_tokens_per_second > maximum:
+            raise ValueError(
+                f"guaranteedTokensPerSecond {self.guaranteed_tokens_per_second} must be <= "
+                f"maximumTokensPerSecond {maximum}"
+            )
+        return self
+
+
+class PoolClaimRef(ClaimTerms):
+    """A PrfaasPool in the PrfaaS cluster this deployment prefills on, shared with other PD clusters."""
+
+    pool_name: str = Field(
+        min_length=1, max_length=253, description="The PrfaasPool's name (immutable in the claim)."
+    )
+    namespace: str = Field(
+        min_length=1,
+        max_length=63,
+        description="The pool's namespace in the PrfaaS cluster (reached with "
+        "prefillCluster.kubeconfigSecretRef); the claim is written there, beside the pool.",
+    )
+    claim_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="The PrfaasPoolClaim's name, unique among the pool's consumers (the name the platform "
+        "team's Role for this consumer pins). Unset: this PrfaasDeployment's name.",
+    )
+
+
 class PrfaasDeploymentSpec(_Model):
     """One model served across a PrfaaS prefill cluster and a local PD cluster."""
 
@@ -1234,6 +1303,14 @@ class PrfaasDeploymentSpec(_Model):
         description="An InferencePool and its endpoint picker, for a gateway in front (off by default: "
         "clients call the router Service).",
     )
+    pool_claim: PoolClaimRef | None = Field(
+        default=None,
+        description="Prefill on a PrfaasPool shared with other PD clusters instead of a fleet of its own: the "
+        "operator writes a PrfaasPoolClaim beside the pool (its kvLayout from model, its link from link), "
+        "runs no PrfaaS prefill StatefulSet, and routes to the endpoints and within the share the claim's "
+        "status gives (condition PoolClaimBound). Of prefillCluster only kubeconfigSecretRef (where the "
+        "pool is) and prefillProfile (the router's estimate of the pool's prefill time) are used.",
+    )
     prefix_cache: PrefixCacheSpec = Field(
         default_factory=PrefixCacheSpec,
         description="Caches beyond each prefill's own radix cache (the shared pools are "
@@ -1261,6 +1338,7 @@ class ConditionType(enum.StrEnum):
     ROLLOUT_PROGRESSING = "RolloutProgressing"
     CACHE_POOL_READY = "CachePoolReady"
     GATEWAY_READY = "GatewayReady"
+    POOL_CLAIM_BOUND = "PoolClaimBound"
 
 
 class Condition(_Model):
@@ -1580,18 +1658,13 @@ class PrfaasPoolSpec(_Model):
     )
 
 
-class PoolClaimSpec(_Model):
+class PoolClaimSpec(ClaimTerms):
     """What one PD cluster asks of a PrfaasPool: its link and its part of the pool's prefill capacity."""
 
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                cel(
-                    "!has(self.maximumTokensPerSecond) || !has(self.guaranteedTokensPerSecond) "
-                    "|| self.guaranteedTokensPerSecond <= self.maximumTokensPerSecond",
-                    "guaranteedTokensPerSecond must be <= maximumTokensPerSecond",
-                    ".guaranteedTokensPerSecond",
-                ),
+                GUARANTEE_WITHIN_MAXIMUM,
                 cel("self.poolName == oldSelf.poolName", "poolName is immutable", ".poolName"),
             ]
         }
@@ -1607,38 +1680,6 @@ class PoolClaimSpec(_Model):
         "(condition Bound False, reason KvLayoutMismatch, naming the field) unless it equals the pool's."
     )
     link: LinkSpec = Field(description="The link from the pool to this consumer's decodes.")
-    weight: float = Field(
-        default=1,
-        gt=0,
-        le=1000000,
-        description="This consumer's weight: a contended pool is divided in proportion to the weights "
-        "(weighted max-min; what one consumer leaves unused is lent to the others).",
-    )
-    guaranteed_tokens_per_second: int = Field(
-        default=0,
-        ge=0,
-        le=10**12,
-        description="Prefill tokens per second kept for this consumer whenever it has that much demand. "
-        "A claim is refused (reason GuaranteesOverCapacity) when the guarantees of the claims already "
-        "bound and its own exceed what the pool prefills at its minimum replicas.",
-    )
-    maximum_tokens_per_second: int | None = Field(
-        default=None,
-        ge=1,
-        le=10**12,
-        description="The most prefill tokens per second this consumer gets, lent or not. Unset: no maximum "
-        "beyond its link's budget.",
-    )
-
-    @model_validator(mode="after")
-    def _guarantee_within_maximum(self) -> PoolClaimSpec:
-        maximum = self.maximum_tokens_per_second
-        if maximum is not None and self.guaranteed_tokens_per_second > maximum:
-            raise ValueError(
-                f"guaranteedTokensPerSecond {self.guaranteed_tokens_per_second} must be <= "
-                f"maximumTokensPerSecond {maximum}"
-            )
-        return self
 
 
 class PoolConsumer(_Model):
