@@ -15,7 +15,7 @@ from prometheus_client import disable_created_metrics
 from prfaas_router.app import RouterService, error_answer
 from prfaas_router.drain import DRAIN_SIGNAL, ShutdownDrain
 from prfaas_router.http.server import Server
-from prfaas_router.picker import start_picker
+from prfaas_router.picker import server_credentials, start_picker
 from prfaas_router.settings import RouterSettings, add_flags, from_flags
 from prfaas_router.tokenizer import TokenizerError
 
@@ -54,10 +54,16 @@ async def serve(settings: RouterSettings) -> int:
     log.info("listening on http://%s:%d (config %s)", settings.host, settings.port, settings.config_path)
     pickers = []
     if settings.picker_port is not None:
+        credentials = server_credentials(settings.picker_tls_dir, settings.picker_tls_self_signed)
         pickers = await start_picker(
-            service, settings.host, settings.picker_port, settings.picker_health_port
+            service, settings.host, settings.picker_port, settings.picker_health_port, credentials
         )
-        log.info("endpoint picker (ext_proc, gRPC health) on %s:%d", settings.host, settings.picker_port)
+        log.info(
+            "endpoint picker (ext_proc, gRPC health) on %s:%d (%s)",
+            settings.host,
+            settings.picker_port,
+            "plain text" if credentials is None else "TLS",
+        )
     try:
         await stop.wait()
         drain.begin()

@@ -28,12 +28,18 @@ TLS, and reading the response body (passed on unread; output tokens are not coun
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import grpc
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
@@ -74,6 +80,8 @@ RESERVED_HEADERS = (
 """Control headers only the gateway's picker sets: removed from every client request."""
 BODY_CHUNK_BYTES = 62_000
 """The largest body chunk sent back to Envoy (what the inference extension's picker uses)."""
+SELF_SIGNED_DAYS = 3650
+"""A self-signed certificate lives as long as the process; ten years, as the inference extension's."""
 LIVENESS = "liveness"
 READINESS = "readiness"
 _KINDS = {kind.value: kind for kind in Kind}
@@ -314,16 +322,57 @@ class PickerHealth(health_pb2_grpc.HealthServicer):
         )
 
 
+def self_signed(now: datetime.datetime, days: int = SELF_SIGNED_DAYS) -> tuple[bytes, bytes]:
+    """A new private key and a self-signed certificate for it (PEM), valid from an hour before
+    `now` for `days`: what a gateway that does not verify its picker (Istio) needs for TLS."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "prfaas-picker")])
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("prfaas-picker")]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    private = key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return private, certificate.public_bytes(pem)
+
+
+def server_credentials(tls_dir: Path | None, self_signed_tls: bool) -> grpc.ServerCredentials | None:
+    """The picker port's TLS (`--picker-tls-dir`: a kubernetes.io/tls Secret's files, read at
+    start; `--picker-tls-self-signed`: made now); None for plain text."""
+    if tls_dir is not None:
+        pair = ((tls_dir / "tls.key").read_bytes(), (tls_dir / "tls.crt").read_bytes())
+    elif self_signed_tls:
+        pair = self_signed(datetime.datetime.now(datetime.UTC))
+    else:
+        return None
+    return grpc.ssl_server_credentials([pair])
+
+
 async def start_picker(
-    service: RouterService, host: str, port: int, health_port: int | None = None
+    service: RouterService,
+    host: str,
+    port: int,
+    health_port: int | None = None,
+    credentials: grpc.ServerCredentials | None = None,
 ) -> list[grpc.aio.Server]:
-    """The picker's gRPC servers on the router's event loop: ext_proc and health on `port`, and
-    health alone on `health_port` when given (a probe there never reaches the picker itself)."""
+    """The picker's gRPC servers on the router's event loop: ext_proc and health on `port` (over
+    TLS with `credentials`), and health alone on `health_port` when given, always plain text (a
+    probe there never reaches the picker itself)."""
     health = PickerHealth(service)
     server = grpc.aio.server()
     ext_proc_grpc.add_ExternalProcessorServicer_to_server(Picker(service), server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    server.add_insecure_port(f"{host}:{port}")
+    if credentials is None:
+        server.add_insecure_port(f"{host}:{port}")
+    else:
+        server.add_secure_port(f"{host}:{port}", credentials)
     servers = [server]
     if health_port is not None:
         servers.append(grpc.aio.server())

@@ -53,6 +53,17 @@ class RouterSettings:
         "with --picker-port: gRPC health alone on this port too, for the kubelet's probes and gateways "
         "that health-check a picker on its own port (GKE: 9003)",
     )
+    picker_tls_dir: Path | None = setting(  # noqa: RUF009 (setting() is a dataclasses.field)
+        None,
+        "serve the picker port over TLS with DIR/tls.crt and DIR/tls.key (a mounted kubernetes.io/tls "
+        "Secret); the health port stays plain text (the kubelet's gRPC probes speak no TLS)",
+        metavar="DIR",
+    )
+    picker_tls_self_signed: bool = setting(
+        False,
+        "serve the picker port over TLS with a self-signed certificate made at start, as the inference "
+        "extension's picker does (Istio accepts it without verifying)",
+    )
     config_poll_seconds: float = setting(1.0)
     # why these four: prfaas_router.health
     health_path: str = setting(
@@ -180,6 +191,8 @@ class RouterSettings:
                 "--shutdown-delay-seconds must be at least 0 and --drain-timeout-seconds above 0"
             )
         check_at_least(self)
+        if self.picker_tls_dir is not None and self.picker_tls_self_signed:
+            raise ValueError("--picker-tls-dir and --picker-tls-self-signed: one TLS certificate, not both")
         if self.answer_budget_bytes < self.max_answer_bytes:
             raise ValueError("--answer-budget-bytes must be at least --max-answer-bytes (one whole answer)")
         try:

@@ -9,6 +9,7 @@ itself. The engines are the fake ones (and `faulty_engine.py` for a prefill that
 from __future__ import annotations
 
 import asyncio
+import datetime
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import aiohttp
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prfaas_router.picker import self_signed
 from prfaas_testbed.polling import eventually
 from prfaas_testbed.ports import free_port
 from router_harness import (
@@ -66,8 +68,13 @@ def gateway(start_router: RouterFactory, envoy_binary: Path, tmp_path: Path) -> 
         wait_ready: bool = True,
         response_bodies: bool = False,
         subset: list[str] | None = None,
+        tls: str | None = None,
     ) -> tuple[Router, str, Path]:
         picker = free_port("127.0.0.1")
+        if tls == "secret":
+            flags = (*flags, "--picker-tls-dir", str(tls_secret(tmp_path / f"tls-{len(envoys)}")))
+        elif tls == "self-signed":
+            flags = (*flags, "--picker-tls-self-signed")
         router = start_router(doc, "--picker-port", str(picker), *flags, wait_ready=wait_ready)
         port, admin = free_port("127.0.0.1"), free_port("127.0.0.1")
         config = tmp_path / f"envoy-{len(envoys)}.yaml"
@@ -80,6 +87,7 @@ def gateway(start_router: RouterFactory, envoy_binary: Path, tmp_path: Path) -> 
                 access_log=access_log,
                 response_bodies=response_bodies,
                 subset=subset,
+                picker_tls=tls is not None,
             )
         )
         envoy = Process(envoy_args(config), tmp_path / f"envoy-{len(envoys)}.log", program=str(envoy_binary))
@@ -98,14 +106,25 @@ def gateway(start_router: RouterFactory, envoy_binary: Path, tmp_path: Path) -> 
         envoy.stop()
 
 
+def tls_secret(directory: Path) -> Path:
+    """A kubernetes.io/tls Secret's files as the kubelet mounts them: tls.crt and tls.key."""
+    key, certificate = self_signed(datetime.datetime.now(datetime.UTC))
+    directory.mkdir()
+    (directory / "tls.key").write_bytes(key)
+    (directory / "tls.crt").write_bytes(certificate)
+    return directory
+
+
 @pytest.mark.parametrize(
-    ("prompt", "route", "stream", "response_bodies"),
+    ("prompt", "route", "stream", "response_bodies", "tls"),
     [
-        (SHORT, "local", False, False),
-        (SHORT, "local", True, False),
-        (LONG, "prfaas", False, False),
-        (LONG, "prfaas", True, False),
-        (LONG, "prfaas", True, True),
+        (SHORT, "local", False, False, None),
+        (SHORT, "local", True, False, None),
+        (LONG, "prfaas", False, False, None),
+        (LONG, "prfaas", True, False, None),
+        (LONG, "prfaas", True, True, None),
+        (SHORT, "local", True, False, "self-signed"),
+        (LONG, "prfaas", False, False, "secret"),
     ],
     ids=[
         "local-whole",
@@ -113,6 +132,8 @@ def gateway(start_router: RouterFactory, envoy_binary: Path, tmp_path: Path) -> 
         "prfaas-whole",
         "prfaas-streamed",
         "prfaas-streamed-answer-via-picker",
+        "local-streamed-tls-self-signed",
+        "prfaas-whole-tls-secret",
     ],
 )
 async def test_a_pd_request_through_envoy_goes_where_the_routers_policy_sends_it(
@@ -120,12 +141,13 @@ async def test_a_pd_request_through_envoy_goes_where_the_routers_policy_sends_it
     route: str,
     stream: bool,
     response_bodies: bool,
+    tls: str | None,
     cluster: Cluster,
     gateway: Gateway,
     client: aiohttp.ClientSession,
 ) -> None:
     router, url, _ = gateway(
-        config_doc(cluster.prfaas, cluster.local, cluster.decode), response_bodies=response_bodies
+        config_doc(cluster.prfaas, cluster.local, cluster.decode), response_bodies=response_bodies, tls=tls
     )
     answer = await post(client, url + CHAT_PATH, chat(prompt, stream=stream))
     assert answer.status == 200, answer.body
@@ -297,15 +319,22 @@ def test_grpc_health_is_live_at_once_and_ready_only_once_the_router_has_a_config
     cluster: Cluster, start_router: RouterFactory, tmp_path: Path
 ) -> None:
     picker, health_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+    secret = tls_secret(tmp_path / "tls")
     router = start_router(
         {"schema": "not a config"},
         "--picker-port", str(picker), "--picker-health-port", str(health_port),
+        "--picker-tls-dir", str(secret),
         wait_ready=False,
     )  # fmt: skip
     serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    # the picker port speaks TLS with the Secret's certificate; the health port plain text (the kubelet's probes)
+    trusted = grpc.ssl_channel_credentials(root_certificates=(secret / "tls.crt").read_bytes())
     with (
-        grpc.insecure_channel(f"127.0.0.1:{picker}") as channel,
+        grpc.secure_channel(
+            f"127.0.0.1:{picker}", trusted, options=[("grpc.ssl_target_name_override", "prfaas-picker")]
+        ) as channel,
         grpc.insecure_channel(f"127.0.0.1:{health_port}") as health_channel,
+        grpc.insecure_channel(f"127.0.0.1:{picker}") as plain_channel,
     ):
         stubs = (health_pb2_grpc.HealthStub(channel), health_pb2_grpc.HealthStub(health_channel))
 
@@ -321,6 +350,9 @@ def test_grpc_health_is_live_at_once_and_ready_only_once_the_router_has_a_config
         router.write_config(config_doc(cluster.prfaas, cluster.local, cluster.decode))
         eventually(lambda: status("readiness") == serving, timeout=10.0, interval=0.05, what="readiness")
         assert (status("liveness"), status("")) == (serving, serving)
+        with pytest.raises(grpc.RpcError) as plain:  # the picker port, serving, refuses plain text
+            health_pb2_grpc.HealthStub(plain_channel).Check(health_pb2.HealthCheckRequest(), timeout=2)
+        assert plain.value.code() == grpc.StatusCode.UNAVAILABLE
         # the health port serves health alone: no picker behind it
         process = health_channel.stream_stream("/envoy.service.ext_proc.v3.ExternalProcessor/Process")
         with pytest.raises(grpc.RpcError) as refused:

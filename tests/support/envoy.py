@@ -65,7 +65,7 @@ static_resources:
     typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {http2_protocol_options: {}}
+        explicit_http_config: {http2_protocol_options: {}}%(picker_tls)s
     load_assignment:
       cluster_name: picker
       endpoints:
@@ -96,6 +96,16 @@ SUBSET_FILTER = """
 extension's subset hint), here as a static filter."""
 
 
+PICKER_TLS = """
+    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        common_tls_context: {alpn_protocols: [h2]}"""
+"""TLS towards the picker without verifying its certificate (no validation context), as Istio's
+DestinationRule with insecureSkipVerify reaches an endpoint picker."""
+
+
 def envoy_config(
     *,
     port: int,
@@ -104,11 +114,13 @@ def envoy_config(
     access_log: Path | None = None,
     response_bodies: bool = False,
     subset: list[str] | None = None,
+    picker_tls: bool = False,
 ) -> str:
     """Envoy's static config: listening on `port`, its picker on `picker`, all on 127.0.0.1.
 
     `response_bodies`: the answers stream through the picker too, as the inference extension's
-    own gateways configure it (otherwise NONE, the cheapest); `subset`: a static subset hint.
+    own gateways configure it (otherwise NONE, the cheapest); `subset`: a static subset hint;
+    `picker_tls`: the picker is reached over TLS, its certificate not verified.
     """
     return ENVOY_CONFIG % {
         "port": port,
@@ -118,6 +130,7 @@ def envoy_config(
         "response_body_mode": "FULL_DUPLEX_STREAMED" if response_bodies else "NONE",
         "response_trailer_mode": "SEND" if response_bodies else "SKIP",
         "subset_filter": "" if subset is None else SUBSET_FILTER % json.dumps(subset),
+        "picker_tls": PICKER_TLS if picker_tls else "",
     }
 
 

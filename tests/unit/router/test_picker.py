@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import datetime
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 from envoy.config.core.v3 import base_pb2
 from google.protobuf import struct_pb2
-from prfaas_router.picker import BODY_CHUNK_BYTES, chunks, forged, header_map, routed, subset_hint
+from prfaas_router.picker import (
+    BODY_CHUNK_BYTES,
+    chunks,
+    forged,
+    header_map,
+    routed,
+    self_signed,
+    server_credentials,
+    subset_hint,
+)
 
 
 def test_a_body_goes_back_in_chunks_of_at_most_62000_bytes_that_add_up_to_it() -> None:
@@ -51,3 +64,19 @@ def test_the_subset_hint_is_read_from_the_filter_metadata_and_absent_means_no_li
     empty = struct_pb2.Struct()
     empty.update({"x-gateway-destination-endpoint-subset": []})
     assert subset_hint(base_pb2.Metadata(filter_metadata={"envoy.lb.subset_hint": empty})) == frozenset()
+
+
+def test_the_self_signed_certificate_is_signed_by_its_own_key_and_valid_from_before_now() -> None:
+    now = datetime.datetime(2026, 12, 7, 23, 0, tzinfo=datetime.UTC)
+    key_pem, certificate_pem = self_signed(now)
+    certificate = x509.load_pem_x509_certificate(certificate_pem)
+    key = serialization.load_pem_private_key(key_pem, password=None)
+    assert certificate.public_key() == key.public_key()
+    assert certificate.issuer == certificate.subject
+    assert certificate.not_valid_before_utc < now < certificate.not_valid_after_utc
+    assert certificate.not_valid_after_utc - now == datetime.timedelta(days=3650)
+
+
+def test_the_picker_port_is_plain_text_unless_asked_for_tls() -> None:
+    assert server_credentials(None, self_signed_tls=False) is None
+    assert server_credentials(None, self_signed_tls=True) is not None
