@@ -16,7 +16,8 @@ import contextlib
 import logging
 from collections.abc import Callable, Collection, Sequence
 
-from prfaas_core.vocabulary import LABEL_OWNER
+from prfaas_core.vocabulary import CLAIM_KIND, LABEL_OWNER
+from pydantic import ValidationError
 
 from prfaas_operator import RECONCILE_LOGGER
 from prfaas_operator.adapters.cluster_caches import PRFAAS_OWNED_KINDS, ClusterCaches
@@ -29,7 +30,7 @@ from prfaas_operator.adapters.kube import (
     Clusters,
 )
 from prfaas_operator.adapters.metrics import OperatorMetrics
-from prfaas_operator.api import PrefillClusterPlacement, PrfaasDeploymentSpec
+from prfaas_operator.api import PoolClaimRef, PoolClaimStatus, PrefillClusterPlacement, PrfaasDeploymentSpec
 from prfaas_operator.loops.children import (
     Manifest,
     Memory,
@@ -40,6 +41,7 @@ from prfaas_operator.loops.children import (
 )
 from prfaas_operator.planning import observation, remote_backoff
 from prfaas_operator.planning.manifests import Owner, label_value, owner_selector, prefill_cluster_namespace
+from prfaas_operator.planning.pool_claim import ClaimSeen, claim_manifest, claim_name
 from prfaas_operator.planning.reconcile_pass import ReconcileOptions, stale_children
 from prfaas_operator.planning.status import LEFT_BEHIND, ClusterObservation, Problem
 
@@ -123,6 +125,42 @@ class PrefillClusterSide:
             return self.failed(spec, owner, mem, await cluster.diagnosed(cache.problem))
         return cluster, cache
 
+    async def claim(
+        self, spec: PrfaasDeploymentSpec, ref: PoolClaimRef, owner: Owner, mem: Memory
+    ) -> ClaimSeen:
+        """Server-side apply this CR's PrfaasPoolClaim beside its pool and read its status back from
+        the answer (one request a pass, the only one this CR makes there: its identity may touch
+        nothing else); unknown while the PrfaaS cluster fails, with the same backoff."""
+        waiting = remote_backoff.waiting(mem.backoff, self._clock())
+        if waiting is not None:
+            return ClaimSeen(problem=waiting)
+        try:
+            cluster = await self.clusters.prefill_cluster(
+                owner.namespace, spec.prefill_cluster.kubeconfig_secret_ref
+            )
+            live = await cluster.apply(claim_manifest(spec, ref, owner))
+        except ClusterError as err:
+            return ClaimSeen(problem=self.failed(spec, owner, mem, err.problem))
+        mem.backoff = remote_backoff.succeeded(mem.backoff)
+        try:
+            return ClaimSeen(PoolClaimStatus.model_validate(live.get("status") or {}))
+        except ValidationError:
+            where = f"{ref.namespace}/{claim_name(ref, owner)}"
+            return ClaimSeen(
+                problem=Problem("UnreadableClaimStatus", f"the status of {CLAIM_KIND} {where} is unreadable")
+            )
+
+    async def delete_claim(self, spec: PrfaasDeploymentSpec, ref: PoolClaimRef, owner: Owner) -> None:
+        """Delete this CR's claim (its share goes back to the pool); raises ClusterError."""
+        cluster = await self.clusters.prefill_cluster(
+            owner.namespace, spec.prefill_cluster.kubeconfig_secret_ref, allow_cached=True
+        )
+        name = claim_name(ref, owner)
+        if await cluster.delete(CLAIM_KIND, name, ref.namespace):
+            log.info(
+                "%s: deleted %s %s/%s in the %s", owner.key, CLAIM_KIND, ref.namespace, name, cluster.name
+            )
+
     def failed(self, spec: PrfaasDeploymentSpec, owner: Owner, mem: Memory, problem: Problem) -> Problem:
         """Count and log a failure, and back off (from when it failed, not when the pass began);
         the Secret is read again at the next try (a rotated token, a fixed server)."""
@@ -145,15 +183,16 @@ class PrefillClusterSide:
         spec: PrfaasDeploymentSpec,
         owner: Owner,
         wanted: Sequence[Manifest] | None,
-        remote: Remote,
+        remote: Remote | None,
         mem: Memory,
         generation: int | None,
         retire: Sequence[tuple[str, str, str]] = (),
     ) -> tuple[ClusterObservation | None, list[Problem], list[Problem]]:
         """Apply the PrfaaS cluster's drifted children, delete `retire`, prune, clean what was left
         behind: a replacement observation when that failed, problems for the status, warnings for
-        an Event. `wanted` None: not known this pass (see PassPlan)."""
-        if isinstance(remote, Problem) or wanted is None:
+        an Event. `wanted` None: not known this pass (see PassPlan); `remote` None: not connected
+        (a shared pool's claim: nothing of this CR's is applied there)."""
+        if remote is None or isinstance(remote, Problem) or wanted is None:
             return None, [], []
         cluster, cache = remote
         pc = spec.prefill_cluster

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from prfaas_core.vocabulary import LABEL_INSTANCE, LABEL_OWNER, LWS_KIND, Role
+from prfaas_core.vocabulary import CLAIM_KIND, LABEL_INSTANCE, LABEL_OWNER, LWS_KIND, Role
 from pydantic import ValidationError
 
 from prfaas_operator.adapters.cluster_caches import PRFAAS_OWNED_KINDS, ClusterCaches
@@ -43,6 +43,7 @@ from prfaas_operator.planning import observation, remote_backoff
 from prfaas_operator.planning.analysis import Observed
 from prfaas_operator.planning.data_path import DataPath
 from prfaas_operator.planning.manifests import Names, Owner, label_value, selector_labels
+from prfaas_operator.planning.pool_claim import claim_name
 from prfaas_operator.planning.reconcile_pass import (
     Applies,
     Instant,
@@ -59,7 +60,14 @@ from prfaas_operator.planning.reconcile_pass import (
     plan_router_and_prefill_cluster,
 )
 from prfaas_operator.planning.rollout import Slot, slot_names
-from prfaas_operator.planning.status import Problem, read_status, status_changed, status_patch, warning_events
+from prfaas_operator.planning.status import (
+    ClusterObservation,
+    Problem,
+    read_status,
+    status_changed,
+    status_patch,
+    warning_events,
+)
 from prfaas_operator.planning.workloads import ENGINE_WORKLOAD_KINDS
 
 log = logging.getLogger(__name__)
@@ -276,17 +284,22 @@ class Reconciler:
             self._apply_local(owner, engines.manifests, local_cache, mem, engines.retire, engines.prune)
         )
         try:
-            remote = await self._prefill.connect(spec, owner, mem)
-            same_cache = not isinstance(remote, Problem) and remote[1] is remote_cache
-            prefill_seen = prefill_cluster.observe(spec, owner, remote)
+            claim, remote = None, None
+            if spec.pool_claim is None:
+                remote = await self._prefill.connect(spec, owner, mem)
+                reachable = not isinstance(remote, Problem)
+                same_cache = not isinstance(remote, Problem) and remote[1] is remote_cache
+                prefill_seen = prefill_cluster.observe(spec, owner, remote)
+            else:  # a shared pool's controller runs its prefills: this CR's one object there is its claim
+                claim = await self._prefill.claim(spec, spec.pool_claim, owner, mem)
+                reachable, same_cache = claim.problem is None, False
+                prefill_seen = ClusterObservation(claim.problem)
             pd_seen = observation.pd_cluster(owner, local_cache)
             stored = None
             if needs_stored_router_config(mem.router_config, previous):
                 stored = await self._stored_router_config(owner)
             seen_remote = PrefillClusterSeen(
-                prefill_seen,
-                not isinstance(remote, Problem),
-                slots[Role.PRFAAS_PREFILL] if same_cache else None,
+                prefill_seen, reachable, slots[Role.PRFAAS_PREFILL] if same_cache else None, claim
             )
             plan = plan_router_and_prefill_cluster(
                 pass_input, engines, seen_remote, pd_seen, mem.router_config, stored, self.options
@@ -459,6 +472,18 @@ class Reconciler:
             spec = PrfaasDeploymentSpec.model_validate(body.get("spec") or {})
         except ValidationError:
             return DeleteOutcome(True)  # nothing was ever built from an invalid spec
+        if (
+            spec.pool_claim is not None
+        ):  # its one object there: the claim (the pool's controller frees its share)
+            ref = spec.pool_claim
+            async with mem.lock:
+                try:
+                    await self._prefill.delete_claim(spec, ref, owner)
+                except ClusterError as err:
+                    left = [f"{CLAIM_KIND} {ref.namespace}/{claim_name(ref, owner)}"]
+                    return DeleteOutcome(False, err.problem, left)
+            self.forget(metadata)
+            return DeleteOutcome(True)
         _recall_placement(mem, read_status(body.get("status")))
         namespace, workload = spec.prefill_cluster.namespace, Names.of(owner.name).prfaas_prefill
         left = [f"{kind} {namespace}/{workload}" for kind in PRFAAS_OWNED_KINDS]

@@ -64,6 +64,7 @@ from prfaas_operator.planning.manifests import (
     router_deployment,
     router_service,
 )
+from prfaas_operator.planning.pool_claim import ClaimSeen, binding, cache_salt, claim_pools
 from prfaas_operator.planning.rollout import RolePlan, RoleSeen, RolloutDecision, Slot
 from prfaas_operator.planning.router_config_builder import (
     build_router_config,
@@ -74,6 +75,7 @@ from prfaas_operator.planning.router_config_builder import (
 from prfaas_operator.planning.status import (
     INVALID_PROFILE,
     INVALID_SPEC,
+    ClaimBinding,
     ClusterObservation,
     GatewaySeen,
     PodInfo,
@@ -177,6 +179,8 @@ def plan_pd_engines(
     choice = effective_allocation(spec, previous.allocation)
     fingerprint = kv_fingerprint(spec.model)
     revisions = desired_revisions(spec, owner, choice.allocation, fingerprint)
+    if spec.pool_claim is not None:  # the shared pool's controller runs its prefills, not this CR
+        revisions = {role: desired for role, desired in revisions.items() if role != Role.PRFAAS_PREFILL}
     rolled = decide_rollout(spec, revisions, previous, slots, now.wall, fingerprint, pass_input.observed)
     drains, notes = dict(drains), []
     local_roles = (Role.PD_PREFILL, Role.PD_DECODE)
@@ -329,6 +333,8 @@ class PrefillClusterSeen:
     observation: ClusterObservation
     reachable: bool
     slots: Sequence[Slot] | None = None
+    claim: ClaimSeen | None = None
+    """spec.poolClaim's claim as read back this pass (None: no poolClaim)."""
 
 
 @dataclass(frozen=True)
@@ -368,6 +374,7 @@ def decide_router_config(
     last_config: RouterConfig | None,
     stored: StoredRouterConfig | None,
     now: datetime,
+    claim: ClaimSeen | None = None,
 ) -> RouterConfigDecision:
     """`last_config`: the config this process last wrote; `stored`: the ConfigMap's, when read.
 
@@ -375,7 +382,8 @@ def decide_router_config(
     bounded time (keep_unobserved), then left out, so traffic stays local. While a
     cache is still listing (just after a restart) the last config is kept: one built from it
     would drop endpoints that are working. A refused profile fit keeps the last good config.
-    The version never falls below the one recorded in status.
+    The version never falls below the one recorded in status. With spec.poolClaim, the PrfaaS
+    endpoints and the share are the claim's (pool_claim.claim_pools), and its cache salt is set.
     """
     min_version = previous.allocation.router_config_version if previous.allocation is not None else 0
     last = last_config
@@ -385,11 +393,17 @@ def decide_router_config(
         last = stored.config
     if prefill_seen.listing or pd_seen.listing:
         return RouterConfigDecision("keep", last, kept(last, min_version))
+    keep_seconds = spec.prefill_cluster.keep_unobserved_endpoints_seconds
     remote_pods = leaving(prefill_seen.pods, drains) if prefill_seen.observed else None
-    choice = choose_pools(spec, engines.fingerprint, remote_pods, leaving(pd_seen.pods, drains))
-    if remote_pods is None:
-        keep_seconds = spec.prefill_cluster.keep_unobserved_endpoints_seconds
-        choice = keep_unobserved(choice, last, now.timestamp(), keep_seconds)
+    salt, share = None, None
+    if spec.pool_claim is not None and claim is not None:
+        remote_pods, salt = [], cache_salt(spec.pool_claim, owner)
+        choice = choose_pools(spec, engines.fingerprint, [], leaving(pd_seen.pods, drains))
+        choice, share = claim_pools(choice, claim, last, now.timestamp(), keep_seconds)
+    else:
+        choice = choose_pools(spec, engines.fingerprint, remote_pods, leaving(pd_seen.pods, drains))
+        if remote_pods is None:
+            choice = keep_unobserved(choice, last, now.timestamp(), keep_seconds)
     cache_pools = router_cache_pools(spec, owner, remote_pods, pd_seen.pods)
     try:
         config = build_router_config(
@@ -401,6 +415,8 @@ def decide_router_config(
             measured_output_tokens=planner_input(previous, "meanOutputTokens"),
             measured_output_cv=planner_input(previous, "outputTokensCv"),
             cache_pools=cache_pools,
+            cache_salt=salt,
+            pool_share=share,
         )
     except ProfileError as err:
         keeps = f"the router keeps config v{last.version}" if last is not None else "no router config yet"
@@ -423,6 +439,7 @@ class PassPlan:
     pruned there this pass."""
     prefill_cluster_retire: Sequence[tuple[str, str, str]] = ()  # (kind, namespace, name) to delete there
     notes: Sequence[str] = ()
+    pool_claim: ClaimBinding | None = None  # spec.poolClaim's claim, for the status
 
 
 def plan_router_and_prefill_cluster(
@@ -437,8 +454,8 @@ def plan_router_and_prefill_cluster(
     """Step 2: the PrfaaS drain (when that cluster could be looked at), then the router config."""
     spec, owner, previous = pass_input.spec, pass_input.owner, pass_input.previous
     drains, notes = dict(engines.drains), []
-    plan = engines.rollout.roles[Role.PRFAAS_PREFILL]
-    if prefill_seen.reachable and prefill_seen.slots is not None:
+    plan = engines.rollout.roles.get(Role.PRFAAS_PREFILL)
+    if prefill_seen.reachable and prefill_seen.slots is not None and plan is not None:
         notes += drain_role(
             drains, owner, plan, prefill_seen.slots, pass_input.now.monotonic, options.drain_seconds
         )
@@ -453,7 +470,9 @@ def plan_router_and_prefill_cluster(
         last_config,
         stored,
         pass_input.now.wall,
+        prefill_seen.claim,
     )
+    claimed = binding(prefill_seen.claim) if prefill_seen.claim is not None else None
     config = decision.config
     router = [router_deployment(spec, owner, config.to_json() if config else None)]
     router += [router_configmap(owner, config)] if config is not None else []
@@ -463,12 +482,12 @@ def plan_router_and_prefill_cluster(
         config.to_json() if config else None,
         inference_pool_served=pass_input.inference_pool_served is True,
     )
-    if prefill_seen.slots is None:  # step 1 could not see its StatefulSets: nothing there this pass
-        return PassPlan(drains, decision, router, None, (), notes)
+    if prefill_seen.slots is None or plan is None:  # not seen, or a shared pool's: nothing there
+        return PassPlan(drains, decision, router, None, (), notes, claimed)
     remote = held(rolled_engine_objects(spec, engines.revisions[Role.PRFAAS_PREFILL], owner, plan), drains)
     remote += pool_manifests(spec, owner, remote=True)  # pruned with the rest when its cachePool goes
     retire = retired(engines.rollout, (Role.PRFAAS_PREFILL,), spec.prefill_cluster.namespace)
-    return PassPlan(drains, decision, router, remote, retire, notes)
+    return PassPlan(drains, decision, router, remote, retire, notes, claimed)
 
 
 def leaving(pods: Sequence[PodInfo], drains: Mapping[str, Drain]) -> list[PodInfo]:
@@ -594,6 +613,7 @@ def conclude_pass(
             cache_pools=pool_observations(spec, owner, prefill_seen, pd_seen),
             data_path=pass_input.data_path,
             gateway=gateway_seen(pass_input),
+            pool_claim=plan.pool_claim,
         )
     )
     settling = engines.rollout.come_back_at  # a new instance about to count for the rollout's step

@@ -17,6 +17,7 @@ from prfaas_core.router_config import (
     DecodeCapacity,
     Endpoint,
     Pools,
+    PoolShare,
     RouterConfig,
     Slo,
     fitted_prefill_time,
@@ -184,11 +185,13 @@ def build_router_config(
     measured_output_cv: float | None = None,
     cache_pools: Mapping[str, CachePool] | None = None,
     cache_salt: str | None = None,
+    pool_share: PoolShare | None = None,
 ) -> RouterConfig:
     """The router config for this allocation and these endpoints; raises ProfileError on a refused fit.
 
     `cache_salt`: the consumer's namespace in the engines' prefix caches, for a PrfaaS pool that
     several PD clusters share; a PrfaasDeployment's pool serves it alone and has none.
+    `pool_share`: its share of that shared pool, as its claim's status publishes it.
 
     The version is bumped only when the content changes, and never falls below `min_version`
     (the last version recorded in status), so a recreated ConfigMap is not older than what
@@ -216,6 +219,7 @@ def build_router_config(
         cache_pools=dict(cache_pools or {}),
         decode_radix_cache=spec.prefix_cache.decode_radix_cache,
         cache_salt=cache_salt,
+        pool_share=pool_share,
     )
     unchanged = (
         previous is not None and candidate.model_copy(update={"version": previous.version}) == previous

@@ -186,6 +186,17 @@ class CachePoolSeen:
 
 
 @dataclass(frozen=True)
+class ClaimBinding:
+    """A shared pool's claim as the PrfaasDeployment tells it (condition PoolClaimBound): `ok` None
+    while its status is unknown; `endpoints`: the pool's ready instances its status lists."""
+
+    ok: bool | None
+    reason: str
+    message: str
+    endpoints: int = 0
+
+
+@dataclass(frozen=True)
 class GatewaySeen:
     """The gateway side, while spec.gateway asks for it: the InferencePool and the picker's names,
     its replicas, and why the pool could not be written (None: it could, or not known yet)."""
@@ -219,6 +230,8 @@ class StatusInputs:
     data_path: DataPath = NOT_LOOKED_AT
     """The verdict on KV reaching the decodes from the PrfaaS pool (used for a remote PrfaaS cluster)."""
     gateway: GatewaySeen | None = None
+    pool_claim: ClaimBinding | None = None
+    """spec.poolClaim's claim: the PrfaaS prefill is the shared pool's, not a fleet of this CR's."""
 
 
 def _parse_time(value: object) -> datetime | None:
@@ -266,7 +279,7 @@ def scheduling_problem(pods: Iterable[PodInfo], what: str) -> Problem | None:
 
 def condition(
     kind: str,
-    ok: bool,
+    ok: bool | None,
     reason: str,
     message: str,
     *,
@@ -274,8 +287,9 @@ def condition(
     generation: int | None,
     now: str,
 ) -> Condition:
-    """A condition whose lastTransitionTime moves only when its status does (any kind's status)."""
-    status: Literal["True", "False"] = "True" if ok else "False"
+    """A condition whose lastTransitionTime moves only when its status does (any kind's status);
+    `ok` None: Unknown."""
+    status: Literal["True", "False", "Unknown"] = "Unknown" if ok is None else "True" if ok else "False"
     before = next((c for c in previous if c.type == kind), None)
     since = before.last_transition_time if before is not None and before.status == status else None
     return Condition(
@@ -288,7 +302,9 @@ def condition(
     )
 
 
-def _condition(kind: ConditionType, ok: bool, reason: str, message: str, inputs: StatusInputs) -> Condition:
+def _condition(
+    kind: ConditionType, ok: bool | None, reason: str, message: str, inputs: StatusInputs
+) -> Condition:
     return condition(
         kind.value,
         ok,
@@ -467,8 +483,23 @@ def _gateway_condition(inputs: StatusInputs) -> Condition | None:
     return _condition(kind, True, PICKER_READY, message, inputs)
 
 
+def _pool_prefill_condition(claim: ClaimBinding, note: str, inputs: StatusInputs) -> Condition:
+    """PrefillClusterReady of a deployment on a shared pool: the pool's instances its claim lists."""
+    kind = ConditionType.PREFILL_CLUSTER_READY
+    if not claim.ok:
+        return _condition(kind, False, claim.reason, claim.message, inputs)
+    if claim.endpoints == 0:
+        message = "the claim is bound and lists no ready instance of the pool yet; prompts prefill locally"
+        return _condition(kind, False, NO_ENDPOINTS, message, inputs)
+    message = f"{claim.endpoints} ready instance(s) of the shared pool listed by the claim. {note}".strip()
+    return _condition(kind, True, inputs.data_path.reason, message, inputs)
+
+
 def _problems(inputs: StatusInputs, parts: Sequence[Condition]) -> list[Problem]:
     problems: list[Problem] = list(inputs.extra_problems)
+    claim = inputs.pool_claim
+    if claim is not None and claim.ok is False and claim.reason != PROGRESSING:
+        problems.append(Problem(claim.reason, f"PrfaasPoolClaim: {claim.message}"))
     if inputs.gateway is not None and inputs.gateway.problem is not None:
         problems.append(inputs.gateway.problem)
     for label, seen in (("PrfaaS cluster", inputs.prefill_cluster), ("PD cluster", inputs.pd_cluster)):
@@ -507,14 +538,22 @@ def compute_status(inputs: StatusInputs) -> PrfaasDeploymentStatus:
 
     remote = inputs.prefill_cluster_is_remote
     note = inputs.data_path.message if remote else ""
-    prefill_ready = _workload_condition(
-        ConditionType.PREFILL_CLUSTER_READY,
-        inputs.prefill_cluster,
-        [(Role.PRFAAS_PREFILL, f"PrfaaS prefill in namespace {inputs.prefill_namespace}", prfaas)],
-        inputs.data_path.reason if remote else INSTANCES_READY,
-        note,
-        inputs,
-    )
+    claim = inputs.pool_claim
+    optional: list[Condition] = []
+    if claim is not None:
+        prfaas = RoleCounts(desired=claim.endpoints, ready=claim.endpoints)
+        prefill_ready = _pool_prefill_condition(claim, note, inputs)
+        bound = ConditionType.POOL_CLAIM_BOUND
+        optional.append(_condition(bound, claim.ok, claim.reason, claim.message, inputs))
+    else:
+        prefill_ready = _workload_condition(
+            ConditionType.PREFILL_CLUSTER_READY,
+            inputs.prefill_cluster,
+            [(Role.PRFAAS_PREFILL, f"PrfaaS prefill in namespace {inputs.prefill_namespace}", prfaas)],
+            inputs.data_path.reason if remote else INSTANCES_READY,
+            note,
+            inputs,
+        )
     pd_ready = _workload_condition(
         ConditionType.PD_CLUSTER_READY,
         inputs.pd_cluster,
@@ -536,7 +575,7 @@ def compute_status(inputs: StatusInputs) -> PrfaasDeploymentStatus:
             ConditionType.READY, False, f"{blocking.type.removesuffix('Ready')}NotReady", message, inputs
         )
 
-    optional = [c for c in (_cache_pool_condition(inputs), _gateway_condition(inputs)) if c is not None]
+    optional += [c for c in (_cache_pool_condition(inputs), _gateway_condition(inputs)) if c is not None]
     problems = _problems(inputs, [*parts, rollout])
     if problems:
         degraded = _condition(
