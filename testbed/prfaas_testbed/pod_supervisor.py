@@ -25,12 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from lightkube import ApiError
 
 from prfaas_testbed.clusters import Cluster
 from prfaas_testbed.pod_api import PodApi
-from prfaas_testbed.pod_workloads import HttpProbe, LocalProcess, PodFacts, observed_role
+from prfaas_testbed.pod_workloads import GrpcProbe, LocalProcess, PodFacts, Probe, observed_role
 from prfaas_testbed.runner_state import utc_now, write_atomically
 
 log = logging.getLogger("prfaas_testbed.runner")
@@ -53,10 +55,20 @@ class SupervisionSettings:
     """SIGKILL after min(the pod's terminationGracePeriodSeconds, this)."""
 
 
-def _probe(url: str, timeout_s: float) -> bool:
-    """A kubelet-style HTTP probe: any status in [200, 400) passes."""
+def probe_passes(probe: Probe) -> bool:
+    """A kubelet-style probe. HTTP: any status in [200, 400) passes; gRPC: grpc.health.v1's Check
+    of the probe's service answers SERVING within the timeout."""
+    if isinstance(probe, GrpcProbe):
+        with grpc.insecure_channel(probe.target) as channel:
+            try:
+                answer = health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(service=probe.service), timeout=probe.timeout_seconds
+                )
+            except grpc.RpcError:
+                return False
+        return bool(answer.status == health_pb2.HealthCheckResponse.SERVING)
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        with urllib.request.urlopen(probe.url, timeout=probe.timeout_seconds) as response:
             return 200 <= response.status < 400
     except urllib.error.HTTPError as err:
         return 200 <= err.code < 400
@@ -328,14 +340,10 @@ class PodSupervisor:
         self.last_exit = process.returncode
         self.state = "exited"
 
-    async def _probe_while_running(
-        self, process: asyncio.subprocess.Process, probe: HttpProbe
-    ) -> bool | None:
+    async def _probe_while_running(self, process: asyncio.subprocess.Process, probe: Probe) -> bool | None:
         """One probe with the pod's own timeout, as the kubelet runs it; None when the process
         exits or the pod is stopped first (the probe's thread then ends at its timeout)."""
-        probing: asyncio.Future[bool] = asyncio.get_running_loop().run_in_executor(
-            PROBES, _probe, probe.url, probe.timeout_seconds
-        )
+        probing: asyncio.Future[bool] = asyncio.get_running_loop().run_in_executor(PROBES, probe_passes, probe)
         interrupts: set[asyncio.Future[Any]] = {
             asyncio.ensure_future(process.wait()),
             asyncio.ensure_future(self._stop.wait()),

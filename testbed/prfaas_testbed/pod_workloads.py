@@ -162,6 +162,25 @@ class HttpProbe:
 
 
 @dataclass(frozen=True)
+class GrpcProbe:
+    """A readinessProbe's grpc: grpc.health.v1's Check of ``service`` at the pod's address, in
+    plain text (as the kubelet's, which has no TLS), with its thresholds."""
+
+    host: str
+    port: int
+    service: str = ""
+    timeout_seconds: float = 1.0
+    failure_threshold: int = 3
+
+    @property
+    def target(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+Probe = HttpProbe | GrpcProbe
+
+
+@dataclass(frozen=True)
 class ConfigMapVolume:
     """A ConfigMap volume: the runner writes the ConfigMap's keys as files into ``directory``."""
 
@@ -179,7 +198,7 @@ class LocalProcess:
     """Scrape job and ``role`` label: the pod's prfaas.io/role label, else the workload kind."""
     argv: tuple[str, ...]
     env: Mapping[str, str]
-    readiness: HttpProbe | None
+    readiness: Probe | None
     metrics_port: int | None
     configmaps: tuple[ConfigMapVolume, ...] = ()
     service_account: str | None = None
@@ -330,23 +349,34 @@ def _container_port(facts: PodFacts, port: Any) -> int:
     raise PodWorkloadError(f"pod {facts.key}: no container port named {port!r}")
 
 
-def readiness_probe(facts: PodFacts) -> HttpProbe | None:
+def readiness_probe(facts: PodFacts) -> Probe | None:
     """The container's readinessProbe at the pod IP; None when it has none (ready once running)."""
     probe = facts.container.get("readinessProbe")
     if not probe:
         return None
-    http = probe.get("httpGet")
-    if not http:
-        raise PodWorkloadError(f"pod {facts.key}: only httpGet readiness probes are supported")
-    return HttpProbe(
-        host=facts.ip,
-        port=_container_port(facts, http.get("port")),
-        path=http.get("path") or "/",
-        # the pod's own, with the kubelet's defaults: SGLang's /health never answers in under a
-        # second, so the operator's engine probes allow 20 s
-        timeout_seconds=float(probe.get("timeoutSeconds") or 1),
-        failure_threshold=int(probe.get("failureThreshold") or 3),
-    )
+    # the pod's own, with the kubelet's defaults: SGLang's /health never answers in under a
+    # second, so the operator's engine probes allow 20 s
+    timeout_seconds = float(probe.get("timeoutSeconds") or 1)
+    failure_threshold = int(probe.get("failureThreshold") or 3)
+    if http := probe.get("httpGet"):
+        return HttpProbe(
+            host=facts.ip,
+            port=_container_port(facts, http.get("port")),
+            path=http.get("path") or "/",
+            timeout_seconds=timeout_seconds,
+            failure_threshold=failure_threshold,
+        )
+    if grpc := probe.get("grpc"):
+        if not isinstance(grpc.get("port"), int):  # the API takes a number only, no port name
+            raise PodWorkloadError(f"pod {facts.key}: a grpc readiness probe needs a port number")
+        return GrpcProbe(
+            host=facts.ip,
+            port=int(grpc["port"]),
+            service=str(grpc.get("service") or ""),
+            timeout_seconds=timeout_seconds,
+            failure_threshold=failure_threshold,
+        )
+    raise PodWorkloadError(f"pod {facts.key}: only httpGet and grpc readiness probes are supported")
 
 
 def _configmap_volumes(

@@ -3,10 +3,10 @@ testbed's PD cluster writes the InferencePool over the decode pods and the picke
 Service, identity and PodDisruptionBudget; turned off, they go; where the cluster serves no
 InferencePool, GatewayReady says so and the rest of the deployment is served as before.
 
-The InferencePool CRD is the gateway's to install, not ours: this test installs a minimal copy of
-its v1 schema (written here from the Gateway API Inference Extension's api/v1 types: the fields the
-operator writes) and deletes it at the end. Pods are kwok's (engines on fake GPU nodes, router and
-picker on its CPU nodes), so nothing really runs.
+The InferencePool CRD is the gateway's to install, not ours: this test installs the one the Gateway
+API Inference Extension's pinned release ships (scripts/fetch-inference-pool-crd.sh) and deletes it
+at the end. Pods are kwok's (engines on fake GPU nodes, router and picker on its CPU nodes), so
+nothing really runs.
 """
 
 from __future__ import annotations
@@ -27,9 +27,11 @@ from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.resources.rbac_authorization_v1 import Role, RoleBinding
 from operator_harness import OperatorProcess, delete_deployments, install_crd, router_on_kwok, run_operator
 from polling import get_or_none
-from prfaas_core.vocabulary import INFERENCE_POOL_GROUP, INFERENCE_POOL_KIND, INFERENCE_POOL_PLURAL
+from prfaas_core.vocabulary import INFERENCE_POOL_KIND
 from prfaas_operator.adapters.kube import InferencePoolResource, PrfaasDeploymentResource
 from prfaas_operator.crd import repository_root
+from prfaas_testbed.inference_pool import CRD_NAME as POOL_CRD
+from prfaas_testbed.inference_pool import inference_pool_crd
 from prfaas_testbed.polling import eventually
 from support.kubectl import Kubectl
 
@@ -41,7 +43,6 @@ pytestmark = [pytest.mark.testbed, pytest.mark.timeout(180)]
 SAMPLE: dict[str, Any] = yaml.safe_load((repository_root() / "examples/prfaasdeployment.yaml").read_text())
 PREFIX = "gw-"  # the test's operator watches only these namespaces
 NAME = "gw"
-POOL_CRD = f"{INFERENCE_POOL_PLURAL}.{INFERENCE_POOL_GROUP}"
 OPERATOR_OPTIONS = ("--resync-seconds", "2")
 WAIT = {"timeout": 30.0, "interval": 0.2}
 DECODE_SELECTOR = {
@@ -49,89 +50,6 @@ DECODE_SELECTOR = {
     "app.kubernetes.io/instance": NAME,
     "prfaas.io/role": "pd-decode",
 }
-
-
-def _port() -> dict[str, Any]:
-    return {
-        "type": "object",
-        "required": ["number"],
-        "properties": {"number": {"type": "integer", "minimum": 1, "maximum": 65535}},
-    }
-
-
-INFERENCE_POOL_CRD: dict[str, Any] = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {
-        "name": POOL_CRD,
-        # a *.k8s.io group needs it; the inference extension's own CRD carries its API review's link
-        "annotations": {
-            "api-approved.kubernetes.io": "https://github.com/kubernetes-sigs/gateway-api-inference-extension/pull/1173"
-        },
-    },
-    "spec": {
-        "group": INFERENCE_POOL_GROUP,
-        "scope": "Namespaced",
-        "names": {"kind": INFERENCE_POOL_KIND, "plural": INFERENCE_POOL_PLURAL, "singular": "inferencepool"},
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "required": ["spec"],
-                        "properties": {
-                            "spec": {
-                                "type": "object",
-                                "required": ["selector", "targetPorts", "endpointPickerRef"],
-                                "properties": {
-                                    "selector": {
-                                        "type": "object",
-                                        "required": ["matchLabels"],
-                                        "properties": {
-                                            "matchLabels": {
-                                                "type": "object",
-                                                "additionalProperties": {"type": "string", "maxLength": 63},
-                                            }
-                                        },
-                                    },
-                                    "targetPorts": {
-                                        "type": "array",
-                                        "minItems": 1,
-                                        "maxItems": 8,
-                                        "items": _port(),
-                                    },
-                                    "appProtocol": {"type": "string"},
-                                    "endpointPickerRef": {
-                                        "type": "object",
-                                        "required": ["name"],
-                                        "properties": {
-                                            "group": {"type": "string", "default": ""},
-                                            "kind": {"type": "string", "default": "Service"},
-                                            "name": {"type": "string", "minLength": 1, "maxLength": 253},
-                                            "port": _port(),
-                                            "failureMode": {
-                                                "type": "string",
-                                                "enum": ["FailOpen", "FailClose"],
-                                                "default": "FailClose",
-                                            },
-                                        },
-                                    },
-                                },
-                            },
-                            "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-                        },
-                    }
-                },
-            }
-        ],
-    },
-}
-"""A minimal InferencePool v1: what the operator writes, each field as the inference extension types it."""
-
 GATEWAY_OBJECTS = (Deployment, Service, PodDisruptionBudget, ServiceAccount, Role, RoleBinding)
 
 
@@ -141,30 +59,11 @@ def kubectl(testbed: Testbed) -> Kubectl:
 
 
 @pytest.fixture(scope="module")
-def pool_crd(kubectl: Kubectl) -> Iterator[None]:
-    """The InferencePool CRD installed for this module, gone afterwards (the testbed is left as found)."""
-    assert kubectl.run("get", "crd", POOL_CRD).returncode != 0, f"{POOL_CRD} is installed already"
-    kubectl.ok(
-        "apply",
-        "--server-side",
-        "--field-manager=prfaas-tests",
-        "-f",
-        "-",
-        stdin=yaml.safe_dump(INFERENCE_POOL_CRD),
-    )
-    kubectl.ok("wait", "--for=condition=Established", f"crd/{POOL_CRD}", "--timeout=60s")
-    # Established comes before the apiserver's storage of the kind: a list answers 429 ("storage is
-    # (re)initializing") for a moment, and the operator would list it again only 30 s later
-    eventually(
-        lambda: kubectl.run("get", INFERENCE_POOL_PLURAL, "-A").returncode == 0,
-        timeout=30,
-        interval=0.2,
-        what="InferencePools listed",
-    )
-    try:
+def pool_crd(pd_client: Client) -> Iterator[None]:
+    """The inference extension's InferencePool CRD installed for this module, gone afterwards (the
+    testbed is left as found)."""
+    with inference_pool_crd(pd_client):
         yield
-    finally:
-        kubectl.run("delete", "crd", POOL_CRD, "--ignore-not-found", "--wait=true")
 
 
 @pytest.fixture(scope="module")

@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import yaml
 from aiohttp import web
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import HealthServicer
 from prfaas_core.trace import TraceError
-from prfaas_operator.api import PrfaasDeploymentSpec
+from prfaas_operator.api import GatewaySpec, PrfaasDeploymentSpec
 from prfaas_operator.planning.allocation import effective_allocation
+from prfaas_operator.planning.gateway import picker_deployment
 from prfaas_operator.planning.manifests import (
     Owner,
     pd_cluster_engine_objects,
@@ -35,7 +40,9 @@ from prfaas_testbed.link import (
     prfaas_instances_of,
     tc_commands,
 )
+from prfaas_testbed.pod_supervisor import probe_passes
 from prfaas_testbed.pod_workloads import (
+    GrpcProbe,
     PodFacts,
     PodNotYetRunnable,
     PodWorkloadError,
@@ -140,6 +147,42 @@ def test_router_pod_reads_its_config_from_a_local_copy_of_the_configmap(tmp_path
     assert volume.directory.is_relative_to(tmp_path)
     assert flag(process.argv, "--host") == "127.200.2.4"
     assert process.readiness is not None and process.readiness.path == "/readiness"
+
+
+def test_picker_pod_runs_the_router_with_its_picker_ports_probed_over_grpc_health(tmp_path: Path) -> None:
+    spec = SPEC.model_copy(
+        update={"gateway": GatewaySpec.model_validate({"inferencePool": {"enabled": True}})}
+    )
+    pod = pod_from(picker_deployment(spec, OWNER, None), "kimi-linear-picker-abc", "127.200.2.5", H20_NODE)
+    process = translate(pod, H20_NODE, tmp_path)
+    assert process.kind is WorkloadKind.ROUTER and process.role == "picker"
+    assert process.argv[0] == "/venv/bin/prfaas-router"
+    assert (flag(process.argv, "--picker-port"), flag(process.argv, "--picker-health-port")) == (
+        "9002",
+        "9003",
+    )
+    assert process.readiness == GrpcProbe(
+        host="127.200.2.5", port=9003, service="readiness", timeout_seconds=3.0, failure_threshold=3
+    )
+
+
+def test_a_grpc_probe_passes_only_while_its_service_is_serving(unused_tcp_port: int) -> None:
+    """Against a real grpc.health.v1 server, as the kubelet's probe runs it."""
+    health = HealthServicer()
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    server.add_insecure_port(f"127.0.0.1:{unused_tcp_port}")
+    server.start()
+    probe = GrpcProbe(host="127.0.0.1", port=unused_tcp_port, service="readiness", timeout_seconds=2.0)
+    try:
+        health.set("readiness", health_pb2.HealthCheckResponse.NOT_SERVING)
+        assert not probe_passes(probe)
+        health.set("readiness", health_pb2.HealthCheckResponse.SERVING)
+        assert probe_passes(probe)
+        assert not probe_passes(GrpcProbe(host="127.0.0.1", port=unused_tcp_port, service="unknown"))
+    finally:
+        server.stop(None).wait()
+    assert not probe_passes(probe)  # nothing listens
 
 
 OPERATOR_CONTAINER = {
