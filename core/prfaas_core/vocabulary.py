@@ -79,6 +79,7 @@ LABEL_REVISION = f"{GROUP}/revision"  # hash of an engine pod template: what a r
 LABEL_SLOT = f"{GROUP}/slot"  # on a role's second StatefulSet and its pods (a rollout's other half)
 LABEL_OWNER = f"{GROUP}/owner"
 LABEL_OWNER_UID = f"{GROUP}/owner-uid"
+LABEL_POOL = f"{GROUP}/pool"  # a PrfaasPool's children: in place of prfaas.io/deployment
 
 ANNOTATION_PREFIX = GROUP
 ANNOTATION_FINGERPRINT = f"{GROUP}/fingerprint"

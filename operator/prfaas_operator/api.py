@@ -1656,6 +1656,11 @@ class PrfaasPoolSpec(_Model):
     prefill: PrefillFleetSpec = Field(
         description="The pool's prefill instances: shape, placement, replica bounds, measured profile."
     )
+    disruption_budget: DisruptionBudgetSpec = Field(
+        default_factory=DisruptionBudgetSpec,
+        description="The disruption budget of the pool's prefill pods (one PodDisruptionBudget, named like its "
+        "StatefulSet).",
+    )
 
 
 class PoolClaimSpec(ClaimTerms):

@@ -70,11 +70,23 @@ OPERATOR_NAMESPACED = (
     }
     | {("", "secrets", "get"), ("", "events", "create"), ("", "events", "patch")}
 )
-# What the pool controller (operator.poolController) may do: its pools, the claims beside them.
+# What the pool controller (operator.poolController) may do: its pools, the claims beside them,
+# and its pools' prefill fleets (applied, never deleted: they go with their pool).
+APPLY = ("get", "create", "patch")
 POOL_CONTROLLER_NAMESPACED = (
     {("prfaas.io", "prfaaspools", verb) for verb in ("get", "list", "watch", "patch")}
     | {("prfaas.io", "prfaaspoolclaims", verb) for verb in ("get", "list", "watch")}
     | {("prfaas.io", f"{kind}/status", "patch") for kind in ("prfaaspools", "prfaaspoolclaims")}
+    # ownerReferences that block its deletion, where OwnerReferencesPermissionEnforcement is on
+    | {("prfaas.io", "prfaaspools/finalizers", "update")}
+    | {("apps", "statefulsets", verb) for verb in (*APPLY, "list", "watch")}
+    | {("leaderworkerset.x-k8s.io", "leaderworkersets", verb) for verb in APPLY}
+    | {
+        (group, resource, verb)
+        for group, resource in (("", "services"), ("policy", "poddisruptionbudgets"))
+        for verb in APPLY
+    }
+    | {("", "pods", "list"), ("", "pods", "watch")}
     | {("", "events", "create"), ("", "events", "patch")}
 )
 # What the operator's identity may do inside the PrfaaS cluster.
@@ -1271,8 +1283,9 @@ def test_the_pool_controller_serves_a_pool_with_the_charts_rights_only(
     helm: Path, testbed: Testbed, tmp_path: Path
 ) -> None:
     """The pool controller as the chart's ServiceAccount (operator.poolController, one watched
-    namespace) in the PrfaaS cluster: it binds a claim, puts the pool's finalizer on and lets the
-    pool go once the claim is deleted, and nothing it does is forbidden."""
+    namespace) in the PrfaaS cluster: it binds a claim, puts the pool's finalizer on, applies its
+    prefill StatefulSet, Service and PodDisruptionBudget, and lets the pool go once the claim is
+    deleted, and nothing it does is forbidden."""
     suffix = uuid.uuid4().hex[:6]
     release, home, pools = f"pools-{suffix}", f"prfaas-pools-home-{suffix}", f"prfaas-pools-{suffix}"
     admin = Kubectl(testbed.prfaas_kubeconfig)
@@ -1312,11 +1325,17 @@ def test_the_pool_controller_serves_a_pool_with_the_charts_rights_only(
                 claim = json.loads(admin.ok("get", "pfclaim", "pd-eu-west", "-n", pools, "-o", "json"))
                 pool_now = json.loads(admin.ok("get", "pfpool", "kimi-linear", "-n", pools, "-o", "json"))
                 conditions = claim.get("status", {}).get("conditions", [])
-                return any(c["type"] == "Bound" and c["status"] == "True" for c in conditions) and (
-                    "prfaas.io/pool-protection" in pool_now["metadata"].get("finalizers", [])
+                # its prefill fleet applied with the chart's rights
+                fleet = admin.run("get", "statefulset,service,pdb", "kimi-linear-prfaas-prefill", "-n", pools)
+                return (
+                    any(c["type"] == "Bound" and c["status"] == "True" for c in conditions)
+                    and "prfaas.io/pool-protection" in pool_now["metadata"].get("finalizers", [])
+                    and fleet.returncode == 0
                 )
 
-            eventually(bound, timeout=20, interval=0.2, what="the claim bound and the pool protected")
+            eventually(
+                bound, timeout=20, interval=0.2, what="the claim bound, the pool protected, its fleet applied"
+            )
             admin.ok("delete", "pfclaim", "pd-eu-west", "-n", pools)
             admin.ok("delete", "pfpool", "kimi-linear", "-n", pools, "--timeout=20s")
             log_text = controller.log_text()

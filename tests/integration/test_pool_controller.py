@@ -1,10 +1,14 @@
 """The pool controller (`python -m prfaas_operator --pool-controller`) on the REAL kube-apiserver of
 the testbed's PrfaaS cluster: claims bound with their shares (prfaas_core.shares.divide) in status,
-one with another KV layout refused naming the field, a deleted claim's share going to the other,
-and a deleted pool held by its finalizer while a claim is bound, gone once none is.
+one with another KV layout refused naming the field; the pool's prefill StatefulSet, Service and
+PodDisruptionBudget applied with an ownerReference to the pool, its readyReplicas, capacity and the
+claims' endpoints following the pods (kwok runs them and marks them ready); a deleted claim's share
+going to the other, and a deleted pool held by its finalizer while a claim is bound, gone once none
+is, its children with it (the garbage collector).
 
-The pool's StatefulSets are not run yet: its capacity is its profile's at minReplicas (Ready
-False, CapacityFromProfile), 2 x 17712 tokens/s for the example.
+The example pool, made small for the shared testbed: 2 instances of 1 GPU, minReplicas 2, so its
+capacity is 2 x 17712 tokens/s whether its instances are ready yet or not (the profile's floor
+until one is).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.testbed, pytest.mark.timeout(180)]
 
 POOL, CLAIM = yaml.safe_load_all((crd.repository_root() / "examples/prfaaspool.yaml").read_text())
+POOL["spec"]["prefill"].update(gpusPerInstance=1, replicas=2, minReplicas=2, maxReplicas=4)
 POOL_SPEC = api.PrfaasPoolSpec.model_validate(POOL["spec"])
 CAPACITY = pool.floor_tokens_per_second(POOL_SPEC)
 
@@ -132,11 +137,80 @@ def test_claims_bind_with_their_shares_and_another_layout_is_refused_naming_the_
     stored = get(kubectl, namespace, "prfaaspool", "shared")
     assert stored is not None and pool.POOL_PROTECTION_FINALIZER in stored["metadata"]["finalizers"]
     status = api.PrfaasPoolStatus.model_validate(stored["status"])
-    assert status.capacity_tokens_per_second == math.floor(CAPACITY) > 0  # unknown is not zero
-    ready = condition(status, pool.READY)
-    assert ready is not None and (ready.status, ready.reason) == ("False", pool.CAPACITY_FROM_PROFILE)
+    assert status.capacity_tokens_per_second == math.floor(CAPACITY) > 0  # ready or not: 2 instances
     assert [r.claim for r in status.refused] == ["odd"]
     assert status.shares == f"eu={want['eu']} us={want['us']}"
+
+
+FLEET = "shared-prfaas-prefill"
+
+
+def ready_pods(kubectl: Kubectl, namespace: str) -> list[api.PoolEndpoint]:
+    """The pool's ready prefill pods as its claims should list them."""
+    listed = json.loads(
+        kubectl.ok("get", "pods", "-n", namespace, "-l", "prfaas.io/pool=shared", "-o", "json")
+    )
+    return sorted(
+        (
+            api.PoolEndpoint(
+                name=p["metadata"]["name"], url=f"http://{p['status']['podIP']}:30000", bootstrap_port=8998
+            )
+            for p in listed["items"]
+            if p["status"].get("podIP")
+            and "deletionTimestamp" not in p["metadata"]
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+        ),
+        key=lambda e: e.name,
+    )
+
+
+def test_the_pools_fleet_runs_owned_by_the_pool_and_its_claims_get_the_ready_instances(
+    kubectl: Kubectl, namespace: str
+) -> None:
+    stored = get(kubectl, namespace, "prfaaspool", "shared")
+    assert stored is not None
+    for kind in ("statefulset", "service", "poddisruptionbudget"):
+        child = get(kubectl, namespace, kind, FLEET)
+        assert child is not None, kind
+        (reference,) = child["metadata"]["ownerReferences"]
+        assert (reference["kind"], reference["name"], reference["uid"]) == (
+            "PrfaasPool",
+            "shared",
+            stored["metadata"]["uid"],
+        )
+        assert reference["controller"] is True and child["metadata"]["labels"]["prfaas.io/pool"] == "shared"
+
+    def serving(replicas: int) -> bool:
+        found = get(kubectl, namespace, "prfaaspool", "shared")
+        assert found is not None
+        status = api.PrfaasPoolStatus.model_validate(found.get("status", {}))
+        ready = condition(status, pool.READY)
+        endpoints = bound(kubectl, namespace, "eu").endpoints
+        return (
+            status.ready_replicas == replicas
+            and ready is not None
+            and (ready.status, ready.reason) == ("True", "InstancesReady")
+            and status.capacity_tokens_per_second == math.floor(replicas * CAPACITY / 2)
+            and len(endpoints) == replicas
+            and endpoints == ready_pods(kubectl, namespace)
+            and bound(kubectl, namespace, "us").endpoints == endpoints
+        )
+
+    eventually(
+        lambda: serving(2),
+        timeout=30,
+        interval=0.2,
+        what="2 ready instances in the pool's and the claims' statuses",
+    )
+    assert bound(kubectl, namespace, "odd").endpoints == []  # refused: nothing of the pool
+    # scaled down, the claims lose the instance that goes; scaled back, they get it again
+    prefill = {**POOL["spec"]["prefill"], "replicas": 1, "minReplicas": 1}
+    apply(kubectl, namespace, POOL, "shared", prefill=prefill)
+    eventually(lambda: serving(1), timeout=30, interval=0.2, what="1 ready instance once scaled to 1")
+    statefulset = get(kubectl, namespace, "statefulset", FLEET)
+    assert statefulset is not None and statefulset["spec"]["replicas"] == 1
+    apply(kubectl, namespace, POOL, "shared")
+    eventually(lambda: serving(2), timeout=30, interval=0.2, what="2 ready instances once scaled back")
 
 
 def test_a_deleted_claim_frees_its_share_and_the_pool_waits_for_the_bound_ones(
@@ -167,4 +241,13 @@ def test_a_deleted_claim_frees_its_share_and_the_pool_waits_for_the_bound_ones(
         timeout=20,
         interval=0.2,
         what="the pool gone once no claim is bound",
+    )
+    eventually(
+        lambda: all(
+            get(kubectl, namespace, kind, FLEET) is None
+            for kind in ("statefulset", "service", "poddisruptionbudget")
+        ),
+        timeout=30,
+        interval=0.2,
+        what="the pool's children gone with it",
     )

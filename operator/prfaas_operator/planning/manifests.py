@@ -41,6 +41,7 @@ from prfaas_core.vocabulary import (
     LABEL_NAME,
     LABEL_OWNER,
     LABEL_OWNER_UID,
+    LABEL_POOL,
     LABEL_REVISION,
     LABEL_ROLE,
     LABEL_SLOT,
@@ -51,6 +52,7 @@ from prfaas_core.vocabulary import (
     LWS_KIND,
     LWS_VERSION,
     MANAGER,
+    POOL_KIND,
     VERSION,
     Role,
 )
@@ -59,7 +61,9 @@ from prfaas_operator.api import (
     Allocation,
     ModelSpec,
     PodPlacement,
+    PrefillFleetSpec,
     PrfaasDeploymentSpec,
+    PrfaasPoolSpec,
     ResourceRequirements,
     TokenizerSource,
     quantity_bytes,
@@ -93,11 +97,12 @@ def label_value(text: str) -> str:
 
 @dataclass(frozen=True)
 class Owner:
-    """The PrfaasDeployment the children belong to."""
+    """The PrfaasDeployment (or, in the pool controller, the PrfaasPool) the children belong to."""
 
     name: str
     namespace: str
     uid: str
+    kind: str = KIND
 
     @property
     def key(self) -> str:
@@ -188,7 +193,8 @@ def child_labels(owner: Owner, role: str | None, *, remote: bool) -> dict[str, s
         LABEL_NAME: "prfaas",
         LABEL_INSTANCE: label_value(owner.name),
         LABEL_MANAGED_BY: MANAGER,
-        LABEL_DEPLOYMENT: label_value(owner.name),
+        # a pool's children serve several deployments: they name their pool instead
+        LABEL_POOL if owner.kind == POOL_KIND else LABEL_DEPLOYMENT: label_value(owner.name),
     }
     if role is not None:
         labels[LABEL_ROLE] = str(role)
@@ -206,7 +212,7 @@ def owner_selector(owner: Owner) -> dict[str, str]:
 def owner_reference(owner: Owner) -> dict[str, Any]:
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": KIND,
+        "kind": owner.kind,
         "name": owner.name,
         "uid": owner.uid,
         "controller": True,
@@ -549,6 +555,24 @@ def engine_service(engine: EngineRole, owner: Owner) -> Manifest:
     }
 
 
+def prefill_fleet_role(
+    fleet: PrefillFleetSpec,
+    name: str,
+    namespace: str,
+    replicas: int,
+    *,
+    remote: bool,
+    min_ready_seconds: int = 0,
+    kv_pool_master: str | None = None,
+) -> EngineRole:
+    """A PrfaaS prefill fleet as an engine workload: a PrfaasDeployment's own (remote, in the
+    PrfaaS cluster) or a PrfaasPool's (beside its pool, owned by it)."""
+    return EngineRole(
+        Role.PRFAAS_PREFILL, "prefill", name, namespace, fleet, replicas, fleet.port, fleet.bootstrap_port,
+        remote=remote, min_ready_seconds=min_ready_seconds, kv_pool_master=kv_pool_master,
+    )  # fmt: skip
+
+
 def engine_roles(spec: PrfaasDeploymentSpec, owner: Owner, allocation: Allocation) -> list[EngineRole]:
     """The three engine workloads: PrfaaS prefill (remote), local prefill and decode."""
     names = Names.of(owner.name)
@@ -565,9 +589,8 @@ def engine_roles(spec: PrfaasDeploymentSpec, owner: Owner, allocation: Allocatio
         else None
     )
     return [
-        EngineRole(
-            Role.PRFAAS_PREFILL, "prefill", names.prfaas_prefill, pc.namespace, pc,
-            allocation.prefill_cluster_replicas, pc.port, pc.bootstrap_port, remote=True,
+        prefill_fleet_role(
+            pc, names.prfaas_prefill, pc.namespace, allocation.prefill_cluster_replicas, remote=True,
             min_ready_seconds=settle, kv_pool_master=prfaas_pool,
         ),
         EngineRole(
@@ -584,7 +607,13 @@ def engine_roles(spec: PrfaasDeploymentSpec, owner: Owner, allocation: Allocatio
 
 
 def disruption_budget(
-    spec: PrfaasDeploymentSpec, owner: Owner, name: str, namespace: str, role: str, *, remote: bool
+    spec: PrfaasDeploymentSpec | PrfaasPoolSpec,
+    owner: Owner,
+    name: str,
+    namespace: str,
+    role: str,
+    *,
+    remote: bool,
 ) -> Manifest:
     """How many pods of one pool a drain may take at once (named like the pool's workload)."""
     return {
@@ -598,7 +627,9 @@ def disruption_budget(
     }
 
 
-def engine_objects(spec: PrfaasDeploymentSpec, desired: DesiredRevision, owner: Owner) -> list[Manifest]:
+def engine_objects(
+    spec: PrfaasDeploymentSpec | PrfaasPoolSpec, desired: DesiredRevision, owner: Owner
+) -> list[Manifest]:
     """One engine pool: its StatefulSet or LeaderWorkerSet, headless Service and PodDisruptionBudget."""
     engine = desired.engine
     return [

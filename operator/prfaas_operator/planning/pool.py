@@ -15,6 +15,10 @@ an older one's place. What refuses a claim:
 The bound claims divide the ready instances' capacity by weighted max-min (prfaas_core.shares);
 a claim whose demand is unknown asks for all it may (unknown is not zero). Statuses carry whole
 tokens per second, rounded down, so the published shares never add up to more than the pool.
+
+The pool's prefill fleet (fleet_objects) is built by the same builders as a PrfaasDeployment's
+PrfaaS side (manifests.prefill_fleet_role, desired_revision, engine_objects), owned by the pool
+(an ownerReference: deleting the pool takes them); what runs feeds its status (fleet_seen).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prfaas_core import shares
-from prfaas_core.vocabulary import CLAIM_PLURAL, GROUP
+from prfaas_core.vocabulary import CLAIM_PLURAL, GROUP, POOL_KIND, Role
 
 from prfaas_operator.api import (
     Condition,
@@ -40,8 +44,18 @@ from prfaas_operator.api import (
     ProfilePoint,
     RefusedClaim,
 )
+from prfaas_operator.planning import workloads
 from prfaas_operator.planning.fingerprint import kv_fingerprint, kv_layout, layout_difference
-from prfaas_operator.planning.status import condition
+from prfaas_operator.planning.manifests import (
+    Manifest,
+    Names,
+    Owner,
+    desired_revision,
+    engine_objects,
+    prefill_fleet_role,
+)
+from prfaas_operator.planning.router_config_builder import ready_endpoints
+from prfaas_operator.planning.status import PodInfo, condition
 
 BOUND = "Bound"
 """The claim's condition, and its reason when the pool serves it."""
@@ -50,7 +64,8 @@ KV_LAYOUT_MISMATCH = "KvLayoutMismatch"
 GUARANTEES_OVER_CAPACITY = "GuaranteesOverCapacity"
 READY = "Ready"
 CAPACITY_FROM_PROFILE = "CapacityFromProfile"
-"""Ready's reason while the pool's instances are not observed: its capacity is assumed from its profile."""
+"""Ready's reason while no instance of the pool is ready (or its StatefulSet is not observed yet): its
+capacity is assumed from its profile at minReplicas."""
 GUARANTEES_FIT = "GuaranteesFit"
 DELETION_HELD = "DeletionHeld"
 """The pool's condition while its deletion waits for its bound claims (its finalizer stays)."""
@@ -92,12 +107,71 @@ def floor_tokens_per_second(pool: PrfaasPoolSpec) -> float:
 
 
 def capacity_tokens_per_second(pool: PrfaasPoolSpec, ready_replicas: int | None) -> float:
-    """What the ready instances prefill; while they are not observed (None: the pool's controller
-    does not run its StatefulSets yet), what the pool prefills at its minimum replicas by its
-    measured profile, the capacity its guarantees are sized on: unknown is not zero."""
-    if ready_replicas is None:
+    """What the ready instances prefill. While none is ready (the pool starting, its instances loading
+    the model for minutes, or all of them restarting) or its StatefulSet is not observed yet (None),
+    what the pool prefills at its minimum replicas by its measured profile, the capacity its
+    guarantees are sized on: unknown is not zero, and the consumers' shares do not drop to 0 and back
+    through every start. Nothing is offloaded meanwhile all the same: the claims' endpoints are empty."""
+    if not ready_replicas:
         return floor_tokens_per_second(pool)
     return ready_replicas * instance_tokens_per_second(pool.prefill.prefill_profile)
+
+
+# ---- the pool's prefill fleet ------------------------------------------------------------------
+
+
+def pool_owner(metadata: Mapping[str, Any]) -> Owner:
+    """The PrfaasPool as the owner of its prefill fleet (children beside it, with an ownerReference)."""
+    return Owner(metadata["name"], metadata["namespace"], metadata.get("uid", ""), kind=POOL_KIND)
+
+
+def fleet_replicas(pool: PrfaasPoolSpec, planned: int | None = None) -> int:
+    """How many prefill instances the pool runs: `planned` (the joint planner's, issue 31 item 2; None
+    until it drives the pool) or spec.prefill.replicas, within minReplicas..maxReplicas."""
+    fleet = pool.prefill
+    wanted = fleet.replicas if planned is None else planned
+    return max(fleet.replicas_minimum(), min(fleet.max_replicas, wanted))
+
+
+def fleet_objects(pool: PrfaasPoolSpec, owner: Owner, replicas: int) -> list[Manifest]:
+    """The pool's prefill StatefulSet (a LeaderWorkerSet for a multi-node shape), headless Service and
+    PodDisruptionBudget, named `<pool>-prfaas-prefill`, stamped with the pool's KV fingerprint.
+    No rollout slots (a changed template rolls the StatefulSet in place) and no cache pool yet."""
+    engine = prefill_fleet_role(
+        pool.prefill, Names.of(owner.name).prfaas_prefill, owner.namespace, replicas, remote=False
+    )
+    return engine_objects(
+        pool, desired_revision(pool.model, engine, owner, kv_fingerprint(pool.model)), owner
+    )
+
+
+@dataclass(frozen=True)
+class FleetSeen:
+    """The pool's prefill fleet as it runs."""
+
+    ready_replicas: int | None
+    """Its workload's ready instances; None while the workload is missing or its controller has not
+    reported on it yet."""
+    endpoints: list[PoolEndpoint]
+    """Its ready instances of the pool's KV fingerprint, by name (a multi-node instance's leader)."""
+
+
+def fleet_seen(
+    pool: PrfaasPoolSpec, workload: Mapping[str, Any] | None, pods: Sequence[PodInfo]
+) -> FleetSeen:
+    """What the pool's workload and pods say: its ready instances, and the endpoints its claims get
+    (only pods of the pool's fingerprint, the layout the claims were bound against)."""
+    observed = workload is not None and "observedGeneration" in (workload.get("status") or {})
+    fingerprint = kv_fingerprint(pool.model)
+    fleet = pool.prefill
+    mine = [pod for pod in pods if pod.fingerprint == fingerprint]
+    return FleetSeen(
+        ready_replicas=workloads.ready_replicas(workload) if observed else None,
+        endpoints=[
+            PoolEndpoint(name=e.name, url=e.url, bootstrap_port=fleet.bootstrap_port)
+            for e in ready_endpoints(mine, Role.PRFAAS_PREFILL, fleet.port, fleet.bootstrap_port)
+        ],
+    )
 
 
 def bind(pool: PrfaasPoolSpec | None, claims: Sequence[ClaimSeen]) -> list[Binding]:
@@ -192,7 +266,8 @@ def pool_status(
     now: str,
 ) -> PrfaasPoolStatus:
     """The pool's capacity, its consumers with their shares, the claims it refused, Ready and GuaranteesFit
-    (`ready_replicas` None: not observed; Ready False, CapacityFromProfile, says the capacity is assumed)."""
+    (no instance ready, or None: not observed; Ready False, CapacityFromProfile, says the capacity is
+    assumed)."""
     by_name = {claim.name: claim for claim in claims}
     accepted = [by_name[binding.claim] for binding in bindings if binding.accepted]
     guaranteed = sum(claim.spec.guaranteed_tokens_per_second for claim in accepted)
@@ -239,17 +314,36 @@ def _ready(
     now: str,
 ) -> Condition:
     capacity = f"{division.capacity_tokens_per_second:.0f} tokens/s"
-    if ready_replicas is None:
-        ok, reason = False, CAPACITY_FROM_PROFILE
-        message = (
-            f"the pool's prefill instances are not run yet; capacity {capacity} is assumed from "
-            f"prefillProfile at minReplicas ({pool.prefill.replicas_minimum()} instances)"
+    wanted = fleet_replicas(pool)
+    if ready_replicas:
+        message = f"{ready_replicas}/{wanted} prefill instances ready, {capacity}"
+        return condition(
+            READY,
+            True,
+            "InstancesReady",
+            message,
+            previous=previous.conditions,
+            generation=generation,
+            now=now,
         )
-    else:
-        ok = ready_replicas > 0
-        reason = "InstancesReady" if ok else "NoInstancesReady"
-        message = f"{ready_replicas}/{pool.prefill.replicas} prefill instances ready, {capacity}"
-    return condition(READY, ok, reason, message, previous=previous.conditions, generation=generation, now=now)
+    seen = (
+        "its workload is not observed yet"
+        if ready_replicas is None
+        else f"0/{wanted} prefill instances ready"
+    )
+    message = (
+        f"{seen}; capacity {capacity} is assumed from prefillProfile at minReplicas "
+        f"({pool.prefill.replicas_minimum()} instances), and no endpoint is given to the claims"
+    )
+    return condition(
+        READY,
+        False,
+        CAPACITY_FROM_PROFILE,
+        message,
+        previous=previous.conditions,
+        generation=generation,
+        now=now,
+    )
 
 
 def claim_status(
@@ -365,12 +459,13 @@ def pool_pass(
     pool: PrfaasPool | None,
     claims: Sequence[PrfaasPoolClaim],
     *,
-    ready_replicas: int | None,
+    fleet: FleetSeen,
     now: str,
 ) -> PoolPass:
     """Bind the claims naming `pool` (None: it does not exist), divide its capacity, and say which
-    statuses and finalizers to write. A claim bound before stays bound (its Bound condition is read
-    back), so a newer claim never displaces it."""
+    statuses and finalizers to write; the bound claims get `fleet`'s endpoints. A claim bound before
+    stays bound (its Bound condition is read back), so a newer claim never displaces it."""
+    ready_replicas = fleet.ready_replicas
     seen = [_seen(claim) for claim in claims]
     bindings = bind(None if pool is None else pool.spec, seen)
     division = (
@@ -411,7 +506,7 @@ def pool_pass(
             binding,
             division,
             pool_fingerprint=None if new_pool is None else new_pool.fingerprint,
-            endpoints=[],
+            endpoints=fleet.endpoints,
             previous=claim.status,
             generation=claim.metadata.get("generation"),
             now=now,

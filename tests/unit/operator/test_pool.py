@@ -28,6 +28,7 @@ from support.sample_cr import SAMPLE, spec
 NOW = "2026-12-07T20:00:00Z"
 LATER = "2026-12-07T20:05:00Z"
 INSTANCE = 131072 / 7.40
+UNSEEN = pool.FleetSeen(ready_replicas=None, endpoints=[])
 DEPLOYMENT_ONLY = ("namespace", "kubeconfigSecretRef", "keepUnobservedEndpointsSeconds")
 
 
@@ -330,8 +331,8 @@ def claim_object(
 
 def test_unobserved_instances_count_as_the_profiles_floor_never_as_zero() -> None:
     assert pool.capacity_tokens_per_second(POOL, None) == pytest.approx(pool.floor_tokens_per_second(POOL))
-    assert pool.capacity_tokens_per_second(POOL, 0) == 0
-    passed = pool.pool_pass(pool_object(), [claim_object("eu")], ready_replicas=None, now=NOW)
+    assert pool.capacity_tokens_per_second(POOL, 0) == pytest.approx(pool.floor_tokens_per_second(POOL))
+    passed = pool.pool_pass(pool_object(), [claim_object("eu")], fleet=UNSEEN, now=NOW)
     assert passed.pool_status is not None
     assert passed.pool_status.capacity_tokens_per_second == math.floor(INSTANCE) > 0
     ready = next(c for c in passed.pool_status.conditions if c.type == pool.READY)
@@ -343,7 +344,7 @@ def test_unobserved_instances_count_as_the_profiles_floor_never_as_zero() -> Non
 
 def test_a_pass_writes_only_what_changed_and_keeps_a_binding() -> None:
     claims = [claim_object("eu", guaranteedTokensPerSecond=10000)]
-    first = pool.pool_pass(pool_object(), claims, ready_replicas=None, now=NOW)
+    first = pool.pool_pass(pool_object(), claims, fleet=UNSEEN, now=NOW)
     assert first.finalizers == [pool.POOL_PROTECTION_FINALIZER] and first.pool_status is not None
     kept = api.PrfaasPool(
         metadata={**pool_object().metadata, "finalizers": first.finalizers},
@@ -351,32 +352,30 @@ def test_a_pass_writes_only_what_changed_and_keeps_a_binding() -> None:
         status=first.pool_status,
     )
     written = [claim_object("eu", status=first.claim_statuses["eu"], guaranteedTokensPerSecond=10000)]
-    again = pool.pool_pass(kept, written, ready_replicas=None, now=LATER)
+    again = pool.pool_pass(kept, written, fleet=UNSEEN, now=LATER)
     assert again == pool.PoolPass(pool_status=None, claim_statuses={}, finalizers=None)
     # a newer claim whose guarantee no longer fits is refused; the older keeps its binding
     newer = claim_object("us", LATER, guaranteedTokensPerSecond=10000)
-    third = pool.pool_pass(kept, [newer, *written], ready_replicas=None, now=LATER)
+    third = pool.pool_pass(kept, [newer, *written], fleet=UNSEEN, now=LATER)
     assert set(third.claim_statuses) == {"us"}
     assert third.claim_statuses["us"].conditions[0].reason == pool.GUARANTEES_OVER_CAPACITY
 
 
 def test_a_deleted_pool_keeps_its_finalizer_while_a_claim_is_bound_then_lets_go() -> None:
     protected = (pool.POOL_PROTECTION_FINALIZER, "other")
-    first = pool.pool_pass(pool_object(), [claim_object("eu")], ready_replicas=None, now=NOW)
+    first = pool.pool_pass(pool_object(), [claim_object("eu")], fleet=UNSEEN, now=NOW)
     bound = claim_object("eu", status=first.claim_statuses["eu"])
-    held = pool.pool_pass(
-        pool_object(deleting=True, finalizers=protected), [bound], ready_replicas=None, now=NOW
-    )
+    held = pool.pool_pass(pool_object(deleting=True, finalizers=protected), [bound], fleet=UNSEEN, now=NOW)
     assert held.finalizers is None and held.pool_status is not None
     condition = next(c for c in held.pool_status.conditions if c.type == pool.DELETION_HELD)
     assert condition.message == "deletion waits for the bound claims to be deleted: eu"
-    gone = pool.pool_pass(pool_object(deleting=True, finalizers=protected), [], ready_replicas=None, now=NOW)
+    gone = pool.pool_pass(pool_object(deleting=True, finalizers=protected), [], fleet=UNSEEN, now=NOW)
     assert gone.finalizers == ["other"]
     assert pool.pool_finalizers([], deleting=True, holding=None) is None
 
 
 def test_claims_of_a_missing_pool_are_refused_pool_not_found() -> None:
-    passed = pool.pool_pass(None, [claim_object("eu")], ready_replicas=None, now=NOW)
+    passed = pool.pool_pass(None, [claim_object("eu")], fleet=UNSEEN, now=NOW)
     assert passed.pool_status is None and passed.finalizers is None
     assert passed.claim_statuses["eu"].conditions[0].reason == pool.POOL_NOT_FOUND
     assert passed.claim_statuses["eu"].share is None
