@@ -1,0 +1,162 @@
+"""A PrfaasDeployment on a shared pool (spec.poolClaim) on the testbed's REAL apiservers: the
+operator in the PD cluster writes its PrfaasPoolClaim beside the pool in the PrfaaS cluster
+(through its kubeconfig Secret), the pool controller (`--pool-controller`) binds it, and the
+router ConfigMap gets the claim's endpoints, share and cache salt; a deployment of another KV
+layout is refused and says so in its condition PoolClaimBound; deleting the CR deletes its claim.
+
+The pool runs no instance yet (its controller's StatefulSets are not wired): the claim lists no
+endpoint, so the router's PrfaaS endpoints are the claim's, none.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import yaml
+from lightkube import Client
+from lightkube.resources.core_v1 import ConfigMap, Namespace
+from operator_harness import delete_deployments, install_crd, router_on_kwok, run_operator
+from polling import get_or_none
+from prfaas_core.router_config import PoolShare, RouterConfig
+from prfaas_operator import api, crd
+from prfaas_operator.adapters.kube import PrfaasDeploymentResource, PrfaasPoolClaimResource
+from prfaas_operator.planning import pool
+from prfaas_testbed.polling import eventually
+from support.kubectl import Kubectl
+
+if TYPE_CHECKING:
+    from prfaas_testbed.clusters import Testbed
+
+pytestmark = [pytest.mark.testbed, pytest.mark.timeout(180)]
+
+ROOT = crd.repository_root()
+SAMPLE: dict[str, Any] = yaml.safe_load((ROOT / "examples/prfaasdeployment.yaml").read_text())
+POOL, _ = yaml.safe_load_all((ROOT / "examples/prfaaspool.yaml").read_text())
+
+
+@pytest.fixture(scope="module")
+def where(
+    testbed: Testbed, pd_client: Client, prfaas_client: Client, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, str]]:
+    """(the PD namespace holding the PrfaaS kubeconfig Secret, the pool's namespace), with the
+    pool controller and the operator running, each scoped to its namespace."""
+    from prfaas_testbed.clusters import store_kubeconfig_secret
+
+    tag = uuid.uuid4().hex[:6]
+    local, pools = f"opc-{tag}", f"opc-{tag}-pools"
+    install_crd(testbed.pd_kubeconfig)
+    install_crd(testbed.prfaas_kubeconfig, crd.POOL, crd.POOL_CLAIM)
+    store_kubeconfig_secret(
+        pd_client, testbed.prfaas_kubeconfig, name="prfaas-cluster-kubeconfig", namespace=local
+    )
+    prfaas = Kubectl(testbed.prfaas_kubeconfig)
+    prfaas.ok("create", "namespace", pools)
+    placed = copy.deepcopy(POOL)
+    placed["metadata"] = {"name": "shared", "namespace": pools}
+    prfaas.ok("apply", "-f", "-", stdin=yaml.safe_dump(placed))
+    logs = tmp_path_factory.mktemp("pool-claim")
+    try:
+        with (
+            run_operator(testbed.prfaas_kubeconfig, logs / f"{pools}.log", pools, "--pool-controller"),
+            run_operator(testbed.pd_kubeconfig, logs / f"{local}.log", local, "--resync-seconds", "2"),
+        ):
+            yield local, pools
+            delete_deployments(pd_client, local)
+            prfaas.run("delete", "prfaaspoolclaims,prfaaspools", "--all", "-n", pools, "--timeout=30s")
+    finally:
+        for client, name in ((pd_client, local), (prfaas_client, pools)):
+            if get_or_none(client, Namespace, name) is not None:
+                client.delete(Namespace, name)
+
+
+def deployment(name: str, namespace: str, pools: str, **model: Any) -> dict[str, Any]:
+    """The sample, one GPU per instance, on the pool `shared` (weight 2) instead of a fleet of its own."""
+    document = copy.deepcopy(SAMPLE)
+    document["metadata"] = {"name": name, "namespace": namespace}
+    spec = document["spec"]
+    spec["model"]["kv"].update(model)
+    spec["prefillCluster"]["kubeconfigSecretRef"] = {"name": "prfaas-cluster-kubeconfig", "key": "kubeconfig"}
+    spec["prefillCluster"].update(gpusPerInstance=1, replicas=1, minReplicas=1, maxReplicas=2)
+    spec["pdCluster"].update(gpusPerInstance=1, instances=2, prefillInstances=1, decodeInstances=1)
+    spec["poolClaim"] = {"poolName": "shared", "namespace": pools, "weight": 2}
+    return router_on_kwok(document)
+
+
+def claim(prfaas: Client, name: str, namespace: str) -> dict[str, Any] | None:
+    found = get_or_none(prfaas, PrfaasPoolClaimResource, name, namespace)
+    return dict(found) if found is not None else None
+
+
+def pool_claim_bound(pd: Client, name: str, namespace: str) -> dict[str, Any]:
+    found = get_or_none(pd, PrfaasDeploymentResource, name, namespace) or {}
+    conditions = (found.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == "PoolClaimBound"), {})
+
+
+def router_config(pd: Client, name: str, namespace: str) -> RouterConfig | None:
+    found = get_or_none(pd, ConfigMap, f"{name}-router-config", namespace)
+    return RouterConfig.from_json(found.data["router-config.json"]) if found is not None else None
+
+
+def test_a_deployment_on_a_shared_pool_claims_it_routes_within_its_share_and_lets_it_go(
+    testbed: Testbed, pd_client: Client, prfaas_client: Client, where: tuple[str, str]
+) -> None:
+    local, pools = where
+    pd = Kubectl(testbed.pd_kubeconfig)
+    pd.ok("apply", "-f", "-", stdin=yaml.safe_dump(deployment("eu", local, pools)))
+    pd.ok("apply", "-f", "-", stdin=yaml.safe_dump(deployment("odd", local, pools, pageSize=32)))
+
+    def bound_status() -> api.PoolClaimStatus | None:
+        found = claim(prfaas_client, "eu", pools)
+        status = api.PoolClaimStatus.model_validate((found or {}).get("status") or {})
+        return status if status.share is not None else None
+
+    status = eventually(bound_status, timeout=20, interval=0.2, what="claim eu bound by the pool controller")
+    assert status is not None and status.share is not None
+    written = claim(prfaas_client, "eu", pools)
+    assert written is not None
+    spec = api.PoolClaimSpec.model_validate(written["spec"])
+    assert (spec.pool_name, spec.weight, spec.kv_layout.page_size) == ("shared", 2, "64")
+
+    def routed() -> RouterConfig | None:
+        config = router_config(pd_client, "eu", local)
+        return config if config is not None and config.pool_share is not None else None
+
+    config = eventually(routed, timeout=20, interval=0.2, what="the router config with eu's share")
+    assert config is not None
+    assert config.pool_share == PoolShare(
+        tokens_per_second=status.share.tokens_per_second,
+        entitled_tokens_per_second=status.share.entitled_tokens_per_second,
+        unclaimed_tokens_per_second=status.unclaimed_tokens_per_second,
+    )
+    assert [e.url for e in config.pools.prfaas_prefill] == [e.url for e in status.endpoints]
+    assert config.cache_salt == f"prfaas-claim/{pools}/eu"
+    eventually(
+        lambda: pool_claim_bound(pd_client, "eu", local).get("status") == "True",
+        timeout=10,
+        interval=0.2,
+        what="eu's PoolClaimBound True",
+    )
+
+    def refused() -> dict[str, Any] | None:
+        found = pool_claim_bound(pd_client, "odd", local)
+        return found if found.get("reason") == pool.KV_LAYOUT_MISMATCH else None
+
+    odd = eventually(refused, timeout=20, interval=0.2, what="odd's PoolClaimBound False KvLayoutMismatch")
+    assert odd is not None and odd["status"] == "False"
+    assert odd["message"] == "kvLayout.pageSize '32' against '64' (claim against pool)"
+    odd_config = router_config(pd_client, "odd", local)
+    assert odd_config is not None and odd_config.pools.prfaas_prefill == [] and odd_config.pool_share is None
+
+    pd.ok("delete", "prfaasdeployment", "eu", "-n", local, "--timeout=30s")
+    eventually(
+        lambda: claim(prfaas_client, "eu", pools) is None,
+        timeout=20,
+        interval=0.2,
+        what="eu's claim deleted with eu",
+    )
+    assert claim(prfaas_client, "odd", pools) is not None, "only its own claim goes"
