@@ -47,6 +47,9 @@ OUTCOME_PREFILL_FAILED = "prefill_failed"
 OUTCOME_DECODE_FAILED = "decode_failed"
 OUTCOME_KV_TRANSFER_FAILED = "kv_transfer_failed"
 OUTCOME_STREAM_ERROR = "stream_error"
+OUTCOME_SERVED_ELSEWHERE = "served_elsewhere"
+"""Behind a gateway: a PD request whose prefill the picker sent with its room bound to the chosen
+decode, served by another (the gateway's retry or fallback): its KV was bound for the chosen one."""
 # every attempt's KV handoff from its prefill to its decode, by route (where the prefill ran): done
 # (the decode answered, so the KV reached it) or failed, by the class of the engine's error; the
 # operator reads the prfaas route's as whether the data path across the clusters works

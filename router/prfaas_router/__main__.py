@@ -59,10 +59,11 @@ async def serve(settings: RouterSettings) -> int:
             service, settings.host, settings.picker_port, settings.picker_health_port, credentials
         )
         log.info(
-            "endpoint picker (ext_proc, gRPC health) on %s:%d (%s)",
+            "endpoint picker (ext_proc, gRPC health) on %s:%d (%s, PD mode %s)",
             settings.host,
             settings.picker_port,
             "plain text" if credentials is None else "TLS",
+            settings.picker_pd_mode,
         )
     try:
         await stop.wait()

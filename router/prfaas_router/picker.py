@@ -2,27 +2,39 @@
 
 One policy, two fronts: a request that comes through Envoy goes through the same intake
 (`RouterService.intake`), decision (`Dispatcher.view`, `Dispatcher.choose`: admission, link
-budget, breakers, metrics) and PD start (`Dispatcher.begin`) as one the router serves itself.
-What differs is who carries the decode leg: Envoy does, to the endpoint named in the header
-`x-gateway-destination-endpoint` (and the same value in the dynamic metadata
+budget, breakers, metrics) and PD start (`Dispatcher.begin` or `Dispatcher.lease`) as one the
+router serves itself. What differs is who carries the decode leg: Envoy does, to the endpoint
+named in the header `x-gateway-destination-endpoint` (and the same value in the dynamic metadata
 `envoy.lb`/`x-gateway-destination-endpoint`), as the Gateway API Inference Extension's
-endpoint-picker protocol has it. The picker fires the prefill leg itself, local or PrfaaS, with the
-body's bootstrap fields rewritten as the router's own path does, and hands Envoy that body; no
-sidecar is needed on the decode.
+endpoint-picker protocol has it. Who fires the prefill leg is the router's `--picker-pd-mode`:
+`picker` (the default) fires it itself, local or PrfaaS, with the body's bootstrap fields
+rewritten as the router's own path does, and hands Envoy that body, so no sidecar is needed on the
+decode; `sidecar` fires nothing and names the chosen prefill (`host:port`) in the request header
+`x-prefiller-host-port` for llm-d's decode sidecar, which writes its own bootstrap fields (one
+bootstrap port for every prefill, its SGLANG_BOOTSTRAP_PORT) and sends the prefill itself.
 
 Protocol (Envoy's ext_proc filter, bodies in `FULL_DUPLEX_STREAMED`): the request's headers,
 then its body in chunks, are read whole; the answer is the headers' mutation (destination,
-Content-Length, the clients' forged control headers removed, the route cache cleared), then the
-new body in chunks of at most `BODY_CHUNK_BYTES`. A gateway's subset hint (`envoy.lb.subset_hint`
-in the request's metadata) limits the decodes the policy may choose. A refusal is an immediate response in the
-router's error shape: 429 when admission sheds, 503 when nothing is routable. The decode's
-response headers close the attempt's accounting (its breaker, the prefix index); a prefill leg
-that fails before the decode answered ends the request with a 502 immediate response, which
-makes Envoy reset the decode's connection, so the decode does not sit in its bootstrap wait.
-No fallback endpoint is offered: once the room is bound, another decode could not pull its KV.
+Content-Length, the prefill in sidecar mode, the clients' forged control headers removed, the
+route cache cleared), then the new body in chunks of at most `BODY_CHUNK_BYTES`. A gateway's
+subset hint (`envoy.lb.subset_hint` in the request's metadata) limits the decodes the policy may
+choose. A refusal is an immediate response in the router's error shape: 429 when admission sheds,
+503 when nothing is routable. The decode's response headers close the attempt's accounting (its
+breaker, the prefix index; in sidecar mode the prefill's part of the lease and the link budget
+too, as the last the picker sees of a prefill it did not send). When the gateway reports that
+another endpoint served (`envoy.lb`/`x-gateway-destination-endpoint-served` in the response's
+metadata) the accounting follows that decode; in picker mode that is an error too (the room was
+bound to the chosen decode), logged and counted as the outcome `served_elsewhere`. A prefill leg
+of the picker's that fails before the decode answered ends the request with a 502 immediate
+response, which makes Envoy reset the decode's connection, so the decode does not sit in its
+bootstrap wait. No fallback endpoint is offered: once the room is bound, another decode could not
+pull its KV.
 
-Not done yet: llm-d's decode-sidecar mode (`x-prefiller-host-port`), learning the served endpoint,
-TLS, and reading the response body (passed on unread; output tokens are not counted on this front).
+The picker port serves TLS with `--picker-tls-dir` (a kubernetes.io/tls Secret's files) or
+`--picker-tls-self-signed` (made at start); the health port stays plain text.
+
+Not done yet: reading the response body (passed on unread; output tokens are not counted on this
+front); in sidecar mode the prefill's failures are seen only as its decode's.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import time
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -59,23 +72,30 @@ from prfaas_router.proxy import (
     ROUTE_HEADER,
     error_response,
 )
+from prfaas_router.settings import PD_MODE_SIDECAR
 
 log = logging.getLogger("prfaas_router.picker")
 
 DESTINATION_HEADER = "x-gateway-destination-endpoint"
 """Where Envoy sends the request (`ip:port`), in a header and in the dynamic metadata below."""
 DESTINATION_NAMESPACE = "envoy.lb"
+SERVED_KEY = "x-gateway-destination-endpoint-served"
+"""Where the gateway reports the endpoint that served (`ip:port`), in the response's metadata under
+`envoy.lb` (the same namespace as the destination's)."""
+PREFILLER_HEADER = "x-prefiller-host-port"
+"""In sidecar mode, the prefill (`host:port` of its HTTP port) llm-d's decode sidecar sends the
+request to."""
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
 """The gateway's hint, in the request's filter metadata: the endpoints (`ip:port`) to pick from."""
 RESERVED_HEADERS = (
     DESTINATION_HEADER,
     SUBSET_KEY,
-    "x-gateway-destination-endpoint-served",
+    SERVED_KEY,
     "x-gateway-inference-objective",
     "x-gateway-inference-fairness-id",
     "x-gateway-model-name-rewrite",
-    "x-prefiller-host-port",
+    PREFILLER_HEADER,
 )
 """Control headers only the gateway's picker sets: removed from every client request."""
 BODY_CHUNK_BYTES = 62_000
@@ -107,6 +127,15 @@ def subset_hint(metadata: base_pb2.Metadata) -> frozenset[str] | None:
     if namespace is None or SUBSET_KEY not in namespace.fields:
         return None
     return frozenset(value.string_value for value in namespace.fields[SUBSET_KEY].list_value.values)
+
+
+def served_endpoint(metadata: base_pb2.Metadata) -> str | None:
+    """The endpoint the gateway reports as the one that served (the protocol's
+    `envoy.lb`/`x-gateway-destination-endpoint-served`); None when it reports none (a plain Envoy)."""
+    namespace = metadata.filter_metadata.get(DESTINATION_NAMESPACE)
+    if namespace is None or SERVED_KEY not in namespace.fields:
+        return None
+    return namespace.fields[SERVED_KEY].string_value or None
 
 
 def outside(subset: frozenset[str] | None, decodes: Iterable[Worker]) -> set[Worker]:
@@ -143,17 +172,21 @@ def immediate(answer: Answer) -> ext_proc.ProcessingResponse:
     )
 
 
-def routed(destination: str, body_bytes: int, removed: list[str]) -> ext_proc.ProcessingResponse:
-    """The request headers' answer: where to send it, the new body's length, forged headers gone."""
+def routed(
+    destination: str, body_bytes: int, removed: list[str], prefiller: str | None = None
+) -> ext_proc.ProcessingResponse:
+    """The request headers' answer: where to send it, the new body's length, the prefill for the
+    decode's sidecar when given (`host:port`), forged headers gone."""
+    set_headers = [_set(DESTINATION_HEADER, destination), _set("content-length", str(body_bytes))]
+    if prefiller is not None:
+        set_headers.append(_set(PREFILLER_HEADER, prefiller))
+    overwritten = {option.header.key for option in set_headers}
     return ext_proc.ProcessingResponse(
         request_headers=ext_proc.HeadersResponse(
             response=ext_proc.CommonResponse(
                 header_mutation=ext_proc.HeaderMutation(
-                    set_headers=[
-                        _set(DESTINATION_HEADER, destination),
-                        _set("content-length", str(body_bytes)),
-                    ],
-                    remove_headers=[name for name in removed if name != DESTINATION_HEADER],
+                    set_headers=set_headers,
+                    remove_headers=[name for name in removed if name not in overwritten],
                 ),
                 clear_route_cache=True,
             )
@@ -189,6 +222,7 @@ class Picker(ext_proc_grpc.ExternalProcessorServicer):
 
     def __init__(self, service: RouterService) -> None:
         self._service = service
+        self._sidecar = service.settings.picker_pd_mode == PD_MODE_SIDECAR
 
     async def Process(
         self,
@@ -246,18 +280,26 @@ class Picker(ext_proc_grpc.ExternalProcessorServicer):
         if isinstance(decision, Answer):
             yield immediate(decision)
             return
-        payload, _, _, lease, prefill_leg = dispatcher.begin(exchange, snapshot, decision)
-        decode = decision.decode
+        prefill_leg: asyncio.Future[tuple[int, bytes, str]] | None = None
+        if self._sidecar:  # the decode's sidecar sends the prefill: the picker names it
+            payload, _, _, lease = dispatcher.lease(exchange, snapshot, decision)
+            prefiller: str | None = urlsplit(decision.prefill.url).netloc
+        else:
+            payload, _, _, lease, prefill_leg = dispatcher.begin(exchange, snapshot, decision)
+            prefiller = None
+        chosen = urlsplit(decision.decode.url).netloc
         outcome = contract.OUTCOME_CLIENT_DISCONNECTED  # until the decode's status came
         next_message: asyncio.Future[ext_proc.ProcessingRequest | None] | None = None
         try:
-            yield routed(urlsplit(decode.url).netloc, len(payload), removed)
+            yield routed(chosen, len(payload), removed, prefiller)
             pieces = list(chunks(payload))
             for index, piece in enumerate(pieces):
                 yield body_piece(piece, index == len(pieces) - 1)
             answered = False
             while True:
-                ended = None if answered else dispatcher.prefill_ended(prefill_leg, exchange, decision)
+                ended = None
+                if not answered and prefill_leg is not None:
+                    ended = dispatcher.prefill_ended(prefill_leg, exchange, decision)
                 if ended is not None:
                     outcome, answer = ended
                     yield immediate(answer)
@@ -265,7 +307,7 @@ class Picker(ext_proc_grpc.ExternalProcessorServicer):
                 if next_message is None:
                     next_message = asyncio.ensure_future(anext(messages, None))
                 waiting: set[asyncio.Future[Any]] = {next_message}
-                if not answered and not prefill_leg.done():
+                if not answered and prefill_leg is not None and not prefill_leg.done():
                     waiting.add(prefill_leg)
                 await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
                 if not next_message.done():
@@ -277,7 +319,18 @@ class Picker(ext_proc_grpc.ExternalProcessorServicer):
                 if which == "response_headers":
                     status = int(header_map(message.response_headers.headers).get(":status", "0"))
                     answered = True
+                    served = served_endpoint(message.metadata_context)
+                    elsewhere = served is not None and served != chosen
+                    if elsewhere:
+                        assert served is not None
+                        decode = self._served_elsewhere(exchange.request_id, chosen, served)
+                        if decode is not None:
+                            lease.move_decode(decode, time.monotonic())
                     outcome = dispatcher.decode_answered(exchange, snapshot, lease, status)
+                    if prefill_leg is None:  # the last the picker sees of the sidecar's prefill
+                        lease.release_prefill()
+                    elif elsewhere:
+                        outcome = contract.OUTCOME_SERVED_ELSEWHERE
                     yield answered_headers(decision)
                 elif which == "response_body":  # when the filter streams answers too: passed on as they came
                     yield ext_proc.ProcessingResponse(
@@ -298,6 +351,24 @@ class Picker(ext_proc_grpc.ExternalProcessorServicer):
             if next_message is not None and not next_message.done():
                 next_message.cancel()
             dispatcher.release(exchange, lease, prefill_leg, outcome)
+
+    def _served_elsewhere(self, request: str, chosen: str, served: str) -> Worker | None:
+        """The gateway sent the request to another decode than the chosen one: the one that served,
+        when it is in the pool (the attempt's accounting follows it). In picker mode the prefill's
+        room was bound to the chosen decode: an error, logged here (the caller counts it)."""
+        decode = next(
+            (w for w in self._service.fleet.pools[Pool.DECODE] if urlsplit(w.url).netloc == served), None
+        )
+        if not self._sidecar:
+            log.error(
+                "request %s: the gateway sent it to %s%s, not to %s where its KV was bound: does the "
+                "route retry?",
+                request,
+                served,
+                "" if decode is not None else " (not a decode of the pool)",
+                chosen,
+            )
+        return decode
 
 
 class PickerHealth(health_pb2_grpc.HealthServicer):

@@ -49,7 +49,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from prfaas_core import metrics_contract as contract
@@ -568,6 +568,19 @@ class Dispatcher:
         """A decided attempt under way: the body with its bootstrap fields (what the decode must
         get), its headers and answer limit, the lease on the workers and the link, and the
         prefill leg fired (its end accounted by `_prefill_done`)."""
+        payload, headers, limit, lease = self.lease(exchange, snapshot, decision)
+        where = target(decision.prefill.url, exchange.parsed.kind.value)
+        prefill_leg = self._prefill_leg(where, payload, headers, limit)
+        prefill_leg.add_done_callback(lambda task: self._prefill_done(task, exchange, snapshot, lease))
+        return payload, headers, limit, lease, prefill_leg
+
+    def lease(
+        self, exchange: Exchange, snapshot: Snapshot, decision: Decision
+    ) -> tuple[bytes, dict[str, str], int, _Lease]:
+        """A decided attempt under way with no prefill leg fired: its body (bootstrap fields and
+        the consumer's salt), headers, answer limit and lease. `begin` fires the leg; a front whose
+        prefill another proxy sends (llm-d's decode sidecar, which rewrites the bootstrap fields)
+        gives the prefill's part back itself (`_Lease.release_prefill`)."""
         parsed = exchange.parsed
         prefill = decision.prefill
         rooms = [random.getrandbits(63) for _ in range(parsed.samples)]
@@ -590,10 +603,7 @@ class Dispatcher:
             bytes_per_token=answers.bytes_per_token,
             cap_bytes=answers.cap_bytes,
         )
-        lease = _Lease(self, decision, time.monotonic())
-        prefill_leg = self._prefill_leg(target(prefill.url, parsed.kind.value), payload, headers, limit)
-        prefill_leg.add_done_callback(lambda task: self._prefill_done(task, exchange, snapshot, lease))
-        return payload, headers, limit, lease, prefill_leg
+        return payload, headers, limit, _Lease(self, decision, time.monotonic())
 
     def prefill_ended(
         self, prefill_leg: asyncio.Future[tuple[int, bytes, str]], exchange: Exchange, decision: Decision
@@ -643,15 +653,18 @@ class Dispatcher:
         self,
         exchange: Exchange,
         lease: _Lease,
-        prefill_leg: asyncio.Future[tuple[int, bytes, str]],
+        prefill_leg: asyncio.Future[tuple[int, bytes, str]] | None,
         outcome: str,
     ) -> None:
         """The end of an attempt carried by another proxy: the decode's part given back, the
-        prefill left to drain when the decode answered (else cancelled), the request counted."""
+        prefill left to drain when the decode answered (else cancelled; with no leg of ours, its
+        part given back too), the request counted."""
         decision = lease.decision
         lease.release_decode()
         self._metrics.revisions.attempt(decision.decode.fingerprint, outcome, None, None)
-        if not prefill_leg.done():
+        if prefill_leg is None:
+            lease.release_prefill()
+        elif not prefill_leg.done():
             if lease.decode_answered:
                 self._background.add(prefill_leg)
                 prefill_leg.add_done_callback(self._background.discard)
@@ -973,6 +986,18 @@ class _Lease:
         decision.decode.kv_arrived(decision.kv_claim)  # the prefill answers once its KV is sent
         dispatcher.link_inflight_bytes = max(0.0, dispatcher.link_inflight_bytes - decision.link_bytes)
         dispatcher.inflight_tokens[decision.prefill.pool] -= decision.uncached_tokens
+
+    def move_decode(self, decode: Worker, now: float) -> None:
+        """Another decode than the chosen one served (the gateway's report): its parts held and
+        the decision follow that one, so its breaker, the prefix index and the session pin do."""
+        decision = self.decision
+        if self._decode_held:
+            decision.decode.end(decision.total_tokens, 0.0)
+            decode.begin(now, decision.total_tokens, 0.0)
+        if self._prefill_held:
+            decision.decode.kv_arrived(decision.kv_claim)
+            decode.expect(decision.kv_claim)
+        self.decision = replace(decision, decode=decode)
 
     def release_decode(self) -> None:
         if not self._decode_held:

@@ -28,6 +28,10 @@ from prfaas_router.payloads import Limits
 __all__ = ["LOG_LEVELS", "RouterSettings", "add_flags", "flag_of", "from_flags", "to_flags"]
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+PD_MODE_PICKER = "picker"
+"""Behind a gateway the picker fires a PD request's prefill itself (prfaas_router.picker)."""
+PD_MODE_SIDECAR = "sidecar"
+"""Behind a gateway llm-d's decode sidecar fires it, to the prefill the picker names."""
 # the defaults of the parts the flags fill in (slotted dataclasses keep them on instances only)
 _LINK = LinkEstimateRules()
 _CLIENTS = ClientLimits()
@@ -63,6 +67,13 @@ class RouterSettings:
         False,
         "serve the picker port over TLS with a self-signed certificate made at start, as the inference "
         "extension's picker does (Istio accepts it without verifying)",
+    )
+    picker_pd_mode: str = setting(
+        PD_MODE_PICKER,
+        "who fires a PD request's prefill behind a gateway: picker (the picker itself, with the body's "
+        "bootstrap fields; no sidecar) or sidecar (llm-d's decode sidecar: the picker names the prefill "
+        "in x-prefiller-host-port and the sidecar sends it)",
+        choices=(PD_MODE_PICKER, PD_MODE_SIDECAR),
     )
     config_poll_seconds: float = setting(1.0)
     # why these four: prfaas_router.health

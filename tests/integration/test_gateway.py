@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -25,6 +25,7 @@ from router_harness import (
     LONG,
     SHORT,
     Cluster,
+    Engine,
     Process,
     Router,
     RouterFactory,
@@ -40,6 +41,7 @@ from router_harness import (
     wait_healthy,
 )
 from support.envoy import envoy_args, envoy_config, fetch_envoy
+from support.pd_sidecar import PdSidecar
 from test_router_faults import start_faulty
 
 pytestmark = pytest.mark.timeout(60)
@@ -69,6 +71,7 @@ def gateway(start_router: RouterFactory, envoy_binary: Path, tmp_path: Path) -> 
         response_bodies: bool = False,
         subset: list[str] | None = None,
         tls: str | None = None,
+        served: str | None = None,
     ) -> tuple[Router, str, Path]:
         picker = free_port("127.0.0.1")
         if tls == "secret":
@@ -88,6 +91,7 @@ def gateway(start_router: RouterFactory, envoy_binary: Path, tmp_path: Path) -> 
                 response_bodies=response_bodies,
                 subset=subset,
                 picker_tls=tls is not None,
+                served=served,
             )
         )
         envoy = Process(envoy_args(config), tmp_path / f"envoy-{len(envoys)}.log", program=str(envoy_binary))
@@ -308,6 +312,98 @@ async def test_a_failed_prefill_aborts_its_decode_instead_of_leaving_it_in_the_b
         assert sample(samples, "prfaas_router_engine_failures_total", worker="l-sick") == 1
     finally:
         sick.process.stop()
+
+
+@pytest.fixture
+async def sidecar(cluster: Cluster) -> AsyncIterator[Callable[[Engine], Awaitable[tuple[PdSidecar, str]]]]:
+    """llm-d's decode sidecar (its stand-in, support/pd_sidecar.py) in front of the cluster's decode,
+    with the bootstrap port of the given prefill (llm-d's sidecar knows one for all): (it, its URL)."""
+    started: list[PdSidecar] = []
+
+    async def start(prefill: Engine) -> tuple[PdSidecar, str]:
+        assert prefill.bootstrap_port is not None
+        started.append(PdSidecar(cluster.decode[0].url, prefill.bootstrap_port))
+        return started[-1], await started[-1].start("127.0.2.15")
+
+    yield start
+    for each in started:
+        await each.stop()
+
+
+async def settled(client: aiohttp.ClientSession, router: Router, outcome: str) -> dict:
+    """The router's metrics once one request is counted with `outcome` (Envoy ends the ext_proc
+    stream just after the client got the answer)."""
+    for _ in range(100):
+        samples = await metric_samples(client, router.url)
+        if total(samples, "prfaas_router_requests_total", outcome=outcome) == 1:
+            break
+        await asyncio.sleep(0.02)
+    return samples
+
+
+@pytest.mark.parametrize(("prompt", "route", "stream"), [(SHORT, "local", True), (LONG, "prfaas", False)])
+async def test_in_sidecar_mode_llm_ds_decode_sidecar_sends_the_prefill_the_picker_names(
+    prompt: str,
+    route: str,
+    stream: bool,
+    cluster: Cluster,
+    gateway: Gateway,
+    sidecar: Callable[[Engine], Awaitable[tuple[PdSidecar, str]]],
+    client: aiohttp.ClientSession,
+) -> None:
+    prefill = (cluster.local if route == "local" else cluster.prfaas)[0]
+    proxy, proxy_url = await sidecar(prefill)  # the pool's decode endpoint is its sidecar
+    doc = config_doc(cluster.prfaas, cluster.local, [{"name": "d0", "url": proxy_url}])
+    router, url, access_log = gateway(doc, "--picker-pd-mode", "sidecar")
+    forged = {"x-prefiller-host-port": "127.0.0.1:1"}
+    answer = await post(client, url + CHAT_PATH, chat(prompt, stream=stream), **forged)
+    assert answer.status == 200, answer.body
+    assert answer.headers["x-prfaas-route"] == route
+    if stream:
+        assert answer.body[-1] == "[DONE]"
+    else:
+        assert answer.body["choices"][0]["message"]["content"]
+    prefiller = prefill.url.removeprefix("http://")
+    # the decode answered, so its KV came from the prefill the sidecar was told of, not the forged one
+    assert proxy.prefills == [prefiller]
+    eventually(lambda: access_log.read_text(), timeout=10.0, what="Envoy's access log")
+    assert access_log.read_text().split()[2] == f"prefiller={prefiller}"
+    samples = await settled(client, router, "ok")
+    assert sample(samples, "prfaas_router_requests_total", route=route, outcome="ok") == 1
+    assert sample(samples, "prfaas_router_kv_handoffs_total", route=route, outcome="ok") == 1
+    # the lease and the link budget were given back when the decode's headers came
+    assert total(samples, "prfaas_router_inflight_tokens") == 0
+    assert sample(samples, "prfaas_router_link_inflight_bytes") == 0
+
+
+@pytest.mark.parametrize("mode", ["picker", "sidecar"])
+async def test_a_request_the_gateway_reports_served_elsewhere_is_an_error_only_when_the_picker_bound_its_kv(
+    mode: str,
+    cluster: Cluster,
+    gateway: Gateway,
+    sidecar: Callable[[Engine], Awaitable[tuple[PdSidecar, str]]],
+    client: aiohttp.ClientSession,
+    tmp_path: Path,
+) -> None:
+    # the gateway reports another decode of the pool as the one that served (Envoy's static
+    # metadata: a plain Envoy reports none); the request really went to d0
+    other = {"name": "d-other", "url": f"http://127.0.2.16:{free_port('127.0.2.16')}"}
+    decode: dict = cluster.decode[0].endpoint()
+    if mode == "sidecar":
+        decode = {"name": "d0", "url": (await sidecar(cluster.local[0]))[1]}
+    doc = config_doc(cluster.prfaas, cluster.local, [decode, other])
+    only = decode["url"].removeprefix("http://")
+    router, url, _ = gateway(
+        doc, "--picker-pd-mode", mode, served=other["url"].removeprefix("http://"), subset=[only]
+    )
+    answer = await post(client, url + CHAT_PATH, chat(SHORT))
+    assert answer.status == 200, answer.body
+    outcome = "served_elsewhere" if mode == "picker" else "ok"
+    samples = await settled(client, router, outcome)
+    assert sample(samples, "prfaas_router_requests_total", route="local", outcome=outcome) == 1
+    assert total(samples, "prfaas_router_inflight_tokens") == 0
+    logged = "sent it to 127.0.2.16" in router.process.log()
+    assert logged == (mode == "picker")
 
 
 async def waiting_for_kv(client: aiohttp.ClientSession, engine_url: str) -> float:

@@ -35,11 +35,11 @@ static_resources:
               routes:
               - match: {prefix: "/"}
                 route: {cluster: pool, timeout: 30s}
-          http_filters:%(subset_filter)s
+          http_filters:%(subset_filter)s%(served_filter)s
           - name: envoy.filters.http.ext_proc
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
-              metadata_options: {forwarding_namespaces: {untyped: [envoy.lb.subset_hint]}}
+              metadata_options: {forwarding_namespaces: {untyped: [envoy.lb.subset_hint%(forward_lb)s]}}
               grpc_service: {envoy_grpc: {cluster_name: picker}, timeout: 30s}
               failure_mode_allow: false
               message_timeout: 10s
@@ -96,6 +96,17 @@ SUBSET_FILTER = """
 extension's subset hint), here as a static filter."""
 
 
+SERVED_FILTER = """
+          - name: envoy.filters.http.set_metadata
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config
+              metadata:
+              - metadata_namespace: envoy.lb
+                value: {x-gateway-destination-endpoint-served: %s}"""
+"""The endpoint-picker protocol's report of the endpoint that served, in the `envoy.lb` metadata
+Envoy forwards to the picker with the response: a plain Envoy writes none (GKE's gateway does),
+so here a static one, as a gateway that retried on another endpoint would report it."""
+
 PICKER_TLS = """
     transport_socket:
       name: envoy.transport_sockets.tls
@@ -115,12 +126,14 @@ def envoy_config(
     response_bodies: bool = False,
     subset: list[str] | None = None,
     picker_tls: bool = False,
+    served: str | None = None,
 ) -> str:
     """Envoy's static config: listening on `port`, its picker on `picker`, all on 127.0.0.1.
 
     `response_bodies`: the answers stream through the picker too, as the inference extension's
     own gateways configure it (otherwise NONE, the cheapest); `subset`: a static subset hint;
-    `picker_tls`: the picker is reached over TLS, its certificate not verified.
+    `picker_tls`: the picker is reached over TLS, its certificate not verified; `served`: the
+    endpoint reported to the picker as the one that served, whatever did.
     """
     return ENVOY_CONFIG % {
         "port": port,
@@ -131,6 +144,8 @@ def envoy_config(
         "response_trailer_mode": "SEND" if response_bodies else "SKIP",
         "subset_filter": "" if subset is None else SUBSET_FILTER % json.dumps(subset),
         "picker_tls": PICKER_TLS if picker_tls else "",
+        "served_filter": "" if served is None else SERVED_FILTER % json.dumps(served),
+        "forward_lb": "" if served is None else ", envoy.lb",
     }
 
 

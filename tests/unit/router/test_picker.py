@@ -1,13 +1,19 @@
-"""The endpoint picker's pure pieces: what Envoy is told (headers, metadata, body chunks)."""
+"""The endpoint picker's pure pieces: what Envoy is told (headers, metadata, body chunks), what it
+reports back (the served endpoint), the TLS certificate, and a lease following the decode that served."""
 
 from __future__ import annotations
 
 import datetime
+from types import SimpleNamespace
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from envoy.config.core.v3 import base_pb2
 from google.protobuf import struct_pb2
+from prfaas_core.router_config import Endpoint
+from prfaas_core.routing.policy import Decision, Reason
+from prfaas_core.routing.workers import CircuitBreaker, KvClaim, Worker
+from prfaas_core.vocabulary import Pool
 from prfaas_router.picker import (
     BODY_CHUNK_BYTES,
     chunks,
@@ -15,9 +21,11 @@ from prfaas_router.picker import (
     header_map,
     routed,
     self_signed,
+    served_endpoint,
     server_credentials,
     subset_hint,
 )
+from prfaas_router.proxy import _Lease
 
 
 def test_a_body_goes_back_in_chunks_of_at_most_62000_bytes_that_add_up_to_it() -> None:
@@ -80,3 +88,46 @@ def test_the_self_signed_certificate_is_signed_by_its_own_key_and_valid_from_bef
 def test_the_picker_port_is_plain_text_unless_asked_for_tls() -> None:
     assert server_credentials(None, self_signed_tls=False) is None
     assert server_credentials(None, self_signed_tls=True) is not None
+
+
+def test_in_sidecar_mode_the_answer_names_the_prefill_for_the_sidecar_over_a_forged_one() -> None:
+    answer = routed("127.0.2.11:30000", 10, ["x-prefiller-host-port"], prefiller="127.0.1.1:30000")
+    mutation = answer.request_headers.response.header_mutation
+    set_headers = {option.header.key: option.header.raw_value for option in mutation.set_headers}
+    assert set_headers["x-prefiller-host-port"] == b"127.0.1.1:30000"
+    assert list(mutation.remove_headers) == []
+
+
+def test_the_served_endpoint_is_read_from_the_envoy_lb_metadata_and_absent_is_none() -> None:
+    metadata = base_pb2.Metadata()
+    assert served_endpoint(metadata) is None
+    metadata.filter_metadata["envoy.lb"].update({"x-gateway-destination-endpoint": "10.0.0.1:8000"})
+    assert served_endpoint(metadata) is None
+    metadata.filter_metadata["envoy.lb"].update({"x-gateway-destination-endpoint-served": "10.0.0.2:8000"})
+    assert served_endpoint(metadata) == "10.0.0.2:8000"
+
+
+def test_a_lease_moved_to_the_decode_that_served_holds_that_one_and_gives_it_back_there() -> None:
+    def worker(pool: Pool, name: str) -> Worker:
+        endpoint = Endpoint(name=name, url=f"http://{name}:1", bootstrap_port=8998)
+        return Worker(pool, endpoint, CircuitBreaker(3, 1.0))
+
+    prefill, chosen, served = (
+        worker(Pool.LOCAL_PREFILL, "l0"),
+        worker(Pool.DECODE, "d0"),
+        worker(Pool.DECODE, "d1"),
+    )
+    claim = KvClaim(arrives_at=1.5, due_at=2.0)
+    decision = Decision(
+        "local", Reason.SHORT_UNCACHED, prefill, chosen, 100, 100, 0.5, 0.0, 0.0, 1.0, kv_claim=claim
+    )
+    ledger = SimpleNamespace(link_inflight_bytes=0.0, inflight_tokens=dict.fromkeys(Pool, 0))
+    lease = _Lease(ledger, decision, 1.0)  # type: ignore[arg-type]  # the ledger's two fields
+    lease.move_decode(served, 1.2)
+    assert lease.decision.decode is served and lease.decision.prefill is prefill
+    assert (chosen.inflight, chosen.outstanding_tokens, chosen.claims) == (0, 0, [])
+    assert (served.inflight, served.outstanding_tokens, served.claims) == (1, 100, [claim])
+    lease.release_prefill()
+    lease.release_decode()
+    assert (served.inflight, served.outstanding_tokens, served.claims) == (0, 0, [])
+    assert ledger.inflight_tokens == dict.fromkeys(Pool, 0)

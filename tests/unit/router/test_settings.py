@@ -75,6 +75,7 @@ def test_settings_written_as_flags_parse_back_to_themselves() -> None:
         (["--drain-timeout-seconds", "0"], "--drain-timeout-seconds above 0"),
         (["--link-floor-fraction", "2"], "link estimate: floor_fraction must be in (0, 1]"),
         (["--picker-tls-dir", "/tls", "--picker-tls-self-signed"], "one TLS certificate, not both"),
+        (["--picker-pd-mode", "router"], "invalid choice: 'router'"),
     ],
 )
 def test_settings_the_router_cannot_run_with_are_a_usage_error(
