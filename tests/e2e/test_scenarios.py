@@ -8,7 +8,10 @@ serves every scenario, in this order, each starting from the state the previous 
    network namespace, rate-shaped as the CR says); with real nodes, the operator and the router
    are containers of the product image (non-root, read-only root, logs and exec work), a config
    change reaches the router through its ConfigMap watch in seconds, and a killed operator
-   container is restarted by the kubelet with nothing changed;
+   container is restarted by the kubelet with nothing changed; behind a gateway (spec.gateway on,
+   the InferencePool kind installed for the module as a gateway's install does), a real Envoy
+   built from the InferencePool the operator wrote sends a short prompt to a local decode and long
+   ones (one streamed) offloaded to PrfaaS, as the picker decides, and turned off, all of it goes;
 1. the operator restarts mid-traffic: no duplicate object, no rollout, no failed request;
 2. the PrfaaS cluster's engines die: traffic goes local with no failed request among those
    sent after the outage began, PrefillClusterReady turns False, and all recovers; then its
@@ -32,9 +35,13 @@ import signal
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from gateway_front import complete, envoy_in_front, read_pool, upstream_hosts
+from lightkube import Client
 from lightkube.resources.apps_v1 import Deployment, ReplicaSet, StatefulSet
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import ConfigMap, Pod, Service
@@ -51,12 +58,14 @@ from live_traffic import (
     quick_planner,
 )
 from prfaas_core.vocabulary import LABEL_INSTANCE, LABEL_ROLE, Pool
+from prfaas_operator.adapters.kube import InferencePoolResource
 from prfaas_testbed.clusters import Cluster, Testbed
 from prfaas_testbed.control_plane import apiserver_stopped
+from prfaas_testbed.inference_pool import inference_pool_crd
 from prfaas_testbed.link import LinkMode, LinkShape
 from prfaas_testbed.pod_workloads import WorkloadKind
 from prfaas_testbed.system import LiveSystem, LiveSystemError, customise_cr, load_sample_cr, wait_until
-from prfaas_testbed.traffic import PlannedRequest, lognormal_requests
+from prfaas_testbed.traffic import PlannedRequest, lognormal_requests, prompt_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.testbed, pytest.mark.prometheus, pytest.mark.timeout(420)]
 
@@ -81,6 +90,20 @@ def medium_traffic(
         output_tokens=output_tokens,
         phase="medium",
     )
+
+
+@pytest.fixture(scope="module")
+def inference_pool_kind(pd_client: Client) -> Iterator[None]:
+    """The inference extension's InferencePool CRD, as a gateway's install puts it there."""
+    with inference_pool_crd(pd_client):
+        yield
+
+
+@pytest.fixture(scope="module")
+def live_system(inference_pool_kind: None, live_system: LiveSystem) -> LiveSystem:
+    """The system with the InferencePool kind served from the start: the operator lists an add-on's
+    kind it found unserved again only every 30 s."""
+    return live_system
 
 
 @pytest.fixture(scope="module")
@@ -210,6 +233,81 @@ def test_the_kv_of_offloads_crosses_the_shaped_link(deployment: LiveSystem) -> N
     kv_sent = (router_kv_egress_bytes(system) - egress_before) * scales.kv_scale  # what engines really send
     crossed = link_counters(link)["bytes"] - before["bytes"]
     assert crossed >= 0.9 * kv_sent > 0, (crossed, kv_sent)
+
+
+GATEWAY_LONG_TOKENS = 30_000
+"""Above the sample's 19456-token threshold: offloaded to PrfaaS."""
+
+
+def test_requests_through_a_real_envoy_to_the_picker_the_operator_writes_are_routed_by_the_policy(
+    deployment: LiveSystem, tmp_path: Path
+) -> None:
+    """spec.gateway on: the operator writes the InferencePool and runs the picker; a real Envoy built
+    from the pool (its endpointPickerRef's Service, the picker pod behind it, its targetPorts) serves
+    a short prompt on a local PD decode, a long one offloaded to PrfaaS and a stream, routed as the
+    router's policy says; off again, every gateway object goes and the router serves as before."""
+    system = deployment
+    started = time.monotonic()
+    system.patch_spec({"gateway": {"inferencePool": {"enabled": True}}})
+    try:
+        wait_until("GatewayReady True", lambda: condition_status(system, "GatewayReady") == "True", 60)
+        view = wait_until("the InferencePool's picker ready", lambda: read_pool(system), 60)
+        assert view.pool["spec"]["targetPorts"] == [{"number": system.cr()["spec"]["pdCluster"]["port"]}]
+        decodes = {
+            pod["status"]["podIP"]
+            for pod in system.pods(Cluster.PD)
+            if pod["metadata"]["labels"].get(LABEL_ROLE) == "pd-decode"
+        }
+        assert {endpoint.rpartition(":")[0] for endpoint in view.endpoints} == decodes
+        ready = time.monotonic() - started
+        with envoy_in_front(view, tmp_path) as (url, access_log):
+            unique = time.time_ns()  # prompts no earlier request shares a prefix with
+            answers = {
+                "short": complete(url, "kimi-linear", prompt_text([unique], 2_000), stream=False),
+                "long": complete(
+                    url, "kimi-linear", prompt_text([unique + 1], GATEWAY_LONG_TOKENS), stream=False
+                ),
+                "long streamed": complete(
+                    url, "kimi-linear", prompt_text([unique + 2], GATEWAY_LONG_TOKENS), stream=True
+                ),
+            }
+            upstream = upstream_hosts(access_log, len(answers))
+        assert {name: (a.status, a.route) for name, a in answers.items()} == {
+            "short": (200, "local"),
+            "long": (200, "prfaas"),
+            "long streamed": (200, "prfaas"),
+        }, answers
+        assert all(answer.text for answer in answers.values()), answers
+        assert set(upstream) <= view.endpoints, (upstream, view.endpoints)
+        served = time.monotonic() - started - ready
+    finally:
+        off = time.monotonic()
+        system.patch_spec({"gateway": None})
+        wait_until(
+            "every gateway object gone",
+            lambda: not gateway_leftovers(system) and system.condition("GatewayReady") is None,
+            90,
+        )
+    assert system.router_url() is not None
+    print(
+        f"gateway: picker ready {ready:.1f} s after on, 3 requests through Envoy in {served:.1f} s, "
+        f"gone {time.monotonic() - off:.1f} s after off"
+    )
+
+
+def gateway_leftovers(system: LiveSystem) -> list[str]:
+    """The gateway's objects still there: the pool, and anything of the picker's role, pods included."""
+    namespace = system.layout.deployment_namespace
+    found = [
+        f"InferencePool/{p['metadata']['name']}"
+        for p in system.pd.list(InferencePoolResource, namespace=namespace)
+    ]
+    for kind in (Deployment, ReplicaSet, Service, Pod):
+        for item in system.pd.list(
+            kind, namespace=namespace, labels={LABEL_INSTANCE: CR_NAME, LABEL_ROLE: "picker"}
+        ):
+            found.append(f"{kind.__name__}/{item.metadata.name}")
+    return found
 
 
 IDLE_SECONDS = 15.0
