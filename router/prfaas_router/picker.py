@@ -195,16 +195,64 @@ def routed(
     )
 
 
-def body_piece(piece: bytes, last: bool) -> ext_proc.ProcessingResponse:
-    return ext_proc.ProcessingResponse(
-        request_body=ext_proc.BodyResponse(
-            response=ext_proc.CommonResponse(
-                body_mutation=ext_proc.BodyMutation(
-                    streamed_response=ext_proc.StreamedBodyResponse(body=piece, end_of_stream=last)
-                )
-            )
-        )
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field_number(message: Any, name: str) -> int:
+    return int(message.DESCRIPTOR.fields_by_name[name].number)
+
+
+_PIECE_PATH = tuple(
+    _field_number(message, name)
+    for message, name in (
+        (ext_proc.ProcessingResponse, "request_body"),
+        (ext_proc.BodyResponse, "response"),
+        (ext_proc.CommonResponse, "body_mutation"),
+        (ext_proc.BodyMutation, "streamed_response"),
+        (ext_proc.StreamedBodyResponse, "body"),
     )
+)
+_END_OF_STREAM = _varint(_field_number(ext_proc.StreamedBodyResponse, "end_of_stream") << 3) + b"\x01"
+
+
+def body_piece(piece: bytes, last: bool) -> bytes:
+    """A piece of the new body: the wire bytes of a `ProcessingResponse` (request_body, its
+    streamed_response), encoded here so that the piece is copied once (building the message and
+    serialising it copied it twice more: about 0.1 ms of a 220 KB request's CPU)."""
+    *outer, inner = _PIECE_PATH
+    parts = [_varint(inner << 3 | 2) + _varint(len(piece)), piece] if piece else []
+    if last:
+        parts.append(_END_OF_STREAM)
+    size = sum(map(len, parts))
+    for field in reversed(outer):
+        parts.insert(0, _varint(field << 3 | 2) + _varint(size))
+        size += len(parts[0])
+    return b"".join(parts)
+
+
+def wire(response: ext_proc.ProcessingResponse | bytes) -> bytes:
+    """A response as gRPC sends it (the picker's serializer): the body's pieces come encoded."""
+    return response if isinstance(response, bytes) else response.SerializeToString()
+
+
+def add_picker(server: grpc.aio.Server, picker: Picker) -> None:
+    """`add_ExternalProcessorServicer_to_server` with `wire` as the responses' serializer."""
+    name = ext_proc.DESCRIPTOR.services_by_name["ExternalProcessor"].full_name
+    handlers = {
+        "Process": grpc.stream_stream_rpc_method_handler(
+            picker.Process,
+            request_deserializer=ext_proc.ProcessingRequest.FromString,
+            response_serializer=wire,
+        )
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+    server.add_registered_method_handlers(name, handlers)
 
 
 def answered_headers(decision: Decision) -> ext_proc.ProcessingResponse:
@@ -228,7 +276,7 @@ class Picker(ext_proc_grpc.ExternalProcessorServicer):
         self,
         request_iterator: AsyncIterable[ext_proc.ProcessingRequest],
         context: grpc.aio.ServicerContext[Any, Any],
-    ) -> AsyncIterator[ext_proc.ProcessingResponse]:
+    ) -> AsyncIterator[ext_proc.ProcessingResponse | bytes]:
         messages = aiter(request_iterator)
         first = await anext(messages, None)
         if first is None or first.WhichOneof("request") != "request_headers":
@@ -268,7 +316,7 @@ class Picker(ext_proc_grpc.ExternalProcessorServicer):
         removed: list[str],
         subset: frozenset[str] | None,
         messages: AsyncIterator[ext_proc.ProcessingRequest],
-    ) -> AsyncIterator[ext_proc.ProcessingResponse]:
+    ) -> AsyncIterator[ext_proc.ProcessingResponse | bytes]:
         service = self._service
         taken = await service.intake(kind, raw, lambda name: headers.get(name.lower()))
         if isinstance(taken, Answer):
@@ -438,7 +486,7 @@ async def start_picker(
     probe there never reaches the picker itself)."""
     health = PickerHealth(service)
     server = grpc.aio.server()
-    ext_proc_grpc.add_ExternalProcessorServicer_to_server(Picker(service), server)
+    add_picker(server, Picker(service))
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     if credentials is None:
         server.add_insecure_port(f"{host}:{port}")

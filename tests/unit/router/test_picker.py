@@ -6,9 +6,11 @@ from __future__ import annotations
 import datetime
 from types import SimpleNamespace
 
+import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from google.protobuf import struct_pb2
 from prfaas_core.router_config import Endpoint
 from prfaas_core.routing.policy import Decision, Reason
@@ -16,6 +18,7 @@ from prfaas_core.routing.workers import CircuitBreaker, KvClaim, Worker
 from prfaas_core.vocabulary import Pool
 from prfaas_router.picker import (
     BODY_CHUNK_BYTES,
+    body_piece,
     chunks,
     forged,
     header_map,
@@ -24,6 +27,7 @@ from prfaas_router.picker import (
     served_endpoint,
     server_credentials,
     subset_hint,
+    wire,
 )
 from prfaas_router.proxy import _Lease
 
@@ -35,6 +39,24 @@ def test_a_body_goes_back_in_chunks_of_at_most_62000_bytes_that_add_up_to_it() -
     assert b"".join(pieces) == body
     assert BODY_CHUNK_BYTES == 62_000
     assert list(chunks(b"")) == [b""]
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 16_383, 16_384, BODY_CHUNK_BYTES])
+@pytest.mark.parametrize("last", [False, True])
+def test_a_body_piece_encoded_by_hand_is_the_message_envoy_expects(size: int, last: bool) -> None:
+    piece = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    expected = ext_proc.ProcessingResponse(
+        request_body=ext_proc.BodyResponse(
+            response=ext_proc.CommonResponse(
+                body_mutation=ext_proc.BodyMutation(
+                    streamed_response=ext_proc.StreamedBodyResponse(body=piece, end_of_stream=last)
+                )
+            )
+        )
+    )
+    assert ext_proc.ProcessingResponse.FromString(body_piece(piece, last)) == expected
+    assert body_piece(piece, last) == expected.SerializeToString()
+    assert wire(body_piece(piece, last)) == wire(expected)
 
 
 def test_the_reserved_control_headers_a_client_sent_are_found_whatever_their_case() -> None:
