@@ -1,11 +1,9 @@
 """A PrfaasDeployment on a shared pool (spec.poolClaim) on the testbed's REAL apiservers: the
 operator in the PD cluster writes its PrfaasPoolClaim beside the pool in the PrfaaS cluster
 (through its kubeconfig Secret), the pool controller (`--pool-controller`) binds it, and the
-router ConfigMap gets the claim's endpoints, share and cache salt; a deployment of another KV
-layout is refused and says so in its condition PoolClaimBound; deleting the CR deletes its claim.
-
-The pool runs no instance yet (its controller's StatefulSets are not wired): the claim lists no
-endpoint, so the router's PrfaaS endpoints are the claim's, none.
+router ConfigMap gets the claim's endpoints (the pool's one instance, run by kwok), share and
+cache salt; a deployment of another KV layout is refused and says so in its condition
+PoolClaimBound; deleting the CR deletes its claim.
 """
 
 from __future__ import annotations
@@ -36,6 +34,7 @@ pytestmark = [pytest.mark.testbed, pytest.mark.timeout(180)]
 ROOT = crd.repository_root()
 SAMPLE: dict[str, Any] = yaml.safe_load((ROOT / "examples/prfaasdeployment.yaml").read_text())
 POOL, _ = yaml.safe_load_all((ROOT / "examples/prfaaspool.yaml").read_text())
+POOL["spec"]["prefill"].update(gpusPerInstance=1, replicas=1, minReplicas=1, maxReplicas=2)
 
 
 @pytest.fixture(scope="module")
@@ -113,27 +112,38 @@ def test_a_deployment_on_a_shared_pool_claims_it_routes_within_its_share_and_let
     def bound_status() -> api.PoolClaimStatus | None:
         found = claim(prfaas_client, "eu", pools)
         status = api.PoolClaimStatus.model_validate((found or {}).get("status") or {})
-        return status if status.share is not None else None
+        return status if status.share is not None and status.endpoints else None
 
-    status = eventually(bound_status, timeout=20, interval=0.2, what="claim eu bound by the pool controller")
-    assert status is not None and status.share is not None
+    status = eventually(
+        bound_status, timeout=30, interval=0.2, what="claim eu bound, the pool's instance listed"
+    )
+    assert status is not None
     written = claim(prfaas_client, "eu", pools)
     assert written is not None
     spec = api.PoolClaimSpec.model_validate(written["spec"])
     assert (spec.pool_name, spec.weight, spec.kv_layout.page_size) == ("shared", 2, "64")
 
-    def routed() -> RouterConfig | None:
-        config = router_config(pd_client, "eu", local)
-        return config if config is not None and config.pool_share is not None else None
+    def routed() -> tuple[RouterConfig, api.PoolClaimStatus] | None:
+        """The router config and the claim's status once the config carries what the status says."""
+        status, config = bound_status(), router_config(pd_client, "eu", local)
+        if status is None or status.share is None or config is None:
+            return None
+        share = PoolShare(
+            tokens_per_second=status.share.tokens_per_second,
+            entitled_tokens_per_second=status.share.entitled_tokens_per_second,
+            unclaimed_tokens_per_second=status.unclaimed_tokens_per_second,
+        )
+        listed = [(e.name, e.url, e.bootstrap_port) for e in config.pools.prfaas_prefill]
+        wanted = [(e.name, e.url, e.bootstrap_port) for e in status.endpoints]
+        return (config, status) if config.pool_share == share and listed == wanted else None
 
-    config = eventually(routed, timeout=20, interval=0.2, what="the router config with eu's share")
-    assert config is not None
-    assert config.pool_share == PoolShare(
-        tokens_per_second=status.share.tokens_per_second,
-        entitled_tokens_per_second=status.share.entitled_tokens_per_second,
-        unclaimed_tokens_per_second=status.unclaimed_tokens_per_second,
+    found = eventually(
+        routed, timeout=20, interval=0.2, what="the router config with eu's endpoints and share"
     )
-    assert [e.url for e in config.pools.prfaas_prefill] == [e.url for e in status.endpoints]
+    assert found is not None
+    config, status = found
+    assert len(config.pools.prfaas_prefill) == 1
+    assert {e.fingerprint for e in config.pools.prfaas_prefill} == {status.pool_fingerprint}
     assert config.cache_salt == f"prfaas-claim/{pools}/eu"
     eventually(
         lambda: pool_claim_bound(pd_client, "eu", local).get("status") == "True",
