@@ -1034,6 +1034,27 @@ class InferencePoolSpec(_Model):
     )
 
 
+class PickerTlsSpec(_Model):
+    """TLS on the picker's ext_proc port. On by default, as the inference extension's own picker
+    serves it (its --secure-serving) and as Istio's and GKE's gateways dial it: over TLS, without
+    verifying the certificate. The health port stays plain text (the kubelet's gRPC probes have no TLS)."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Serve ext_proc over TLS. False: plain text, for a gateway told to dial the picker "
+        "so (an Envoy of your own with a plain-text cluster, say); Istio and GKE expect TLS.",
+    )
+    secret_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="A kubernetes.io/tls Secret in the CR's namespace (tls.crt, tls.key), mounted into the "
+        "picker and read at its start (a renewed certificate takes a rollout): for a gateway that "
+        "verifies the picker (a cert-manager Certificate for the picker Service's name, say). Unset: "
+        "a self-signed certificate made at each start, which gateways that skip verification accept.",
+    )
+
+
 class PickerSpec(_Model):
     """The endpoint picker: the router's image and config run with --picker-port (Envoy's external
     processing over gRPC), with the router's resources, placement and tokenizer."""
@@ -1057,14 +1078,20 @@ class PickerSpec(_Model):
         default=9002,
         ge=1,
         le=65535,
-        description="The ext_proc port (gRPC, plain text), the InferencePool's endpointPickerRef.port.",
+        description="The ext_proc port (gRPC, over TLS unless tls.enabled is false), the InferencePool's "
+        "endpointPickerRef.port.",
     )
     health_port: int = Field(
         default=9003,
         ge=1,
         le=65535,
-        description="gRPC health (grpc.health.v1: liveness, readiness) alone, for the kubelet's "
-        "probes and gateways that health-check the picker there (GKE: 9003).",
+        description="gRPC health (grpc.health.v1: liveness, readiness) alone, in plain text, for the "
+        "kubelet's probes and gateways that health-check the picker there (GKE: 9003).",
+    )
+    tls: PickerTlsSpec = Field(
+        default_factory=PickerTlsSpec,
+        description="TLS on the ext_proc port: on, self-signed, by default (the inference extension's "
+        "picker's default, which Istio and GKE dial).",
     )
 
 

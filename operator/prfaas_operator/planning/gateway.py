@@ -46,6 +46,9 @@ GATEWAY_KINDS = (
 """The kinds of the gateway's objects (pruned when the gateway is turned off)."""
 GRPC_PORT_NAME = "grpc"
 HEALTH_PORT_NAME = "grpc-health"
+PICKER_TLS_VOLUME = "picker-tls"
+PICKER_TLS_DIR = "/etc/prfaas-picker-tls"
+"""Where a TLS Secret's tls.crt and tls.key are mounted (--picker-tls-dir)."""
 INFERENCE_POOL_NOT_SERVED = "InferencePoolNotServed"
 INFERENCE_POOL_CRD = f"inferencepools.{INFERENCE_POOL_GROUP}"
 
@@ -91,10 +94,23 @@ def _grpc_probe(port: int, service: str, *, period: int, timeout: int, failures:
     }
 
 
+def picker_tls(spec: PrfaasDeploymentSpec) -> tuple[tuple[str, ...], dict[str, Any] | None]:
+    """The picker's TLS flags and, for a Secret's certificate, its volume (mounted at PICKER_TLS_DIR)."""
+    tls = spec.gateway.picker.tls
+    if not tls.enabled:
+        return (), None
+    if tls.secret_name is None:
+        return ("--picker-tls-self-signed",), None
+    volume = {"name": PICKER_TLS_VOLUME, "secret": {"secretName": tls.secret_name}}
+    return ("--picker-tls-dir", PICKER_TLS_DIR), volume
+
+
 def picker_deployment(spec: PrfaasDeploymentSpec, owner: Owner, config_json: str | None) -> Manifest:
     """The picker: the router's process with its picker and health ports, probed over gRPC health
-    on the health port (`readiness` is SERVING once it holds a config and is not draining)."""
+    on the health port (`readiness` is SERVING once it holds a config and is not draining), its
+    ext_proc port over TLS as spec.gateway.picker.tls says."""
     picker = spec.gateway.picker
+    tls_args, tls_volume = picker_tls(spec)
     return router_process_deployment(
         spec,
         owner,
@@ -105,17 +121,28 @@ def picker_deployment(spec: PrfaasDeploymentSpec, owner: Owner, config_json: str
             replicas=picker.replicas,
             readiness=_grpc_probe(picker.health_port, "readiness", period=5, timeout=3, failures=3),
             liveness=_grpc_probe(picker.health_port, "liveness", period=10, timeout=5, failures=3),
-            args=("--picker-port", str(picker.grpc_port), "--picker-health-port", str(picker.health_port)),
+            args=(
+                "--picker-port",
+                str(picker.grpc_port),
+                "--picker-health-port",
+                str(picker.health_port),
+                *tls_args,
+            ),
             ports=(
                 {"name": GRPC_PORT_NAME, "containerPort": picker.grpc_port, "protocol": "TCP"},
                 {"name": HEALTH_PORT_NAME, "containerPort": picker.health_port, "protocol": "TCP"},
             ),
+            mounts=()
+            if tls_volume is None
+            else ({"name": PICKER_TLS_VOLUME, "mountPath": PICKER_TLS_DIR, "readOnly": True},),
+            volumes=() if tls_volume is None else (tls_volume,),
         ),
     )
 
 
 def picker_service(spec: PrfaasDeploymentSpec, owner: Owner) -> Manifest:
-    """The Service the InferencePool names: ext_proc (HTTP/2, plain text) and gRPC health."""
+    """The Service the InferencePool names: ext_proc (HTTP/2, over TLS by default) and gRPC health
+    (plain text)."""
     picker = spec.gateway.picker
     name = Names.of(owner.name).picker
     return {

@@ -795,6 +795,8 @@ class RouterProcess:
     liveness: dict[str, Any]
     args: tuple[str, ...] = ()
     ports: tuple[dict[str, Any], ...] = ()
+    mounts: tuple[dict[str, Any], ...] = ()
+    volumes: tuple[dict[str, Any], ...] = ()
 
 
 def router_process_deployment(
@@ -825,10 +827,12 @@ def router_process_deployment(
     mounts: list[dict[str, Any]] = [
         {"name": "config", "mountPath": ROUTER_CONFIG_DIR, "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
+        *process.mounts,
     ]
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": names.router_config}},
         {"name": "tmp", "emptyDir": {"sizeLimit": ROUTER_TMP_SIZE}},
+        *process.volumes,
     ]
     chunk_tokens = prefill_chunk_tokens(spec.model)
     if chunk_tokens is not None:

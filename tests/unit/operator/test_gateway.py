@@ -95,6 +95,7 @@ def test_the_defaults_are_the_inference_extension_s_ports_and_fail_close() -> No
         ({"gateway.inferencePool.failureMode": "Open"}, "failureMode"),
         ({"gateway.picker.grpcPort": 0}, "grpcPort"),
         ({"gateway.picker.replicas": 0}, "replicas"),
+        ({"gateway.picker.tls": {"secretName": ""}}, "secretName"),
         ({"gateway.inferencePool.port": 8000}, "port"),  # a typo: unknown fields are refused
     ],
 )
@@ -194,6 +195,40 @@ def test_the_router_reads_the_pickers_args_as_the_operator_means_them() -> None:
     settings = parse_args(container["args"])
     assert (settings.picker_port, settings.picker_health_port, settings.port) == (9002, 9003, s.router.port)
     assert settings.config_map == f"{OWNER.namespace}/{NAMES.router_config}"
+
+
+def picker_pod(s: PrfaasDeploymentSpec) -> dict[str, Any]:
+    pod: dict[str, Any] = named(rendered(s), "Deployment", NAMES.picker)["spec"]["template"]["spec"]
+    return pod
+
+
+def test_the_picker_serves_tls_with_a_self_signed_certificate_by_default_as_the_extensions_picker() -> None:
+    pod = picker_pod(spec(**ON))
+    (container,) = pod["containers"]
+    settings = parse_args(container["args"])
+    assert settings.picker_tls_self_signed and settings.picker_tls_dir is None
+    assert not any("secret" in volume for volume in pod["volumes"])
+    # the health port stays plain text: the kubelet's gRPC probe has no TLS
+    assert container["readinessProbe"]["grpc"] == {"port": 9003, "service": "readiness"}
+
+
+def test_a_tls_secret_is_mounted_read_only_and_named_to_the_picker() -> None:
+    pod = picker_pod(spec(**ON, **{"gateway.picker.tls": {"secretName": "picker-cert"}}))
+    (container,) = pod["containers"]
+    settings = parse_args(container["args"])
+    assert str(settings.picker_tls_dir) == gateway.PICKER_TLS_DIR and not settings.picker_tls_self_signed
+    volume = {"name": gateway.PICKER_TLS_VOLUME, "secret": {"secretName": "picker-cert"}}
+    assert volume in pod["volumes"]
+    mount = {"name": gateway.PICKER_TLS_VOLUME, "mountPath": gateway.PICKER_TLS_DIR, "readOnly": True}
+    assert mount in container["volumeMounts"]
+
+
+def test_tls_off_serves_plain_text() -> None:
+    pod = picker_pod(spec(**ON, **{"gateway.picker.tls": {"enabled": False, "secretName": "ignored"}}))
+    (container,) = pod["containers"]
+    settings = parse_args(container["args"])
+    assert not settings.picker_tls_self_signed and settings.picker_tls_dir is None
+    assert not any("secret" in volume for volume in pod["volumes"])
 
 
 def test_the_picker_service_serves_ext_proc_and_health_to_the_picker_pods_only() -> None:
