@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from lightkube.resources.core_v1 import Pod, Service
 from prfaas_operator.adapters.kube import InferencePoolResource
+from prfaas_operator.api import PrfaasDeploymentSpec
 from prfaas_testbed.polling import eventually
 from prfaas_testbed.ports import free_port
 from support.envoy import envoy_args, envoy_config, fetch_envoy
@@ -59,6 +60,9 @@ class PoolView:
     """ip:port of a ready pod behind the endpointPickerRef's Service port."""
     endpoints: frozenset[str]
     """ip:port of every ready pod the selector matches, at every targetPort."""
+    tls: bool
+    """The picker serves TLS (the CR's spec.gateway.picker.tls): the gateway is configured to match,
+    as Istio's DestinationRule for the picker is."""
 
 
 def read_pool(system: LiveSystem) -> PoolView | None:
@@ -78,6 +82,8 @@ def read_pool(system: LiveSystem) -> PoolView | None:
         return None
     picker = pickers[0]
     decodes = _ready_pods(system, pool["spec"]["selector"]["matchLabels"])
+    cr = system.cr()
+    assert cr is not None
     return PoolView(
         pool=pool,
         picker=f"{picker['status']['podIP']}:{_container_port(picker, port['targetPort'])}",
@@ -86,6 +92,7 @@ def read_pool(system: LiveSystem) -> PoolView | None:
             for pod in decodes
             for target in pool["spec"]["targetPorts"]
         ),
+        tls=PrfaasDeploymentSpec.model_validate(cr["spec"]).gateway.picker.tls.enabled,
     )
 
 
@@ -96,7 +103,9 @@ def envoy_in_front(view: PoolView, work: Path) -> Iterator[tuple[str, Path]]:
     host, _, picker_port = view.picker.rpartition(":")
     access_log = work / "envoy-access.log"
     config = yaml.safe_load(
-        envoy_config(port=port, admin=admin, picker=int(picker_port), access_log=access_log)
+        envoy_config(
+            port=port, admin=admin, picker=int(picker_port), access_log=access_log, picker_tls=view.tls
+        )
     )
     (cluster,) = [c for c in config["static_resources"]["clusters"] if c["name"] == "picker"]
     (endpoint,) = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]

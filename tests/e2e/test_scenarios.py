@@ -243,7 +243,7 @@ def test_requests_through_a_real_envoy_to_the_picker_the_operator_writes_are_rou
     deployment: LiveSystem, tmp_path: Path
 ) -> None:
     """spec.gateway on: the operator writes the InferencePool and runs the picker; a real Envoy built
-    from the pool (its endpointPickerRef's Service, the picker pod behind it, its targetPorts) serves
+    from the pool (its endpointPickerRef's Service, the picker pod behind it over TLS, its targetPorts) serves
     a short prompt on a local PD decode, a long one offloaded to PrfaaS and a stream, routed as the
     router's policy says; off again, every gateway object goes and the router serves as before."""
     system = deployment
@@ -252,6 +252,7 @@ def test_requests_through_a_real_envoy_to_the_picker_the_operator_writes_are_rou
     try:
         wait_until("GatewayReady True", lambda: condition_status(system, "GatewayReady") == "True", 60)
         view = wait_until("the InferencePool's picker ready", lambda: read_pool(system), 60)
+        assert view.tls, "the picker serves TLS by default (self-signed), and Envoy dials it so"
         assert view.pool["spec"]["targetPorts"] == [{"number": system.cr()["spec"]["pdCluster"]["port"]}]
         decodes = {
             pod["status"]["podIP"]
