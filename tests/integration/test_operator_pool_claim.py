@@ -3,7 +3,8 @@ operator in the PD cluster writes its PrfaasPoolClaim beside the pool in the Prf
 (through its kubeconfig Secret), the pool controller (`--pool-controller`) binds it, and the
 router ConfigMap gets the claim's endpoints (the pool's one instance, run by kwok), share and
 cache salt; a deployment of another KV layout is refused and says so in its condition
-PoolClaimBound; deleting the CR deletes its claim.
+PoolClaimBound; deleting the CR deletes its claim. A deployment moved from a fleet of its own to
+the pool leaves no fleet behind and rolls no local engine.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 from lightkube import Client
+from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import ConfigMap, Namespace
 from operator_harness import delete_deployments, install_crd, router_on_kwok, run_operator
 from polling import get_or_none
@@ -23,6 +25,7 @@ from prfaas_core.router_config import PoolShare, RouterConfig
 from prfaas_operator import api, crd
 from prfaas_operator.adapters.kube import PrfaasDeploymentResource, PrfaasPoolClaimResource
 from prfaas_operator.planning import pool
+from prfaas_operator.planning.manifests import Names
 from prfaas_testbed.polling import eventually
 from support.kubectl import Kubectl
 
@@ -67,7 +70,7 @@ def where(
             delete_deployments(pd_client, local)
             prfaas.run("delete", "prfaaspoolclaims,prfaaspools", "--all", "-n", pools, "--timeout=30s")
     finally:
-        for client, name in ((pd_client, local), (prfaas_client, pools)):
+        for client, name in ((pd_client, local), (prfaas_client, pools), (prfaas_client, f"{local}-fleet")):
             if get_or_none(client, Namespace, name) is not None:
                 client.delete(Namespace, name)
 
@@ -170,3 +173,51 @@ def test_a_deployment_on_a_shared_pool_claims_it_routes_within_its_share_and_let
         what="eu's claim deleted with eu",
     )
     assert claim(prfaas_client, "odd", pools) is not None, "only its own claim goes"
+
+
+def test_a_deployment_moved_from_its_own_fleet_to_the_pool_leaves_no_fleet_and_rolls_no_local_engine(
+    testbed: Testbed, pd_client: Client, prfaas_client: Client, where: tuple[str, str]
+) -> None:
+    local, pools = where
+    fleet, names = f"{local}-fleet", Names.of("moved")
+    pd = Kubectl(testbed.pd_kubeconfig)
+    pooled = deployment("moved", local, pools)
+    own = copy.deepcopy(pooled)
+    del own["spec"]["poolClaim"]
+    own["spec"]["prefillCluster"]["namespace"] = fleet
+    pd.ok("apply", "-f", "-", stdin=yaml.safe_dump(own))
+
+    def generations() -> dict[str, int] | None:
+        found = {
+            name: get_or_none(pd_client, StatefulSet, name, local)
+            for name in (names.pd_prefill, names.pd_decode)
+        }
+        if (
+            any(s is None for s in found.values())
+            or get_or_none(prfaas_client, StatefulSet, names.prfaas_prefill, fleet) is None
+        ):
+            return None
+        return {
+            name: s.metadata.generation
+            for name, s in found.items()
+            if s is not None and s.metadata is not None
+        }
+
+    before = eventually(generations, timeout=20, interval=0.2, what="moved's own fleet and local engines")
+    pd.ok("apply", "-f", "-", stdin=yaml.safe_dump(pooled))
+    eventually(
+        lambda: get_or_none(prfaas_client, StatefulSet, names.prfaas_prefill, fleet) is None,
+        timeout=20,
+        interval=0.2,
+        what="moved's own fleet deleted once it is on the pool",
+    )
+    eventually(
+        lambda: pool_claim_bound(pd_client, "moved", local).get("status") == "True",
+        timeout=20,
+        interval=0.2,
+        what="moved's PoolClaimBound True",
+    )
+    after = {name: get_or_none(pd_client, StatefulSet, name, local) for name in before}
+    assert {name: s.metadata.generation for name, s in after.items() if s and s.metadata} == before, (
+        "the local engines did not roll"
+    )

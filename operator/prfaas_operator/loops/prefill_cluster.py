@@ -59,12 +59,12 @@ read is reported before the pass creates it."""
 
 def left_behind(
     placed: PrefillClusterPlacement | None,
-    now: PrefillClusterPlacement,
+    now: PrefillClusterPlacement | None,
     left: Sequence[PrefillClusterPlacement],
 ) -> list[PrefillClusterPlacement]:
     """The placements a CR has moved out of and not yet cleaned, once it is placed `now`: the one
     it moves out of (another Secret, another namespace or both) joins them, the one it comes back
-    to leaves them."""
+    to leaves them. `now` None: it runs no fleet of its own (a shared pool's claim)."""
     kept = [placement for placement in left if placement != now]
     if placed is not None and placed != now and placed not in kept:
         kept.append(placed)
@@ -214,7 +214,13 @@ class PrefillClusterSide:
         mem.backoff = remote_backoff.succeeded(mem.backoff)
         if not cache.synced:
             return None, [], []
-        problems, warnings = await self._clean_left_behind(owner, cache, pc.namespace, mem)
+        owner_label = {LABEL_OWNER: label_value(owner.key)}
+        in_use = {
+            obj["metadata"]["uid"]
+            for kind in PRFAAS_OWNED_KINDS
+            for obj in cache[kind].select(pc.namespace, owner_label)
+        }
+        problems, warnings = await self._clean_left_behind(owner, in_use, mem)
         prune_key = (generation, pc.namespace, pc.kubeconfig_secret_ref)
         if mem.pruned_for == prune_key:
             return None, problems, warnings
@@ -224,24 +230,33 @@ class PrefillClusterSide:
         mem.pruned_for = prune_key
         return None, problems, warnings
 
+    async def leave_fleet(
+        self, owner: Owner, mem: Memory, *, clean: bool
+    ) -> tuple[ClusterObservation | None, list[Problem], list[Problem]]:
+        """On a shared pool a CR runs no fleet of its own: the one it ran joins the placements left
+        behind and, when `clean` (the PrfaaS cluster answered this pass), is cleaned as a move's
+        are (given up, with a warning, where its identity may no longer list there: a claim's
+        Role allows nothing but its claim); answers as apply does."""
+        mem.left_behind = left_behind(mem.placed, None, mem.left_behind)
+        mem.placed = None
+        if not clean:
+            return None, [], []
+        problems, warnings = await self._clean_left_behind(owner, (), mem)
+        return None, problems, warnings
+
     async def _clean_left_behind(
-        self, owner: Owner, cache: ScopedCache, namespace: str, mem: Memory
+        self, owner: Owner, in_use: Collection[str], mem: Memory
     ) -> tuple[list[Problem], list[Problem]]:
         """Delete what this CR left in the placements it moved out of, each through its own Secret
-        (the last client built from it when the Secret is gone); (problems while some is not
-        cleaned yet, warnings for what is given up). Done once the current placement is served
-        and synced, so an object it holds is never taken for a stale one."""
+        (the last client built from it when the Secret is gone), but the objects of `in_use` (uids
+        the current placement holds); (problems while some is not cleaned yet, warnings for what
+        is given up). Done once the current placement is served and synced, so an object it holds
+        is never taken for a stale one."""
         if not mem.left_behind:
             return [], []
         waiting = remote_backoff.waiting(mem.cleanup_backoff, self._clock())
         if waiting is not None:
             return [waiting], []
-        owner_label = {LABEL_OWNER: label_value(owner.key)}
-        in_use = {
-            obj["metadata"]["uid"]
-            for kind in PRFAAS_OWNED_KINDS
-            for obj in cache[kind].select(namespace, owner_label)
-        }
         problems: list[Problem] = []
         warnings: list[Problem] = []
         for placement in list(mem.left_behind):

@@ -309,7 +309,7 @@ class Reconciler:
             if plan.router_config.action == "build" and plan.router_config.config is not None:
                 budget = plan.router_config.config.link.budget_bytes_per_second
                 self.metrics.link_budget.labels(owner.namespace, owner.name).set(budget)
-            remote_result, router_problem = await asyncio.gather(
+            remote_side = (
                 self._prefill.apply(
                     spec,
                     owner,
@@ -318,8 +318,12 @@ class Reconciler:
                     mem,
                     generation,
                     plan.prefill_cluster_retire,
-                ),
-                self._apply_local(owner, plan.router_manifests, local_cache, mem),
+                )
+                if claim is None
+                else self._prefill.leave_fleet(owner, mem, clean=reachable)  # a fleet it ran before goes
+            )
+            remote_result, router_problem = await asyncio.gather(
+                remote_side, self._apply_local(owner, plan.router_manifests, local_cache, mem)
             )
         finally:
             engines_problem = await engines_applied
@@ -472,16 +476,20 @@ class Reconciler:
             spec = PrfaasDeploymentSpec.model_validate(body.get("spec") or {})
         except ValidationError:
             return DeleteOutcome(True)  # nothing was ever built from an invalid spec
-        if (
-            spec.pool_claim is not None
-        ):  # its one object there: the claim (the pool's controller frees its share)
+        if spec.pool_claim is not None:
+            # its one object there is its claim (the pool's controller frees its share), and a
+            # fleet it ran before joining the pool
             ref = spec.pool_claim
+            _recall_placement(mem, read_status(body.get("status")))
             async with mem.lock:
                 try:
                     await self._prefill.delete_claim(spec, ref, owner)
                 except ClusterError as err:
                     left = [f"{CLAIM_KIND} {ref.namespace}/{claim_name(ref, owner)}"]
                     return DeleteOutcome(False, err.problem, left)
+                _, problems, _ = await self._prefill.leave_fleet(owner, mem, clean=True)
+            if problems:  # a fleet it ran before joining the pool is not cleaned yet
+                return DeleteOutcome(False, problems[0], [p.message for p in problems])
             self.forget(metadata)
             return DeleteOutcome(True)
         _recall_placement(mem, read_status(body.get("status")))

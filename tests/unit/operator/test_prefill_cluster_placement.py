@@ -28,11 +28,13 @@ def at(ref: SecretKeyRef | None, namespace: str) -> PrefillClusterPlacement:
         (at(REF, "b"), at(OTHER, "c"), [at(REF, "a")], [at(REF, "a"), at(REF, "b")]),  # moved twice
         (at(REF, "b"), at(REF, "a"), [at(REF, "a")], [at(REF, "b")]),  # back where it was: a in use again
         (at(REF, "a"), at(REF, "b"), [at(REF, "a")], [at(REF, "a")]),  # listed once
+        (at(REF, "a"), None, [], [at(REF, "a")]),  # joined a shared pool: its own fleet is cleaned
+        (None, None, [at(REF, "a")], [at(REF, "a")]),  # on the pool, still to clean
     ],
 )
 def test_left_behind(
     placed: PrefillClusterPlacement | None,
-    now: PrefillClusterPlacement,
+    now: PrefillClusterPlacement | None,
     left: list[PrefillClusterPlacement],
     expected: list[PrefillClusterPlacement],
 ) -> None:
