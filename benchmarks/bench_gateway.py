@@ -26,9 +26,10 @@ Phases, each front in turn, in rounds whose front order rotates (the load genera
 
 Added time to first byte = a front's percentile minus direct's, pooled over rounds. CPU per
 request = the front's processes' user + system CPU over the phase (from /proc: the router's;
-Envoy's plus its picker's) over the requests sent. Target (issue 32): at 256 streams Envoy +
-picker adds at most 2 ms p50 over the router alone, and its CPU per request is at most the
-router's. The machine is shared: each phase prints what other processes used meanwhile.
+Envoy's plus its picker's, and each of the two apart) over the requests sent. Target (issue 32):
+at 256 streams Envoy + picker adds at most 2 ms p50 over the router alone, and its CPU per
+request is at most the router's (the picker's alone against the router's is printed beside it,
+not counted). The machine is shared: each phase prints what other processes used meanwhile.
 """
 
 from __future__ import annotations
@@ -218,14 +219,20 @@ class Report:
         group = self.group(phase, front)
         return sum(self.bench.front_cpu(run) for run in group) / max(1, sum(run.sent for run in group))
 
-    def by_process(self, phase: str, front: str) -> str:
+    def by_process(self, phase: str, front: str) -> dict[str, float]:
+        """CPU seconds per request of each of the front's processes (Envoy's and its picker's apart)."""
         group = self.group(phase, front)
         sent = max(1, sum(run.sent for run in group))
-        names = [server.name for server in self.bench.fronts.get((front, phase == "streams-256"), [])]
-        return ", ".join(f"{name} {1000 * sum(run.cpu[name] for run in group) / sent:.3f}" for name in names)
+        servers = self.bench.fronts.get((front, phase == "streams-256"), [])
+        return {
+            server.name.removesuffix("-paced"): sum(run.cpu[server.name] for run in group) / sent
+            for server in servers
+        }
 
-    def verdict(self, ok: bool) -> str:
-        self.met &= ok
+    def verdict(self, ok: bool, counted: bool = True) -> str:
+        """MET or MISSED; `counted` False for a reading shown beside the target, not part of it."""
+        if counted:
+            self.met &= ok
         return "MET" if ok else "MISSED"
 
     def protocol(self) -> None:
@@ -274,9 +281,9 @@ class Report:
         )
         for phase in phases(quick):
             for front in ("router", "envoy"):
-                print(
-                    f"  CPU ms/request by process, {phase.name} {front}: {self.by_process(phase.name, front)}"
-                )
+                each = self.by_process(phase.name, front)
+                shown = ", ".join(f"{name} {1000 * cpu:.3f}" for name, cpu in each.items())
+                print(f"  CPU ms/request by process, {phase.name} {front}: {shown}")
 
     def ratios(self, quick: bool) -> None:
         print("\n=== Envoy + picker against the router alone ===")
@@ -289,17 +296,22 @@ class Report:
                 for front in ("router", "envoy")
             }
             cpu = {front: self.cpu_per_request(phase.name, front) for front in ("router", "envoy")}
+            each = self.by_process(phase.name, "envoy")
             line = (
                 f"  {phase.name:<12} first byte envoy - router: p50 {ms(over[50])} p99 {ms(over[99])} ms;"
                 f" added p50 envoy/router {ratio(added['envoy'], added['router'])};"
-                f" CPU/request envoy/router {cpu['envoy'] / cpu['router']:.2f}"
+                f" CPU/request against the router's: Envoy + picker {cpu['envoy'] / cpu['router']:.2f},"
+                f" Envoy {each['envoy'] / cpu['router']:.2f}, picker {each['picker'] / cpu['router']:.2f}"
             )
             if phase.name == "streams-256":
                 ok_latency = over[50] <= TARGET_ADDED_P50_S
                 ok_cpu = cpu["envoy"] <= cpu["router"]
+                ok_picker = each["picker"] <= cpu["router"]
                 line += (
                     f"\n  {'':<12} target: p50 over the router <= 2 ms: {self.verdict(ok_latency)};"
-                    f" CPU/request <= the router's: {self.verdict(ok_cpu)}"
+                    f" CPU/request of Envoy + picker <= the router's: {self.verdict(ok_cpu)}"
+                    f"\n  {'':<12} (the other reading, not counted: the picker's alone <= the router's:"
+                    f" {self.verdict(ok_picker, counted=False)})"
                 )
             print(line)
 
