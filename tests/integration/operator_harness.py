@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import yaml
 from lightkube import Client
 from prfaas_operator.adapters.kube import PrfaasDeploymentResource
 from prfaas_operator.crd import Kind
@@ -76,6 +77,19 @@ def install_crd(kubeconfig: Path, *kinds: Kind) -> None:
             str(repository_root() / kind.outputs[0]),
         )
         kubectl.ok("wait", "--for=condition=Established", f"crd/{kind.crd_name}", "--timeout=60s")
+
+
+def kubeconfig_with(base: Path, path: Path, *, server: str | None = None, token: str | None = None) -> Path:
+    """A copy of `base` reaching another server, or authenticating with a bearer token only."""
+    document = yaml.safe_load(base.read_text())
+    for entry in document["clusters"]:
+        if server is not None:
+            entry["cluster"]["server"] = server
+    for entry in document["users"]:
+        if token is not None:
+            entry["user"] = {"token": token}
+    path.write_text(yaml.safe_dump(document))
+    return path
 
 
 def _healthy(url: str) -> bool:

@@ -21,7 +21,7 @@ from lightkube import Client
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import Namespace
 from lightkube.types import PatchType
-from operator_harness import OperatorProcess, install_crd, run_operator
+from operator_harness import OperatorProcess, install_crd, kubeconfig_with, run_operator
 from polling import get_or_none
 from prfaas_operator.adapters.kube import PrfaasDeploymentResource
 from prfaas_testbed.polling import eventually
@@ -85,19 +85,6 @@ def cleanup(operator: OperatorProcess, namespaces: tuple[str, str], pd_client: C
         interval=0.25,
         what="the CR deleted",
     )
-
-
-def kubeconfig_with(base: Path, path: Path, *, server: str | None = None, token: str | None = None) -> Path:
-    """A copy of `base` reaching another server, or authenticating with a bearer token only."""
-    document = yaml.safe_load(base.read_text())
-    for entry in document["clusters"]:
-        if server is not None:
-            entry["cluster"]["server"] = server
-    for entry in document["users"]:
-        if token is not None:
-            entry["user"] = {"token": token}
-    path.write_text(yaml.safe_dump(document))
-    return path
 
 
 def apply_cr(testbed: Testbed, local: str, remote: str, secret: str) -> None:

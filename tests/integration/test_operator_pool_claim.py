@@ -1,6 +1,7 @@
 """A PrfaasDeployment on a shared pool (spec.poolClaim) on the testbed's REAL apiservers: the
 operator in the PD cluster writes its PrfaasPoolClaim beside the pool in the PrfaaS cluster
-(through its kubeconfig Secret), the pool controller (`--pool-controller`) binds it, and the
+(through its kubeconfig Secret, a token of an identity with pool.claim_access's Role and nothing
+else), the pool controller (`--pool-controller`) binds it, and the
 router ConfigMap gets the claim's endpoints (the pool's one instance, run by kwok), share and
 cache salt; a deployment of another KV layout is refused and says so in its condition
 PoolClaimBound; deleting the CR deletes its claim. A deployment moved from a fleet of its own to
@@ -19,7 +20,7 @@ import yaml
 from lightkube import Client
 from lightkube.resources.apps_v1 import StatefulSet
 from lightkube.resources.core_v1 import ConfigMap, Namespace
-from operator_harness import delete_deployments, install_crd, router_on_kwok, run_operator
+from operator_harness import delete_deployments, install_crd, kubeconfig_with, router_on_kwok, run_operator
 from polling import get_or_none
 from prfaas_core.router_config import PoolShare, RouterConfig
 from prfaas_operator import api, crd
@@ -61,6 +62,15 @@ def where(
     placed["metadata"] = {"name": "shared", "namespace": pools}
     prfaas.ok("apply", "-f", "-", stdin=yaml.safe_dump(placed))
     logs = tmp_path_factory.mktemp("pool-claim")
+    # eu's identity there may write its claim and nothing else (docs/shared-pool.md)
+    prfaas.ok("create", "serviceaccount", "eu", "-n", pools)
+    for access in pool.claim_access(
+        "eu", pools, {"kind": "ServiceAccount", "name": "eu", "namespace": pools}
+    ):
+        prfaas.ok("apply", "-f", "-", stdin=yaml.safe_dump(access))
+    token = prfaas.ok("create", "token", "eu", "-n", pools, "--duration=10m").strip()
+    only_claim = kubeconfig_with(testbed.prfaas_kubeconfig, logs / "eu.kubeconfig", token=token)
+    store_kubeconfig_secret(pd_client, only_claim, name="eu-kubeconfig", namespace=local)
     try:
         with (
             run_operator(testbed.prfaas_kubeconfig, logs / f"{pools}.log", pools, "--pool-controller"),
@@ -75,13 +85,15 @@ def where(
                 client.delete(Namespace, name)
 
 
-def deployment(name: str, namespace: str, pools: str, **model: Any) -> dict[str, Any]:
+def deployment(
+    name: str, namespace: str, pools: str, secret: str = "prfaas-cluster-kubeconfig", **model: Any
+) -> dict[str, Any]:
     """The sample, one GPU per instance, on the pool `shared` (weight 2) instead of a fleet of its own."""
     document = copy.deepcopy(SAMPLE)
     document["metadata"] = {"name": name, "namespace": namespace}
     spec = document["spec"]
     spec["model"]["kv"].update(model)
-    spec["prefillCluster"]["kubeconfigSecretRef"] = {"name": "prfaas-cluster-kubeconfig", "key": "kubeconfig"}
+    spec["prefillCluster"]["kubeconfigSecretRef"] = {"name": secret, "key": "kubeconfig"}
     spec["prefillCluster"].update(gpusPerInstance=1, replicas=1, minReplicas=1, maxReplicas=2)
     spec["pdCluster"].update(gpusPerInstance=1, instances=2, prefillInstances=1, decodeInstances=1)
     spec["poolClaim"] = {"poolName": "shared", "namespace": pools, "weight": 2}
@@ -109,7 +121,7 @@ def test_a_deployment_on_a_shared_pool_claims_it_routes_within_its_share_and_let
 ) -> None:
     local, pools = where
     pd = Kubectl(testbed.pd_kubeconfig)
-    pd.ok("apply", "-f", "-", stdin=yaml.safe_dump(deployment("eu", local, pools)))
+    pd.ok("apply", "-f", "-", stdin=yaml.safe_dump(deployment("eu", local, pools, "eu-kubeconfig")))
     pd.ok("apply", "-f", "-", stdin=yaml.safe_dump(deployment("odd", local, pools, pageSize=32)))
 
     def bound_status() -> api.PoolClaimStatus | None:
