@@ -1336,7 +1336,8 @@ class PrfaasDeploymentSpec(_Model):
         "operator writes a PrfaasPoolClaim beside the pool (its kvLayout from model, its link from link), "
         "runs no PrfaaS prefill StatefulSet, and routes to the endpoints and within the share the claim's "
         "status gives (condition PoolClaimBound). Of prefillCluster only kubeconfigSecretRef (where the "
-        "pool is) and prefillProfile (the router's estimate of the pool's prefill time) are used.",
+        "pool is), prefillProfile (the router's estimate of the pool's prefill time) and "
+        "keepUnobservedEndpointsSeconds are used; a fleet it ran before is deleted.",
     )
     prefix_cache: PrefixCacheSpec = Field(
         default_factory=PrefixCacheSpec,
