@@ -2,9 +2,10 @@
 the testbed's PrfaaS cluster: claims bound with their shares (prfaas_core.shares.divide) in status,
 one with another KV layout refused naming the field; the pool's prefill StatefulSet, Service and
 PodDisruptionBudget applied with an ownerReference to the pool, its readyReplicas, capacity and the
-claims' endpoints following the pods (kwok runs them and marks them ready); a deleted claim's share
-going to the other, and a deleted pool held by its finalizer while a claim is bound, gone once none
-is, its children with it (the garbage collector).
+claims' endpoints following the pods (kwok runs them and marks them ready) through a scale down and
+back and a pod replaced; a deleted claim's share going to the other, and a deleted pool held by
+its finalizer while a claim is bound, gone once none is, its children with it (the garbage
+collector).
 
 The example pool, made small for the shared testbed: 2 instances of 1 GPU, minReplicas 2, so its
 capacity is 2 x 17712 tokens/s whether its instances are ready yet or not (the profile's floor
@@ -211,6 +212,19 @@ def test_the_pools_fleet_runs_owned_by_the_pool_and_its_claims_get_the_ready_ins
     assert statefulset is not None and statefulset["spec"]["replicas"] == 1
     apply(kubectl, namespace, POOL, "shared")
     eventually(lambda: serving(2), timeout=30, interval=0.2, what="2 ready instances once scaled back")
+    # a pod replaced, nothing of the pool or its claims changing: only the children's events bring
+    # its new address (kwok gives it another; without them this timed out: checked)
+    replaced = get(kubectl, namespace, "pod", f"{FLEET}-0")
+    assert replaced is not None
+    kubectl.ok("delete", "pod", f"{FLEET}-0", "-n", namespace)
+
+    def replacement_served() -> bool:
+        pod = get(kubectl, namespace, "pod", f"{FLEET}-0")
+        return pod is not None and pod["metadata"]["uid"] != replaced["metadata"]["uid"] and serving(2)
+
+    eventually(
+        replacement_served, timeout=30, interval=0.2, what="the replaced pod's address in the endpoints"
+    )
 
 
 def test_a_deleted_claim_frees_its_share_and_the_pool_waits_for_the_bound_ones(

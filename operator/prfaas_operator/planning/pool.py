@@ -161,7 +161,8 @@ def fleet_seen(
 ) -> FleetSeen:
     """What the pool's workload and pods say: its ready instances, and the endpoints its claims get
     (only pods of the pool's fingerprint, the layout the claims were bound against)."""
-    observed = workload is not None and "observedGeneration" in (workload.get("status") or {})
+    # observed once its controller has written its status (a LeaderWorkerSet has no observedGeneration)
+    observed = bool((workload or {}).get("status"))
     fingerprint = kv_fingerprint(pool.model)
     fleet = pool.prefill
     mine = [pod for pod in pods if pod.fingerprint == fingerprint]

@@ -135,6 +135,8 @@ def test_the_claims_endpoints_are_the_ready_instances_of_the_pools_layout() -> N
     # not observed yet: no workload, or one its controller has not reported on
     assert pool.fleet_seen(POOL, None, []).ready_replicas is None
     assert pool.fleet_seen(POOL, statefulset(None), []).ready_replicas is None
+    group = {"kind": LWS_KIND, "status": {"readyReplicas": 1, "replicas": 2}}  # no observedGeneration
+    assert pool.fleet_seen(POOL, group, []).ready_replicas == 1
 
 
 @given(
