@@ -172,6 +172,7 @@ def test_gateway_on_off_and_without_the_inference_pool_kind(
         picker = objects["Deployment"]
         (container,) = picker.spec.template.spec.containers
         assert picker.spec.replicas == 2 and container.readinessProbe.grpc.port == 9003
+        assert "--picker-tls-self-signed" in container.args  # TLS on the ext_proc port by default
         assert (
             container.securityContext.readOnlyRootFilesystem
             and picker.spec.template.spec.securityContext.runAsNonRoot
