@@ -291,6 +291,7 @@ class Reconciler:
                 same_cache = not isinstance(remote, Problem) and remote[1] is remote_cache
                 prefill_seen = prefill_cluster.observe(spec, owner, remote)
             else:  # a shared pool's controller runs its prefills: this CR's one object there is its claim
+                self._caches.forget(owner.uid)  # a fleet's cache it watched before stops (no request)
                 claim = await self._prefill.claim(spec, spec.pool_claim, owner, mem)
                 reachable, same_cache = claim.problem is None, False
                 prefill_seen = ClusterObservation(claim.problem)
