@@ -524,6 +524,9 @@ def test_explain_shows_the_descriptions(kubectl: Kubectl, namespace: str) -> Non
     assert "LeaderWorkerSet" in nodes and "--node-rank" in nodes
     gateway = " ".join(kubectl.ok("explain", "prfaas.spec.gateway.inferencePool").split())
     assert "InferencePool (inference.networking.k8s.io/v1)" in gateway and "failureMode" in gateway
+    claim = " ".join(kubectl.ok("explain", "prfaas.spec.poolClaim").split())
+    assert "PrfaasPool shared with other PD clusters" in claim and "condition PoolClaimBound" in claim
+    assert "claimName" in claim and "guaranteedTokensPerSecond" in claim
 
 
 def test_status_the_operator_writes_is_kept_and_shown_in_printer_columns(
