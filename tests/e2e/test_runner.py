@@ -1,7 +1,8 @@
 """The runner on the testbed: pods it runs, readiness that follows the process, restarts, stops, volumes.
 
 Bare pods (no operator) in a namespace of their own, run by a runner child process, exactly as
-the demo runs it: an engine pod on an H200 node, a router pod whose config is a ConfigMap.
+the demo runs it: an engine pod on an H200 node, a router pod whose config is a ConfigMap, a picker
+pod whose readiness is a gRPC probe.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import lightkube
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod
 from prfaas_core.vocabulary import GPU_PRODUCT_LABEL, GPU_RESOURCE, LABEL_ROLE, Role
@@ -230,3 +233,112 @@ def test_router_config_follows_its_configmap(runner: Path, pd_client: lightkube.
     time.sleep(1)
     final = pod_status(runner, "router-a")
     assert final is not None and final["restarts"] == 0 and final["pid"] == running["pid"]
+
+
+PICKER_CONFIG = {
+    "schema": "prfaas.io/router-config/v1",
+    "version": 1,
+    "served_model_name": "m",
+    "threshold_tokens": 4096,
+    "block_size_tokens": 64,
+    "chars_per_token": 4.0,
+    "link": {"bandwidth_bytes_per_second": 1.25e9, "headroom": 0.8, "latency_seconds": 0.001},
+    "kv_size": {"bytes_per_token": 17143.0, "fixed_bytes": 1.8e8},
+    "prefill_time": {
+        "prfaas": {"c0": 0.389, "c1": 4.107e-5, "c2": 9.476e-11},
+        "local": {"c0": 0.570, "c1": 1.170e-4, "c2": 6.347e-10},
+    },
+    "slo": {"ttft_seconds": 10.0, "tpot_seconds": 0.05},
+    "pools": {"prfaas_prefill": [], "local_prefill": [], "decode": []},
+}
+"""A router config the picker accepts: its gRPC readiness is SERVING once it holds one."""
+
+
+def readiness(ip: str) -> int | None:
+    """The picker's grpc.health.v1 answer for `readiness` on its health port; None: no answer."""
+    with grpc.insecure_channel(f"{ip}:9003") as channel:
+        try:
+            answer = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service="readiness"), timeout=2
+            )
+        except grpc.RpcError:
+            return None
+    return int(answer.status)
+
+
+def test_a_picker_pod_is_ready_when_its_grpc_health_says_serving(
+    runner: Path, pd_client: lightkube.Client
+) -> None:
+    """The operator's picker probe (grpc on the health port, service readiness), run by the runner:
+    not Ready while the picker holds no config, Ready once it does."""
+
+    def config(document: dict[str, Any]) -> ConfigMap:
+        return ConfigMap(
+            metadata=ObjectMeta(name="picker-config", namespace=NAMESPACE),
+            data={"router-config.json": json.dumps(document)},
+        )
+
+    pd_client.apply(config({"not": "a router config"}), field_manager="prfaas-tests")
+    pd_client.create(
+        pod_of(
+            {
+                "metadata": {"name": "picker-a", "namespace": NAMESPACE, "labels": {LABEL_ROLE: Role.PICKER}},
+                "spec": {
+                    "nodeSelector": {"prfaas.io/testbed-pool": "cpu"},
+                    "tolerations": [
+                        {
+                            "key": "prfaas.io/testbed-pool",
+                            "operator": "Equal",
+                            "value": "cpu",
+                            "effect": "NoSchedule",
+                        }
+                    ],
+                    "containers": [
+                        {
+                            "name": "router",
+                            "image": "ghcr.io/prfaas/prfaas:0.1.0",
+                            "command": ["prfaas-router"],
+                            "args": [
+                                "--config",
+                                "/etc/prfaas/router-config.json",
+                                "--host",
+                                "0.0.0.0",
+                                "--port",
+                                "8000",
+                                "--picker-port",
+                                "9002",
+                                "--picker-health-port",
+                                "9003",
+                            ],
+                            "readinessProbe": {
+                                "grpc": {"port": 9003, "service": "readiness"},
+                                "periodSeconds": 1,
+                            },
+                            "volumeMounts": [
+                                {"name": "config", "mountPath": "/etc/prfaas", "readOnly": True}
+                            ],
+                        }
+                    ],
+                    "volumes": [{"name": "config", "configMap": {"name": "picker-config"}}],
+                },
+            }
+        )
+    )
+    running = wait_until(
+        "the picker to run", lambda: (p := pod_status(runner, "picker-a")) and p["pid"] and p, 60
+    )
+    wait_until(
+        "its health port to answer NOT_SERVING (no config yet)",
+        lambda: readiness(running["ip"]) == health_pb2.HealthCheckResponse.NOT_SERVING,
+        30,
+    )
+    time.sleep(1)  # the runner's probes see it too (every 0.5 s)
+    assert pod_ready(pd_client, "picker-a") == (False, 0)
+    pd_client.apply(config(PICKER_CONFIG), field_manager="prfaas-tests")
+    wait_until(
+        "Ready once the picker holds a config", lambda: pod_ready(pd_client, "picker-a") == (True, 0), 30
+    )
+    final = wait_until(
+        "the runner's status to say so", lambda: (p := pod_status(runner, "picker-a")) and p["ready"] and p, 5
+    )
+    assert final["pid"] == running["pid"] and final["restarts"] == 0
