@@ -16,7 +16,7 @@ import yaml
 from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.models.authentication_v1 import BoundObjectReference, TokenRequestSpec
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import ConfigMap, Node, Pod, ServiceAccount
+from lightkube.resources.core_v1 import ConfigMap, Node, Pod, Secret, ServiceAccount
 
 from prfaas_testbed.clusters import Cluster, Testbed
 from prfaas_testbed.pod_workloads import PodFacts
@@ -69,14 +69,19 @@ class PodApi:
                 raise
         return self._nodes[key]
 
-    async def configmap_data(self, cluster: Cluster, namespace: str, name: str) -> dict[str, bytes] | None:
-        """A ConfigMap's keys as file contents, or None when it does not exist."""
+    async def volume_data(
+        self, cluster: Cluster, namespace: str, kind: str, name: str
+    ) -> dict[str, bytes] | None:
+        """A ConfigMap's or Secret's keys as file contents, or None when it does not exist."""
+        resource = Secret if kind == "Secret" else ConfigMap
         try:
-            found = as_dict(await self.clients[cluster].get(ConfigMap, name, namespace=namespace))
+            found = as_dict(await self.clients[cluster].get(resource, name, namespace=namespace))
         except ApiError as err:
             if err.status.code == 404:
                 return None
             raise
+        if resource is Secret:  # a Secret's data is base64, as binaryData is
+            return {key: base64.b64decode(value) for key, value in (found.get("data") or {}).items()}
         data = {key: value.encode() for key, value in (found.get("data") or {}).items()}
         data.update({key: base64.b64decode(value) for key, value in (found.get("binaryData") or {}).items()})
         return data

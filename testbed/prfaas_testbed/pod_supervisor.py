@@ -1,7 +1,7 @@
 """One pod's process, run for as long as the pod exists: the runner's part of a kubelet.
 
 Per pod it waits until an earlier pod's process on the same IP has exited (kwok reuses freed
-IPs); keeps the files of its ConfigMap volumes in sync; for the operator, writes a kubeconfig
+IPs); keeps the files of its ConfigMap and Secret volumes in sync; for the operator, writes a kubeconfig
 with a pod-bound token of its ServiceAccount; probes the readinessProbe and writes the pod's
 Ready condition from the answer; restarts a process that exits, with a bounded exponential
 backoff, counting restarts; stops it (SIGTERM, then SIGKILL after the pod's grace period,
@@ -271,13 +271,13 @@ class PodSupervisor:
         return True
 
     async def _sync_volumes(self) -> bool:
-        """Write each ConfigMap volume's keys as files (atomically, only when changed)."""
+        """Write each ConfigMap and Secret volume's keys as files (atomically, only when changed)."""
         complete = True
-        for volume in self.spec.configmaps:
-            data = await self._api.configmap_data(self.cluster, self.facts.namespace, volume.configmap)
+        for volume in self.spec.volumes:
+            data = await self._api.volume_data(self.cluster, self.facts.namespace, volume.kind, volume.name)
             if data is None:
                 if not volume.optional:
-                    self.state = f"waiting for ConfigMap {volume.configmap}"
+                    self.state = f"waiting for {volume.kind} {volume.name}"
                     complete = False
                 continue
             volume.directory.mkdir(parents=True, exist_ok=True)
@@ -343,7 +343,9 @@ class PodSupervisor:
     async def _probe_while_running(self, process: asyncio.subprocess.Process, probe: Probe) -> bool | None:
         """One probe with the pod's own timeout, as the kubelet runs it; None when the process
         exits or the pod is stopped first (the probe's thread then ends at its timeout)."""
-        probing: asyncio.Future[bool] = asyncio.get_running_loop().run_in_executor(PROBES, probe_passes, probe)
+        probing: asyncio.Future[bool] = asyncio.get_running_loop().run_in_executor(
+            PROBES, probe_passes, probe
+        )
         interrupts: set[asyncio.Future[Any]] = {
             asyncio.ensure_future(process.wait()),
             asyncio.ensure_future(self._stop.wait()),

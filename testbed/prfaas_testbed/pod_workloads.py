@@ -35,7 +35,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Literal
 
 from prfaas_core.vocabulary import GPU_PRODUCT_LABEL, LABEL_ROLE
 from prfaas_operator.api import last_flag_value
@@ -181,10 +181,11 @@ Probe = HttpProbe | GrpcProbe
 
 
 @dataclass(frozen=True)
-class ConfigMapVolume:
-    """A ConfigMap volume: the runner writes the ConfigMap's keys as files into ``directory``."""
+class ObjectVolume:
+    """A ConfigMap or Secret volume: the runner writes the object's keys as files into ``directory``."""
 
-    configmap: str
+    kind: Literal["ConfigMap", "Secret"]
+    name: str
     directory: Path
     optional: bool = False
 
@@ -200,7 +201,7 @@ class LocalProcess:
     env: Mapping[str, str]
     readiness: Probe | None
     metrics_port: int | None
-    configmaps: tuple[ConfigMapVolume, ...] = ()
+    volumes: tuple[ObjectVolume, ...] = ()
     service_account: str | None = None
     """The operator runs as this ServiceAccount (the runner mints its token)."""
     kubeconfig_path: Path | None = None
@@ -379,26 +380,26 @@ def readiness_probe(facts: PodFacts) -> Probe | None:
     raise PodWorkloadError(f"pod {facts.key}: only httpGet and grpc readiness probes are supported")
 
 
-def _configmap_volumes(
-    facts: PodFacts, volumes_dir: Path
-) -> tuple[tuple[ConfigMapVolume, ...], dict[str, Path]]:
-    """ConfigMap volumes and the local directory standing in for each mount path."""
+def _object_volumes(facts: PodFacts, volumes_dir: Path) -> tuple[tuple[ObjectVolume, ...], dict[str, Path]]:
+    """ConfigMap and Secret volumes and the local directory standing in for each mount path."""
     by_name = {volume.get("name"): volume for volume in facts.volumes}
-    found: list[ConfigMapVolume] = []
+    found: list[ObjectVolume] = []
     mounts: dict[str, Path] = {}
     for mount in facts.container.get("volumeMounts") or []:
         volume = by_name.get(mount.get("name"))
         if volume is None:
             raise PodWorkloadError(f"pod {facts.key}: volumeMount {mount.get('name')!r} names no volume")
-        source = volume.get("configMap")
-        if source is None:
+        kind: Literal["ConfigMap", "Secret"]
+        if (source := volume.get("configMap")) is not None:
+            kind, name = "ConfigMap", source.get("name")
+        elif (source := volume.get("secret")) is not None:
+            kind, name = "Secret", source.get("secretName")
+        else:
             continue  # emptyDir and the like: the host's own directories serve
         if source.get("items") or mount.get("subPath"):
-            raise PodWorkloadError(
-                f"pod {facts.key}: ConfigMap volume {volume['name']!r} uses items or subPath"
-            )
+            raise PodWorkloadError(f"pod {facts.key}: {kind} volume {volume['name']!r} uses items or subPath")
         directory = volumes_dir / str(volume["name"])
-        found.append(ConfigMapVolume(str(source["name"]), directory, bool(source.get("optional", False))))
+        found.append(ObjectVolume(kind, str(name), directory, bool(source.get("optional", False))))
         mounts[str(mount["mountPath"]).rstrip("/")] = directory
     return tuple(found), mounts
 
@@ -543,7 +544,7 @@ def local_process(
     if kind is None:
         return None
     env = container_environment(facts, base_env)
-    configmaps, mounts = _configmap_volumes(facts, pod_dir / "volumes")
+    volumes, mounts = _object_volumes(facts, pod_dir / "volumes")
     args = _pod_args(facts, env, mounts, hosts or {})
     role = facts.labels.get(LABEL_ROLE) or kind.value
     notes: list[str] = []
@@ -606,7 +607,7 @@ def local_process(
         env=env,
         readiness=readiness,
         metrics_port=metrics_port,
-        configmaps=configmaps,
+        volumes=volumes,
         service_account=service_account,
         kubeconfig_path=kubeconfig_path,
         termination_grace_seconds=facts.termination_grace_seconds,

@@ -7,6 +7,8 @@ pod whose readiness is a gRPC probe.
 
 from __future__ import annotations
 
+import base64
+import datetime
 import ipaddress
 import json
 import os
@@ -23,8 +25,9 @@ import lightkube
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod
+from lightkube.resources.core_v1 import ConfigMap, Namespace, Pod, Secret
 from prfaas_core.vocabulary import GPU_PRODUCT_LABEL, GPU_RESOURCE, LABEL_ROLE, Role
+from prfaas_router.picker import self_signed
 from prfaas_testbed.clusters import Cluster, Testbed
 from prfaas_testbed.system import wait_until
 
@@ -270,7 +273,8 @@ def test_a_picker_pod_is_ready_when_its_grpc_health_says_serving(
     runner: Path, pd_client: lightkube.Client
 ) -> None:
     """The operator's picker probe (grpc on the health port, service readiness), run by the runner:
-    not Ready while the picker holds no config, Ready once it does."""
+    not Ready while the picker holds no config, Ready once it does; its TLS certificate from a
+    Secret volume the runner materialises (the picker reads it at start)."""
 
     def config(document: dict[str, Any]) -> ConfigMap:
         return ConfigMap(
@@ -279,6 +283,18 @@ def test_a_picker_pod_is_ready_when_its_grpc_health_says_serving(
         )
 
     pd_client.apply(config({"not": "a router config"}), field_manager="prfaas-tests")
+    key, certificate = self_signed(datetime.datetime.now(datetime.UTC))
+    pd_client.apply(  # its ext_proc port's certificate, as a kubernetes.io/tls Secret
+        Secret(
+            metadata=ObjectMeta(name="picker-cert", namespace=NAMESPACE),
+            type="kubernetes.io/tls",
+            data={
+                "tls.crt": base64.b64encode(certificate).decode(),
+                "tls.key": base64.b64encode(key).decode(),
+            },
+        ),
+        field_manager="prfaas-tests",
+    )
     pd_client.create(
         pod_of(
             {
@@ -309,17 +325,23 @@ def test_a_picker_pod_is_ready_when_its_grpc_health_says_serving(
                                 "9002",
                                 "--picker-health-port",
                                 "9003",
+                                "--picker-tls-dir",
+                                "/etc/prfaas-picker-tls",
                             ],
                             "readinessProbe": {
                                 "grpc": {"port": 9003, "service": "readiness"},
                                 "periodSeconds": 1,
                             },
                             "volumeMounts": [
-                                {"name": "config", "mountPath": "/etc/prfaas", "readOnly": True}
+                                {"name": "config", "mountPath": "/etc/prfaas", "readOnly": True},
+                                {"name": "tls", "mountPath": "/etc/prfaas-picker-tls", "readOnly": True},
                             ],
                         }
                     ],
-                    "volumes": [{"name": "config", "configMap": {"name": "picker-config"}}],
+                    "volumes": [
+                        {"name": "config", "configMap": {"name": "picker-config"}},
+                        {"name": "tls", "secret": {"secretName": "picker-cert"}},
+                    ],
                 },
             }
         )

@@ -141,8 +141,8 @@ def test_router_pod_reads_its_config_from_a_local_copy_of_the_configmap(tmp_path
     process = translate(pod, H20_NODE, tmp_path)
     assert process.kind is WorkloadKind.ROUTER and process.role == "router"
     assert process.argv[0] == "/venv/bin/prfaas-router"
-    [volume] = process.configmaps
-    assert volume.configmap == "kimi-linear-router-config"
+    [volume] = process.volumes
+    assert (volume.kind, volume.name) == ("ConfigMap", "kimi-linear-router-config")
     assert flag(process.argv, "--config") == str(volume.directory / "router-config.json")
     assert volume.directory.is_relative_to(tmp_path)
     assert flag(process.argv, "--host") == "127.200.2.4"
@@ -164,6 +164,16 @@ def test_picker_pod_runs_the_router_with_its_picker_ports_probed_over_grpc_healt
     assert process.readiness == GrpcProbe(
         host="127.200.2.5", port=9003, service="readiness", timeout_seconds=3.0, failure_threshold=3
     )
+
+
+def test_a_picker_tls_secret_becomes_a_local_directory_the_picker_is_pointed_at(tmp_path: Path) -> None:
+    gateway_spec = {"inferencePool": {"enabled": True}, "picker": {"tls": {"secretName": "picker-cert"}}}
+    spec = SPEC.model_copy(update={"gateway": GatewaySpec.model_validate(gateway_spec)})
+    pod = pod_from(picker_deployment(spec, OWNER, None), "kimi-linear-picker-abc", "127.200.2.5", H20_NODE)
+    process = translate(pod, H20_NODE, tmp_path)
+    [secret] = [volume for volume in process.volumes if volume.kind == "Secret"]
+    assert secret.name == "picker-cert" and secret.directory.is_relative_to(tmp_path)
+    assert flag(process.argv, "--picker-tls-dir") == str(secret.directory)
 
 
 def test_a_grpc_probe_passes_only_while_its_service_is_serving(unused_tcp_port: int) -> None:
