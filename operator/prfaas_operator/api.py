@@ -1582,6 +1582,12 @@ class PrefillClusterPlacement(_Model):
     namespace: str = Field(description="The namespace in that cluster.")
 
 
+class PoolClaimPlacement(PrefillClusterPlacement):
+    """Where the operator wrote a CR's PrfaasPoolClaim: the Secret, the pool's namespace, the name."""
+
+    name: str = Field(description="The claim's name.")
+
+
 class PrfaasDeploymentStatus(_Model):
     """What the operator observed and did."""
 
@@ -1613,6 +1619,11 @@ class PrfaasDeploymentStatus(_Model):
         "are not deleted yet. The operator deletes them there once the new placement is served, retrying while "
         "that cluster cannot be reached (Degraded, reason LeftBehindNotCleaned, says why); kept here so a "
         "restart still knows where to clean.",
+    )
+    pool_claim_placement: PoolClaimPlacement | None = Field(
+        default=None,
+        description="Where this CR's PrfaasPoolClaim is, as last applied: the operator deletes it there once "
+        "spec.poolClaim points elsewhere (namespace, claimName, the Secret) or is removed, and with the CR.",
     )
 
 

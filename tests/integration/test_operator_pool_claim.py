@@ -185,6 +185,29 @@ def test_a_deployment_on_a_shared_pool_claims_it_routes_within_its_share_and_let
         what="eu's claim deleted with eu",
     )
     assert claim(prfaas_client, "odd", pools) is not None, "only its own claim goes"
+    # odd's claim renamed: the old one goes (its share would stay taken), the new one is written
+    renamed = deployment("odd", local, pools, pageSize=32)
+    renamed["spec"]["poolClaim"]["claimName"] = "odd-2"
+    pd.ok("apply", "-f", "-", stdin=yaml.safe_dump(renamed))
+    eventually(
+        lambda: (
+            claim(prfaas_client, "odd", pools) is None and claim(prfaas_client, "odd-2", pools) is not None
+        ),
+        timeout=20,
+        interval=0.2,
+        what="odd's claim replaced by odd-2",
+    )
+
+    def placement() -> dict[str, Any]:
+        found = get_or_none(pd_client, PrfaasDeploymentResource, "odd", local) or {}
+        return dict((found.get("status") or {}).get("poolClaimPlacement") or {})
+
+    eventually(
+        lambda: placement().get("name") == "odd-2" and placement().get("namespace") == pools,
+        timeout=10,
+        interval=0.2,
+        what="odd's status naming the claim it placed",
+    )
 
 
 def test_a_deployment_moved_from_its_own_fleet_to_the_pool_leaves_no_fleet_and_rolls_no_local_engine(

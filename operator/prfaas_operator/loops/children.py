@@ -18,7 +18,7 @@ from prfaas_core.vocabulary import ANNOTATION_CREATED_BY, LABEL_MANAGED_BY, MANA
 from prfaas_operator import RECONCILE_LOGGER
 from prfaas_operator.adapters.cluster_caches import ADD_ON_KINDS, PRFAAS_OWNED_KINDS
 from prfaas_operator.adapters.kube import NOT_SERVED, Cluster, ClusterError
-from prfaas_operator.api import PrefillClusterPlacement
+from prfaas_operator.api import PoolClaimPlacement, PrefillClusterPlacement
 from prfaas_operator.planning import observation, workloads
 from prfaas_operator.planning.analysis import Observed
 from prfaas_operator.planning.data_path import NOT_LOOKED_AT, DataPath
@@ -45,9 +45,10 @@ class Memory:
     backoff: RemoteBackoff = field(default_factory=RemoteBackoff)
     pruned_for: tuple[Any, ...] | None = None
     namespace_ensured: str | None = None  # PrfaaS namespace known to exist (re-checked after a failure)
-    placement_known: bool = False  # placed and left_behind read from status (once after a start)
+    placement_known: bool = False  # placed, left_behind, claim_placed read from status (once after a start)
     placed: PrefillClusterPlacement | None = None  # the kubeconfigSecretRef and namespace last applied to
     left_behind: list[PrefillClusterPlacement] = field(default_factory=list)  # moved out of, not cleaned yet
+    claim_placed: PoolClaimPlacement | None = None  # where spec.poolClaim's claim was last applied
     cleanup_backoff: RemoteBackoff = field(default_factory=RemoteBackoff)  # cleaning what is left behind
     router_config: RouterConfig | None = None  # last written; the ConfigMap is read only when unknown
     applied: dict[observation.ChildKey, Applied] = field(default_factory=dict)

@@ -30,7 +30,13 @@ from prfaas_operator.adapters.kube import (
     Clusters,
 )
 from prfaas_operator.adapters.metrics import OperatorMetrics
-from prfaas_operator.api import PoolClaimRef, PoolClaimStatus, PrefillClusterPlacement, PrfaasDeploymentSpec
+from prfaas_operator.api import (
+    PoolClaimPlacement,
+    PoolClaimRef,
+    PoolClaimStatus,
+    PrefillClusterPlacement,
+    PrfaasDeploymentSpec,
+)
 from prfaas_operator.loops.children import (
     Manifest,
     Memory,
@@ -41,7 +47,7 @@ from prfaas_operator.loops.children import (
 )
 from prfaas_operator.planning import observation, remote_backoff
 from prfaas_operator.planning.manifests import Owner, label_value, owner_selector, prefill_cluster_namespace
-from prfaas_operator.planning.pool_claim import ClaimSeen, claim_manifest, claim_name
+from prfaas_operator.planning.pool_claim import ClaimSeen, claim_manifest, claim_name, claim_to_delete
 from prfaas_operator.planning.reconcile_pass import ReconcileOptions, stale_children
 from prfaas_operator.planning.status import LEFT_BEHIND, ClusterObservation, Problem
 
@@ -150,16 +156,57 @@ class PrefillClusterSide:
                 problem=Problem("UnreadableClaimStatus", f"the status of {CLAIM_KIND} {where} is unreadable")
             )
 
-    async def delete_claim(self, spec: PrfaasDeploymentSpec, ref: PoolClaimRef, owner: Owner) -> None:
-        """Delete this CR's claim (its share goes back to the pool); raises ClusterError."""
+    async def delete_claim(self, owner: Owner, placement: PoolClaimPlacement) -> None:
+        """Delete a claim of this CR (its share goes back to the pool); raises ClusterError."""
         cluster = await self.clusters.prefill_cluster(
-            owner.namespace, spec.prefill_cluster.kubeconfig_secret_ref, allow_cached=True
+            owner.namespace, placement.kubeconfig_secret_ref, allow_cached=True
         )
-        name = claim_name(ref, owner)
-        if await cluster.delete(CLAIM_KIND, name, ref.namespace):
-            log.info(
-                "%s: deleted %s %s/%s in the %s", owner.key, CLAIM_KIND, ref.namespace, name, cluster.name
-            )
+        if await cluster.delete(CLAIM_KIND, placement.name, placement.namespace):
+            where = f"{placement.namespace}/{placement.name}"
+            log.info("%s: deleted %s %s in the %s", owner.key, CLAIM_KIND, where, cluster.name)
+
+    async def retire_claim(
+        self, owner: Owner, mem: Memory, now: PoolClaimPlacement | None
+    ) -> tuple[list[Problem], list[Problem]]:
+        """Delete the claim this CR last applied once spec.poolClaim points elsewhere or is gone
+        (`now`: the claim in use, applied this pass, or None), then remember `now`; (problems while
+        it cannot be deleted yet, warnings for one given up: its Secret gone, or deleting refused)."""
+        old = claim_to_delete(mem.claim_placed, now)
+        if old is not None:
+            where = f"{CLAIM_KIND} {old.namespace}/{old.name}"
+            try:
+                await self.delete_claim(owner, old)
+            except ClusterError as err:
+                self.clusters.recheck(owner.namespace, old.kubeconfig_secret_ref)
+                if not cleanup_gives_up(err.problem):
+                    return [Problem(LEFT_BEHIND, f"cannot delete yet {where}: {err.problem.message}")], []
+                warning = Problem(
+                    LEFT_BEHIND, f"not deleting {where}: {err.problem.message}; delete it by hand"
+                )
+                log.warning("%s: %s", owner.key, warning.message)
+                mem.claim_placed = now
+                return [], [warning]
+        mem.claim_placed = now
+        return [], []
+
+    async def delete_claims(
+        self, owner: Owner, mem: Memory, current: PoolClaimPlacement | None
+    ) -> tuple[Problem, str] | None:
+        """As the CR goes: its claim (`current`) and the one it last applied when that is another
+        (given up, logged, where its Secret is gone or deleting is refused); None when done, else
+        the problem and the claim left."""
+        claims = [placement for placement in (current, mem.claim_placed) if placement is not None]
+        for placement in [p for i, p in enumerate(claims) if p not in claims[:i]]:
+            try:
+                await self.delete_claim(owner, placement)
+            except ClusterError as err:
+                where = f"{CLAIM_KIND} {placement.namespace}/{placement.name}"
+                if placement != current and cleanup_gives_up(err.problem):
+                    log.warning("%s: not deleting %s: %s", owner.key, where, err.problem.message)
+                    continue
+                return err.problem, where
+        mem.claim_placed = None
+        return None
 
     def failed(self, spec: PrfaasDeploymentSpec, owner: Owner, mem: Memory, problem: Problem) -> Problem:
         """Count and log a failure, and back off (from when it failed, not when the pass began);

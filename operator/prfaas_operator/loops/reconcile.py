@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from prfaas_core.vocabulary import CLAIM_KIND, LABEL_INSTANCE, LABEL_OWNER, LWS_KIND, Role
+from prfaas_core.vocabulary import LABEL_INSTANCE, LABEL_OWNER, LWS_KIND, Role
 from pydantic import ValidationError
 
 from prfaas_operator.adapters.cluster_caches import PRFAAS_OWNED_KINDS, ClusterCaches
@@ -43,7 +43,7 @@ from prfaas_operator.planning import observation, remote_backoff
 from prfaas_operator.planning.analysis import Observed
 from prfaas_operator.planning.data_path import DataPath
 from prfaas_operator.planning.manifests import Names, Owner, label_value, selector_labels
-from prfaas_operator.planning.pool_claim import claim_name
+from prfaas_operator.planning.pool_claim import claim_in_use, claim_placement
 from prfaas_operator.planning.reconcile_pass import (
     Applies,
     Instant,
@@ -310,6 +310,8 @@ class Reconciler:
             if plan.router_config.action == "build" and plan.router_config.config is not None:
                 budget = plan.router_config.config.link.budget_bytes_per_second
                 self.metrics.link_budget.labels(owner.namespace, owner.name).set(budget)
+            in_use = claim_in_use(spec, owner, claim, mem.claim_placed)
+            claim_cleanup = await self._prefill.retire_claim(owner, mem, in_use)  # a claim moved or removed
             remote_side = (
                 self._prefill.apply(
                     spec,
@@ -329,6 +331,8 @@ class Reconciler:
         finally:
             engines_problem = await engines_applied
         replaced, extra_problems, left_behind_warnings = remote_result
+        extra_problems = [*extra_problems, *claim_cleanup[0]]
+        left_behind_warnings = [*left_behind_warnings, *claim_cleanup[1]]
         applies = Applies(
             engines_problem, router_problem, replaced, extra_problems, finished_at=self._clock()
         )
@@ -343,6 +347,7 @@ class Reconciler:
             update={
                 "prefill_cluster_placement": mem.placed,
                 "prefill_cluster_left_behind": list(mem.left_behind),
+                "pool_claim_placement": mem.claim_placed,
             }
         )
         outcome = await self._write_status(owner, metadata, previous, status, mem)
@@ -477,23 +482,19 @@ class Reconciler:
             spec = PrfaasDeploymentSpec.model_validate(body.get("spec") or {})
         except ValidationError:
             return DeleteOutcome(True)  # nothing was ever built from an invalid spec
-        if spec.pool_claim is not None:
-            # its one object there is its claim (the pool's controller frees its share), and a
-            # fleet it ran before joining the pool
-            ref = spec.pool_claim
-            _recall_placement(mem, read_status(body.get("status")))
+        _recall_placement(mem, read_status(body.get("status")))
+        current = claim_placement(spec, owner)
+        async with mem.lock:  # its claims first (the pool's controller frees their shares)
+            claim_left = await self._prefill.delete_claims(owner, mem, current)
+        if claim_left is not None:
+            return DeleteOutcome(False, claim_left[0], [claim_left[1]])
+        if current is not None:  # on a pool: a fleet it ran before joining it
             async with mem.lock:
-                try:
-                    await self._prefill.delete_claim(spec, ref, owner)
-                except ClusterError as err:
-                    left = [f"{CLAIM_KIND} {ref.namespace}/{claim_name(ref, owner)}"]
-                    return DeleteOutcome(False, err.problem, left)
                 _, problems, _ = await self._prefill.leave_fleet(owner, mem, clean=True)
-            if problems:  # a fleet it ran before joining the pool is not cleaned yet
+            if problems:
                 return DeleteOutcome(False, problems[0], [p.message for p in problems])
             self.forget(metadata)
             return DeleteOutcome(True)
-        _recall_placement(mem, read_status(body.get("status")))
         namespace, workload = spec.prefill_cluster.namespace, Names.of(owner.name).prfaas_prefill
         left = [f"{kind} {namespace}/{workload}" for kind in PRFAAS_OWNED_KINDS]
         async with mem.lock:  # no pass of the periodic loop may re-create what we delete
@@ -506,11 +507,12 @@ class Reconciler:
 
 
 def _recall_placement(mem: Memory, previous: PrfaasDeploymentStatus) -> None:
-    """Once after a start: where the PrfaaS objects were placed and what was left behind, from
-    status (a move while the operator was down is then still cleaned)."""
+    """Once after a start: where the PrfaaS objects and the pool claim were placed and what was
+    left behind, from status (a move while the operator was down is then still cleaned)."""
     if not mem.placement_known:
         mem.placed = previous.prefill_cluster_placement
         mem.left_behind = list(previous.prefill_cluster_left_behind)
+        mem.claim_placed = previous.pool_claim_placement
         mem.placement_known = True
 
 

@@ -14,7 +14,13 @@ from typing import Any
 from prfaas_core.router_config import Endpoint, PoolShare, RouterConfig
 from prfaas_core.vocabulary import API_VERSION, CLAIM_KIND, LABEL_MANAGED_BY, LABEL_OWNER, MANAGER
 
-from prfaas_operator.api import PoolClaimRef, PoolClaimSpec, PoolClaimStatus, PrfaasDeploymentSpec
+from prfaas_operator.api import (
+    PoolClaimPlacement,
+    PoolClaimRef,
+    PoolClaimSpec,
+    PoolClaimStatus,
+    PrfaasDeploymentSpec,
+)
 from prfaas_operator.planning.fingerprint import kv_layout
 from prfaas_operator.planning.manifests import Owner, label_value
 from prfaas_operator.planning.pool import BOUND
@@ -59,12 +65,43 @@ def claim_manifest(spec: PrfaasDeploymentSpec, ref: PoolClaimRef, owner: Owner) 
     }
 
 
+def claim_placement(spec: PrfaasDeploymentSpec, owner: Owner) -> PoolClaimPlacement | None:
+    """Where spec.poolClaim's claim goes (None: no poolClaim): the Secret, the namespace, the name."""
+    ref = spec.pool_claim
+    if ref is None:
+        return None
+    return PoolClaimPlacement(
+        kubeconfig_secret_ref=spec.prefill_cluster.kubeconfig_secret_ref,
+        namespace=ref.namespace,
+        name=claim_name(ref, owner),
+    )
+
+
+def claim_to_delete(
+    placed: PoolClaimPlacement | None, now: PoolClaimPlacement | None
+) -> PoolClaimPlacement | None:
+    """The claim this CR wrote and no longer wants: the one last applied, once spec.poolClaim points
+    elsewhere (`now`) or is gone (`now` None). Its share would otherwise stay taken from the pool."""
+    return placed if placed is not None and placed != now else None
+
+
 @dataclass(frozen=True)
 class ClaimSeen:
     """The claim as this pass read it back: its status, or why it could not be read (unknown)."""
 
     status: PoolClaimStatus | None = None
     problem: Problem | None = None
+
+
+def claim_in_use(
+    spec: PrfaasDeploymentSpec, owner: Owner, seen: ClaimSeen | None, placed: PoolClaimPlacement | None
+) -> PoolClaimPlacement | None:
+    """The claim this CR uses now (`seen`: spec.poolClaim's as this pass applied it, None without
+    one): spec's once applied; the one last applied (`placed`) while the PrfaaS cluster fails, so
+    nothing is retired on a failure; None without poolClaim."""
+    if seen is None:
+        return None
+    return claim_placement(spec, owner) if seen.problem is None else placed
 
 
 def binding(seen: ClaimSeen) -> ClaimBinding:

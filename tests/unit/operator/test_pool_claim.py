@@ -21,7 +21,14 @@ from prfaas_operator.api import (
 from prfaas_operator.planning import pool
 from prfaas_operator.planning.fingerprint import kv_fingerprint, kv_layout, layout_fingerprint
 from prfaas_operator.planning.manifests import Names, Owner
-from prfaas_operator.planning.pool_claim import ClaimSeen, cache_salt, claim_manifest
+from prfaas_operator.planning.pool_claim import (
+    ClaimSeen,
+    cache_salt,
+    claim_in_use,
+    claim_manifest,
+    claim_placement,
+    claim_to_delete,
+)
 from prfaas_operator.planning.reconcile_pass import (
     Applies,
     Instant,
@@ -229,3 +236,19 @@ def test_without_a_pool_claim_the_router_config_has_no_salt_nor_share() -> None:
     config = plan.router_config.config
     assert config is not None and config.cache_salt is None and config.pool_share is None
     assert plan.prefill_cluster_manifests, "its own fleet, as before"
+
+
+def test_a_claim_moved_or_removed_is_retired_and_none_on_a_failure() -> None:
+    s = pooled()
+    placed = claim_placement(s, OWNER)
+    assert placed is not None and (placed.namespace, placed.name) == ("prfaas-pools", "kimi-linear")
+    assert placed.kubeconfig_secret_ref == s.prefill_cluster.kubeconfig_secret_ref
+    renamed = claim_placement(pooled(claimName="pd-eu-west"), OWNER)
+    assert claim_to_delete(placed, placed) is None, "steady"
+    assert claim_to_delete(None, placed) is None, "the first claim"
+    assert claim_to_delete(placed, renamed) == placed, "renamed: the old one goes"
+    assert claim_to_delete(placed, None) == placed, "poolClaim removed: its claim goes"
+    applied, failed = ClaimSeen(PoolClaimStatus()), ClaimSeen(problem=Problem(UNREACHABLE, "down"))
+    assert claim_in_use(s, OWNER, applied, renamed) == placed
+    assert claim_in_use(s, OWNER, failed, renamed) == renamed, "a failure retires nothing"
+    assert claim_in_use(spec(), OWNER, None, renamed) is None
