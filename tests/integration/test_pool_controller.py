@@ -3,7 +3,7 @@ the testbed's PrfaaS cluster: claims bound with their shares (prfaas_core.shares
 one with another KV layout refused naming the field; the pool's prefill StatefulSet, Service and
 PodDisruptionBudget applied with an ownerReference to the pool, its readyReplicas, capacity and the
 claims' endpoints following the pods (kwok runs them and marks them ready) through a scale down and
-back and a pod replaced; a deleted claim's share going to the other, and a deleted pool held by
+back and its StatefulSet scaled by hand (put back); a deleted claim's share going to the other, and a deleted pool held by
 its finalizer while a claim is bound, gone once none is, its children with it (the garbage
 collector).
 
@@ -212,19 +212,15 @@ def test_the_pools_fleet_runs_owned_by_the_pool_and_its_claims_get_the_ready_ins
     assert statefulset is not None and statefulset["spec"]["replicas"] == 1
     apply(kubectl, namespace, POOL, "shared")
     eventually(lambda: serving(2), timeout=30, interval=0.2, what="2 ready instances once scaled back")
-    # a pod replaced, nothing of the pool or its claims changing: only the children's events bring
-    # its new address (kwok gives it another; without them this timed out: checked)
-    replaced = get(kubectl, namespace, "pod", f"{FLEET}-0")
-    assert replaced is not None
-    kubectl.ok("delete", "pod", f"{FLEET}-0", "-n", namespace)
+    # its StatefulSet scaled by someone else, nothing of the pool or its claims changing: only the
+    # children's events bring a pass, which puts it back (without them this timed out: checked)
+    kubectl.ok("scale", "statefulset", FLEET, "-n", namespace, "--replicas=1")
 
-    def replacement_served() -> bool:
-        pod = get(kubectl, namespace, "pod", f"{FLEET}-0")
-        return pod is not None and pod["metadata"]["uid"] != replaced["metadata"]["uid"] and serving(2)
+    def put_back() -> bool:
+        found = get(kubectl, namespace, "statefulset", FLEET)
+        return found is not None and found["spec"]["replicas"] == 2 and serving(2)
 
-    eventually(
-        replacement_served, timeout=30, interval=0.2, what="the replaced pod's address in the endpoints"
-    )
+    eventually(put_back, timeout=30, interval=0.2, what="the StatefulSet put back to 2 replicas")
 
 
 def test_a_deleted_claim_frees_its_share_and_the_pool_waits_for_the_bound_ones(

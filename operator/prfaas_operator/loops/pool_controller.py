@@ -10,6 +10,7 @@ from two different views.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import logging
 from collections import defaultdict
@@ -67,10 +68,12 @@ class PoolController:
     async def _fleet(self, pool: PrfaasPool) -> FleetSeen:
         """Apply what drifted of the pool's fleet (not once it is being deleted: its children go with
         it, and its bound claims are served by what runs meanwhile), then observe it. A failed apply
-        is logged and the pass goes on with what runs: the claims' statuses still follow it."""
+        is logged and said in the pool's Ready, and the pass goes on with what runs: the claims'
+        statuses still follow it."""
         owner = pool_owner(pool.metadata)
         wanted = fleet_objects(pool.spec, owner, fleet_replicas(pool.spec))
         live: dict[ChildKey, dict[str, Any] | None] = {}
+        problem = None
         for manifest in wanted:
             key = (manifest["kind"], owner.namespace, manifest["metadata"]["name"])
             live[key] = current = await self.cluster.get(key[0], key[2], key[1])
@@ -83,6 +86,7 @@ class PoolController:
                 live[key] = current = await self.cluster.apply(manifest)
             except ClusterError as err:
                 log.warning("%s: %s", owner.key, err.problem.message)
+                problem = problem or err.problem.message
                 continue
             self._applied[key] = Applied(manifest_hash(manifest), marker(current))
         workload = wanted[0]
@@ -91,11 +95,12 @@ class PoolController:
             namespace=owner.namespace,
             labels={**selector_labels(owner, Role.PRFAAS_PREFILL), LABEL_POOL: label_value(owner.name)},
         )
-        return fleet_seen(
+        seen = fleet_seen(
             pool.spec,
             live[workload["kind"], owner.namespace, workload["metadata"]["name"]],
             [PodInfo.from_manifest(pod) for pod in pods],
         )
+        return dataclasses.replace(seen, problem=problem)
 
 
 def _dump(status: Any) -> dict[str, Any]:

@@ -154,6 +154,9 @@ class FleetSeen:
     reported on it yet."""
     endpoints: list[PoolEndpoint]
     """Its ready instances of the pool's KV fingerprint, by name (a multi-node instance's leader)."""
+    problem: str | None = None
+    """Why applying it failed this pass (the cluster's answer, e.g. no LeaderWorkerSet served): the
+    pool's Ready says so."""
 
 
 def fleet_seen(
@@ -265,17 +268,18 @@ def pool_status(
     previous: PrfaasPoolStatus,
     generation: int | None,
     now: str,
+    problem: str | None = None,
 ) -> PrfaasPoolStatus:
     """The pool's capacity, its consumers with their shares, the claims it refused, Ready and GuaranteesFit
     (no instance ready, or None: not observed; Ready False, CapacityFromProfile, says the capacity is
-    assumed)."""
+    assumed; `problem`: why applying its fleet failed, in Ready's message)."""
     by_name = {claim.name: claim for claim in claims}
     accepted = [by_name[binding.claim] for binding in bindings if binding.accepted]
     guaranteed = sum(claim.spec.guaranteed_tokens_per_second for claim in accepted)
     consumers = [_consumer(claim, division) for claim in accepted]
     floor = floor_tokens_per_second(pool)
     conditions = [
-        _ready(pool, ready_replicas, division, previous=previous, generation=generation, now=now),
+        _ready(pool, ready_replicas, problem, division, previous=previous, generation=generation, now=now),
         condition(
             GUARANTEES_FIT,
             guaranteed <= floor,
@@ -308,6 +312,7 @@ def pool_status(
 def _ready(
     pool: PrfaasPoolSpec,
     ready_replicas: int | None,
+    problem: str | None,
     division: shares.Division,
     *,
     previous: PrfaasPoolStatus,
@@ -316,8 +321,9 @@ def _ready(
 ) -> Condition:
     capacity = f"{division.capacity_tokens_per_second:.0f} tokens/s"
     wanted = fleet_replicas(pool)
+    failed = "" if problem is None else f"; applying the fleet failed: {problem}"
     if ready_replicas:
-        message = f"{ready_replicas}/{wanted} prefill instances ready, {capacity}"
+        message = f"{ready_replicas}/{wanted} prefill instances ready, {capacity}{failed}"
         return condition(
             READY,
             True,
@@ -334,7 +340,7 @@ def _ready(
     )
     message = (
         f"{seen}; capacity {capacity} is assumed from prefillProfile at minReplicas "
-        f"({pool.prefill.replicas_minimum()} instances), and no endpoint is given to the claims"
+        f"({pool.prefill.replicas_minimum()} instances), and no endpoint is given to the claims{failed}"
     )
     return condition(
         READY,
@@ -485,6 +491,7 @@ def pool_pass(
             previous=pool.status,
             generation=generation,
             now=now,
+            problem=fleet.problem,
         )
         deleting = "deletionTimestamp" in pool.metadata
         holding = holding_deletion(bindings) if deleting else None

@@ -218,3 +218,11 @@ def test_while_no_instance_is_ready_the_capacity_is_the_profiles_floor_and_no_en
         assert (ready.status, ready.reason) == ("False", pool.CAPACITY_FROM_PROFILE)
         assert seen in ready.message and "no endpoint is given to the claims" in ready.message
         assert passed.claim_statuses["eu"].endpoints == []
+
+
+def test_a_failed_apply_is_said_in_ready() -> None:
+    failed = "the PrfaaS cluster serves no LeaderWorkerSet"
+    for fleet in (pool.FleetSeen(None, [], failed), pool.FleetSeen(1, [], failed)):
+        status = pool.pool_pass(pool_object(), [], fleet=fleet, now=NOW).pool_status
+        assert status is not None
+        assert ready_condition(status).message.endswith(f"; applying the fleet failed: {failed}")
