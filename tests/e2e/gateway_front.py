@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
 from lightkube.resources.core_v1 import Pod, Service
 from prfaas_operator.adapters.kube import InferencePoolResource
 from prfaas_operator.api import PrfaasDeploymentSpec
@@ -102,16 +101,17 @@ def envoy_in_front(view: PoolView, work: Path) -> Iterator[tuple[str, Path]]:
     port, admin = free_port("127.0.0.1"), free_port("127.0.0.1")
     host, _, picker_port = view.picker.rpartition(":")
     access_log = work / "envoy-access.log"
-    config = yaml.safe_load(
+    path = work / "envoy.yaml"
+    path.write_text(
         envoy_config(
-            port=port, admin=admin, picker=int(picker_port), access_log=access_log, picker_tls=view.tls
+            port=port,
+            admin=admin,
+            picker=int(picker_port),
+            picker_host=host,
+            access_log=access_log,
+            picker_tls=view.tls,
         )
     )
-    (cluster,) = [c for c in config["static_resources"]["clusters"] if c["name"] == "picker"]
-    (endpoint,) = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
-    endpoint["endpoint"]["address"]["socket_address"]["address"] = host
-    path = work / "envoy.yaml"
-    path.write_text(yaml.safe_dump(config))
     with open(work / "envoy.log", "wb") as log:
         envoy = subprocess.Popen(
             [str(fetch_envoy()), *envoy_args(path)], stdout=log, stderr=subprocess.STDOUT

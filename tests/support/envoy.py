@@ -70,7 +70,7 @@ static_resources:
       cluster_name: picker
       endpoints:
       - lb_endpoints:
-        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %(picker)d}}}
+        - endpoint: {address: {socket_address: {address: %(picker_host)s, port_value: %(picker)d}}}
 """
 
 ACCESS_LOG = """
@@ -122,13 +122,14 @@ def envoy_config(
     port: int,
     admin: int,
     picker: int,
+    picker_host: str = "127.0.0.1",
     access_log: Path | None = None,
     response_bodies: bool = False,
     subset: list[str] | None = None,
     picker_tls: bool = False,
     served: str | None = None,
 ) -> str:
-    """Envoy's static config: listening on `port`, its picker on `picker`, all on 127.0.0.1.
+    """Envoy's static config: listening on 127.0.0.1:`port`, its picker at `picker_host`:`picker`.
 
     `response_bodies`: the answers stream through the picker too, as the inference extension's
     own gateways configure it (otherwise NONE, the cheapest); `subset`: a static subset hint;
@@ -139,6 +140,7 @@ def envoy_config(
         "port": port,
         "admin": admin,
         "picker": picker,
+        "picker_host": picker_host,
         "access_log": "" if access_log is None else (ACCESS_LOG % access_log).rstrip("\n"),
         "response_body_mode": "FULL_DUPLEX_STREAMED" if response_bodies else "NONE",
         "response_trailer_mode": "SEND" if response_bodies else "SKIP",
