@@ -233,13 +233,14 @@ async def test_503_when_no_decode_is_ready_and_429_when_admission_sheds(
     assert unavailable.body["error"]["type"] == "service_unavailable"
     assert unavailable.headers["retry-after"] == "1"
 
-    strict = config_doc(
-        cluster.prfaas, cluster.local, cluster.decode, slo={"ttft_seconds": 0.001, "tpot_seconds": 0.05}
-    )
-    _, url, _ = gateway(strict)
+    # no local prefill and a link whose budget no KV fits: every request is shed, whatever the
+    # engines' state (an SLO-based refusal would need a decode loaded by earlier traffic)
+    starved = {"bandwidth_bytes_per_second": 1.0, "headroom": 0.8, "latency_seconds": 0.001}
+    _, url, _ = gateway(config_doc(cluster.prfaas, [], cluster.decode, link=starved))
     shed = await post(client, url + CHAT_PATH, chat(SHORT))
     assert shed.status == 429, shed.body
-    assert shed.body["error"]["type"] == "rate_limit_error"  # the decode's wait breaks the 1 ms TTFT SLO
+    assert shed.body["error"]["type"] == "rate_limit_error"
+    assert shed.body["error"]["code"] == "link_budget"
 
 
 async def test_a_clients_forged_control_headers_are_stripped_and_the_picker_decides(
