@@ -169,6 +169,54 @@ def test_engine_pod_runs_on_its_ip_restarts_after_a_crash_and_stops_with_its_pod
     wait_until("the runner to forget the pod", lambda: pod_status(runner, "engine-a") is None, 10)
 
 
+def router_pod(
+    name: str,
+    extra_args: list[str],
+    *,
+    mounts: list[dict[str, Any]],
+    volumes: list[dict[str, Any]],
+    labels: dict[str, str] | None = None,
+    readiness: dict[str, Any] | None = None,
+) -> Pod:
+    """A pod of the product image's router on the testbed's cpu pool (a kwok node, also where the
+    testbed has real nodes: the runner runs it as a process), its config at /etc/prfaas."""
+    container: dict[str, Any] = {
+        "name": "router",
+        "image": "ghcr.io/prfaas/prfaas:0.1.0",
+        "command": ["prfaas-router"],
+        "args": [
+            "--config",
+            "/etc/prfaas/router-config.json",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "8000",
+            *extra_args,
+        ],
+        "volumeMounts": mounts,
+    }
+    if readiness is not None:
+        container["readinessProbe"] = readiness
+    return pod_of(
+        {
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels or {}},
+            "spec": {
+                "nodeSelector": {"prfaas.io/testbed-pool": "cpu"},
+                "tolerations": [
+                    {
+                        "key": "prfaas.io/testbed-pool",
+                        "operator": "Equal",
+                        "value": "cpu",
+                        "effect": "NoSchedule",
+                    }
+                ],
+                "containers": [container],
+                "volumes": volumes,
+            },
+        }
+    )
+
+
 def test_router_config_follows_its_configmap(runner: Path, pd_client: lightkube.Client) -> None:
     document = {"not": "a router config yet"}
     pd_client.apply(
@@ -179,41 +227,11 @@ def test_router_config_follows_its_configmap(runner: Path, pd_client: lightkube.
         field_manager="prfaas-tests",
     )
     pd_client.create(
-        pod_of(
-            {
-                "metadata": {"name": "router-a", "namespace": NAMESPACE},
-                "spec": {
-                    "nodeSelector": {"prfaas.io/testbed-pool": "cpu"},
-                    # the runner's own router process: on a kwok node, also where the testbed has real nodes
-                    "tolerations": [
-                        {
-                            "key": "prfaas.io/testbed-pool",
-                            "operator": "Equal",
-                            "value": "cpu",
-                            "effect": "NoSchedule",
-                        }
-                    ],
-                    "containers": [
-                        {
-                            "name": "router",
-                            "image": "ghcr.io/prfaas/prfaas:0.1.0",
-                            "command": ["prfaas-router"],
-                            "args": [
-                                "--config",
-                                "/etc/prfaas/router-config.json",
-                                "--host",
-                                "0.0.0.0",
-                                "--port",
-                                "8000",
-                            ],
-                            "volumeMounts": [
-                                {"name": "config", "mountPath": "/etc/prfaas", "readOnly": True}
-                            ],
-                        }
-                    ],
-                    "volumes": [{"name": "config", "configMap": {"name": "router-config"}}],
-                },
-            }
+        router_pod(
+            "router-a",
+            [],
+            mounts=[{"name": "config", "mountPath": "/etc/prfaas", "readOnly": True}],
+            volumes=[{"name": "config", "configMap": {"name": "router-config"}}],
         )
     )
     running = wait_until(
@@ -296,54 +314,22 @@ def test_a_picker_pod_is_ready_when_its_grpc_health_says_serving(
         field_manager="prfaas-tests",
     )
     pd_client.create(
-        pod_of(
-            {
-                "metadata": {"name": "picker-a", "namespace": NAMESPACE, "labels": {LABEL_ROLE: Role.PICKER}},
-                "spec": {
-                    "nodeSelector": {"prfaas.io/testbed-pool": "cpu"},
-                    "tolerations": [
-                        {
-                            "key": "prfaas.io/testbed-pool",
-                            "operator": "Equal",
-                            "value": "cpu",
-                            "effect": "NoSchedule",
-                        }
-                    ],
-                    "containers": [
-                        {
-                            "name": "router",
-                            "image": "ghcr.io/prfaas/prfaas:0.1.0",
-                            "command": ["prfaas-router"],
-                            "args": [
-                                "--config",
-                                "/etc/prfaas/router-config.json",
-                                "--host",
-                                "0.0.0.0",
-                                "--port",
-                                "8000",
-                                "--picker-port",
-                                "9002",
-                                "--picker-health-port",
-                                "9003",
-                                "--picker-tls-dir",
-                                "/etc/prfaas-picker-tls",
-                            ],
-                            "readinessProbe": {
-                                "grpc": {"port": 9003, "service": "readiness"},
-                                "periodSeconds": 1,
-                            },
-                            "volumeMounts": [
-                                {"name": "config", "mountPath": "/etc/prfaas", "readOnly": True},
-                                {"name": "tls", "mountPath": "/etc/prfaas-picker-tls", "readOnly": True},
-                            ],
-                        }
-                    ],
-                    "volumes": [
-                        {"name": "config", "configMap": {"name": "picker-config"}},
-                        {"name": "tls", "secret": {"secretName": "picker-cert"}},
-                    ],
-                },
-            }
+        router_pod(
+            "picker-a",
+            [
+                *("--picker-port", "9002", "--picker-health-port", "9003"),
+                *("--picker-tls-dir", "/etc/prfaas-picker-tls"),
+            ],
+            mounts=[
+                {"name": "config", "mountPath": "/etc/prfaas", "readOnly": True},
+                {"name": "tls", "mountPath": "/etc/prfaas-picker-tls", "readOnly": True},
+            ],
+            volumes=[
+                {"name": "config", "configMap": {"name": "picker-config"}},
+                {"name": "tls", "secret": {"secretName": "picker-cert"}},
+            ],
+            labels={LABEL_ROLE: Role.PICKER},
+            readiness={"grpc": {"port": 9003, "service": "readiness"}, "periodSeconds": 1},
         )
     )
     running = wait_until(
