@@ -18,6 +18,7 @@ import aiohttp
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prfaas_engine_sim.protocol import output_text
 from prfaas_router.picker import self_signed
 from prfaas_testbed.polling import eventually
 from prfaas_testbed.ports import free_port
@@ -169,6 +170,41 @@ async def test_a_pd_request_through_envoy_goes_where_the_routers_policy_sends_it
         await asyncio.sleep(0.02)
     assert sample(samples, "prfaas_router_requests_total", route=route, outcome="ok") == 1
     assert sample(samples, "prfaas_router_kv_handoffs_total", route=route, outcome="ok") == 1
+
+
+async def test_every_api_through_envoy_whole_and_streamed(
+    cluster: Cluster, gateway: Gateway, client: aiohttp.ClientSession
+) -> None:
+    """The router's other two APIs behind the picker: /v1/completions and SGLang's /generate (a
+    batch: one bootstrap room per sample), whole and streamed, local and PrfaaS."""
+    router, url, _ = gateway(config_doc(cluster.prfaas, cluster.local, cluster.decode))
+    completion = await post(client, url + "/v1/completions", {"prompt": SHORT, "max_tokens": 3})
+    assert completion.status == 200 and completion.headers["x-prfaas-route"] == "local", completion.body
+    assert completion.body["choices"][0]["text"] == output_text(3)
+
+    streamed = await post(client, url + "/v1/completions", {"prompt": LONG, "max_tokens": 3, "stream": True})
+    assert streamed.status == 200 and streamed.headers["x-prfaas-route"] == "prfaas", streamed.body
+    assert streamed.body[-1] == "[DONE]"
+    assert "".join(event["choices"][0]["text"] for event in streamed.body[:-1]) == output_text(3)
+
+    batch = {"text": [SHORT, "x" * 40], "sampling_params": {"max_new_tokens": 2}}
+    generated = await post(client, url + "/generate", batch)
+    assert generated.status == 200 and [item["text"] for item in generated.body] == [output_text(2)] * 2
+
+    ids = {"input_ids": list(range(3000)), "sampling_params": {"max_new_tokens": 2}, "stream": True}
+    streamed_ids = await post(client, url + "/generate", ids)
+    assert streamed_ids.status == 200 and streamed_ids.headers["x-prfaas-route"] == "prfaas", (
+        streamed_ids.body
+    )
+    assert streamed_ids.body[-2]["text"] == output_text(2)
+
+    for _ in range(100):  # counted when Envoy ends each ext_proc stream
+        samples = await metric_samples(client, router.url)
+        if sample(samples, "prfaas_router_requests_total", route="prfaas", outcome="ok") == 2:
+            break
+        await asyncio.sleep(0.02)
+    assert sample(samples, "prfaas_router_requests_total", route="prfaas", outcome="ok") == 2
+    assert sample(samples, "prfaas_router_requests_total", route="local", outcome="ok") == 2
 
 
 async def test_the_gateways_subset_hint_limits_the_decodes_and_an_empty_choice_is_503(
