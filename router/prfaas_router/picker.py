@@ -30,11 +30,21 @@ response, which makes Envoy reset the decode's connection, so the decode does no
 bootstrap wait. No fallback endpoint is offered: once the room is bound, another decode could not
 pull its KV.
 
+When the gateway streams the answer through the picker too (`response_body_mode:
+FULL_DUPLEX_STREAMED`, as the inference extension's gateways configure it), each piece is echoed
+unchanged at once, then read as the router's own path reads the decode's answer, through the same
+code (`EventCounter`, `Dispatcher.first_event`, `Dispatcher.stream_ended`): a stream's first event
+is the route's TTFT, its output tokens and TPOT are counted, and SGLang's error event in it makes
+the attempt a `stream_error` against the decode; a whole answer (`AnswerReader`, held up to the
+router's answer limit) gives its output tokens from its usage. With `response_body_mode: NONE` the
+picker never sees the answer: those figures then come from the router's own front only.
+
 The picker port serves TLS with `--picker-tls-dir` (a kubernetes.io/tls Secret's files) or
 `--picker-tls-self-signed` (made at start); the health port stays plain text.
 
-Not done yet: reading the response body (passed on unread; output tokens are not counted on this
-front); in sidecar mode the prefill's failures are seen only as its decode's.
+Not done yet: a streamed answer the client leaves before its end counts as its status had it (the
+picker cannot tell the client's leaving from the decode's), and is not cut at the request's token
+bound or time limit; in sidecar mode the prefill's failures are seen only as its decode's.
 """
 
 from __future__ import annotations
@@ -65,11 +75,16 @@ from prfaas_core.vocabulary import Pool
 
 from prfaas_router.app import RouterService, error_answer
 from prfaas_router.http.server import Answer, body_too_large
-from prfaas_router.payloads import ApiError, Kind, request_id
+from prfaas_router.payloads import ApiError, Kind, completion_tokens, request_id
 from prfaas_router.proxy import (
     REASON_HEADER,
     REQUEST_ID_HEADER,
     ROUTE_HEADER,
+    Dispatcher,
+    EventCounter,
+    Exchange,
+    Lease,
+    Measured,
     error_response,
 )
 from prfaas_router.settings import PD_MODE_SIDECAR
@@ -265,6 +280,39 @@ def answered_headers(decision: Decision) -> ext_proc.ProcessingResponse:
     )
 
 
+class AnswerReader:
+    """What the picker reads of the decode's answer while it echoes it (when the gateway streams
+    answers through it), as the router's own path reads it: a stream's events counted by
+    `EventCounter`, a whole answer held up to `limit` bytes for its usage (`completion_tokens`)."""
+
+    __slots__ = ("_body", "_limit", "answered", "counter")
+
+    def __init__(self, stream: bool, limit: int) -> None:
+        self.counter = EventCounter() if stream else None
+        self._body: bytearray | None = None if stream else bytearray()
+        self._limit = limit
+        self.answered: float | None = None
+        """When a stream's first event came (None before it, and for a whole answer)."""
+
+    def feed(self, piece: bytes, now: float) -> bool:
+        """One piece of the answer, read at `now`; True for a stream's first event (its TTFT)."""
+        if self.counter is not None:
+            self.counter.feed(piece)
+            first = self.answered is None and bool(piece)
+            if first:
+                self.answered = now
+            return first
+        if self._body is not None:
+            self._body += piece
+            if len(self._body) > self._limit:  # more than the router would hold: not read
+                self._body = None
+        return False
+
+    def whole(self, now: float) -> Measured:
+        """A whole answer's end at `now`: its output tokens from its usage, when it was held."""
+        return Measured(now, None if self._body is None else completion_tokens(bytes(self._body)))
+
+
 class Picker(ext_proc_grpc.ExternalProcessorServicer):
     """Envoy's ext_proc stream for one HTTP request at a time, decided by the router's policy."""
 
@@ -330,13 +378,15 @@ class Picker(ext_proc_grpc.ExternalProcessorServicer):
             return
         prefill_leg: asyncio.Future[tuple[int, bytes, str]] | None = None
         if self._sidecar:  # the decode's sidecar sends the prefill: the picker names it
-            payload, _, _, lease = dispatcher.lease(exchange, snapshot, decision)
+            payload, _, limit, lease = dispatcher.lease(exchange, snapshot, decision)
             prefiller: str | None = urlsplit(decision.prefill.url).netloc
         else:
-            payload, _, _, lease, prefill_leg = dispatcher.begin(exchange, snapshot, decision)
+            payload, _, limit, lease, prefill_leg = dispatcher.begin(exchange, snapshot, decision)
             prefiller = None
         chosen = urlsplit(decision.decode.url).netloc
         outcome = contract.OUTCOME_CLIENT_DISCONNECTED  # until the decode's status came
+        reader: AnswerReader | None = None  # reading a good answer, when the gateway streams it here
+        measured: Measured | None = None  # what was read of it, once it ended
         next_message: asyncio.Future[ext_proc.ProcessingRequest | None] | None = None
         try:
             yield routed(chosen, len(payload), removed, prefiller)
@@ -375,30 +425,39 @@ class Picker(ext_proc_grpc.ExternalProcessorServicer):
                         if decode is not None:
                             lease.move_decode(decode, time.monotonic())
                     outcome = dispatcher.decode_answered(exchange, snapshot, lease, status)
+                    if outcome == contract.OUTCOME_OK:
+                        reader = AnswerReader(exchange.parsed.stream, limit)
                     if prefill_leg is None:  # the last the picker sees of the sidecar's prefill
                         lease.release_prefill()
                     elif elsewhere:
                         outcome = contract.OUTCOME_SERVED_ELSEWHERE
                     yield answered_headers(decision)
-                elif which == "response_body":  # when the filter streams answers too: passed on as they came
+                elif which == "response_body":  # when the filter streams answers: echoed at once, then read
+                    piece, last = message.response_body.body, message.response_body.end_of_stream
                     yield ext_proc.ProcessingResponse(
                         response_body=ext_proc.BodyResponse(
                             response=ext_proc.CommonResponse(
                                 body_mutation=ext_proc.BodyMutation(
                                     streamed_response=ext_proc.StreamedBodyResponse(
-                                        body=message.response_body.body,
-                                        end_of_stream=message.response_body.end_of_stream,
+                                        body=piece, end_of_stream=last
                                     )
                                 )
                             )
                         )
                     )
+                    if reader is not None and measured is None:
+                        if reader.feed(piece, time.monotonic()):
+                            dispatcher.first_event(exchange, lease.decision)
+                        if last:
+                            outcome, measured = _read(dispatcher, exchange, lease, reader, outcome)
                 elif which == "response_trailers":
                     yield ext_proc.ProcessingResponse(response_trailers=ext_proc.TrailersResponse())
+                    if reader is not None and measured is None:
+                        outcome, measured = _read(dispatcher, exchange, lease, reader, outcome)
         finally:
             if next_message is not None and not next_message.done():
                 next_message.cancel()
-            dispatcher.release(exchange, lease, prefill_leg, outcome)
+            dispatcher.release(exchange, lease, prefill_leg, outcome, measured)
 
     def _served_elsewhere(self, request: str, chosen: str, served: str) -> Worker | None:
         """The gateway sent the request to another decode than the chosen one: the one that served,
@@ -417,6 +476,19 @@ class Picker(ext_proc_grpc.ExternalProcessorServicer):
                 chosen,
             )
         return decode
+
+
+def _read(
+    dispatcher: Dispatcher, exchange: Exchange, lease: Lease, reader: AnswerReader, outcome: str
+) -> tuple[str, Measured | None]:
+    """The answer read to its end: the attempt's outcome and what was measured, as the router's
+    own path has them (`Dispatcher.stream_ended` for a stream: its error event, tokens, TPOT)."""
+    if reader.counter is None:
+        return outcome, reader.whole(time.monotonic())
+    if reader.answered is None:  # a stream with no event: nothing to time
+        return outcome, None
+    outcome, tokens, tpot = dispatcher.stream_ended(exchange, lease, reader.counter, outcome, reader.answered)
+    return outcome, Measured(reader.answered, tokens, tpot)
 
 
 class PickerHealth(health_pb2_grpc.HealthServicer):

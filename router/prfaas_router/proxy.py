@@ -214,6 +214,17 @@ class AnswerBounds:
     budget: AnswerBudget
 
 
+@dataclass(frozen=True, slots=True)
+class Measured:
+    """What a front that does not carry the decode leg itself (the endpoint picker) measured of the
+    decode's answer that came to its end: when it came (a stream's first event, else the whole
+    answer), its output tokens (None when it names none), a stream's TPOT (`stream_ended`)."""
+
+    answered: float
+    output_tokens: int | None
+    tpot: float | None = None
+
+
 class Culprit(enum.Enum):
     FAILED_LEG = "failed_leg"
     OTHER_LEG = "other_leg"
@@ -564,7 +575,7 @@ class Dispatcher:
 
     def begin(
         self, exchange: Exchange, snapshot: Snapshot, decision: Decision
-    ) -> tuple[bytes, dict[str, str], int, _Lease, asyncio.Future[tuple[int, bytes, str]]]:
+    ) -> tuple[bytes, dict[str, str], int, Lease, asyncio.Future[tuple[int, bytes, str]]]:
         """A decided attempt under way: the body with its bootstrap fields (what the decode must
         get), its headers and answer limit, the lease on the workers and the link, and the
         prefill leg fired (its end accounted by `_prefill_done`)."""
@@ -576,11 +587,11 @@ class Dispatcher:
 
     def lease(
         self, exchange: Exchange, snapshot: Snapshot, decision: Decision
-    ) -> tuple[bytes, dict[str, str], int, _Lease]:
+    ) -> tuple[bytes, dict[str, str], int, Lease]:
         """A decided attempt under way with no prefill leg fired: its body (bootstrap fields and
         the consumer's salt), headers, answer limit and lease. `begin` fires the leg; a front whose
         prefill another proxy sends (llm-d's decode sidecar, which rewrites the bootstrap fields)
-        gives the prefill's part back itself (`_Lease.release_prefill`)."""
+        gives the prefill's part back itself (`Lease.release_prefill`)."""
         parsed = exchange.parsed
         prefill = decision.prefill
         rooms = [random.getrandbits(63) for _ in range(parsed.samples)]
@@ -603,7 +614,7 @@ class Dispatcher:
             bytes_per_token=answers.bytes_per_token,
             cap_bytes=answers.cap_bytes,
         )
-        return payload, headers, limit, _Lease(self, decision, time.monotonic())
+        return payload, headers, limit, Lease(self, decision, time.monotonic())
 
     def prefill_ended(
         self, prefill_leg: asyncio.Future[tuple[int, bytes, str]], exchange: Exchange, decision: Decision
@@ -633,7 +644,7 @@ class Dispatcher:
             error, exchange.request_id, route=route, reason=reason
         )
 
-    def decode_answered(self, exchange: Exchange, snapshot: Snapshot, lease: _Lease, status: int) -> str:
+    def decode_answered(self, exchange: Exchange, snapshot: Snapshot, lease: Lease, status: int) -> str:
         """The decode's response status, seen by that front: judged as the router's own path
         judges it; the attempt's outcome so far."""
         decode = lease.decision.decode
@@ -652,16 +663,18 @@ class Dispatcher:
     def release(
         self,
         exchange: Exchange,
-        lease: _Lease,
+        lease: Lease,
         prefill_leg: asyncio.Future[tuple[int, bytes, str]] | None,
         outcome: str,
+        measured: Measured | None = None,
     ) -> None:
         """The end of an attempt carried by another proxy: the decode's part given back, the
         prefill left to drain when the decode answered (else cancelled; with no leg of ours, its
-        part given back too), the request counted."""
+        part given back too), the request counted, with what that front `measured` of the answer."""
         decision = lease.decision
         lease.release_decode()
-        self._metrics.revisions.attempt(decision.decode.fingerprint, outcome, None, None)
+        ttft, tpot = (None, None) if measured is None else (measured.answered - lease.started, measured.tpot)
+        self._metrics.revisions.attempt(decision.decode.fingerprint, outcome, ttft, tpot)
         if prefill_leg is None:
             lease.release_prefill()
         elif not prefill_leg.done():
@@ -670,8 +683,8 @@ class Dispatcher:
                 prefill_leg.add_done_callback(self._background.discard)
             else:
                 prefill_leg.cancel()
-        if outcome == contract.OUTCOME_OK:
-            self._finish(exchange, decision, outcome, None)
+        if measured is not None or outcome == contract.OUTCOME_OK:
+            self._finish(exchange, decision, outcome, None if measured is None else measured.output_tokens)
         else:
             self._metrics.requests.labels(decision.route, outcome).inc()
 
@@ -774,7 +787,7 @@ class Dispatcher:
         task: asyncio.Future[tuple[int, bytes, str]],
         exchange: Exchange,
         snapshot: Snapshot,
-        lease: _Lease,
+        lease: Lease,
     ) -> None:
         lease.release_prefill()
         decision = lease.decision
@@ -797,7 +810,7 @@ class Dispatcher:
             return
         worker.breaker.record_success()
 
-    def _learn(self, exchange: Exchange, snapshot: Snapshot, lease: _Lease) -> None:
+    def _learn(self, exchange: Exchange, snapshot: Snapshot, lease: Lease) -> None:
         """The prefill that computed the prompt holds it in its radix cache; so does its
         cluster's pool while that serves (the prefill wrote it there), and with the decode radix
         cache the decode that received it. Once per attempt.
@@ -825,7 +838,7 @@ class Dispatcher:
         self,
         exchange: Exchange,
         decision: Decision,
-        lease: _Lease,
+        lease: Lease,
         reply: Reply,
         first: bytes,
         answered: float,
@@ -836,7 +849,7 @@ class Dispatcher:
         metrics = self._metrics
         request = exchange.http
         assert request is not None  # only the HTTP front streams through the router
-        counter = _EventCounter()
+        counter = EventCounter()
         outcome = contract.OUTCOME_OK
         try:
             parsed = exchange.parsed
@@ -846,7 +859,7 @@ class Dispatcher:
             if overran:  # its first event, then the failure
                 first = first[: first.find(b"\n\n") + 2]
             request.start_stream(reply.status, _reply_headers(reply, exchange, decision), first)
-            metrics.ttft.labels(decision.route).observe(time.monotonic() - exchange.started)
+            self.first_event(exchange, decision)
             relay = _Relay(
                 request.transport,
                 reply,
@@ -873,30 +886,49 @@ class Dispatcher:
                 timer.cancel()
             if relay.client_gone:
                 raise ConnectionResetError("the client went away")
-            if counter.failed and outcome == contract.OUTCOME_OK:
-                # the engine's own error event reached the client (SGLang ends with it and
-                # [DONE]); after tokens the KV had arrived, so the failure is the decode's
-                outcome = contract.OUTCOME_STREAM_ERROR
-                lease.decode_failed = True
-                log.warning(
-                    "request %s: decode %s sent an error event mid-stream",
-                    exchange.request_id,
-                    decision.decode.name,
-                )
-                self.count_failure(decision.decode)
+            outcome, tokens, tpot = self.stream_ended(exchange, lease, counter, outcome, answered)
             request.end_stream()
         except ConnectionResetError:
             if lease.client_stalled:
                 return contract.OUTCOME_CLIENT_STALLED, None
             metrics.requests.labels(decision.route, contract.OUTCOME_CLIENT_DISCONNECTED).inc()
             return contract.OUTCOME_CLIENT_DISCONNECTED, None
-        tokens = counter.output_tokens()
         self._finish(exchange, decision, outcome, tokens)
-        if outcome != contract.OUTCOME_OK:
-            return outcome, None
-        return outcome, time_per_output_token(time.monotonic() - answered, tokens, exchange.parsed.samples)
+        return outcome, tpot
 
-    def _client_stalled(self, exchange: Exchange, decision: Decision, lease: _Lease) -> None:
+    def first_event(self, exchange: Exchange, decision: Decision) -> None:
+        """A stream's first event went on to the client, on either front: its route's TTFT (from
+        the request's arrival; the attempt's own goes to `RevisionMetrics`)."""
+        self._metrics.ttft.labels(decision.route).observe(time.monotonic() - exchange.started)
+
+    def stream_ended(
+        self, exchange: Exchange, lease: Lease, counter: EventCounter, outcome: str, answered: float
+    ) -> tuple[str, int, float | None]:
+        """A stream relayed to its end, on either front, its first event at `answered`: the
+        attempt's outcome (an engine's error event in it fails the attempt, against the decode),
+        the stream's output tokens, and its TPOT when it completed."""
+        decision = lease.decision
+        if counter.failed and outcome == contract.OUTCOME_OK:
+            # the engine's own error event reached the client (SGLang ends with it and [DONE]);
+            # after tokens the KV had arrived, so the failure is the decode's
+            outcome = contract.OUTCOME_STREAM_ERROR
+            lease.decode_failed = True
+            log.warning(
+                "request %s: decode %s sent an error event mid-stream",
+                exchange.request_id,
+                decision.decode.name,
+            )
+            self.count_failure(decision.decode)
+        tokens = counter.output_tokens()
+        if outcome != contract.OUTCOME_OK:
+            return outcome, tokens, None
+        return (
+            outcome,
+            tokens,
+            time_per_output_token(time.monotonic() - answered, tokens, exchange.parsed.samples),
+        )
+
+    def _client_stalled(self, exchange: Exchange, decision: Decision, lease: Lease) -> None:
         """A streaming client read nothing for the stall time: its fault, no engine's."""
         lease.client_stalled = True
         self._metrics.requests.labels(decision.route, contract.OUTCOME_CLIENT_STALLED).inc()
@@ -940,7 +972,7 @@ class Dispatcher:
             )
 
 
-class _Lease:
+class Lease:
     """What one attempt holds on its workers and the link; each part is given back exactly once.
 
     The prefill part (its queue, and the KV bytes on the link) is held until the prefill leg ends:
@@ -1033,7 +1065,7 @@ class _Relay:
         self,
         transport: asyncio.Transport | None,
         reply: Reply,
-        counter: _EventCounter,
+        counter: EventCounter,
         chunked: bool,
         stall_seconds: float,
         on_stall: Callable[[], None],
@@ -1104,7 +1136,7 @@ class _Relay:
             self._reply.resume_reading()
 
 
-class _EventCounter:
+class EventCounter:
     """Output tokens of a stream: the last reported completion_tokens, else events carrying text.
 
     Events with an empty text (a chat stream's role chunk, the finish chunk) and [DONE] carry no

@@ -148,6 +148,7 @@ def ok_count(route: str | None = None, outcome: str = "ok", count: int = 1) -> C
         (LONG, "prfaas", False, False, None),
         (LONG, "prfaas", True, False, None),
         (LONG, "prfaas", True, True, None),
+        (SHORT, "local", False, True, None),
         (SHORT, "local", True, False, "self-signed"),
         (LONG, "prfaas", False, False, "secret"),
     ],
@@ -157,6 +158,7 @@ def ok_count(route: str | None = None, outcome: str = "ok", count: int = 1) -> C
         "prfaas-whole",
         "prfaas-streamed",
         "prfaas-streamed-answer-via-picker",
+        "local-whole-answer-via-picker",
         "local-streamed-tls-self-signed",
         "prfaas-whole-tls-secret",
     ],
@@ -185,6 +187,34 @@ async def test_a_pd_request_through_envoy_goes_where_the_routers_policy_sends_it
     samples = await settled(client, router, ok_count(route))
     assert sample(samples, "prfaas_router_requests_total", route=route, outcome="ok") == 1
     assert sample(samples, "prfaas_router_kv_handoffs_total", route=route, outcome="ok") == 1
+    # the answer's figures, as the router's own front has them, where the gateway streams the answer
+    # through the picker (the fake engine sends chat's 4 tokens); else the picker never sees it
+    assert sample(samples, "prfaas_router_output_tokens_sum") == (4 if response_bodies else 0)
+    assert total(samples, "prfaas_router_output_tokens_count") == (1 if response_bodies else 0)
+    timed = response_bodies and stream
+    assert total(samples, "prfaas_router_ttft_seconds_count", route=route) == (1 if timed else 0)
+    assert total(samples, "prfaas_router_revision_ttft_seconds_count") == (1 if response_bodies else 0)
+    assert total(samples, "prfaas_router_revision_tpot_seconds_count") == (1 if timed else 0)
+
+
+async def test_an_abort_in_a_stream_the_gateway_streams_through_the_picker_counts_against_the_decode(
+    cluster: Cluster, gateway: Gateway, client: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """SGLang's error event after a token, read by the picker as the router's own path reads it:
+    the request is a `stream_error` and a failure of the decode's."""
+    late = start_faulty("d-abort", "abort", "127.0.2.36", tmp_path)
+    try:
+        router, url, _ = gateway(config_doc(cluster.prfaas, cluster.local, [late]), response_bodies=True)
+        streamed = await post(client, url + CHAT_PATH, chat(SHORT, stream=True))
+        assert streamed.status == 200
+        assert streamed.body[1]["error"]["type"] == "INTERNAL_SERVER_ERROR" and streamed.body[2] == "[DONE]"
+        samples = await settled(client, router, ok_count("local", outcome="stream_error"))
+        assert sample(samples, "prfaas_router_requests_total", route="local", outcome="stream_error") == 1
+        assert sample(samples, "prfaas_router_requests_total", route="local", outcome="ok") == 0
+        assert sample(samples, "prfaas_router_engine_failures_total", worker="d-abort") == 1
+        assert sample(samples, "prfaas_router_output_tokens_sum") == 1
+    finally:
+        late.process.stop()
 
 
 async def test_every_api_through_envoy_whole_and_streamed(

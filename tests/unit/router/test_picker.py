@@ -1,5 +1,6 @@
 """The endpoint picker's pure pieces: what Envoy is told (headers, metadata, body chunks), what it
-reports back (the served endpoint), the TLS certificate, and a lease following the decode that served."""
+reports back (the served endpoint), the TLS certificate, a lease following the decode that served,
+and what is read of the answers it echoes."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from prfaas_core.routing.workers import CircuitBreaker, KvClaim, Worker
 from prfaas_core.vocabulary import Pool
 from prfaas_router.picker import (
     BODY_CHUNK_BYTES,
+    AnswerReader,
     body_piece,
     chunks,
     forged,
@@ -29,7 +31,7 @@ from prfaas_router.picker import (
     subset_hint,
     wire,
 )
-from prfaas_router.proxy import _Lease
+from prfaas_router.proxy import Lease
 
 
 def test_a_body_goes_back_in_chunks_of_at_most_62000_bytes_that_add_up_to_it() -> None:
@@ -144,7 +146,7 @@ def test_a_lease_moved_to_the_decode_that_served_holds_that_one_and_gives_it_bac
         "local", Reason.SHORT_UNCACHED, prefill, chosen, 100, 100, 0.5, 0.0, 0.0, 1.0, kv_claim=claim
     )
     ledger = SimpleNamespace(link_inflight_bytes=0.0, inflight_tokens=dict.fromkeys(Pool, 0))
-    lease = _Lease(ledger, decision, 1.0)  # type: ignore[arg-type]  # the ledger's two fields
+    lease = Lease(ledger, decision, 1.0)  # type: ignore[arg-type]  # the ledger's two fields
     lease.move_decode(served, 1.2)
     assert lease.decision.decode is served and lease.decision.prefill is prefill
     assert (chosen.inflight, chosen.outstanding_tokens, chosen.claims) == (0, 0, [])
@@ -153,3 +155,23 @@ def test_a_lease_moved_to_the_decode_that_served_holds_that_one_and_gives_it_bac
     lease.release_decode()
     assert (served.inflight, served.outstanding_tokens, served.claims) == (0, 0, [])
     assert ledger.inflight_tokens == dict.fromkeys(Pool, 0)
+
+
+def test_a_streamed_answer_is_read_as_the_routers_own_path_reads_it_its_first_event_timed() -> None:
+    reader = AnswerReader(stream=True, limit=100)
+    assert not reader.feed(b"", 1.0)  # no event yet: not its first token
+    assert reader.feed(b'data: {"choices":[{"delta":{"content":" a"}}]}\n\n', 2.0)
+    assert not reader.feed(b'data: {"choices":[{"delta":{"con', 3.0)  # an event split in two
+    assert not reader.feed(b'tent":" b"}}]}\n\ndata: {"error": {"message": "aborted"}}\n\n', 4.0)
+    assert reader.answered == 2.0 and reader.counter is not None
+    assert reader.counter.output_tokens() == 2 and reader.counter.failed
+
+
+def test_a_whole_answer_is_counted_from_its_usage_unless_it_was_larger_than_the_router_holds() -> None:
+    usage = b'{"choices":[{"message":{"content":" a b"}}],"usage":{"completion_tokens":2}}'
+    reader = AnswerReader(stream=False, limit=len(usage))
+    assert not reader.feed(usage[:40], 1.0) and not reader.feed(usage[40:], 2.0)
+    assert reader.whole(3.0).answered == 3.0 and reader.whole(3.0).output_tokens == 2
+    larger = AnswerReader(stream=False, limit=len(usage) - 1)
+    larger.feed(usage, 1.0)
+    assert larger.whole(2.0).output_tokens is None
