@@ -7,9 +7,7 @@ the kind find none (the CRD is the gateway's to install, never the operator's).
 from __future__ import annotations
 
 import contextlib
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -19,9 +17,9 @@ from lightkube.types import PatchType
 from prfaas_core.vocabulary import INFERENCE_POOL_GROUP, INFERENCE_POOL_PLURAL
 from prfaas_operator.adapters.kube import InferencePoolResource
 
+from prfaas_testbed.fetched import fetched
 from prfaas_testbed.polling import eventually
 
-REPO = Path(__file__).resolve().parents[2]
 FIELD_MANAGER = "prfaas-testbed"
 CRD_NAME = f"{INFERENCE_POOL_PLURAL}.{INFERENCE_POOL_GROUP}"
 
@@ -29,18 +27,8 @@ CRD_NAME = f"{INFERENCE_POOL_PLURAL}.{INFERENCE_POOL_GROUP}"
 def fetch_inference_pool_crd() -> dict[str, Any]:
     """The CRD document of the pinned release (downloaded once into a cache); RuntimeError if it
     cannot be had."""
-    done = subprocess.run(
-        ["bash", str(REPO / "scripts/fetch-inference-pool-crd.sh")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(
-            f"no InferencePool CRD (scripts/fetch-inference-pool-crd.sh): {done.stderr[-500:]}"
-        )
-    document: dict[str, Any] = yaml.safe_load(Path(done.stdout.strip().splitlines()[-1]).read_text())
+    path = fetched("fetch-inference-pool-crd.sh", "InferencePool CRD")
+    document: dict[str, Any] = yaml.safe_load(path.read_text())
     return document
 
 

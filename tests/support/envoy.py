@@ -10,10 +10,9 @@ picker, and the request sent to the ORIGINAL_DST endpoint the picker names in
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from prfaas_testbed.fetched import fetched
 
 ENVOY_CONFIG = """
 admin:
@@ -160,13 +159,4 @@ def envoy_args(config: Path) -> list[str]:
 def fetch_envoy() -> Path:
     """The Envoy binary (scripts/fetch-envoy.sh: downloaded once into a cache); RuntimeError if
     it cannot be had."""
-    done = subprocess.run(
-        ["bash", str(ROOT / "scripts/fetch-envoy.sh")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"no Envoy binary (scripts/fetch-envoy.sh): {done.stderr[-500:]}")
-    return Path(done.stdout.strip().splitlines()[-1])
+    return fetched("fetch-envoy.sh", "Envoy binary")
