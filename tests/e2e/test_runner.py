@@ -30,6 +30,7 @@ from prfaas_core.vocabulary import GPU_PRODUCT_LABEL, GPU_RESOURCE, LABEL_ROLE, 
 from prfaas_router.picker import self_signed
 from prfaas_testbed.clusters import Cluster, Testbed
 from prfaas_testbed.system import wait_until
+from support.router_cases import config_doc
 
 pytestmark = [pytest.mark.e2e, pytest.mark.testbed, pytest.mark.timeout(240)]
 
@@ -256,22 +257,7 @@ def test_router_config_follows_its_configmap(runner: Path, pd_client: lightkube.
     assert final is not None and final["restarts"] == 0 and final["pid"] == running["pid"]
 
 
-PICKER_CONFIG = {
-    "schema": "prfaas.io/router-config/v1",
-    "version": 1,
-    "served_model_name": "m",
-    "threshold_tokens": 4096,
-    "block_size_tokens": 64,
-    "chars_per_token": 4.0,
-    "link": {"bandwidth_bytes_per_second": 1.25e9, "headroom": 0.8, "latency_seconds": 0.001},
-    "kv_size": {"bytes_per_token": 17143.0, "fixed_bytes": 1.8e8},
-    "prefill_time": {
-        "prfaas": {"c0": 0.389, "c1": 4.107e-5, "c2": 9.476e-11},
-        "local": {"c0": 0.570, "c1": 1.170e-4, "c2": 6.347e-10},
-    },
-    "slo": {"ttft_seconds": 10.0, "tpot_seconds": 0.05},
-    "pools": {"prfaas_prefill": [], "local_prefill": [], "decode": []},
-}
+PICKER_CONFIG = config_doc(pools={"prfaas_prefill": [], "local_prefill": [], "decode": []})
 """A router config the picker accepts: its gRPC readiness is SERVING once it holds one."""
 
 
