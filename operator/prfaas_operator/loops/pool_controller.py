@@ -72,15 +72,13 @@ class PoolController:
         statuses still follow it."""
         owner = pool_owner(pool.metadata)
         wanted = fleet_objects(pool.spec, owner, fleet_replicas(pool.spec))
+        deleting = "deletionTimestamp" in pool.metadata
         live: dict[ChildKey, dict[str, Any] | None] = {}
         problem = None
         for manifest in wanted:
             key = (manifest["kind"], owner.namespace, manifest["metadata"]["name"])
             live[key] = current = await self.cluster.get(key[0], key[2], key[1])
-            if (
-                "deletionTimestamp" in pool.metadata
-                or needs_apply(manifest, current, self._applied.get(key)) is None
-            ):
+            if deleting or needs_apply(manifest, current, self._applied.get(key)) is None:
                 continue
             try:
                 live[key] = current = await self.cluster.apply(manifest)
